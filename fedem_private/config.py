@@ -1,0 +1,280 @@
+"""Typed, validated run configuration: TOML files plus command-line overrides.
+
+A run is described by one :class:`RunConfig` with sections ``[data]``,
+``[data.synthetic]``, ``[train]``, ``[federation]`` and ``[privacy]``. Every
+value is checked before anything runs; a bad value is a :class:`UserError`
+with one line naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, get_type_hints
+
+from .data import DATASETS, PROTOCOLS, SyntheticConfig
+from .errors import UserError
+from .privacy.config import PrivacyConfig
+
+METHODS = ("fedmf", "fedsim", "fedem", "local")
+AGGREGATIONS = ("fedavg", "uniform", "similarity", "none")
+MERGES = ("sr", "sm", "dm", "em")
+# method -> (aggregation, merge); FedSim is FedMF with similarity aggregation (paper, Table 2)
+METHOD_DEFAULTS = {
+    "fedmf": ("fedavg", "sr"),
+    "fedsim": ("similarity", "sr"),
+    "fedem": ("similarity", "em"),
+    "local": ("none", "sr"),
+}
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Which data and which evaluation protocol (DESIGN section 2)."""
+
+    dataset: str = "synthetic"
+    data_dir: str | None = None
+    protocol: str = "strict"
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+
+    def validate(self) -> None:
+        if self.dataset not in DATASETS:
+            raise UserError(f"unknown dataset {self.dataset!r}; choose one of "
+                            f"{', '.join(DATASETS)}")
+        if self.protocol not in PROTOCOLS:
+            raise UserError(f"unknown protocol {self.protocol!r}; choose one of "
+                            f"{', '.join(PROTOCOLS)}")
+        self.synthetic.validate()
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Local training and the round loop (paper defaults: d=16, E=10, B=256, T=100)."""
+
+    rounds: int = 20
+    local_epochs: int = 10
+    lr: float = 0.1
+    batch_size: int = 256
+    dim: int = 16
+    num_negatives: int = 4
+    init_std: float = 0.1
+    client_fraction: float = 1.0
+    seed: int = 0
+    eval_every: int = 1
+    memory_budget_mb: int = 2048
+
+    def validate(self) -> None:
+        for name in ("rounds", "local_epochs", "batch_size", "dim", "num_negatives",
+                     "eval_every", "memory_budget_mb"):
+            if getattr(self, name) < 1:
+                raise UserError(f"train.{name} must be a positive integer, "
+                                f"got {getattr(self, name)}")
+        for name in ("lr", "init_std"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise UserError(f"train.{name} must be a positive number, got {value}")
+        if not 0 < self.client_fraction <= 1:
+            raise UserError(f"train.client_fraction must be in (0, 1], got {self.client_fraction}")
+
+
+@dataclass(frozen=True)
+class FederationConfig:
+    """Method, server aggregation and client merging (DESIGN sections 3-4)."""
+
+    method: str = "fedmf"
+    aggregation: str | None = None  # None: the method's default
+    merge: str | None = None  # None: the method's default
+    alpha: float = 0.9
+    rho: float = 0.5
+    adapter_lr: float = 0.1
+    adapter_epochs: int = 1
+
+    def validate(self) -> None:
+        if self.method not in METHODS:
+            raise UserError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
+        if self.aggregation is not None and self.aggregation not in AGGREGATIONS:
+            raise UserError(f"unknown aggregation {self.aggregation!r}; choose one of "
+                            f"{', '.join(AGGREGATIONS)}")
+        if self.merge is not None and self.merge not in MERGES:
+            raise UserError(f"unknown merge {self.merge!r}; choose one of {', '.join(MERGES)}")
+        if not (math.isfinite(self.alpha) and self.alpha >= 0):
+            raise UserError(f"federation.alpha must be >= 0, got {self.alpha}")
+        if not 0 <= self.rho <= 1:
+            raise UserError(f"federation.rho must be in [0, 1], got {self.rho}")
+        if not (math.isfinite(self.adapter_lr) and self.adapter_lr > 0):
+            raise UserError(f"federation.adapter_lr must be positive, got {self.adapter_lr}")
+        if self.adapter_epochs < 1:
+            raise UserError("federation.adapter_epochs must be a positive integer")
+
+    @property
+    def resolved_aggregation(self) -> str:
+        return self.aggregation or METHOD_DEFAULTS[self.method][0]
+
+    @property
+    def resolved_merge(self) -> str:
+        return self.merge or METHOD_DEFAULTS[self.method][1]
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that defines one run."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    federation: FederationConfig = field(default_factory=FederationConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+
+    def validate(self) -> RunConfig:
+        self.data.validate()
+        self.train.validate()
+        self.federation.validate()
+        self.privacy.validate()
+        return self
+
+    def resolved(self) -> RunConfig:
+        """Fill method-dependent defaults so the written config says what ran."""
+        fed = replace(self.federation, aggregation=self.federation.resolved_aggregation,
+                      merge=self.federation.resolved_merge)
+        return replace(self, federation=fed)
+
+
+def _coerce(value: Any, typ: Any, where: str) -> Any:
+    """Check/convert a TOML or CLI value to the annotated type."""
+    text = str(typ)
+    optional = "None" in text
+    if value is None or (isinstance(value, str) and value.lower() == "none" and optional):
+        if optional:
+            return None
+        raise UserError(f"{where} must not be empty")
+    if "float" in text and "int" not in text.replace("float", ""):
+        if isinstance(value, bool):
+            raise UserError(f"{where} must be a number, got {value!r}")
+        try:
+            out = float(value)
+        except (TypeError, ValueError):
+            raise UserError(f"{where} must be a number, got {value!r}") from None
+        if math.isnan(out):
+            raise UserError(f"{where} must be a number, got NaN")
+        return out
+    if "int" in text and "str" not in text:
+        if isinstance(value, bool):
+            raise UserError(f"{where} must be an integer, got {value!r}")
+        try:
+            f = float(value)
+        except (TypeError, ValueError):
+            raise UserError(f"{where} must be an integer, got {value!r}") from None
+        if not f.is_integer():
+            raise UserError(f"{where} must be an integer, got {value!r}")
+        return int(f)
+    if "bool" in text:
+        if isinstance(value, bool):
+            return value
+        if str(value).lower() in {"true", "1", "yes"}:
+            return True
+        if str(value).lower() in {"false", "0", "no"}:
+            return False
+        raise UserError(f"{where} must be true or false, got {value!r}")
+    if "str" in text:
+        if not isinstance(value, str | int | float):
+            raise UserError(f"{where} must be a string, got {value!r}")
+        return str(value)
+    return value
+
+
+def _build(cls: type, values: dict, where: str) -> Any:
+    hints = get_type_hints(cls)
+    known = {f.name: f for f in fields(cls)}
+    kwargs = {}
+    for key, value in values.items():
+        if key not in known:
+            raise UserError(f"unknown key {key!r} in [{where}]; known keys: "
+                            f"{', '.join(sorted(known))}")
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint):
+            if not isinstance(value, dict):
+                raise UserError(f"[{where}.{key}] must be a table")
+            kwargs[key] = _build(hint, value, f"{where}.{key}")
+        else:
+            kwargs[key] = _coerce(value, hint, f"{where}.{key}")
+    return cls(**kwargs)
+
+
+def from_dict(values: dict) -> RunConfig:
+    """Build a config from nested dicts (a parsed TOML file); unknown keys are errors."""
+    sections = {f.name: f for f in fields(RunConfig)}
+    hints = get_type_hints(RunConfig)
+    kwargs = {}
+    for name, table in values.items():
+        if name not in sections:
+            raise UserError(f"unknown section [{name}]; known sections: "
+                            f"{', '.join(sections)}")
+        if not isinstance(table, dict):
+            raise UserError(f"[{name}] must be a table")
+        kwargs[name] = _build(hints[name], table, name)
+    return RunConfig(**kwargs)
+
+
+def load_toml(path: str | Path) -> RunConfig:
+    """Read a TOML config file."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"config file not found: {p}")
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"config file {p} is not valid TOML: {exc}") from None
+    return from_dict(data)
+
+
+def to_dict(cfg: Any) -> dict:
+    """Nested plain dict of a config dataclass."""
+    return dataclasses.asdict(cfg)
+
+
+def with_overrides(cfg: RunConfig, overrides: dict[str, Any]) -> RunConfig:
+    """Apply ``{"train.rounds": 5, "data.synthetic.n_users": 100}``-style overrides."""
+    values = to_dict(cfg)
+    for dotted, value in overrides.items():
+        if value is None:
+            continue
+        node = values
+        parts = dotted.split(".")
+        for part in parts[:-1]:
+            node = node[part]
+        node[parts[-1]] = value
+    return from_dict(values)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    text = str(value).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{text}"'
+
+
+def to_toml(values: dict, prefix: str = "") -> str:
+    """Write nested dicts as TOML; None values are left out (they mean "default")."""
+    lines: list[str] = []
+    scalars = {k: v for k, v in values.items() if not isinstance(v, dict)}
+    tables = {k: v for k, v in values.items() if isinstance(v, dict)}
+    if prefix and scalars:
+        lines.append(f"[{prefix}]")
+    for key, value in scalars.items():
+        if value is not None:
+            lines.append(f"{key} = {_toml_value(value)}")
+    if scalars:
+        lines.append("")
+    for key, table in tables.items():
+        lines.append(to_toml(table, f"{prefix}.{key}" if prefix else key))
+    return "\n".join(lines).rstrip() + "\n"

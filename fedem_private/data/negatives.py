@@ -1,0 +1,30 @@
+"""Uniform sampling of items outside a per-user exclusion set, vectorised over users."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def sample_excluding(indptr: np.ndarray, excluded: np.ndarray, n_items: int,
+                     users: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
+    """For each (users[j], uniforms[j]) return an item not in that user's exclusion set.
+
+    ``excluded[indptr[u]:indptr[u+1]]`` must be sorted and unique. The j-th
+    draw is the r-th allowed item of users[j] in increasing id order, with
+    r = floor(uniforms[j] * (number of allowed items)): exact, no rejection.
+    With sorted exclusions e_0 < e_1 < ..., the r-th allowed item is r + j*
+    where j* = #{k : e_k - k <= r} (the excluded items at or below it).
+    """
+    users = np.asarray(users, dtype=np.int64)
+    counts = np.diff(indptr)
+    allowed = n_items - counts[users]
+    if np.any(allowed <= 0):
+        raise ValueError("a user has no item left to sample from")
+    r = np.minimum((uniforms * allowed).astype(np.int64), allowed - 1)
+    within = np.arange(excluded.shape[0]) - np.repeat(indptr[:-1], counts)
+    adjusted = excluded - within  # non-decreasing inside each user's block
+    owner = np.repeat(np.arange(counts.shape[0]), counts)
+    stride = n_items + 1
+    keys = owner * stride + adjusted
+    pos = np.searchsorted(keys, users * stride + r, side="right")
+    return r + (pos - indptr[users])

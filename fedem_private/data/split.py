@@ -1,0 +1,117 @@
+"""Leave-one-out splits and the two evaluation protocols (DESIGN section 2)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import rng
+from ..errors import UserError
+from .interactions import Interactions
+
+PROTOCOLS = ("strict", "paper")
+
+
+@dataclass(frozen=True)
+class Split:
+    """Per-user leave-one-out split in CSR form over the kept users.
+
+    ``train_items[train_indptr[u]:train_indptr[u+1]]`` are u's training
+    positives (sorted); ``val_items[u]`` is the second-latest and
+    ``test_items[u]`` the latest interaction. ``users`` maps a split user to
+    its index in the source :class:`Interactions`.
+    """
+
+    n_users: int
+    n_items: int
+    train_indptr: np.ndarray
+    train_items: np.ndarray
+    val_items: np.ndarray
+    test_items: np.ndarray
+    users: np.ndarray
+    dropped_users: int
+
+    @property
+    def train_counts(self) -> np.ndarray:
+        return np.diff(self.train_indptr)
+
+    def train_of(self, u: int) -> np.ndarray:
+        return self.train_items[self.train_indptr[u]: self.train_indptr[u + 1]]
+
+
+def leave_one_out(data: Interactions, seed: int, min_interactions: int = 3) -> Split:
+    """Latest interaction = test, second latest = validation, the rest = training.
+
+    Order is by timestamp; ties, and datasets without timestamps, use a
+    seeded random order. Users with fewer than ``min_interactions``
+    interactions are dropped and counted in ``dropped_users``.
+    """
+    n = data.n_interactions
+    tie = rng.uniform(rng.key(seed, rng.Stream.SPLIT, 0, data.users), np.arange(n))
+    ts = data.timestamps if data.timestamps is not None else np.zeros(n)
+    order = np.lexsort((tie, ts, data.users))
+    users, items = data.users[order], data.items[order]
+    counts = np.bincount(users, minlength=data.n_users)
+    keep_user = counts >= min_interactions
+    dropped = int((counts > 0).sum() - keep_user.sum())
+    if not keep_user.any():
+        raise UserError(f"dataset {data.name}: every user has fewer than {min_interactions} "
+                        f"interactions, nothing left to train on")
+    mask = keep_user[users]
+    users, items = users[mask], items[mask]
+    kept = np.flatnonzero(keep_user)
+    new_id = np.full(data.n_users, -1, dtype=np.int64)
+    new_id[kept] = np.arange(kept.shape[0])
+    users = new_id[users]
+    cnt = np.bincount(users, minlength=kept.shape[0])
+    ends = np.cumsum(cnt)
+    test = items[ends - 1]
+    val = items[ends - 2]
+    is_train = np.ones(users.shape[0], dtype=bool)
+    is_train[ends - 1] = False
+    is_train[ends - 2] = False
+    tu, ti = users[is_train], items[is_train]
+    srt = np.lexsort((ti, tu))
+    tu, ti = tu[srt], ti[srt]
+    indptr = np.zeros(kept.shape[0] + 1, dtype=np.int64)
+    indptr[1:] = np.cumsum(np.bincount(tu, minlength=kept.shape[0]))
+    return Split(kept.shape[0], data.n_items, indptr, ti.astype(np.int64), val.astype(np.int64),
+                 test.astype(np.int64), kept, dropped)
+
+
+def exclusion_csr(split: Split, protocol: str) -> tuple[np.ndarray, np.ndarray]:
+    """Items a user's training negatives must avoid, as sorted CSR (indptr, items).
+
+    ``paper``: every item the user interacted with in any split (train,
+    validation, test): held-out items are never trained as negatives, which
+    reproduces the published numbers but leaks. ``strict``: the training
+    items only, so held-out items can be drawn as negatives, as in reality.
+    """
+    if protocol not in PROTOCOLS:
+        raise UserError(f"unknown protocol {protocol!r}; choose one of {', '.join(PROTOCOLS)}")
+    if protocol == "strict":
+        return split.train_indptr, split.train_items
+    return _union_csr(split, [split.val_items, split.test_items])
+
+
+def _union_csr(split: Split, extra: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    n = split.n_users
+    users = np.concatenate([np.repeat(np.arange(n), split.train_counts)]
+                           + [np.arange(n)] * len(extra))
+    items = np.concatenate([split.train_items] + list(extra))
+    key = np.unique(users * split.n_items + items)
+    u, i = key // split.n_items, key % split.n_items
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    indptr[1:] = np.cumsum(np.bincount(u, minlength=n))
+    return indptr, i.astype(np.int64)
+
+
+def evaluation_exclusion_csr(split: Split) -> tuple[np.ndarray, np.ndarray]:
+    """Items never ranked as candidates: training items plus the validation item.
+
+    The validation interaction precedes the test one in time, so at test time
+    it is already consumed, like the training items. Used by both protocols'
+    full ranking and by the strict protocol's sampled candidates.
+    """
+    return _union_csr(split, [split.val_items])

@@ -1,0 +1,106 @@
+"""Leave-one-out ranking metrics: HR@K and NDCG@K, sampled and full ranking.
+
+For user u with held-out test item i*, rank(u) is the number of candidate
+items scored at least as high as i* (ties count against the model, so a
+constant scorer cannot look good). HR@K = mean_u [rank(u) < K] and
+NDCG@K = mean_u [rank(u) < K] / log2(rank(u) + 2) (He et al., 2015/2017).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from . import rng
+from .data.negatives import sample_excluding
+from .data.split import Split, evaluation_exclusion_csr, exclusion_csr
+
+KS = (10, 20)
+
+
+@dataclass(frozen=True)
+class EvalSets:
+    """What each user is ranked against, fixed for a whole run."""
+
+    test_items: torch.Tensor  # (n,)
+    sampled: torch.Tensor  # (n, 99) sampled negatives
+    excl_indptr: np.ndarray  # items never ranked in full ranking (train + validation)
+    excl_items: np.ndarray
+
+
+def build_eval_sets(split: Split, protocol: str, seed: int, n_sampled: int = 99) -> EvalSets:
+    """The 99 sampled candidates per user and the full-ranking exclusions.
+
+    ``paper``: candidates come from items the user never interacted with in
+    any split (as in the published code). ``strict``: from items outside the
+    user's training set and validation item, other than the test item.
+    """
+    if protocol == "paper":
+        indptr, items = exclusion_csr(split, "paper")
+    else:
+        indptr, items = _with_test(split)
+    n = split.n_users
+    owner = np.repeat(np.arange(n), n_sampled)
+    counter = np.tile(np.arange(n_sampled), n)
+    u = rng.uniform(rng.key(seed, rng.Stream.EVAL, 0, owner), counter)
+    cand = sample_excluding(indptr, items, split.n_items, owner, u).reshape(n, n_sampled)
+    e_ptr, e_items = evaluation_exclusion_csr(split)
+    return EvalSets(torch.from_numpy(split.test_items), torch.from_numpy(cand), e_ptr, e_items)
+
+
+def _with_test(split: Split) -> tuple[np.ndarray, np.ndarray]:
+    n = split.n_users
+    users = np.concatenate([np.repeat(np.arange(n), split.train_counts), np.arange(n),
+                            np.arange(n)])
+    items = np.concatenate([split.train_items, split.val_items, split.test_items])
+    key = np.unique(users * split.n_items + items)
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    indptr[1:] = np.cumsum(np.bincount(key // split.n_items, minlength=n))
+    return indptr, (key % split.n_items).astype(np.int64)
+
+
+def ranks_sampled(scores_test: torch.Tensor, scores_cand: torch.Tensor) -> torch.Tensor:
+    """Rank of the test item among sampled candidates: #candidates with score >= test."""
+    return (scores_cand >= scores_test[:, None]).sum(dim=1)
+
+
+def hr_ndcg(ranks: torch.Tensor, ks: tuple[int, ...] = KS) -> dict[str, float]:
+    """HR@K and NDCG@K averaged over users from 0-based ranks."""
+    r = ranks.double()
+    out: dict[str, float] = {}
+    for k in ks:
+        hit = (r < k).double()
+        out[f"hr@{k}"] = float(hit.mean())
+        out[f"ndcg@{k}"] = float((hit / torch.log2(r + 2.0)).mean())
+    return out
+
+
+class RankAccumulator:
+    """Collects per-user ranks chunk by chunk, then averages."""
+
+    def __init__(self, n_users: int) -> None:
+        self.sampled = torch.full((n_users,), -1, dtype=torch.long)
+        self.full = torch.full((n_users,), -1, dtype=torch.long)
+
+    def add(self, users: np.ndarray, q: torch.Tensor, p: torch.Tensor, sets: EvalSets) -> None:
+        """Score users' own models: q (k, m, d) item tables, p (k, d) user vectors."""
+        users_t = torch.from_numpy(np.asarray(users, dtype=np.int64))
+        scores = torch.bmm(q, p[:, :, None]).squeeze(2)  # (k, m)
+        test = sets.test_items[users_t]
+        s_test = scores.gather(1, test[:, None]).squeeze(1)
+        s_cand = scores.gather(1, sets.sampled[users_t])
+        self.sampled[users_t] = ranks_sampled(s_test, s_cand)
+        # full ranking: every item except training items, the validation item and the test item
+        beat = scores >= s_test[:, None]
+        lo, hi = sets.excl_indptr[users], sets.excl_indptr[np.asarray(users) + 1]
+        rows = np.repeat(np.arange(len(users)), hi - lo)
+        cols = np.concatenate([sets.excl_items[a:b] for a, b in zip(lo, hi, strict=True)])
+        beat[torch.from_numpy(rows), torch.from_numpy(cols)] = False
+        beat[torch.arange(len(users)), test] = False
+        self.full[users_t] = beat.sum(dim=1)
+
+    def result(self) -> dict[str, dict[str, float]]:
+        done = self.sampled >= 0
+        return {"sampled": hr_ndcg(self.sampled[done]), "full": hr_ndcg(self.full[done])}
