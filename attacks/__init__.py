@@ -1,1 +1,56 @@
-"""attacks package."""
+"""Inference attacks of an honest-but-curious server, and their scoring (DESIGN.md, section 6).
+
+Item-level attacks (``ATTACKS``) take one :class:`Observation` and the
+:class:`PublicKnowledge` and return a (clients, items) score array; see
+:mod:`attacks.base`. Ground truth (:mod:`attacks.ground_truth`) is read only
+by the scorer (:mod:`attacks.labels`, :mod:`attacks.scoring`,
+:mod:`attacks.audit`).
+
+Registry slots still to fill:
+- ``"imia"``: the interaction-level membership inference of Yuan et al.
+  (WWW 2023), an item-level attack with the same signature (it may also take
+  keyword-only options, e.g. the number of iterations).
+- ``"attribute"``: gender inference; it scores clients, not items, and will
+  live in its own registry (``CLIENT_ATTACKS``) with a per-client signature.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+
+import numpy as np
+
+from .base import ItemAttack
+from .observations import (
+    Observation,
+    PublicKnowledge,
+    load_observations,
+    load_public,
+    save_observation,
+    save_public,
+)
+from .projection import projection
+from .support import changed_rows, support
+
+ATTACKS: Mapping[str, ItemAttack] = MappingProxyType({
+    "support": support,
+    "projection": projection,
+    # "imia": imia,            (next)
+})
+
+
+def run_attack(name: str, observations: Sequence[Observation], public: PublicKnowledge
+               ) -> list[np.ndarray]:
+    """Run the registered attack ``name`` on each observation (one (k, m) array per round)."""
+    try:
+        attack = ATTACKS[name]
+    except KeyError:
+        raise ValueError(f"unknown attack {name!r}; known: {', '.join(sorted(ATTACKS))}") from None
+    return [attack(obs, public) for obs in observations]
+
+
+__all__ = [
+    "ATTACKS", "ItemAttack", "Observation", "PublicKnowledge", "changed_rows", "load_observations",
+    "load_public", "projection", "run_attack", "save_observation", "save_public", "support",
+]

@@ -1,0 +1,331 @@
+"""Server-side aggregation: FedAvg, uniform, and FedEM's similarity aggregation.
+
+Similarity aggregation follows equation 13 of the FedEM paper: for each client
+u the server picks weights w_u on the probability simplex minimising
+
+    sum_v (w_uv - p_v)^2 + alpha (w_uv - s_uv)^2,  s_uv = 1 / (1 + ||Q_u - Q_v||_F^2),
+
+over the uploaded tables Q_v, and client u receives Q_g[u] = sum_v w_uv Q_v.
+Completing the square gives (1 + alpha) ||w_u - c_u||^2 + const with
+c_uv = (p_v + alpha s_uv) / (1 + alpha), so w_u is the Euclidean projection of
+c_u onto the simplex (Held, Wolfe and Crowder 1974; Duchi et al., ICML 2008),
+computed exactly by sorting. cvxpy solving the QP itself is kept as the
+reference (:func:`similarity_weights_cvxpy`).
+
+Weights are float64 tensors; tables keep their own dtype and device.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fedem_private.errors import UserError
+
+DEFAULT_CHUNK_ROWS = 256
+DEFAULT_CHUNK_CLIENTS = 256
+
+
+# ---------------------------------------------------------------- fixed weights
+
+
+def _participants(n: int, participating: Tensor | None, device: torch.device) -> Tensor:
+    """Boolean (n,) participant mask; everybody when participating is None."""
+    if participating is None:
+        return torch.ones(n, dtype=torch.bool, device=device)
+    mask = participating.to(device=device, dtype=torch.bool)
+    if mask.shape != (n,):
+        raise ValueError(f"participating mask has shape {tuple(mask.shape)}, expected ({n},)")
+    if not bool(mask.any()):
+        raise ValueError("no client participates in this round")
+    return mask
+
+
+def fedavg_weights(sizes: Tensor, participating: Tensor | None = None) -> Tensor:
+    """FedAvg weights p_v = |D_v| / sum_{participants} |D| (FedMF; paper eq. 13's p).
+
+    sizes: (n,) local data-set sizes. Returns (n,) float64, zero for
+    non-participants, summing to one over the participants.
+    """
+    sizes = sizes.to(torch.float64)
+    mask = _participants(sizes.shape[0], participating, sizes.device)
+    if bool((sizes < 0).any()) or not bool(torch.isfinite(sizes).all()):
+        raise ValueError("data-set sizes must be finite and non-negative")
+    kept = torch.where(mask, sizes, torch.zeros_like(sizes))
+    total = kept.sum()
+    if not total > 0:
+        raise ValueError("participating clients hold no data: FedAvg weights are undefined")
+    return kept / total
+
+
+def uniform_weights(sizes: Tensor, participating: Tensor | None = None) -> Tensor:
+    """Uniform weights 1 / n_participants (sizes only fixes n); zero for non-participants."""
+    mask = _participants(sizes.shape[0], participating, sizes.device)
+    return mask.to(torch.float64) / mask.sum().to(torch.float64)
+
+
+def _check_finite_rows(tables: Tensor, clients: Tensor | None, chunk: int = 256) -> None:
+    """Raise UserError naming the first client whose table holds NaN or Inf (chunked scan)."""
+    for start in range(0, tables.shape[0], chunk):
+        part = tables[start:start + chunk].reshape(min(chunk, tables.shape[0] - start), -1)
+        bad = ~torch.isfinite(part).all(dim=1)
+        if bool(bad.any()):
+            row = start + int(torch.nonzero(bad)[0, 0])
+            client = row if clients is None else int(clients[row])
+            raise UserError(f"the upload of client {client} contains NaN or Inf")
+
+
+def fedavg_aggregate(uploads: Tensor, weights: Tensor) -> Tensor:
+    """Weighted average sum_v w_v Q_v of (n, m, d) uploads: one (m, d) global table.
+
+    Clients with zero weight are skipped, so their rows may hold anything.
+    """
+    n = uploads.shape[0]
+    if weights.shape != (n,):
+        raise ValueError(f"weights have shape {tuple(weights.shape)}, expected ({n},)")
+    used = torch.nonzero(weights != 0).flatten()
+    rows = uploads if used.numel() == n else uploads.index_select(0, used)
+    w = weights if used.numel() == n else weights.index_select(0, used)
+    _check_finite_rows(rows, None if used.numel() == n else used)
+    flat = rows.reshape(rows.shape[0], -1)
+    return (w.to(uploads.dtype) @ flat).reshape(uploads.shape[1:])
+
+
+# ---------------------------------------------------------------- distances
+
+
+def _block(tables: Tensor, clients: Tensor | None, start: int, stop: int) -> Tensor:
+    """Item rows start:stop of the chosen clients' tables, flattened, in float64."""
+    part = tables[:, start:stop] if clients is None else tables[clients, start:stop]
+    return part.reshape(part.shape[0], -1).to(torch.float64, copy=True)
+
+
+def cross_sq_distances(tables: Tensor, rows_a: Tensor | None, rows_b: Tensor | None,
+                       chunk_rows: int = DEFAULT_CHUNK_ROWS) -> Tensor:
+    """||Q_a - Q_b||_F^2 for a in rows_a, b in rows_b (None = all clients): float64 (na, nb).
+
+    Built from the Gram matrix of the flattened tables, accumulated over
+    chunks of chunk_rows item rows (peak extra memory about
+    (na + nb) * chunk_rows * d float64). Each chunk is centred on the mean of
+    the b tables first (distances do not change; cancellation does). Tiny
+    negatives from rounding are clamped to 0 and a client's distance to
+    itself is exactly 0.
+    """
+    if chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be positive, got {chunk_rows}")
+    n, m = tables.shape[0], tables.shape[1]
+    na = n if rows_a is None else rows_a.numel()
+    nb = n if rows_b is None else rows_b.numel()
+    same = rows_a is None and rows_b is None
+    dev = tables.device
+    gram = torch.zeros((na, nb), dtype=torch.float64, device=dev)
+    sq_a = torch.zeros(na, dtype=torch.float64, device=dev)
+    sq_b = torch.zeros(nb, dtype=torch.float64, device=dev)
+    for start in range(0, m, chunk_rows):
+        stop = min(start + chunk_rows, m)
+        xb = _block(tables, rows_b, start, stop)
+        centre = xb.mean(dim=0, keepdim=True)
+        xb -= centre
+        xa = xb if same else _block(tables, rows_a, start, stop).sub_(centre)
+        gram.addmm_(xa, xb.T)
+        sq_b += (xb * xb).sum(dim=1)
+        if not same:
+            sq_a += (xa * xa).sum(dim=1)
+    if same:
+        sq_a = sq_b
+        gram = (gram + gram.T).mul_(0.5)  # exactly symmetric despite GEMM blocking
+    dist = (sq_a[:, None] + sq_b[None, :] - 2.0 * gram).clamp_(min=0.0)
+    _zero_self_distances(dist, rows_a, rows_b, n)
+    return dist
+
+
+def _zero_self_distances(dist: Tensor, rows_a: Tensor | None, rows_b: Tensor | None,
+                         n: int) -> None:
+    """Set dist[i, j] = 0 exactly wherever rows_a[i] and rows_b[j] are the same client."""
+    dev = dist.device
+    ids_a = torch.arange(n, device=dev) if rows_a is None else rows_a.to(dev)
+    ids_b = torch.arange(n, device=dev) if rows_b is None else rows_b.to(dev)
+    pos_in_b = torch.full((n,), -1, dtype=torch.int64, device=dev)
+    pos_in_b[ids_b] = torch.arange(ids_b.numel(), device=dev)
+    cols = pos_in_b[ids_a]
+    hit = torch.nonzero(cols >= 0).flatten()
+    dist[hit, cols[hit]] = 0.0
+
+
+def pairwise_sq_distances(tables: Tensor, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> Tensor:
+    """All pairwise ||Q_u - Q_v||_F^2 of (n, m, d) tables: float64 (n, n), zero diagonal."""
+    return cross_sq_distances(tables, None, None, chunk_rows)
+
+
+# ---------------------------------------------------------------- simplex and eq. 13
+
+
+def project_to_simplex(c: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Euclidean projection of each row of c (k, n) onto the probability simplex.
+
+    Exact sort-based algorithm (Duchi et al. 2008, Fig. 1), vectorised over
+    rows: w = max(c - theta, 0) with theta chosen so the kept entries sum to 1.
+    mask ((n,) or (k, n) bool) restricts each row's simplex to the True
+    entries; the others get weight exactly 0. Returns float64 (k, n).
+    """
+    c = c.to(torch.float64)
+    if c.dim() != 2:
+        raise ValueError(f"expected a (k, n) matrix, got shape {tuple(c.shape)}")
+    k, n = c.shape
+    valid = torch.ones_like(c, dtype=torch.bool) if mask is None else (
+        mask.to(device=c.device, dtype=torch.bool).expand(k, n))
+    if not bool(valid.any(dim=1).all()):
+        raise ValueError("every row needs at least one entry on its simplex")
+    if not bool(torch.isfinite(c[valid]).all()):
+        raise ValueError("cannot project NaN or Inf onto the simplex")
+    lowest = torch.tensor(-math.inf, dtype=torch.float64, device=c.device)
+    u, _ = torch.sort(torch.where(valid, c, lowest), dim=1, descending=True)
+    u_valid = torch.isfinite(u)  # the masked-out entries sorted to the end as -inf
+    cssv = torch.cumsum(torch.where(u_valid, u, torch.zeros_like(u)), dim=1) - 1.0
+    ranks = torch.arange(1, n + 1, dtype=torch.float64, device=c.device)
+    support = u_valid & (u - cssv / ranks > 0)
+    count = torch.where(support, ranks, torch.zeros_like(ranks)).amax(dim=1)
+    count = count.clamp(min=1.0)  # defensive: the largest entry is always kept
+    theta = cssv.gather(1, (count.to(torch.int64) - 1)[:, None]) / count[:, None]
+    w = (c - theta).clamp_(min=0.0)
+    return torch.where(valid, w, torch.zeros_like(w))
+
+
+def _check_alpha(alpha: float) -> None:
+    if not (math.isfinite(alpha) and alpha >= 0.0):
+        raise UserError(f"similarity coefficient alpha must be finite and >= 0, got {alpha}")
+
+
+def similarity_targets(p: Tensor, sq_dists: Tensor, alpha: float) -> Tensor:
+    """c_uv = (p_v + alpha s_uv) / (1 + alpha), s_uv = 1 / (1 + ||Q_u - Q_v||^2) (eq. 13)."""
+    _check_alpha(alpha)
+    s = 1.0 / (1.0 + sq_dists.to(torch.float64))
+    return (p.to(torch.float64)[None, :] + alpha * s) / (1.0 + alpha)
+
+
+def similarity_weights(p: Tensor, sq_dists: Tensor, alpha: float,
+                       participating: Tensor | None = None) -> Tensor:
+    """Closed-form minimiser of equation 13 on the simplex, for k clients at once.
+
+    p: (n,) backbone weights (FedAvg's |D_v| / sum |D|); sq_dists: (k, n)
+    squared Frobenius distances from each of the k clients to the n uploads;
+    participating: optional (n,) mask of the uploads that may get weight.
+    Returns float64 (k, n): rows on the simplex, zero off the participants.
+    """
+    return project_to_simplex(similarity_targets(p, sq_dists, alpha), participating)
+
+
+def similarity_weights_cvxpy(p: Tensor, sq_dists: Tensor, alpha: float,
+                             participating: Tensor | None = None) -> Tensor:
+    """Reference for :func:`similarity_weights`: cvxpy solves equation 13 client by client.
+
+    Uses the objective exactly as written in the paper and CLARABEL with
+    tolerances of 1e-11. Slow; for tests and benchmarks.
+    """
+    import cvxpy as cp  # deferred: only the reference needs it
+
+    _check_alpha(alpha)
+    k, n = sq_dists.shape
+    keep = _participants(n, participating, torch.device("cpu")).numpy()
+    p_np = p.detach().cpu().to(torch.float64).numpy()[keep]
+    s_all = 1.0 / (1.0 + sq_dists.detach().cpu().to(torch.float64).numpy()[:, keep])
+    w = cp.Variable(int(keep.sum()))
+    s = cp.Parameter(int(keep.sum()))
+    objective = cp.sum_squares(w - p_np) + alpha * cp.sum_squares(w - s)
+    problem = cp.Problem(cp.Minimize(objective), [w >= 0, cp.sum(w) == 1])
+    out = np.zeros((k, n))
+    for u in range(k):
+        s.value = s_all[u]
+        problem.solve(solver=cp.CLARABEL, tol_gap_abs=1e-11, tol_gap_rel=1e-11,
+                      tol_feas=1e-11, max_iter=500)
+        if problem.status != cp.OPTIMAL:
+            raise RuntimeError(f"cvxpy did not solve client {u}'s QP: {problem.status}")
+        out[u, keep] = w.value
+    return torch.from_numpy(out)
+
+
+# ---------------------------------------------------------------- similarity aggregation
+
+
+def _anchor_clients(n: int, part: Tensor, anchored: Tensor | None) -> Tensor:
+    """Boolean (n,): clients whose similarity weights come from equation 13."""
+    if anchored is None:
+        return part
+    anchored = anchored.to(device=part.device, dtype=torch.bool)
+    if anchored.shape != (n,):
+        raise ValueError(f"anchored mask has shape {tuple(anchored.shape)}, expected ({n},)")
+    return part | anchored
+
+
+def _fallback_weights(p_part: Tensor) -> Tensor:
+    """Weights for clients the server cannot compare: p over participants, renormalised."""
+    total = p_part.sum()
+    if not total > 0:
+        return torch.full_like(p_part, 1.0 / p_part.numel())
+    return p_part / total
+
+
+def similarity_aggregate(uploads: Tensor, p: Tensor, alpha: float,
+                         participating: Tensor | None = None,
+                         chunk_clients: int = DEFAULT_CHUNK_CLIENTS,
+                         anchored: Tensor | None = None,
+                         chunk_rows: int = DEFAULT_CHUNK_ROWS) -> Tensor:
+    """Personalised global tables Q_g[u] = sum_v w_uv Q_v for every client u (eq. 13).
+
+    uploads: (n, m, d) tables the server holds; row v is client v's upload
+    this round when v participates. Only participants' tables are aggregated
+    (w_uv = 0 for non-participating v). p: (n,) backbone weights, normally
+    fedavg_weights(sizes, participating).
+
+    Which weights a client u receives:
+    - participant: equation 13 with s_uv from its own upload uploads[u];
+    - non-participant with anchored[u] True: equation 13 with uploads[u]
+      taken as u's last upload kept by the server (the caller must have left
+      it there);
+    - any other non-participant (nothing to compare with): p restricted to
+      the participants and renormalised, i.e. FedAvg weights.
+
+    Works in chunks of chunk_clients receivers; peak extra memory is the
+    (n_anchor, n_participants) float64 distance matrix plus one chunk's weights,
+    besides the (n, m, d) output. Returns a new tensor in uploads' dtype.
+    """
+    _check_alpha(alpha)
+    if chunk_clients < 1:
+        raise ValueError(f"chunk_clients must be positive, got {chunk_clients}")
+    n = uploads.shape[0]
+    if p.shape != (n,):
+        raise ValueError(f"p has shape {tuple(p.shape)}, expected ({n},)")
+    part = _participants(n, participating, uploads.device)
+    anchors = _anchor_clients(n, part, anchored)
+    everyone = bool(part.all())
+    part_ids = None if everyone else torch.nonzero(part).flatten()
+    anchor_ids = None if bool(anchors.all()) else torch.nonzero(anchors).flatten()
+    sources = uploads if everyone else uploads.index_select(0, part_ids)
+    _check_finite_rows(sources, part_ids)
+    dists = cross_sq_distances(uploads, anchor_ids, part_ids, chunk_rows)
+    p_part = p.to(torch.float64).to(uploads.device)
+    p_part = p_part if everyone else p_part.index_select(0, part_ids)
+    dist_row = torch.full((n,), -1, dtype=torch.int64, device=uploads.device)
+    dist_row[anchors] = torch.arange(int(anchors.sum()), device=uploads.device)
+    fallback = _fallback_weights(p_part)
+    flat_src = sources.reshape(sources.shape[0], -1)
+    out = torch.empty(uploads.shape, dtype=uploads.dtype, device=uploads.device)
+    flat_out = out.view(n, -1)
+    for start in range(0, n, chunk_clients):
+        stop = min(start + chunk_clients, n)
+        w = _chunk_weights(p_part, dists, dist_row[start:stop], fallback, alpha)
+        torch.mm(w.to(uploads.dtype), flat_src, out=flat_out[start:stop])
+    return out
+
+
+def _chunk_weights(p_part: Tensor, dists: Tensor, dist_rows: Tensor, fallback: Tensor,
+                   alpha: float) -> Tensor:
+    """Weights (c, n_participants) for one chunk of receivers; dist_rows -1 = no anchor."""
+    has = dist_rows >= 0
+    w = fallback.expand(dist_rows.numel(), -1).clone()
+    if bool(has.any()):
+        w[has] = similarity_weights(p_part, dists[dist_rows[has]], alpha)
+    return w

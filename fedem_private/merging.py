@@ -1,0 +1,306 @@
+"""Client-side elastic merging (FedEM, section 4 of DESIGN.md; paper equations 9-11).
+
+A client starts each round from Q_m = Q_l + rho (.) (Q_g - Q_l) (equation 10)
+instead of the downloaded Q_g. Strategies (the paper's Table 2 ablation):
+
+- ``sr``: rho = 1, static replacement (FedMF / FedSim);
+- ``sm``: one fixed scalar rho for all clients, from the configuration;
+- ``dm``: one learned scalar per client, the adapter's outputs averaged over items;
+- ``em``: one learned rho per item per client.
+
+The adapter (equation 9) is a private per-client MLP applied to each item row
+of Q_cat = [Q_g - Q_l, Q_l]: ReLU between layers, sigmoid output. All clients'
+adapters live in batched tensors, weights (k, fan_in, fan_out) and biases
+(k, fan_out), evaluated with batched matmul. It is trained with p_u, Q_l and
+Q_g frozen (equation 11) by Adam with per-client step counts.
+
+Merging is a plug-in: it only needs each client's local and global item
+tables, so any backbone that uploads an item table can use it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from fedem_private import rng
+from fedem_private.errors import UserError
+from fedem_private.optim import AdamConfig, MaskedAdam
+
+STRATEGIES = ("sr", "sm", "dm", "em")
+LEARNED = ("dm", "em")
+
+# logits (a, B) from the active rows (a,), their user vectors (a, d) and items (a, B, d)
+ScoreFn = Callable[[Tensor, Tensor, Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class MergeConfig:
+    """How a client merges its local table with the global one (DESIGN.md section 4)."""
+
+    strategy: str = "em"
+    rho: float = 0.5
+    adapter_layers: tuple[int, ...] = (32, 16, 8, 1)
+    adapter_lr: float = 0.1
+    adapter_epochs: int = 1
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise UserError(f"merge strategy must be one of {', '.join(STRATEGIES)}; "
+                            f"got {self.strategy!r}")
+        if not (isinstance(self.rho, int | float) and 0.0 <= self.rho <= 1.0):
+            raise UserError(f"merge rho must lie in [0, 1], got {self.rho}")
+        layers = tuple(self.adapter_layers)
+        object.__setattr__(self, "adapter_layers", layers)  # lists from TOML become tuples
+        if not layers or any(int(w) != w or w < 1 for w in layers) or layers[-1] != 1:
+            raise UserError("adapter_layers must be positive integers ending in 1, "
+                            f"got {list(self.adapter_layers)}")
+        if not (math.isfinite(self.adapter_lr) and self.adapter_lr > 0.0):
+            raise UserError(f"adapter_lr must be a positive number, got {self.adapter_lr}")
+        if int(self.adapter_epochs) != self.adapter_epochs or self.adapter_epochs < 0:
+            raise UserError(f"adapter_epochs must be a non-negative integer, "
+                            f"got {self.adapter_epochs}")
+
+
+@dataclass(frozen=True)
+class MergeState:
+    """Adapters of k clients: weights[j] (k, fan_in, fan_out), biases[j] (k, fan_out)."""
+
+    weights: tuple[Tensor, ...]
+    biases: tuple[Tensor, ...]
+
+    @property
+    def n_clients(self) -> int:
+        """Number of clients k held."""
+        return int(self.weights[0].shape[0])
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """One lock-step training step over the clients that have a batch in it.
+
+    rows: (a,) int64 indices into the chunk's client axis (no repeats);
+    items: (a, B) int64 item ids, padded; labels: (a, B) float, 1 positive,
+    0 negative; mask: (a, B) bool, True on valid entries.
+    """
+
+    rows: Tensor
+    items: Tensor
+    labels: Tensor
+    mask: Tensor
+
+
+# ---------------------------------------------------------------- adapter (eq. 9)
+
+
+def adapter_shapes(dim: int, layers: tuple[int, ...]) -> list[tuple[int, int]]:
+    """(fan_in, fan_out) of each linear layer: input 2 * dim, then the given widths."""
+    fans = (2 * dim, *layers)
+    return list(zip(fans[:-1], fans[1:], strict=True))
+
+
+def _init_one_client(shapes: list[tuple[int, int]], gen: torch.Generator,
+                     dtype: torch.dtype) -> tuple[list[Tensor], list[Tensor]]:
+    """torch.nn.Linear's default init: weight and bias ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+
+    Draw order per layer is weight (fan_out, fan_in) then bias, as nn.Linear does.
+    """
+    weights, biases = [], []
+    for fan_in, fan_out in shapes:
+        bound = 1.0 / math.sqrt(fan_in)
+        w = torch.empty((fan_out, fan_in), dtype=dtype).uniform_(-bound, bound, generator=gen)
+        b = torch.empty(fan_out, dtype=dtype).uniform_(-bound, bound, generator=gen)
+        weights.append(w.T)
+        biases.append(b)
+    return weights, biases
+
+
+def init_merge_state(cfg: MergeConfig, clients: np.ndarray, dim: int, seed: int,
+                     dtype: torch.dtype = torch.float32) -> MergeState | None:
+    """Fresh adapters for the given client ids (None for sr and sm, which learn nothing).
+
+    Client c's adapter comes from rng.generator(seed, ADAPTER_INIT, 0, c) alone,
+    so it does not depend on which other clients are initialised with it.
+    """
+    if cfg.strategy not in LEARNED:
+        return None
+    shapes = adapter_shapes(dim, cfg.adapter_layers)
+    per_client = [
+        _init_one_client(shapes, rng.generator(seed, rng.Stream.ADAPTER_INIT, 0, int(c)), dtype)
+        for c in np.asarray(clients).tolist()
+    ]
+    weights = tuple(torch.stack([pc[0][j] for pc in per_client]) for j in range(len(shapes)))
+    biases = tuple(torch.stack([pc[1][j] for pc in per_client]) for j in range(len(shapes)))
+    return MergeState(weights, biases)
+
+
+def take_clients(state: MergeState, rows: Tensor) -> MergeState:
+    """A copy of the adapters of the clients at rows (int64 indices)."""
+    return MergeState(tuple(w.index_select(0, rows) for w in state.weights),
+                      tuple(b.index_select(0, rows) for b in state.biases))
+
+
+def put_clients(state: MergeState, rows: Tensor, part: MergeState) -> MergeState:
+    """A new state equal to state with the adapters at rows replaced by part's."""
+    return MergeState(
+        tuple(w.index_copy(0, rows, pw) for w, pw in zip(state.weights, part.weights, strict=True)),
+        tuple(b.index_copy(0, rows, pb) for b, pb in zip(state.biases, part.biases, strict=True)),
+    )
+
+
+def adapter_input(q_local: Tensor, q_global: Tensor) -> Tensor:
+    """Q_cat = [Q_g - Q_l, Q_l] along the last axis: (..., 2d) (paper, section 4)."""
+    return torch.cat((q_global - q_local, q_local), dim=-1)
+
+
+def adapter_forward(weights: tuple[Tensor, ...], biases: tuple[Tensor, ...], x: Tensor) -> Tensor:
+    """Equation 9 for k clients at once: x (k, r, 2d) -> rho (k, r) in [0, 1]."""
+    h = x
+    last = len(weights) - 1
+    for j, (w, b) in enumerate(zip(weights, biases, strict=True)):
+        h = torch.baddbmm(b.unsqueeze(1), h, w)
+        h = torch.sigmoid(h) if j == last else torch.relu(h)
+    return h.squeeze(-1)
+
+
+# ---------------------------------------------------------------- merging (eq. 10)
+
+
+def _require_state(cfg: MergeConfig, state: MergeState | None, k: int) -> MergeState:
+    if state is None:
+        raise ValueError(f"strategy {cfg.strategy!r} needs adapters; call init_merge_state")
+    if state.n_clients != k:
+        raise ValueError(f"adapters for {state.n_clients} clients, tables for {k}")
+    return state
+
+
+def compute_rho(cfg: MergeConfig, state: MergeState | None, q_local: Tensor,
+                q_global: Tensor) -> Tensor:
+    """The merge weights, detached: (k, m) for em, (k, 1) for dm, a 0-d tensor for sr/sm."""
+    if cfg.strategy == "sr":
+        return torch.ones((), dtype=q_local.dtype, device=q_local.device)
+    if cfg.strategy == "sm":
+        return torch.tensor(cfg.rho, dtype=q_local.dtype, device=q_local.device)
+    adapters = _require_state(cfg, state, q_local.shape[0])
+    with torch.no_grad():
+        rho = adapter_forward(adapters.weights, adapters.biases, adapter_input(q_local, q_global))
+    return rho.mean(dim=1, keepdim=True) if cfg.strategy == "dm" else rho
+
+
+def merge_tables(q_local: Tensor, q_global: Tensor, rho: Tensor) -> Tensor:
+    """Equation 10, Q_l + rho (.) (Q_g - Q_l), exact at the ends: rho = 1 gives Q_g, 0 gives Q_l.
+
+    rho broadcasts against (k, m): 0-d, (k, 1) or (k, m). torch.lerp evaluates
+    Q_g - (Q_g - Q_l)(1 - rho) for rho >= 0.5, hence the exact endpoints.
+    """
+    weight = rho.unsqueeze(-1) if rho.dim() > 0 else rho
+    return torch.lerp(q_local, q_global, weight.to(q_local.dtype))
+
+
+def merge(cfg: MergeConfig, state: MergeState | None, q_local: Tensor,
+          q_global: Tensor) -> Tensor:
+    """The merged starting tables Q_m (k, m, d) for the next round of local training."""
+    if q_local.shape != q_global.shape:
+        raise ValueError(f"local {tuple(q_local.shape)} and global {tuple(q_global.shape)} "
+                         "tables differ in shape")
+    if cfg.strategy == "sr":
+        return q_global.clone()
+    return merge_tables(q_local, q_global, compute_rho(cfg, state, q_local, q_global))
+
+
+# ---------------------------------------------------------------- adapter training (eq. 11)
+
+
+def dot_scores(rows: Tensor, p_rows: Tensor, q_items: Tensor) -> Tensor:
+    """MF logits p_u . q_i: p_rows (a, d), q_items (a, B, d) -> (a, B)."""
+    del rows  # MF needs no per-client score head
+    return torch.einsum("ad,abd->ab", p_rows, q_items)
+
+
+def _active(batch: StepBatch) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The batch restricted to rows with at least one valid entry; padding ids set to 0."""
+    rows, items, labels, mask = batch.rows, batch.items, batch.labels, batch.mask.bool()
+    shapes_ok = (items.dim() == 2 and rows.dim() == 1 and items.shape[0] == rows.shape[0]
+                 and labels.shape == items.shape and mask.shape == items.shape)
+    if not shapes_ok:
+        raise ValueError("StepBatch needs rows (a,) and items, labels, mask of shape (a, B)")
+    if torch.unique(rows).numel() != rows.numel():
+        raise ValueError("StepBatch.rows must not repeat a client")
+    keep = mask.any(dim=1)
+    if not bool(keep.all()):
+        rows, items, labels, mask = rows[keep], items[keep], labels[keep], mask[keep]
+    items = torch.where(mask, items, torch.zeros_like(items))
+    return rows.to(torch.int64), items.to(torch.int64), labels, mask
+
+
+def _batch_rho(strategy: str, weights: tuple[Tensor, ...], biases: tuple[Tensor, ...],
+               ql_rows: Tensor, qg_rows: Tensor, ql_items: Tensor, qg_items: Tensor) -> Tensor:
+    """rho for the batch entries, with gradient: em only on the batch rows, dm over all m."""
+    if strategy == "em":
+        return adapter_forward(weights, biases, adapter_input(ql_items, qg_items)).unsqueeze(-1)
+    rho = adapter_forward(weights, biases, adapter_input(ql_rows, qg_rows)).mean(dim=1)
+    return rho[:, None, None]
+
+
+def _client_losses(strategy: str, weights: tuple[Tensor, ...], biases: tuple[Tensor, ...],
+                   tables: tuple[Tensor, Tensor, Tensor], batch: tuple[Tensor, ...],
+                   score: ScoreFn) -> Tensor:
+    """Mean BCE-with-logits of each active client over its valid entries: (a,)."""
+    q_local, q_global, p_users = tables
+    rows, items, labels, mask = batch
+    ql_items = q_local[rows[:, None], items]
+    qg_items = q_global[rows[:, None], items]
+    needs_all = strategy == "dm"
+    ql_rows = q_local.index_select(0, rows) if needs_all else ql_items
+    qg_rows = q_global.index_select(0, rows) if needs_all else qg_items
+    rho = _batch_rho(strategy, weights, biases, ql_rows, qg_rows, ql_items, qg_items)
+    q_merged = torch.lerp(ql_items, qg_items, rho)
+    logits = score(rows, p_users.index_select(0, rows), q_merged)
+    bce = F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype), reduction="none")
+    bce = torch.where(mask, bce, torch.zeros_like(bce))
+    return bce.sum(dim=1) / mask.sum(dim=1).to(bce.dtype)
+
+
+def train_adapter(cfg: MergeConfig, state: MergeState | None, client_rows: Tensor | None,
+                  q_local: Tensor, q_global: Tensor, p_users: Tensor,
+                  steps: Iterable[StepBatch], score: ScoreFn = dot_scores) -> MergeState | None:
+    """Equation 11: train the adapters of a chunk of k clients; returns a new state.
+
+    state holds adapters for N clients; client_rows (k,) picks the chunk's
+    clients from it (None: state is exactly the chunk). q_local, q_global:
+    (k, m, d); p_users: (k, d); all three are frozen and never written. Each
+    StepBatch indexes the chunk's client axis. Adam (lr = adapter_lr, betas
+    (0.9, 0.999), eps 1e-8) starts fresh on every call and keeps one step count
+    per client: a client with no valid entry in a step neither moves nor
+    advances its count. sr and sm learn nothing and return state unchanged.
+    """
+    if cfg.strategy not in LEARNED:
+        return state
+    k = q_local.shape[0]
+    if state is None:
+        raise ValueError(f"strategy {cfg.strategy!r} needs adapters; call init_merge_state")
+    chunk = state if client_rows is None else take_clients(state, client_rows)
+    _require_state(cfg, chunk, k)
+    n_layers = len(chunk.weights)
+    params = [t.detach().clone() for t in (*chunk.weights, *chunk.biases)]
+    adam = MaskedAdam(params, AdamConfig(lr=cfg.adapter_lr, betas=(0.9, 0.999), eps=1e-8))
+    tables = (q_local.detach(), q_global.detach(), p_users.detach())
+    with torch.enable_grad():
+        for step in steps:
+            batch = _active(step)
+            rows = batch[0]
+            if rows.numel() == 0:
+                continue
+            leaves = [t.index_select(0, rows).requires_grad_(True) for t in params]
+            losses = _client_losses(cfg.strategy, tuple(leaves[:n_layers]),
+                                    tuple(leaves[n_layers:]), tables, batch, score)
+            grads = torch.autograd.grad(losses.sum(), leaves)
+            adam.step(grads, rows)
+    trained = MergeState(tuple(params[:n_layers]), tuple(params[n_layers:]))
+    return trained if client_rows is None else put_clients(state, client_rows, trained)

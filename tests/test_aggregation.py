@@ -1,0 +1,255 @@
+"""Server-side aggregation (aggregation.py): weights, distances, equation 13."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from fedem_private.aggregation import (
+    cross_sq_distances,
+    fedavg_aggregate,
+    fedavg_weights,
+    pairwise_sq_distances,
+    project_to_simplex,
+    similarity_aggregate,
+    similarity_weights,
+    similarity_weights_cvxpy,
+    uniform_weights,
+)
+from fedem_private.errors import UserError
+
+F64 = torch.float64
+
+
+def rand_tables(n: int, m: int = 9, d: int = 3, seed: int = 0, scale: float = 0.3):
+    g = torch.Generator().manual_seed(seed)
+    return scale * torch.randn((n, m, d), generator=g)
+
+
+def brute_sq_distances(tables: torch.Tensor) -> torch.Tensor:
+    flat = tables.to(F64).reshape(tables.shape[0], -1)
+    n = flat.shape[0]
+    return torch.tensor([[float(((flat[u] - flat[v]) ** 2).sum()) for v in range(n)]
+                         for u in range(n)], dtype=F64)
+
+
+def rand_p(n: int, seed: int = 0, participating: torch.Tensor | None = None):
+    g = torch.Generator().manual_seed(seed + 100)
+    return fedavg_weights(torch.randint(1, 60, (n,), generator=g), participating)
+
+
+def assert_on_simplex(w: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+    assert bool((w >= 0).all())
+    torch.testing.assert_close(w.sum(dim=1), torch.ones(w.shape[0], dtype=F64),
+                               rtol=0, atol=1e-12)
+    if mask is not None:
+        assert bool((w[:, ~mask] == 0).all())
+
+
+# ---------------------------------------------------------------- fixed weights
+
+
+def test_fedavg_and_uniform_weights():
+    sizes = torch.tensor([10, 30, 0, 60])
+    torch.testing.assert_close(fedavg_weights(sizes), torch.tensor([0.1, 0.3, 0.0, 0.6],
+                                                                  dtype=F64))
+    mask = torch.tensor([True, False, True, True])
+    torch.testing.assert_close(fedavg_weights(sizes, mask),
+                               torch.tensor([1 / 7, 0.0, 0.0, 6 / 7], dtype=F64))
+    torch.testing.assert_close(uniform_weights(sizes, mask),
+                               torch.tensor([1 / 3, 0.0, 1 / 3, 1 / 3], dtype=F64))
+    torch.testing.assert_close(uniform_weights(sizes), torch.full((4,), 0.25, dtype=F64))
+
+
+def test_fedavg_aggregate_skips_zero_weight_rows_and_rejects_nan():
+    tables = rand_tables(4)
+    w = torch.tensor([0.2, 0.0, 0.5, 0.3], dtype=F64)
+    want = sum(w[v].item() * tables[v] for v in range(4))
+    tables[1] = float("nan")  # a non-participant's slot may hold anything
+    torch.testing.assert_close(fedavg_aggregate(tables, w), want)
+    tables[2, 0, 0] = float("inf")
+    with pytest.raises(UserError, match="client 2"):
+        fedavg_aggregate(tables, w)
+
+
+# ---------------------------------------------------------------- distances
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 4, 1000])
+def test_pairwise_distances_equal_brute_force(chunk_rows):
+    tables = rand_tables(7, seed=1)
+    tables[5] = tables[2]  # two identical tables
+    got = pairwise_sq_distances(tables, chunk_rows)
+    assert got.dtype == F64
+    assert torch.equal(got.diagonal(), torch.zeros(7, dtype=F64))
+    assert torch.equal(got, got.T)
+    assert bool((got >= 0).all())
+    torch.testing.assert_close(got, brute_sq_distances(tables), rtol=1e-12, atol=1e-12)
+
+
+def test_pairwise_distances_do_not_depend_on_chunk_size():
+    tables = rand_tables(12, m=50, d=4, seed=2) + 5.0  # offset: cancellation-prone
+    ref = pairwise_sq_distances(tables, 50)
+    for chunk in (1, 3, 16):
+        torch.testing.assert_close(pairwise_sq_distances(tables, chunk), ref,
+                                   rtol=1e-12, atol=1e-12)
+
+
+def test_cross_distances_on_subsets():
+    tables = rand_tables(8, seed=3)
+    a, b = torch.tensor([6, 1, 3]), torch.tensor([3, 0, 6, 7])
+    got = cross_sq_distances(tables, a, b, chunk_rows=2)
+    want = brute_sq_distances(tables)[a][:, b]
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert got[0, 2] == 0.0 and got[2, 0] == 0.0
+
+
+# ---------------------------------------------------------------- projection and eq. 13
+
+
+def kkt_holds(c: torch.Tensor, w: torch.Tensor, mask: torch.Tensor) -> None:
+    """Projection optimality: c - w equals one theta on the support and c <= theta off it."""
+    for u in range(c.shape[0]):
+        keep = mask if mask.dim() == 1 else mask[u]
+        cu, wu = c[u][keep], w[u][keep]
+        support = wu > 0
+        theta = (cu - wu)[support]
+        assert float(theta.max() - theta.min()) <= 1e-9 * (1 + float(theta.abs().max()))
+        assert bool((cu[~support] <= theta.mean() + 1e-9 * (1 + abs(float(theta.mean())))).all())
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    c=hnp.arrays("float64", st.tuples(st.integers(1, 5), st.integers(1, 9)),
+                 elements=st.floats(-1e3, 1e3, allow_nan=False)),
+    data=st.data(),
+)
+def test_projection_is_on_simplex_and_optimal(c, data):
+    c = torch.from_numpy(c)
+    mask = torch.tensor(data.draw(st.lists(st.booleans(), min_size=c.shape[1],
+                                           max_size=c.shape[1])))
+    mask[data.draw(st.integers(0, c.shape[1] - 1))] = True
+    w = project_to_simplex(c, mask)
+    assert_on_simplex(w, mask)
+    kkt_holds(c, w, mask)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    n=st.integers(1, 12),
+    k=st.integers(1, 4),
+    alpha=st.floats(0.0, 1e4),
+    log_scale=st.floats(-6, 12),
+    seed=st.integers(0, 2**16),
+)
+def test_similarity_weights_on_simplex(n, k, alpha, log_scale, seed):
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.rand(n, generator=g) < 0.7
+    mask[0] = True
+    p = fedavg_weights(torch.randint(0, 5, (n,), generator=g) + 1, mask)
+    sq = torch.rand((k, n), generator=g, dtype=F64) * 10.0**log_scale
+    w = similarity_weights(p, sq, alpha, mask)
+    assert_on_simplex(w, mask)
+
+
+def closed_vs_cvxpy(p, sq, alpha, mask=None) -> torch.Tensor:
+    w = similarity_weights(p, sq, alpha, mask)
+    ref = similarity_weights_cvxpy(p, sq, alpha, mask)
+    assert float((w - ref).abs().max()) <= 1e-6
+    assert_on_simplex(w, mask)
+    return w
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("alpha", [0.3, 1.0, 5.0])
+def test_closed_form_equals_cvxpy_random(seed, alpha):
+    tables = rand_tables(15, seed=seed, scale=0.2 + 0.1 * seed)
+    closed_vs_cvxpy(rand_p(15, seed), pairwise_sq_distances(tables), alpha)
+
+
+def test_closed_form_equals_cvxpy_edge_cases():
+    assert torch.equal(closed_vs_cvxpy(torch.ones(1, dtype=F64), torch.zeros((1, 1), dtype=F64),
+                                       1.0), torch.ones((1, 1), dtype=F64))
+    n = 6
+    uniform_p = torch.full((n,), 1.0 / n, dtype=F64)
+    ties = torch.full((n, n), 0.5, dtype=F64).fill_diagonal_(0.0)
+    closed_vs_cvxpy(uniform_p, ties, 1.0)  # ties in p and in distances
+    p = rand_p(n, 1)
+    sq = pairwise_sq_distances(rand_tables(n, seed=4))
+    torch.testing.assert_close(closed_vs_cvxpy(p, sq, 0.0), p.expand(n, n))  # alpha = 0: FedAvg
+    huge = torch.full((n, n), 1e30, dtype=F64).fill_diagonal_(0.0)
+    closed_vs_cvxpy(p, huge, 1.0)  # only self-similarity survives
+    equal_tables = rand_tables(1).expand(n, -1, -1)
+    same = pairwise_sq_distances(equal_tables)
+    assert torch.equal(same, torch.zeros((n, n), dtype=F64))
+    # all s_uv = 1: the projection shifts c uniformly, giving a p / uniform mixture
+    torch.testing.assert_close(closed_vs_cvxpy(p, same, 2.0), ((p + 2.0 / n) / 3.0).expand(n, n))
+    mask = torch.tensor([True, False, True, True, False, True])
+    closed_vs_cvxpy(rand_p(n, 2, mask), sq, 1.0, mask)  # participants only
+    closed_vs_cvxpy(rand_p(n, 2), sq, 1e6)  # similarity dominates
+
+
+def test_bad_alpha_is_a_user_error():
+    with pytest.raises(UserError, match="alpha"):
+        similarity_weights(torch.ones(1, dtype=F64), torch.zeros((1, 1), dtype=F64), -1.0)
+
+
+# ---------------------------------------------------------------- similarity aggregation
+
+
+def loop_aggregate(uploads, p, alpha, participating, anchored):
+    """Explicit per-client loop: brute-force distances, cvxpy weights, weighted sum."""
+    n = uploads.shape[0]
+    part = [v for v in range(n) if participating[v]]
+    p_part = p[part]
+    out = torch.empty_like(uploads)
+    for u in range(n):
+        if participating[u] or anchored[u]:
+            sq = torch.tensor([[float(((uploads[u].to(F64) - uploads[v].to(F64)) ** 2).sum())
+                                for v in part]], dtype=F64)
+            w = similarity_weights_cvxpy(p_part, sq, alpha)[0]
+        else:
+            w = p_part / p_part.sum()
+        out[u] = sum(float(w[j]) * uploads[v] for j, v in enumerate(part))
+    return out
+
+
+@pytest.mark.parametrize("chunk_clients", [1, 3, 100])
+def test_similarity_aggregate_equals_loop(chunk_clients):
+    uploads = rand_tables(7, seed=5)
+    everyone = torch.ones(7, dtype=torch.bool)
+    p = rand_p(7, 5)
+    got = similarity_aggregate(uploads, p, 1.0, None, chunk_clients, chunk_rows=4)
+    want = loop_aggregate(uploads, p, 1.0, everyone, everyone)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("chunk_clients", [2, 100])
+def test_similarity_aggregate_with_participants(chunk_clients):
+    uploads = rand_tables(8, seed=6)
+    part = torch.tensor([True, False, True, True, False, True, False, True])
+    anchored = torch.tensor([False, True, False, False, False, False, True, False])
+    p = rand_p(8, 6, part)
+    uploads[4] = float("nan")  # never uploaded, no anchor: its slot is never read
+    got = similarity_aggregate(uploads, p, 2.0, part, chunk_clients, anchored=anchored)
+    want = loop_aggregate(uploads, p, 2.0, part, anchored)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
+def test_similarity_aggregate_does_not_depend_on_chunking():
+    uploads = rand_tables(40, m=30, d=4, seed=7)
+    p = rand_p(40, 7)
+    ref = similarity_aggregate(uploads, p, 1.0, None, 40, chunk_rows=30)
+    for chunk_clients, chunk_rows in ((1, 1), (7, 4), (16, 13)):
+        got = similarity_aggregate(uploads, p, 1.0, None, chunk_clients, chunk_rows=chunk_rows)
+        torch.testing.assert_close(got, ref, rtol=0, atol=1e-6)
+
+
+def test_similarity_aggregate_rejects_nan_upload():
+    uploads = rand_tables(4)
+    uploads[3, 2, 1] = float("nan")
+    with pytest.raises(UserError, match="client 3"):
+        similarity_aggregate(uploads, rand_p(4), 1.0)
