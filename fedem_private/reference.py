@@ -52,3 +52,28 @@ def train_clients(q_start: torch.Tensor, p: torch.Tensor, clients: np.ndarray,
         q_out.append(q)
         p_out.append(pu)
     return torch.stack(q_out), torch.stack(p_out)
+
+
+def fedavg_round(q_global: torch.Tensor, p: torch.Tensor, round_: int, seed: int,
+                 train_indptr: np.ndarray, train_items: np.ndarray, excl: tuple,
+                 n_items: int, cfg: LocalTrainConfig) -> tuple[torch.Tensor, torch.Tensor,
+                                                               torch.Tensor]:
+    """One FedMF round (static replacement, FedAvg), one client at a time.
+
+    Returns (new global table, new user vectors, uploads (n, m, d)).
+    """
+    from .models.mf import draw_samples
+
+    n = p.shape[0]
+    uploads, p_new = [], []
+    sizes = np.diff(train_indptr).astype(np.float64)
+    total = torch.zeros_like(q_global, dtype=torch.float64)
+    for u in range(n):
+        s = draw_samples(seed, round_, np.array([u]), train_indptr, train_items, *excl,
+                         n_items, cfg.num_negatives)
+        items, labels = s.of(0)
+        q, pu = train_client(q_global, p[u], items, labels, cfg, seed, round_, u)
+        uploads.append(q)
+        p_new.append(pu)
+        total += (sizes[u] / sizes.sum()) * q.double()
+    return total.float(), torch.stack(p_new), torch.stack(uploads)

@@ -94,9 +94,12 @@ class SimState:
 class Simulation:
     """A configured run over one split; call :meth:`run` or :meth:`step` round by round."""
 
-    def __init__(self, cfg: RunConfig, split: Split) -> None:
-        self.cfg = cfg.resolved().validate()
+    def __init__(self, cfg: RunConfig, split: Split, *, dataset_name: str | None = None,
+                 demographics: dict[str, np.ndarray] | None = None) -> None:
+        self.cfg = cfg.validate().resolved()
         self.split = split
+        self.dataset_name = dataset_name or self.cfg.data.dataset
+        self.demographics = demographics or {}
         tr, fed = self.cfg.train, self.cfg.federation
         self.seed = tr.seed
         self.aggregation = fed.resolved_aggregation

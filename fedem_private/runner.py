@@ -1,0 +1,80 @@
+"""One run end to end: load data, simulate, write the run directory."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .config import RunConfig, to_dict, to_toml
+from .data import leave_one_out, load_dataset
+from .rundir import RunDir
+from .simulation import RoundStats, Simulation
+
+
+def prepare(cfg: RunConfig) -> Simulation:
+    """Validate the config, load and split the data, build the simulation."""
+    cfg = cfg.validate().resolved()
+    data = load_dataset(cfg.data.dataset, cfg.data.data_dir, seed=cfg.train.seed,
+                        synthetic=cfg.data.synthetic)
+    split = leave_one_out(data, cfg.train.seed)
+    demographics = {k: v[split.users] for k, v in data.demographics.items()}
+    return Simulation(cfg, split, dataset_name=data.name, demographics=demographics)
+
+
+def summarise(sim: Simulation, history: list[RoundStats], wall: float) -> dict[str, Any]:
+    """The summary.json content."""
+    cfg = sim.cfg
+    last = next((h.metrics for h in reversed(history) if h.metrics), None)
+    seconds = [h.seconds for h in history]
+    return {
+        "dataset": sim.dataset_name,
+        "method": cfg.federation.method,
+        "aggregation": cfg.federation.resolved_aggregation,
+        "merge": cfg.federation.resolved_merge,
+        "protocol": cfg.data.protocol,
+        "rounds": sim.state.round,
+        "seed": cfg.train.seed,
+        "n_users": sim.split.n_users,
+        "n_items": sim.split.n_items,
+        "dropped_users": sim.split.dropped_users,
+        "seconds_per_round": sum(seconds) / max(len(seconds), 1),
+        "seconds_total": wall,
+        "metrics": last,
+        "privacy": sim.privacy.summary(),
+        "version": __version__,
+    }
+
+
+def execute(cfg: RunConfig, out: str | Path,
+            force: bool = False,
+            on_round: Callable[[RoundStats], None] | None = None,
+            setup: Callable[[Simulation, Path], None] | None = None,
+            on_start: Callable[[Simulation], None] | None = None) -> dict[str, Any]:
+    """Run ``cfg`` and write ``out`` atomically; returns the summary.
+
+    ``setup`` may attach observers (e.g. recording) and write into the run
+    directory before the first round.
+    """
+    writer = RunDir(out, force=force)
+    with writer:
+        sim = prepare(cfg)
+        if setup is not None:
+            setup(sim, writer.path)
+        writer.write_text("config.toml", to_toml(to_dict(sim.cfg)))
+        if on_start is not None:
+            on_start(sim)
+        t0 = time.perf_counter()
+        history = sim.run(on_round=on_round)
+        wall = time.perf_counter() - t0
+        rows = [h.row() for h in history if h.metrics is not None]
+        writer.write_csv("metrics.csv", rows)
+        summary = summarise(sim, history, wall)
+        writer.write_json("summary.json", summary)
+        ledger = sim.privacy.ledger_dict() if hasattr(sim.privacy, "ledger_dict") else None
+        if ledger is not None:
+            writer.write_json("privacy_ledger.json", ledger)
+        writer.commit()
+    return summary
