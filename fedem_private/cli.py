@@ -166,7 +166,8 @@ def _cmd_datasets(args: argparse.Namespace) -> int:
                 where = "any user,item[,rating][,timestamp] file via --data-dir"
             else:
                 cached = cached_dir(name)
-                where = f"cached at {cached}" if cached else "not cached; use --data-dir or download"
+                where = (f"cached at {cached}" if cached
+                         else "not cached; use --data-dir or download")
             print(f"{name:<10} {where}")
         return 0
     cache = Path(args.cache_dir) if args.cache_dir else default_cache_dir()

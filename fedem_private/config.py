@@ -54,7 +54,7 @@ class DataConfig:
 class TrainConfig:
     """Local training and the round loop (paper defaults: d=16, E=10, B=256, T=100)."""
 
-    rounds: int = 20
+    rounds: int = 50
     local_epochs: int = 10
     lr: float = 0.1
     batch_size: int = 256

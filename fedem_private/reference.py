@@ -26,7 +26,7 @@ def train_client(q_start: torch.Tensor, p_start: torch.Tensor, items: np.ndarray
         return q.detach(), p.detach()
     orders = epoch_orders(seed, round_, client, n, cfg.epochs)
     items_t = torch.from_numpy(items)
-    labels_t = torch.from_numpy(labels)
+    labels_t = torch.from_numpy(labels).to(q.dtype)
     for epoch in range(cfg.epochs):
         order = torch.from_numpy(orders[epoch])
         for start in range(0, n, cfg.batch_size):
@@ -35,8 +35,10 @@ def train_client(q_start: torch.Tensor, p_start: torch.Tensor, items: np.ndarray
             loss = F.binary_cross_entropy_with_logits(logits, labels_t[batch])
             opt.zero_grad()
             loss.backward()
-            if cfg.grad_clip is not None:
-                torch.nn.utils.clip_grad_norm_([q], cfg.grad_clip)
+            if cfg.grad_clip is not None:  # L2 clip of the item-table gradient at Z
+                norm = q.grad.norm()
+                if norm > cfg.grad_clip:
+                    q.grad.mul_(cfg.grad_clip / norm)
             opt.step()
     return q.detach(), p.detach()
 

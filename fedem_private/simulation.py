@@ -108,7 +108,7 @@ class Simulation:
                                      adapter_epochs=fed.adapter_epochs)
         self.privacy = PrivacyLayer(self.cfg.privacy, rounds=tr.rounds,
                                     n_clients=split.n_users, lr=tr.lr,
-                                    sizes=split.train_counts)
+                                    sizes=split.train_counts, seed=self.seed)
         self.local_cfg = LocalTrainConfig(epochs=tr.local_epochs, batch_size=tr.batch_size,
                                           lr=tr.lr, num_negatives=tr.num_negatives,
                                           grad_clip=self.privacy.local_grad_clip)

@@ -91,8 +91,9 @@ def download(name: str, cache_dir: Path | None = None, url: str | None = None,
         tmp_path = Path(tmp)
         archive = tmp_path / "archive.zip"
         try:
-            with urllib.request.urlopen(address, timeout=timeout) as resp, archive.open("wb") as out:
-                shutil.copyfileobj(resp, out)
+            with urllib.request.urlopen(address, timeout=timeout) as resp:
+                with archive.open("wb") as out:
+                    shutil.copyfileobj(resp, out)
         except (urllib.error.URLError, OSError, ValueError) as exc:
             raise UserError(f"dataset {name}: download from {address} failed: {exc}") from exc
         digest = sha256_of(archive)

@@ -122,7 +122,8 @@ def load_csv(path: Path) -> Interactions:
         raise UserError(f"dataset csv: file is empty: {path}")
     with path.open(encoding="utf-8", errors="replace") as fh:
         first = fh.readline().strip().split(",")
-    header = 0 if first and first[0].strip().lower() in {"user", "user_id", "userid", "uid"} else None
+    names = {"user", "user_id", "userid", "uid"}
+    header = 0 if first and first[0].strip().lower() in names else None
     df = _read_table(path, "csv", ",", ["user", "item", "rating", "timestamp"],
                      ["timestamp"], header=header, min_cols=2)
     users = df["user"].str.strip().to_numpy()

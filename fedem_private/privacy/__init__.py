@@ -1,1 +1,47 @@
-"""privacy package."""
+"""Privacy layer (DESIGN.md section 5): clipping, mechanisms, accounting, calibration, ledger.
+
+Modules: ``config`` (PrivacyConfig), ``clipping`` (float64 per-client L1/L2
+clipping), ``params`` (config -> per-round parameters), ``mechanisms`` (one
+release function per mode), ``accounting`` (composition bounds),
+``calibration`` (total budget -> per-round noise), ``ledger`` (per-client
+rounds and eps spent).
+
+Names below are imported lazily, so ``import fedem_private.privacy.config``
+does not pull in dp-accounting (slow to import); opacus is only imported by
+``accounting.opacus_rdp_epsilon``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "PrivacyConfig": "config",
+    "ClipStats": "clipping",
+    "clip_l1": "clipping",
+    "clip_l2": "clipping",
+    "MechanismParams": "params",
+    "resolve_params": "params",
+    "paper_heuristic_epsilon": "params",
+    "RoundPrivacyStats": "mechanisms",
+    "release": "mechanisms",
+    "RoundMechanism": "accounting",
+    "EpsilonBounds": "accounting",
+    "compose": "accounting",
+    "epsilon_bounds": "accounting",
+    "noise_multiplier_for": "calibration",
+    "laplace_epsilon_round": "calibration",
+    "gaussian_noise_multiplier": "calibration",
+    "PrivacyLedger": "ledger",
+    "PrivacyLayer": "layer",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        module = importlib.import_module(f"{__name__}.{_EXPORTS[name]}")
+        return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

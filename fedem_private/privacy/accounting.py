@@ -1,0 +1,286 @@
+"""Composition of per-round local-DP releases over many rounds.
+
+A round is described by a :class:`RoundMechanism`: the noise kind and the
+noise multiplier z = noise scale / sensitivity, where the sensitivity is the
+replace-one sensitivity of the clipped delta (2C: the client's whole dataset
+replaced by any other moves the clipped delta anywhere in the radius-C ball).
+dp-accounting's unsampled ``LaplaceDpEvent(z)`` / ``GaussianDpEvent(z)`` are
+exactly "a sensitivity-1 query plus Laplace(z) / N(0, z^2) noise", so they
+describe our rounds once the delta is normalised by 2C.
+
+A client's history is a composition: a multiset of (mechanism, count). The
+bounds on its total eps at a target delta:
+
+- basic: sum of per-round eps. Laplace rounds are pure eps-DP (eps = 1/z),
+  so for Laplace-only histories this is the pure-DP (delta = 0) figure.
+  Gaussian rounds are split evenly: each of the K Gaussian rounds is
+  (eps_i(delta/K), delta/K)-DP by the analytic Gaussian mechanism.
+- advanced: Dwork-Rothblum-Vadhan 2010 (Dwork & Roth 2014, Thm 3.20):
+  eps = sqrt(2 ln(1/delta') sum_i eps_i^2) + sum_i eps_i (e^eps_i - 1); the
+  Azuma argument of its proof holds round by round, so differing eps_i are
+  allowed. With Gaussian rounds, delta' = delta/2 and each of the K Gaussian
+  rounds gets delta/(2K).
+- rdp: dp-accounting's RdpAccountant (default orders).
+- pld: dp-accounting's PLDAccountant, pessimistic discretisation with
+  interval PLD_DISCRETIZATION (a valid upper bound; it is inf at delta = 0).
+- gaussian_exact (all-Gaussian histories): a composition of Gaussian
+  mechanisms is one Gaussian mechanism with mu = sqrt(sum_i n_i / z_i^2)
+  (Dong, Roth & Su 2019), whose exact curve is
+  delta(eps) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)
+  (Balle & Wang 2018, Thm 8); solved for eps.
+
+``reported`` is the minimum of these valid bounds. No amplification by
+subsampling is applied: the server sees who took part.
+
+Numbers here are floats; inf means "no finite guarantee" (e.g. z = 0, or
+delta = 0 for a bound that needs delta > 0). ``EpsilonBounds.as_dict`` gives
+the JSON-ready form, where inf is written as None.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
+
+import dp_accounting
+from dp_accounting import pld as dp_pld
+from dp_accounting import rdp as dp_rdp
+from scipy import optimize, special
+
+KINDS: tuple[str, ...] = ("laplace", "gaussian")
+PLD_DISCRETIZATION = 1e-3
+BOUNDS: tuple[str, ...] = ("basic", "advanced", "rdp", "pld")
+
+
+@dataclass(frozen=True, order=True)
+class RoundMechanism:
+    """One round's release: ``kind`` noise with multiplier z = noise scale / sensitivity.
+
+    z = 0 means no noise (no finite guarantee).
+    """
+
+    kind: str
+    noise_multiplier: float
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown mechanism kind {self.kind!r}")
+        if not 0 <= self.noise_multiplier < math.inf:
+            raise ValueError(f"noise multiplier must be finite and >= 0: {self.noise_multiplier}")
+
+    def event(self) -> dp_accounting.DpEvent:
+        """The dp-accounting event of one round (sensitivity normalised to 1)."""
+        if self.kind == "laplace":
+            return dp_accounting.LaplaceDpEvent(self.noise_multiplier)
+        return dp_accounting.GaussianDpEvent(self.noise_multiplier)
+
+
+Composition = tuple[tuple[RoundMechanism, int], ...]
+
+
+def composition(items: Iterable[tuple[RoundMechanism, int]]) -> Composition:
+    """Canonical form of a history: counts merged per mechanism, zeros dropped, sorted."""
+    merged: dict[RoundMechanism, int] = {}
+    for mech, count in items:
+        if count < 0:
+            raise ValueError(f"negative round count {count}")
+        if count:
+            merged[mech] = merged.get(mech, 0) + int(count)
+    return tuple(sorted(merged.items()))
+
+
+def repeated(mechanism: RoundMechanism, rounds: int) -> Composition:
+    """The history of ``rounds`` identical rounds."""
+    return composition([(mechanism, rounds)])
+
+
+def _has_no_noise(comp: Composition) -> bool:
+    return any(m.noise_multiplier == 0 for m, _ in comp)
+
+
+def gaussian_delta(eps: float, mu: float) -> float:
+    """delta(eps) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2) of a mu-GDP mechanism."""
+    a = float(special.ndtr(-eps / mu + mu / 2))
+    b = float(special.log_ndtr(-eps / mu - mu / 2)) + eps
+    return a - math.exp(min(b, 0.0))  # e^eps Phi(.) <= Phi(.) <= 1, so b <= 0 exactly
+
+
+def gaussian_epsilon(mu: float, delta: float) -> float:
+    """Smallest eps >= 0 with delta(eps) <= delta for a Gaussian with mu = sensitivity / sigma.
+
+    Returns inf for delta = 0 or mu = inf and 0 for mu = 0. The root is
+    nudged upwards until delta(eps) <= delta holds in float64.
+    """
+    if delta <= 0 or math.isinf(mu):
+        return math.inf
+    if mu == 0 or gaussian_delta(0.0, mu) <= delta:
+        return 0.0
+    hi = max(1.0, mu * mu)
+    while gaussian_delta(hi, mu) > delta:
+        hi *= 2.0
+    eps = float(optimize.brentq(lambda e: gaussian_delta(e, mu) - delta, 0.0, hi, xtol=1e-13))
+    while gaussian_delta(eps, mu) > delta:
+        eps += max(1e-13, eps * 1e-13)
+    return eps
+
+
+def _round_epsilons(comp: Composition, gaussian_delta_each: float) -> list[tuple[float, int]]:
+    """Per-round (eps_i, count): Laplace 1/z (pure); Gaussian at the given per-round delta."""
+    out = []
+    for mech, count in comp:
+        if mech.noise_multiplier == 0:
+            out.append((math.inf, count))
+        elif mech.kind == "laplace":
+            out.append((1.0 / mech.noise_multiplier, count))
+        else:
+            out.append((gaussian_epsilon(1.0 / mech.noise_multiplier, gaussian_delta_each), count))
+    return out
+
+
+def _gaussian_rounds(comp: Composition) -> int:
+    return sum(c for m, c in comp if m.kind == "gaussian")
+
+
+def basic_epsilon(comp: Composition, delta: float) -> float:
+    """Basic composition: sum_i n_i eps_i (Gaussian rounds at delta/K each, K Gaussian rounds)."""
+    k = _gaussian_rounds(comp)
+    if k and delta <= 0:
+        return math.inf
+    return math.fsum(e * n for e, n in _round_epsilons(comp, delta / k if k else 0.0))
+
+
+def advanced_epsilon(comp: Composition, delta: float) -> float:
+    """DRV advanced composition: sqrt(2 ln(1/delta') sum eps_i^2) + sum eps_i (e^eps_i - 1).
+
+    delta' = delta (Laplace only) or delta/2 with delta/(2K) per Gaussian round.
+    """
+    if not comp:
+        return 0.0
+    if delta <= 0:
+        return math.inf
+    k = _gaussian_rounds(comp)
+    delta_prime = delta / 2 if k else delta
+    eps = _round_epsilons(comp, delta / (2 * k) if k else 0.0)
+    if any(math.isinf(e) for e, _ in eps):
+        return math.inf
+    try:
+        drift = math.fsum(n * e * math.expm1(e) for e, n in eps)
+    except OverflowError:
+        return math.inf
+    spread = math.sqrt(2.0 * math.log(1.0 / delta_prime) * math.fsum(n * e * e for e, n in eps))
+    return spread + drift
+
+
+def _event(comp: Composition) -> dp_accounting.DpEvent:
+    return dp_accounting.ComposedDpEvent(
+        [dp_accounting.SelfComposedDpEvent(m.event(), n) for m, n in comp]
+    )
+
+
+def rdp_epsilon(comp: Composition, delta: float) -> float:
+    """eps from dp-accounting's RdpAccountant (default orders) at delta; inf at delta = 0."""
+    if not comp:
+        return 0.0
+    if delta <= 0 or _has_no_noise(comp):
+        return math.inf
+    accountant = dp_rdp.RdpAccountant()
+    accountant.compose(_event(comp))
+    return float(accountant.get_epsilon(delta))
+
+
+def pld_epsilon(comp: Composition, delta: float) -> float:
+    """eps from dp-accounting's PLDAccountant (pessimistic, PLD_DISCRETIZATION); inf at delta 0."""
+    if not comp:
+        return 0.0
+    if delta <= 0 or _has_no_noise(comp):
+        return math.inf
+    accountant = dp_pld.PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION)
+    accountant.compose(_event(comp))
+    return float(accountant.get_epsilon(delta))
+
+
+def gaussian_exact_epsilon(comp: Composition, delta: float) -> float | None:
+    """Exact eps of an all-Gaussian history: one Gaussian with mu = sqrt(sum n_i / z_i^2).
+
+    None if the history has Laplace rounds.
+    """
+    if any(m.kind != "gaussian" for m, _ in comp):
+        return None
+    if not comp:
+        return 0.0
+    if _has_no_noise(comp):
+        return math.inf
+    mu = math.sqrt(math.fsum(n / m.noise_multiplier**2 for m, n in comp))
+    return gaussian_epsilon(mu, delta)
+
+
+def opacus_rdp_epsilon(noise_multiplier: float, rounds: int, delta: float) -> float:
+    """Cross-check: opacus's RDP analysis of ``rounds`` unsampled Gaussian rounds (q = 1).
+
+    Uses dp-accounting's default RDP orders, so it should match :func:`rdp_epsilon`.
+    opacus is imported here, lazily (it is slow to import).
+    """
+    from opacus.accountants.analysis import rdp as opacus_rdp
+
+    if rounds == 0:
+        return 0.0
+    if delta <= 0 or noise_multiplier == 0:
+        return math.inf
+    orders = [float(a) for a in dp_rdp.rdp_privacy_accountant.DEFAULT_RDP_ORDERS]
+    curve = opacus_rdp.compute_rdp(
+        q=1.0, noise_multiplier=noise_multiplier, steps=rounds, orders=orders
+    )
+    eps, _ = opacus_rdp.get_privacy_spent(orders=orders, rdp=curve, delta=delta)
+    return float(eps)
+
+
+@dataclass(frozen=True)
+class EpsilonBounds:
+    """Total eps of a history at ``delta`` by every bound; ``reported`` is their minimum."""
+
+    delta: float
+    basic: float
+    advanced: float
+    rdp: float
+    pld: float
+    gaussian_exact: float | None
+    reported: float
+
+    def as_dict(self) -> dict[str, float | None]:
+        """JSON-ready dict: inf (no finite guarantee) is written as None."""
+        return {f.name: _json_eps(getattr(self, f.name)) for f in fields(self)}
+
+
+def _json_eps(value: float | None) -> float | None:
+    return None if value is None or math.isinf(value) else float(value)
+
+
+@functools.lru_cache(maxsize=8192)
+def epsilon_bounds(comp: Composition, delta: float) -> EpsilonBounds:
+    """All bounds on the total eps of history ``comp`` at ``delta`` (cached per history)."""
+    if not 0 <= delta < 1:
+        raise ValueError(f"delta must be in [0, 1): {delta}")
+    values = {
+        "basic": basic_epsilon(comp, delta),
+        "advanced": advanced_epsilon(comp, delta),
+        "rdp": rdp_epsilon(comp, delta),
+        "pld": pld_epsilon(comp, delta),
+    }
+    exact = gaussian_exact_epsilon(comp, delta)
+    valid = list(values.values()) + ([exact] if exact is not None else [])
+    return EpsilonBounds(delta=delta, gaussian_exact=exact, reported=min(valid), **values)
+
+
+def compose(mechanism: RoundMechanism, rounds: int, delta: float) -> EpsilonBounds:
+    """Bounds on the total eps of ``rounds`` identical rounds of ``mechanism`` at ``delta``."""
+    return epsilon_bounds(repeated(mechanism, rounds), float(delta))
+
+
+BOUND_FUNCTIONS = {
+    "basic": basic_epsilon,
+    "advanced": advanced_epsilon,
+    "rdp": rdp_epsilon,
+    "pld": pld_epsilon,
+}

@@ -1,0 +1,159 @@
+"""Validated configuration of the privacy layer (DESIGN.md section 5).
+
+Budget fields, at most one of which may be set (an ldp mode needs one):
+
+- ``epsilon``: total target over the planned rounds, met by calibration with
+  ``accountant`` at ``delta`` (the worst case: a client taking part in every
+  planned round).
+- ``epsilon_round``: per-round budget. Laplace: b = 2C / epsilon_round.
+  Gaussian: the noise multiplier z for which ONE round is
+  (epsilon_round, delta)-DP (analytic Gaussian mechanism).
+- ``noise_multiplier``: z = noise scale / sensitivity, with sensitivity 2C.
+  Laplace: b = 2Cz (per-round eps = 1/z); Gaussian: sigma = 2Cz.
+
+``epsilon = inf`` or ``epsilon_round = inf`` (or ``noise_multiplier = 0``)
+means: clip the update but add no noise. The clipped upload then has no
+finite privacy guarantee and every accountant reports eps = inf.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from fedem_private.errors import UserError
+
+MODES: tuple[str, ...] = ("none", "ldp-laplace", "ldp-gaussian", "paper", "ldp-touched-rows")
+LDP_MODES: tuple[str, ...] = ("ldp-laplace", "ldp-gaussian", "ldp-touched-rows")
+ACCOUNTANTS: tuple[str, ...] = ("basic", "advanced", "rdp", "pld")
+
+MODE_DESCRIPTIONS: dict[str, str] = {
+    "none": "no clipping, no noise: no privacy guarantee",
+    "ldp-laplace": (
+        "local DP (replace-one): L1-clip the delta to C, Laplace noise b = 2C/eps_round "
+        "on every entry; eps_round-DP per round"
+    ),
+    "ldp-gaussian": (
+        "local DP (replace-one): L2-clip the delta to C, Gaussian noise sigma = 2Cz "
+        "on every entry; (eps, delta)-DP by accounting"
+    ),
+    "paper": (
+        "FedEM paper's recipe: gradient clip Z in training, Laplace(lambda) on the upload; "
+        "its eps = 2 p_u eta Z / lambda is the paper's HEURISTIC, not a DP guarantee"
+    ),
+    "ldp-touched-rows": (
+        "INSECURE: like ldp-laplace but noise only on touched rows; the set of touched "
+        "rows leaks, so there is no DP guarantee at any noise level"
+    ),
+}
+
+
+def _number(name: str, value: Any) -> float:
+    """Return value as a float; UserError unless it is a real number (not bool, not NaN)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise UserError(f"privacy.{name} must be a number, got {value!r}")
+    out = float(value)
+    if math.isnan(out):
+        raise UserError(f"privacy.{name} must be a number, got NaN")
+    return out
+
+
+@dataclass(frozen=True)
+class PrivacyConfig:
+    """Privacy settings of a run; validated on construction (raises UserError)."""
+
+    mode: str = "none"
+    epsilon: float | None = None
+    epsilon_round: float | None = None
+    delta: float = 1e-5
+    clip: float = 1.0
+    noise_multiplier: float | None = None
+    paper_clip: float = 1.0
+    paper_lambda: float = 0.1
+    accountant: str = "pld"
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise UserError with a one-line message if the settings are inconsistent."""
+        if self.mode not in MODES:
+            raise UserError(
+                f"unknown privacy mode {self.mode!r} (choose one of {', '.join(MODES)})"
+            )
+        if self.accountant not in ACCOUNTANTS:
+            raise UserError(
+                f"unknown privacy accountant {self.accountant!r} "
+                f"(choose one of {', '.join(ACCOUNTANTS)})"
+            )
+        for name in ("epsilon", "epsilon_round"):
+            value = getattr(self, name)
+            if value is not None and not _number(name, value) > 0:
+                raise UserError(f"privacy.{name} must be > 0 (inf means no noise), got {value}")
+        if self.noise_multiplier is not None:
+            z = _number("noise_multiplier", self.noise_multiplier)
+            if not (0 <= z < math.inf):
+                raise UserError(f"privacy.noise_multiplier must be finite and >= 0, got {z}")
+        delta = _number("delta", self.delta)
+        if not 0 <= delta < 1:
+            raise UserError(f"privacy.delta must be in [0, 1), got {delta}")
+        for name in ("clip", "paper_clip", "paper_lambda"):
+            value = _number(name, getattr(self, name))
+            if not 0 < value < math.inf:
+                raise UserError(f"privacy.{name} must be finite and > 0, got {value}")
+        self._validate_budget()
+
+    def _validate_budget(self) -> None:
+        given = [n for n in ("epsilon", "epsilon_round", "noise_multiplier")
+                 if getattr(self, n) is not None]
+        if len(given) > 1:
+            raise UserError(
+                f"privacy: give only one of epsilon, epsilon_round, noise_multiplier "
+                f"(got {' and '.join(given)})"
+            )
+        if self.mode in ("none", "paper") and given:
+            what = "adds no noise" if self.mode == "none" else "sets its noise by paper_lambda"
+            raise UserError(
+                f"privacy mode {self.mode!r} {what}: remove privacy.{given[0]} "
+                "or choose an ldp mode"
+            )
+        if self.mode in LDP_MODES and not given:
+            raise UserError(
+                f"privacy mode {self.mode!r} needs a budget: set privacy.epsilon, "
+                "privacy.epsilon_round or privacy.noise_multiplier"
+            )
+        if self.mode in LDP_MODES and self.adds_noise and self.delta == 0:
+            if self.mode == "ldp-gaussian":
+                raise UserError(
+                    "privacy mode 'ldp-gaussian' needs delta > 0 (Gaussian noise gives no pure DP)"
+                )
+            if self.epsilon is not None and self.accountant != "basic":
+                raise UserError(
+                    f"privacy.delta = 0 (pure DP) needs accountant 'basic', "
+                    f"not {self.accountant!r}"
+                )
+
+    @property
+    def adds_noise(self) -> bool:
+        """True when the mode adds noise (an ldp mode with a finite budget, or paper)."""
+        if self.mode == "paper":
+            return True
+        if self.mode not in LDP_MODES:
+            return False
+        if self.noise_multiplier is not None:
+            return self.noise_multiplier > 0
+        budget = self.epsilon if self.epsilon is not None else self.epsilon_round
+        return budget is not None and math.isfinite(budget)
+
+    @property
+    def noise_kind(self) -> str | None:
+        """"laplace", "gaussian" or None (mode none)."""
+        if self.mode == "none":
+            return None
+        return "gaussian" if self.mode == "ldp-gaussian" else "laplace"
+
+    @property
+    def description(self) -> str:
+        """One-line description of the mode (says INSECURE / heuristic where it applies)."""
+        return MODE_DESCRIPTIONS[self.mode]

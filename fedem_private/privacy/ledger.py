@@ -1,0 +1,260 @@
+"""Per-client privacy ledger: which rounds each client uploaded in, and what it spent.
+
+A client is charged only for the rounds it actually took part in (no
+amplification by subsampling is claimed: the server sees who took part).
+Its history is a composition of per-round mechanisms, bounded by every
+accountant of :mod:`accounting` at the run's delta.
+
+Conventions: dicts returned here are JSON-ready and write an infinite eps
+(no finite guarantee) as None; a client that uploaded nothing has spent 0.0.
+Modes none and paper give no guarantee, nor does the INSECURE
+ldp-touched-rows (its "nominal_epsilon" is what it would give if the set of
+touched rows were public, and is labelled as such). Mode paper also carries
+the FedEM paper's heuristic eps, labelled as a heuristic.
+
+Cost: clients with the same counts of the same mechanisms have the same eps,
+so bounds are computed per distinct history (and cached by
+``accounting.epsilon_bounds``); only histories not dominated by another one
+are evaluated when looking for the worst client.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from fedem_private.privacy.accounting import (
+    EpsilonBounds,
+    RoundMechanism,
+    composition,
+    epsilon_bounds,
+)
+from fedem_private.privacy.params import MechanismParams
+
+EPSILON_KEYS: tuple[str, ...] = ("basic", "advanced", "rdp", "pld", "reported")
+TOUCHED_ROWS_WARNING = (
+    "ldp-touched-rows is INSECURE: the set of touched rows leaks, no DP guarantee; "
+    "nominal_epsilon assumes that set were public"
+)
+PAPER_NOTE = (
+    "FedEM paper's heuristic eps = 2 p_u eta Z / lambda: bounds one SGD step, "
+    "not E epochs of Adam; NOT a DP guarantee"
+)
+
+
+def _json(value: float) -> float | None:
+    return None if math.isinf(value) else float(value)
+
+
+def _epsilon_dict(bounds: EpsilonBounds) -> dict[str, float | None]:
+    return {key: _json(getattr(bounds, key)) for key in EPSILON_KEYS}
+
+
+def _constant_epsilon(value: float) -> dict[str, float | None]:
+    return {key: _json(value) for key in EPSILON_KEYS}
+
+
+def _mechanism_json(mech: RoundMechanism | None) -> dict[str, Any] | None:
+    if mech is None:
+        return None
+    return {"kind": mech.kind, "noise_multiplier": mech.noise_multiplier}
+
+
+class PrivacyLedger:
+    """Rounds per client and the eps they imply, for one run (one privacy mode)."""
+
+    def __init__(self, params: MechanismParams) -> None:
+        self.params = params
+        self.delta = float(params.delta)
+        self._columns: list[RoundMechanism | None] = []
+        self._counts = np.zeros((0, 0), dtype=np.int64)
+        self._rounds: list[tuple[int, int, np.ndarray]] = []
+        self._heuristic_sum = np.zeros(0, dtype=np.float64)
+        self._heuristic_max = np.zeros(0, dtype=np.float64)
+        self._has_heuristic = False
+        self.log: list[dict[str, Any]] = []
+
+    # -- recording -----------------------------------------------------------------------------
+    def _mechanism(self, params: MechanismParams) -> RoundMechanism | None:
+        """The accounting key of a round: real, nominal (touched rows) or None (no guarantee)."""
+        if params.mode != self.params.mode or params.delta != self.params.delta:
+            raise ValueError("a ledger records one privacy mode and one delta")
+        return params.round_mechanism() or params.nominal_round_mechanism()
+
+    def _column(self, mech: RoundMechanism | None) -> int:
+        if mech not in self._columns:
+            self._columns.append(mech)
+            self._counts = np.pad(self._counts, ((0, 0), (0, 1)))
+        return self._columns.index(mech)
+
+    def _grow(self, n_clients: int) -> None:
+        have = self._counts.shape[0]
+        if n_clients > have:
+            new = max(n_clients, 2 * have)
+            self._counts = np.pad(self._counts, ((0, new - have), (0, 0)))
+            self._heuristic_sum = np.pad(self._heuristic_sum, (0, new - have))
+            self._heuristic_max = np.pad(self._heuristic_max, (0, new - have))
+
+    def record_round(self, round_: int, clients: np.ndarray,
+                     params: MechanismParams | None = None,
+                     heuristic_epsilon: np.ndarray | None = None) -> dict[str, Any]:
+        """Charge each client in ``clients`` for one release of ``round_``.
+
+        ``params`` defaults to the ledger's; ``heuristic_epsilon`` (mode paper)
+        is the per-client paper heuristic, aligned with ``clients``. Returns
+        the round's log entry (also appended to ``self.log``): the eps spent
+        so far by the worst client.
+        """
+        ids = np.asarray(clients, dtype=np.int64).reshape(-1)
+        if ids.size and (ids.min() < 0 or np.unique(ids).size != ids.size):
+            raise ValueError("clients must be distinct non-negative ids")
+        col = self._column(self._mechanism(params or self.params))
+        self._grow(int(ids.max()) + 1 if ids.size else 0)
+        self._counts[ids, col] += 1
+        self._rounds.append((int(round_), col, np.sort(ids)))
+        if heuristic_epsilon is not None:
+            h = np.asarray(heuristic_epsilon, dtype=np.float64).reshape(-1)
+            if h.shape != ids.shape:
+                raise ValueError("heuristic_epsilon must align with clients")
+            self._heuristic_sum[ids] += h
+            self._heuristic_max[ids] = np.maximum(self._heuristic_max[ids], h)
+            self._has_heuristic = True
+        worst = self._worst()
+        entry = {
+            "round": int(round_),
+            "n_clients": int(ids.size),
+            "worst_client": worst,
+            "worst_client_rounds": 0 if worst is None else self.n_rounds(worst),
+            "epsilon": self.spent(worst) if worst is not None else _constant_epsilon(0.0),
+        }
+        self.log.append(entry)
+        return entry
+
+    # -- queries -------------------------------------------------------------------------------
+    def rounds_of(self, client: int) -> list[int]:
+        """The rounds in which ``client`` uploaded, in recording order."""
+        out = []
+        for round_, _, ids in self._rounds:
+            i = np.searchsorted(ids, client)
+            if i < ids.size and ids[i] == client:
+                out.append(round_)
+        return out
+
+    def n_rounds(self, client: int) -> int:
+        """How many rounds ``client`` uploaded in."""
+        if client >= self._counts.shape[0]:
+            return 0
+        return int(self._counts[client].sum())
+
+    def _history(self, signature: tuple[int, ...]) -> tuple[tuple[RoundMechanism, int], ...]:
+        items = []
+        for mech, count in zip(self._columns, signature, strict=True):
+            if count and mech is not None:
+                items.append((mech, count))
+        return composition(items)
+
+    def _signature(self, client: int) -> tuple[int, ...]:
+        if client >= self._counts.shape[0]:
+            return (0,) * len(self._columns)
+        return tuple(int(c) for c in self._counts[client])
+
+    def _bounds(self, signature: tuple[int, ...]) -> EpsilonBounds | None:
+        """Bounds of the (real or nominal) mechanisms of a history; None if none apply."""
+        if self.params.mode in ("none", "paper"):
+            return None
+        return epsilon_bounds(self._history(signature), self.delta)
+
+    def spent(self, client: int) -> dict[str, float | None]:
+        """Guaranteed eps of ``client`` at the run's delta by every bound (None = inf)."""
+        signature = self._signature(client)
+        if not any(signature):
+            return _constant_epsilon(0.0)
+        if not self.params.guarantee:
+            return _constant_epsilon(math.inf)
+        bounds = self._bounds(signature)
+        assert bounds is not None
+        return _epsilon_dict(bounds)
+
+    def nominal_spent(self, client: int) -> dict[str, float | None] | None:
+        """ldp-touched-rows only: the eps it would give if touched rows were public."""
+        if self.params.mode != "ldp-touched-rows":
+            return None
+        bounds = self._bounds(self._signature(client))
+        assert bounds is not None
+        return _epsilon_dict(bounds)
+
+    def _worst(self) -> int | None:
+        """The client with the largest reported (or nominal) eps; ties: most rounds."""
+        counts = self._counts
+        totals = counts.sum(axis=1) if counts.size else np.zeros(0, dtype=np.int64)
+        if not totals.size or totals.max() == 0:
+            return None
+        if self.params.mode == "paper" and self._has_heuristic:
+            return int(np.argmax(self._heuristic_sum))
+        if self.params.mode == "none" or counts.shape[1] == 1:
+            return int(np.argmax(totals))
+        active = np.flatnonzero(totals)
+        sigs, first = np.unique(counts[active], axis=0, return_index=True)
+        # sigs are distinct, so j dominates i iff sigs[j] >= sigs[i] everywhere and j != i
+        covers = (sigs[None, :, :] >= sigs[:, None, :]).all(axis=2)
+        np.fill_diagonal(covers, False)
+        maximal = np.flatnonzero(~covers.any(axis=1)).tolist()
+
+        def key(i: int) -> tuple[float, int]:
+            bounds = self._bounds(tuple(int(c) for c in sigs[i]))
+            reported = math.inf if bounds is None else bounds.reported
+            return reported, int(sigs[i].sum())
+
+        best = max(maximal, key=key)
+        return int(active[first[best]])
+
+    def summary(self) -> dict[str, Any]:
+        """The worst client's account, JSON-ready (inf written as None)."""
+        p = self.params
+        worst = self._worst()
+        out: dict[str, Any] = {
+            "mode": p.mode,
+            "description": p.description,
+            "guarantee": p.guarantee,
+            "delta": self.delta,
+            "clip": p.clip,
+            "noise_scale": p.noise_scale,
+            "noise_multiplier": p.noise_multiplier,
+            "epsilon_round": _json(p.epsilon_round),
+            "rounds_recorded": len(self._rounds),
+            "worst_client": worst,
+            "worst_client_rounds": 0 if worst is None else self.n_rounds(worst),
+            "epsilon": _constant_epsilon(0.0) if worst is None else self.spent(worst),
+        }
+        if p.mode == "ldp-touched-rows":
+            out["nominal_epsilon"] = (_constant_epsilon(0.0) if worst is None
+                                      else self.nominal_spent(worst))
+            out["warning"] = TOUCHED_ROWS_WARNING
+        if p.mode == "paper":
+            out["paper_clip"] = p.paper_clip
+            out["paper_heuristic"] = self._paper_heuristic(worst)
+        return out
+
+    def _paper_heuristic(self, worst: int | None) -> dict[str, Any] | None:
+        if not self._has_heuristic or worst is None:
+            return None
+        return {
+            "epsilon_round_max": float(self._heuristic_max.max()),
+            "epsilon_summed_worst_client": float(self._heuristic_sum[worst]),
+            "note": PAPER_NOTE,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything recorded, JSON-ready: params, rounds with their clients, log, summary."""
+        return {
+            "params": self.params.as_log(),
+            "rounds": [
+                {"round": r, "mechanism": _mechanism_json(self._columns[col]),
+                 "clients": ids.tolist()}
+                for r, col, ids in self._rounds
+            ],
+            "log": self.log,
+            "summary": self.summary(),
+        }

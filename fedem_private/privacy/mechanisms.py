@@ -1,0 +1,245 @@
+"""The per-round release of client uploads, one function per privacy mode.
+
+Every function has the signature ``(params, sent, local, *, seed, round_,
+clients, touched=None) -> (released, RoundPrivacyStats)``: ``sent`` and
+``local`` are (k, m, d) tables of the k clients ``clients`` (what the server
+sent, what local training produced); ``released`` is the (k, m, d) float32
+upload. Threat model (DESIGN.md section 5): the server sees every upload,
+what it sent and who took part. Neighbouring relation for the guarantees
+(local DP): replace-one, the client's whole dataset replaced by any other.
+
+The steps are separate: the delta local - sent is formed and clipped in
+float64 (:mod:`clipping`), then noise for all k clients is drawn in one call
+of ``rng.client_noise`` keyed by (seed, round, client), added, and the sum
+cast to float32 (post-processing).
+
+What the guarantees do not cover: they are for the idealised real-valued
+mechanism. Noise comes from a seeded statistical PRNG and is added in
+floating point (no snapping, cf. Mironov 2012), which is fine for a
+simulator and not for deployment.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fedem_private import rng
+from fedem_private.errors import UserError
+from fedem_private.privacy.clipping import ClipStats, clip_rows
+from fedem_private.privacy.params import MechanismParams
+
+
+@dataclass(frozen=True, eq=False)
+class RoundPrivacyStats:
+    """What the privacy layer did in one round (for the per-round log).
+
+    ``clip``: bound C (None if the mode does not clip the delta);
+    ``fraction_clipped`` and ``mean_pre_clip_norm`` come from clipping (None
+    without it); ``noise_scale``: b, sigma or lambda (0 for none);
+    ``noised_fraction``: share of released entries that received noise.
+    """
+
+    mode: str
+    n_clients: int
+    norm: str | None
+    clip: float | None
+    fraction_clipped: float | None
+    mean_pre_clip_norm: float | None
+    noise_kind: str | None
+    noise_scale: float
+    noised_fraction: float
+    clip_stats: ClipStats | None = None
+
+    def as_log(self) -> dict[str, object]:
+        """JSON-ready dict (non-finite numbers written as None)."""
+        def num(x: float | None) -> float | None:
+            return None if x is None or not math.isfinite(x) else float(x)
+
+        return {
+            "mode": self.mode,
+            "n_clients": self.n_clients,
+            "norm": self.norm,
+            "clip": self.clip,
+            "fraction_clipped": num(self.fraction_clipped),
+            "mean_pre_clip_norm": num(self.mean_pre_clip_norm),
+            "noise_kind": self.noise_kind,
+            "noise_scale": self.noise_scale,
+            "noised_fraction": num(self.noised_fraction),
+        }
+
+
+Release = Callable[..., tuple[torch.Tensor, RoundPrivacyStats]]
+
+
+def _check_inputs(sent: torch.Tensor, local: torch.Tensor, clients: np.ndarray,
+                  touched: torch.Tensor | None, need_touched: bool) -> np.ndarray:
+    ids = np.asarray(clients)
+    if sent.shape != local.shape or sent.dim() < 2:
+        raise ValueError(f"sent {tuple(sent.shape)} and local {tuple(local.shape)} must match")
+    if ids.shape != (local.shape[0],):
+        raise ValueError(f"clients has shape {ids.shape}, expected ({local.shape[0]},)")
+    if need_touched:
+        if touched is None or touched.dtype != torch.bool or local.dim() != 3 \
+                or tuple(touched.shape) != tuple(local.shape[:2]):
+            raise ValueError("touched must be a (k, m) bool tensor for (k, m, d) tables")
+    for name, table in (("sent", sent), ("local", local)):
+        finite = torch.isfinite(table.detach()).flatten(1).all(dim=1)
+        if not bool(finite.all()):
+            bad = ids[(~finite).numpy()].tolist()
+            raise UserError(f"non-finite value (NaN or Inf) in the {name} table of client(s) "
+                            f"{bad[:10]}")
+    return ids
+
+
+def clipped_delta(params: MechanismParams, sent: torch.Tensor, local: torch.Tensor
+                  ) -> tuple[torch.Tensor, ClipStats]:
+    """clip_p(local - sent, C) in float64, per client (p = params.norm)."""
+    assert params.norm is not None and params.clip is not None
+    delta = local.detach().to(torch.float64, copy=True)
+    delta.sub_(sent.detach())
+    return clip_rows(delta, params.clip, params.norm)
+
+
+def draw_noise(params: MechanismParams, shape: torch.Size, *, seed: int, round_: int,
+               clients: np.ndarray) -> torch.Tensor | None:
+    """(k, ...) float64 noise of params.noise_kind / noise_scale, one rng call for all
+    k clients, keyed by (seed, round, client); None when the scale is 0."""
+    if params.noise_scale == 0 or params.noise_kind is None:
+        return None
+    n = math.prod(shape[1:])
+    noise = rng.client_noise(seed, round_, clients, n, params.noise_kind, params.noise_scale)
+    return noise.reshape(shape)
+
+
+def _stats(params: MechanismParams, k: int, clip: ClipStats | None,
+           noised_fraction: float) -> RoundPrivacyStats:
+    return RoundPrivacyStats(
+        mode=params.mode,
+        n_clients=k,
+        norm=params.norm,
+        clip=params.clip,
+        fraction_clipped=None if clip is None else clip.fraction_clipped,
+        mean_pre_clip_norm=None if clip is None else clip.mean_norm,
+        noise_kind=params.noise_kind if params.noise_scale > 0 else None,
+        noise_scale=params.noise_scale,
+        noised_fraction=noised_fraction,
+        clip_stats=clip,
+    )
+
+
+def release_none(params: MechanismParams, sent: torch.Tensor, local: torch.Tensor, *,
+                 seed: int, round_: int, clients: np.ndarray,
+                 touched: torch.Tensor | None = None) -> tuple[torch.Tensor, RoundPrivacyStats]:
+    """Mode none: upload ``local`` as is (the same tensor). No privacy guarantee."""
+    _check_inputs(sent, local, clients, touched, need_touched=False)
+    return local, _stats(params, local.shape[0], None, 0.0)
+
+
+def _clip_and_noise(params: MechanismParams, sent: torch.Tensor, local: torch.Tensor,
+                    seed: int, round_: int, clients: np.ndarray,
+                    mask: torch.Tensor | None) -> tuple[torch.Tensor, RoundPrivacyStats]:
+    """sent + clip(local - sent, C) + noise (noise times ``mask`` if one is given)."""
+    out, clip = clipped_delta(params, sent, local)
+    out.add_(sent.detach())
+    noise = draw_noise(params, out.shape, seed=seed, round_=round_, clients=clients)
+    noised = 0.0
+    if noise is not None:
+        if mask is None:
+            noised = 1.0
+        else:
+            noise.mul_(mask.unsqueeze(-1))
+            noised = float(mask.double().mean()) if mask.numel() else 0.0
+        out.add_(noise)
+    return out.to(torch.float32), _stats(params, out.shape[0], clip, noised)
+
+
+def release_ldp_laplace(params: MechanismParams, sent: torch.Tensor, local: torch.Tensor, *,
+                        seed: int, round_: int, clients: np.ndarray,
+                        touched: torch.Tensor | None = None
+                        ) -> tuple[torch.Tensor, RoundPrivacyStats]:
+    """Mode ldp-laplace: sent + clip_1(local - sent, C) + Lap(b) on ALL m x d entries.
+
+    Neighbouring relation: replace-one (local DP), the client's whole dataset
+    replaced by any other. Sensitivity: both clipped deltas lie in the L1
+    ball of radius C, so the L1 sensitivity is 2C; ``sent`` is public, so the
+    release covers everything private that shaped the delta (the merge with
+    the client's previous model, its adapter). With b = 2C / eps_round each
+    round is eps_round-DP (pure). b = 0 (eps = inf): clipped, no noise, no
+    guarantee. ``touched`` is ignored.
+    """
+    _check_inputs(sent, local, clients, touched, need_touched=False)
+    return _clip_and_noise(params, sent, local, seed, round_, clients, None)
+
+
+def release_ldp_gaussian(params: MechanismParams, sent: torch.Tensor, local: torch.Tensor, *,
+                         seed: int, round_: int, clients: np.ndarray,
+                         touched: torch.Tensor | None = None
+                         ) -> tuple[torch.Tensor, RoundPrivacyStats]:
+    """Mode ldp-gaussian: sent + clip_2(local - sent, C) + N(0, sigma^2) on all entries.
+
+    Neighbouring relation: replace-one (local DP). L2 sensitivity 2C (both
+    clipped deltas lie in the L2 ball of radius C). sigma = z * 2C; the
+    (eps, delta) guarantee comes from accounting (:mod:`accounting`), one
+    round being the Gaussian mechanism with mu = 1/z.
+    """
+    _check_inputs(sent, local, clients, touched, need_touched=False)
+    return _clip_and_noise(params, sent, local, seed, round_, clients, None)
+
+
+def release_touched_rows(params: MechanismParams, sent: torch.Tensor, local: torch.Tensor, *,
+                         seed: int, round_: int, clients: np.ndarray,
+                         touched: torch.Tensor | None = None
+                         ) -> tuple[torch.Tensor, RoundPrivacyStats]:
+    """Mode ldp-touched-rows, INSECURE: sent + clip_1(local - sent, C) + Lap(b) on touched rows.
+
+    Kept to show the leak. Rows with ``touched`` False are released as
+    sent + clipped delta without noise, so which rows differ from ``sent``
+    (and by how much) is visible exactly. Under replace-one the touched set
+    itself changes, so there is NO DP guarantee at any noise level; the L1
+    sensitivity 2C and b = 2C / eps_round are only what the mode claims.
+    """
+    _check_inputs(sent, local, clients, touched, need_touched=True)
+    assert touched is not None
+    return _clip_and_noise(params, sent, local, seed, round_, clients, touched.to(torch.float64))
+
+
+def release_paper(params: MechanismParams, sent: torch.Tensor, local: torch.Tensor, *,
+                  seed: int, round_: int, clients: np.ndarray,
+                  touched: torch.Tensor | None = None) -> tuple[torch.Tensor, RoundPrivacyStats]:
+    """Mode paper (the FedEM paper's recipe): local + Lap(lambda) on all m x d entries.
+
+    The gradient clip at Z happens inside local training (the engine's job).
+    The paper's figure eps_u = S_u / lambda with S_u = 2 p_u eta Z is a
+    HEURISTIC (see ``params.paper_heuristic_epsilon``), not a guarantee: it
+    bounds one SGD step, not E epochs of Adam, so under replace-one the
+    sensitivity of the uploaded table is not bounded and no DP is claimed.
+    """
+    _check_inputs(sent, local, clients, touched, need_touched=False)
+    out = local.detach().to(torch.float64, copy=True)
+    noise = draw_noise(params, out.shape, seed=seed, round_=round_, clients=clients)
+    if noise is not None:
+        out.add_(noise)
+    return out.to(torch.float32), _stats(params, out.shape[0], None, 1.0 if noise is not None
+                                         else 0.0)
+
+
+RELEASES: dict[str, Release] = {
+    "none": release_none,
+    "ldp-laplace": release_ldp_laplace,
+    "ldp-gaussian": release_ldp_gaussian,
+    "paper": release_paper,
+    "ldp-touched-rows": release_touched_rows,
+}
+
+
+def release(params: MechanismParams, sent: torch.Tensor, local: torch.Tensor, *, seed: int,
+            round_: int, clients: np.ndarray, touched: torch.Tensor | None = None
+            ) -> tuple[torch.Tensor, RoundPrivacyStats]:
+    """Dispatch to the release function of ``params.mode``."""
+    return RELEASES[params.mode](params, sent, local, seed=seed, round_=round_,
+                                 clients=clients, touched=touched)

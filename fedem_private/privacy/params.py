@@ -1,0 +1,162 @@
+"""Resolve a PrivacyConfig into the per-round parameters of its mechanism.
+
+The engine calls :func:`resolve_params` once per run (with the planned number
+of rounds) and logs :meth:`MechanismParams.as_log` with every round.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedem_private.privacy.accounting import RoundMechanism, gaussian_epsilon
+from fedem_private.privacy.calibration import gaussian_noise_multiplier, laplace_epsilon_round
+from fedem_private.privacy.config import MODE_DESCRIPTIONS, PrivacyConfig
+
+
+@dataclass(frozen=True)
+class MechanismParams:
+    """Per-round parameters of one privacy mode.
+
+    - ``clip``: C, the per-client bound on the delta (L1 for ldp-laplace and
+      ldp-touched-rows, L2 for ldp-gaussian); None for none and paper.
+    - ``sensitivity``: 2C, the replace-one sensitivity of the clipped delta
+      in that norm; None where the mode clips no delta.
+    - ``noise_scale``: Laplace b, Gaussian sigma, or the paper's lambda; 0.0
+      when no noise is added.
+    - ``noise_multiplier``: noise_scale / sensitivity (None without sensitivity).
+    - ``epsilon_round``: per-round eps GUARANTEED under replace-one local DP
+      (pure eps for ldp-laplace; for ldp-gaussian the eps of one round at
+      ``delta``); inf when the mode gives no guarantee.
+    - ``nominal_epsilon_round``: ldp-touched-rows only: the eps its noise would
+      give if the set of touched rows were public. It is NOT a guarantee.
+    - ``paper_clip``: Z for mode paper (gradient clip inside local training).
+    """
+
+    mode: str
+    delta: float
+    norm: str | None
+    clip: float | None
+    sensitivity: float | None
+    noise_kind: str | None
+    noise_scale: float
+    noise_multiplier: float | None
+    epsilon_round: float
+    nominal_epsilon_round: float | None = None
+    paper_clip: float | None = None
+
+    @property
+    def guarantee(self) -> bool:
+        """True only for the modes that give a DP guarantee (ldp-laplace, ldp-gaussian)."""
+        return self.mode in ("ldp-laplace", "ldp-gaussian")
+
+    @property
+    def description(self) -> str:
+        """One-line description of the mode (INSECURE / heuristic stated where it applies)."""
+        return MODE_DESCRIPTIONS[self.mode]
+
+    def round_mechanism(self) -> RoundMechanism | None:
+        """The accounting view of one round; None when the mode gives no guarantee."""
+        if not self.guarantee:
+            return None
+        assert self.noise_kind is not None and self.noise_multiplier is not None
+        return RoundMechanism(self.noise_kind, self.noise_multiplier)
+
+    def nominal_round_mechanism(self) -> RoundMechanism | None:
+        """ldp-touched-rows: the mechanism it would be if the touched rows were public."""
+        if self.mode != "ldp-touched-rows":
+            return None
+        assert self.noise_multiplier is not None
+        return RoundMechanism("laplace", self.noise_multiplier)
+
+    def as_log(self) -> dict[str, object]:
+        """JSON-ready summary (inf written as None)."""
+        def num(x: float | None) -> float | None:
+            return None if x is None or math.isinf(x) else float(x)
+
+        return {
+            "mode": self.mode,
+            "description": self.description,
+            "delta": self.delta,
+            "norm": self.norm,
+            "clip": self.clip,
+            "sensitivity": self.sensitivity,
+            "noise_kind": self.noise_kind,
+            "noise_scale": self.noise_scale,
+            "noise_multiplier": self.noise_multiplier,
+            "epsilon_round": num(self.epsilon_round),
+            "nominal_epsilon_round": num(self.nominal_epsilon_round),
+            "paper_clip": self.paper_clip,
+        }
+
+
+def _laplace_epsilon_round(cfg: PrivacyConfig, rounds: int) -> float:
+    if cfg.epsilon_round is not None:
+        return float(cfg.epsilon_round)
+    if cfg.noise_multiplier is not None:
+        return math.inf if cfg.noise_multiplier == 0 else 1.0 / cfg.noise_multiplier
+    assert cfg.epsilon is not None
+    return laplace_epsilon_round(cfg.epsilon, cfg.delta, rounds, cfg.accountant)
+
+
+def _gaussian_noise_multiplier(cfg: PrivacyConfig, rounds: int) -> float:
+    if cfg.noise_multiplier is not None:
+        return float(cfg.noise_multiplier)
+    if cfg.epsilon_round is not None:
+        return gaussian_noise_multiplier(cfg.epsilon_round, cfg.delta, 1, "exact")
+    assert cfg.epsilon is not None
+    return gaussian_noise_multiplier(cfg.epsilon, cfg.delta, rounds, cfg.accountant)
+
+
+def resolve_params(cfg: PrivacyConfig, rounds: int) -> MechanismParams:
+    """Per-round parameters of ``cfg`` for a run of ``rounds`` planned rounds.
+
+    A total ``epsilon`` is calibrated for a client that takes part in all
+    ``rounds`` rounds (the worst case). Laplace: b = 2C / eps_round, L1
+    sensitivity 2C. Gaussian: sigma = z * 2C, L2 sensitivity 2C.
+    """
+    cfg.validate()
+    if cfg.mode == "none":
+        return MechanismParams(
+            mode="none", delta=cfg.delta, norm=None, clip=None, sensitivity=None,
+            noise_kind=None, noise_scale=0.0, noise_multiplier=None, epsilon_round=math.inf,
+        )
+    if cfg.mode == "paper":
+        return MechanismParams(
+            mode="paper", delta=cfg.delta, norm=None, clip=None, sensitivity=None,
+            noise_kind="laplace", noise_scale=float(cfg.paper_lambda), noise_multiplier=None,
+            epsilon_round=math.inf, paper_clip=float(cfg.paper_clip),
+        )
+    sensitivity = 2.0 * float(cfg.clip)
+    if cfg.mode == "ldp-gaussian":
+        z = _gaussian_noise_multiplier(cfg, rounds)
+        eps_round = math.inf if z == 0 else gaussian_epsilon(1.0 / z, cfg.delta)
+        return MechanismParams(
+            mode=cfg.mode, delta=cfg.delta, norm="l2", clip=float(cfg.clip),
+            sensitivity=sensitivity, noise_kind="gaussian", noise_scale=z * sensitivity,
+            noise_multiplier=z, epsilon_round=eps_round,
+        )
+    eps_round = _laplace_epsilon_round(cfg, rounds)
+    z = 0.0 if math.isinf(eps_round) else 1.0 / eps_round
+    secure = cfg.mode == "ldp-laplace"
+    return MechanismParams(
+        mode=cfg.mode, delta=cfg.delta, norm="l1", clip=float(cfg.clip),
+        sensitivity=sensitivity, noise_kind="laplace", noise_scale=z * sensitivity,
+        noise_multiplier=z, epsilon_round=eps_round if secure else math.inf,
+        nominal_epsilon_round=None if secure else eps_round,
+    )
+
+
+def paper_heuristic_epsilon(weights: np.ndarray, lr: float, paper_clip: float,
+                            paper_lambda: float) -> np.ndarray:
+    """The FedEM paper's HEURISTIC per-round eps_u = S_u / lambda, S_u = 2 p_u eta Z.
+
+    ``weights`` are the clients' aggregation weights p_u = |D_u| / sum_v |D_v|.
+    This is the paper's figure, reproduced for comparison; it is NOT a DP
+    guarantee: S_u bounds the change of one SGD step with gradients clipped at
+    Z, not of E epochs of Adam, and the merge with local state is ignored.
+    """
+    p = np.asarray(weights, dtype=np.float64)
+    return 2.0 * p * float(lr) * float(paper_clip) / float(paper_lambda)

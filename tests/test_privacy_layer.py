@@ -1,0 +1,61 @@
+"""PrivacyLayer: the simulation's view (chunked release, per-round log, summary)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from fedem_private.privacy.accounting import compose
+from fedem_private.privacy.config import PrivacyConfig
+from fedem_private.privacy.layer import PrivacyLayer
+from fedem_private.privacy.mechanisms import release
+
+N, M, D = 8, 30, 4
+
+
+def _layer(**kw: object) -> PrivacyLayer:
+    return PrivacyLayer(PrivacyConfig(**kw), rounds=5, n_clients=N, lr=0.01,
+                        sizes=np.arange(1, N + 1), seed=3)
+
+
+def test_chunked_release_equals_one_call_and_logs_round() -> None:
+    layer = _layer(mode="ldp-laplace", epsilon=2.0, clip=0.5)
+    gen = torch.Generator().manual_seed(0)
+    sent = torch.randn((5, M, D), generator=gen)
+    local = sent + torch.randn((5, M, D), generator=gen)
+    clients = np.array([6, 1, 3, 0, 7])
+    layer.begin_round(1)
+    parts = [layer.release(sent[s], local[s], clients[s], None) for s in (slice(0, 2),
+                                                                          slice(2, 5))]
+    whole, _ = release(layer.params, sent, local, seed=3, round_=1, clients=clients)
+    assert torch.equal(torch.cat(parts), whole)
+    row = layer.end_round(clients)
+    assert row["clip"] == 0.5 and row["frac_clipped"] == 1.0 and row["mean_pre_clip_norm"] > 0.5
+    mech = layer.params.round_mechanism()
+    assert mech is not None
+    assert row["eps_spent"] == pytest.approx(compose(mech, 1, 1e-5).reported)
+    assert 0 < row["eps_spent"] < 2.0
+    summary = layer.summary()
+    json.dumps(summary, allow_nan=False)
+    json.dumps(layer.ledger_dict(), allow_nan=False)
+    assert summary["epsilon"]["reported"] == pytest.approx(row["eps_spent"])
+    assert layer.ledger.rounds_of(6) == [1] and layer.ledger.rounds_of(2) == []
+
+
+def test_none_and_paper() -> None:
+    layer = _layer()
+    assert not layer.perturbs and layer.local_grad_clip is None
+    layer.begin_round(1)
+    x = torch.zeros((2, M, D))
+    assert layer.release(x, x, np.array([0, 1]), None) is x
+    assert "eps_spent" not in layer.end_round(np.array([0, 1]))
+    paper = _layer(mode="paper", paper_clip=0.5, paper_lambda=0.1)
+    assert paper.local_grad_clip == 0.5
+    paper.begin_round(1)
+    row = paper.end_round(np.array([0, 1]))  # sizes 1 and 2: p = 1/3, 2/3
+    assert math.isinf(row["eps_spent"])
+    assert row["paper_heuristic_eps_max"] == pytest.approx(2 * (2 / 3) * 0.01 * 0.5 / 0.1)
