@@ -130,3 +130,18 @@ def test_seed_changes_results(small_split):
     a.step()
     b.step()
     assert not torch.allclose(a.state.q_global, b.state.q_global)
+
+
+@pytest.mark.parametrize("method,merge", [("fedmf", "sr"), ("fedsim", "sr"), ("fedsim", "sm"),
+                                          ("fedsim", "dm"), ("fedem", "em"), ("local", "sr")])
+def test_second_round_equals_per_client_reference(small_split, method, merge):
+    """Round 2 (merging active) of every method against the one-client-at-a-time loop."""
+    sim = Simulation(_cfg(**{"federation.method": method, "federation.merge": merge}),
+                     small_split)
+    sim.step()
+    ref = reference.simulation_round(sim)
+    sim.step()
+    assert (sim.state.q_local - ref["q_local"]).abs().max() < 1e-4
+    assert (sim.state.p - ref["p"]).abs().max() < 1e-4
+    if ref["q_global"] is not None:
+        assert (sim.state.q_global - ref["q_global"]).abs().max() < 1e-4

@@ -1,0 +1,166 @@
+"""Speed and memory of the vectorised engine against the per-client reference.
+
+    python -m benchmarks.speed [--parts engine,aggregation,scaling,memory] [--quick]
+
+Parts (each measured in this one process run, except memory, which runs in a
+fresh subprocess so its peak RSS is its own):
+
+- engine: seconds per round on ML-100K for the vectorised engine (mean of
+  rounds 2..4) and for the one-client-at-a-time reference (round 2), FedMF and
+  FedEM;
+- aggregation: similarity weights (equation 13) at ML-100K size, closed form
+  vs cvxpy per client;
+- scaling: FedMF round time on synthetic data as clients grow (1k to 20k) and
+  as items grow;
+- memory: peak resident memory of one FedEM round at ML-1M size
+  (6,040 clients x 3,706 items x d=16, synthetic).
+
+Prints a table and a final JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedem_private import reference
+from fedem_private.aggregation import (
+    fedavg_weights,
+    pairwise_sq_distances,
+    similarity_weights,
+    similarity_weights_cvxpy,
+)
+from fedem_private.runner import prepare
+
+from .common import emit, machine, run_config
+
+
+def _round_times(sim, rounds: int) -> list[float]:
+    return [sim.step().seconds for _ in range(rounds)]
+
+
+def engine(method: str, rounds: int = 3, with_reference: bool = True) -> dict[str, Any]:
+    """Vectorised seconds per round (rounds 2..) and the reference's round 2."""
+    cfg = run_config("ml-100k", **{"federation.method": method, "train.rounds": rounds + 1,
+                                   "train.eval_every": 10_000})
+    sim = prepare(cfg)
+    sim.step()  # round 1: warm-up (merging starts in round 2)
+    out: dict[str, Any] = {"method": method}
+    if with_reference:
+        t0 = time.perf_counter()
+        reference.simulation_round(sim)
+        out["reference_s"] = time.perf_counter() - t0
+    times = _round_times(sim, rounds)
+    out["vectorised_s"] = float(np.mean(times))
+    if with_reference:
+        out["speedup"] = out["reference_s"] / out["vectorised_s"]
+    return out
+
+
+def aggregation(n_clients: int | None = None) -> dict[str, Any]:
+    """Closed-form vs cvxpy weights on uploads from a real ML-100K round."""
+    cfg = run_config("ml-100k", **{"federation.method": "fedsim", "train.rounds": 2,
+                                   "train.eval_every": 10_000})
+    sim = prepare(cfg)
+    sim.step()
+    tables = sim.state.q_local if n_clients is None else sim.state.q_local[:n_clients]
+    n = tables.shape[0]
+    p = fedavg_weights(sim.sizes[:n])
+    t0 = time.perf_counter()
+    d = pairwise_sq_distances(tables)
+    t_dist = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    w_fast = similarity_weights(p, d, sim.cfg.federation.alpha)
+    t_fast = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    w_ref = similarity_weights_cvxpy(p, d, sim.cfg.federation.alpha)
+    t_ref = time.perf_counter() - t0
+    return {"clients": n, "distances_s": t_dist, "closed_form_s": t_fast, "cvxpy_s": t_ref,
+            "speedup": t_ref / t_fast, "max_abs_diff": float((w_fast - w_ref).abs().max())}
+
+
+def scaling(clients: list[int], items: list[int]) -> list[dict[str, Any]]:
+    """FedMF seconds per round on synthetic data of growing size (mean of rounds 2-3)."""
+    rows = []
+    for n, m in [(c, items[0]) for c in clients] + [(clients[0], i) for i in items[1:]]:
+        cfg = run_config("synthetic", **{"data.synthetic.n_users": n,
+                                         "data.synthetic.n_items": m,
+                                         "train.rounds": 3, "train.eval_every": 10_000})
+        sim = prepare(cfg)
+        sim.step()
+        rows.append({"clients": sim.split.n_users, "items": m,
+                     "interactions": int(sim.split.train_counts.sum()),
+                     "seconds_per_round": float(np.mean(_round_times(sim, 2)))})
+        print(f"  scaling: {rows[-1]}", flush=True)
+    return rows
+
+
+def memory_child(method: str) -> None:
+    """Run in a subprocess: one ML-1M-sized round; print peak RSS (GiB) as JSON."""
+    cfg = run_config("synthetic", **{"data.synthetic.n_users": 6040,
+                                     "data.synthetic.n_items": 3706,
+                                     "data.synthetic.mean_activity": 165,
+                                     "federation.method": method,
+                                     "train.rounds": 2, "train.eval_every": 10_000})
+    t0 = time.perf_counter()
+    sim = prepare(cfg)
+    times = _round_times(sim, 2)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    print(json.dumps({"method": method, "clients": sim.split.n_users,
+                      "items": sim.split.n_items, "round_s": times, "peak_rss_gib": peak,
+                      "wall_s": time.perf_counter() - t0}))
+
+
+def memory(method: str) -> dict[str, Any]:
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.speed", "--memory-child", method],
+                          capture_output=True, text=True, check=True)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--parts", default="engine,aggregation,scaling,memory")
+    ap.add_argument("--quick", action="store_true", help="smaller scaling grid, no memory part")
+    ap.add_argument("--memory-child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.memory_child:
+        memory_child(args.memory_child)
+        return
+    parts = set(args.parts.split(","))
+    result: dict[str, Any] = {"benchmark": "speed", "machine": machine()}
+    if "engine" in parts:
+        result["engine"] = [engine("fedmf"), engine("fedem")]
+        for row in result["engine"]:
+            print(f"engine {row['method']:6}: vectorised {row['vectorised_s']:.2f} s/round, "
+                  f"reference {row['reference_s']:.1f} s/round, {row['speedup']:.1f}x",
+                  flush=True)
+    if "aggregation" in parts:
+        agg = aggregation()
+        result["aggregation"] = agg
+        print(f"aggregation ({agg['clients']} clients): closed form {agg['closed_form_s']:.3f} s,"
+              f" cvxpy {agg['cvxpy_s']:.1f} s, {agg['speedup']:.0f}x, "
+              f"max |diff| {agg['max_abs_diff']:.1e}; distances {agg['distances_s']:.2f} s",
+              flush=True)
+    if "scaling" in parts:
+        clients = [1000, 2000, 5000] if args.quick else [1000, 2000, 5000, 10000, 20000]
+        items = [1000, 2000, 4000] if args.quick else [1000, 2000, 4000, 8000]
+        result["scaling"] = scaling(clients, items)
+    if "memory" in parts and not args.quick:
+        result["memory"] = [memory("fedem")]
+        for row in result["memory"]:
+            print(f"memory {row['method']} {row['clients']}x{row['items']}: peak RSS "
+                  f"{row['peak_rss_gib']:.2f} GiB, rounds {row['round_s']}", flush=True)
+    emit(result)
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(torch.get_num_threads())
+    main()
