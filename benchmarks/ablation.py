@@ -13,12 +13,10 @@ has finished, with --table-only to print without running.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
+
+from .common import load_records, run_grid
 
 VARIANTS = {  # name -> (method, merge)
     "FedMF-SR": ("fedmf", "sr"),
@@ -37,37 +35,23 @@ PAPER_TABLE2 = {  # (HR@10, NDCG@10), FedEM paper Table 2
 }
 
 
-def point_name(dataset: str, protocol: str, variant: str, seed: int) -> str:
-    return f"{dataset}__{protocol}__{variant}__seed{seed}"
-
-
-def run_point(dataset: str, protocol: str, variant: str, seed: int, rounds: int,
-              out: str, threads: int) -> str:
-    """Train one grid point and write its JSON atomically."""
-    import torch
-
-    torch.set_num_threads(threads)
-    from .common import machine, run_config, train
-
-    method, merge = VARIANTS[variant]
-    cfg = run_config(dataset, **{"federation.method": method, "federation.merge": merge,
-                                 "data.protocol": protocol, "train.rounds": rounds,
-                                 "train.eval_every": rounds, "train.seed": seed})
-    t0 = time.perf_counter()
-    res = train(cfg)
-    record = {"dataset": dataset, "protocol": protocol, "variant": variant, "seed": seed,
-              "rounds": rounds, "metrics": res["metrics"],
-              "seconds_per_round": res["seconds_per_round"],
-              "wall_s": time.perf_counter() - t0, "machine": machine()}
-    path = Path(out) / f"{point_name(dataset, protocol, variant, seed)}.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(record, indent=1))
-    os.replace(tmp, path)
-    return path.name
-
-
-def load(out: Path) -> list[dict[str, Any]]:
-    return [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
+def points(datasets: list[str], protocols: list[str], variants: list[str], seeds: list[int],
+           rounds: int) -> list[dict[str, Any]]:
+    """Grid points, seeds outermost so a partial run covers every cell once first."""
+    out = []
+    for seed in seeds:
+        for ds in datasets:
+            for proto in protocols:
+                for var in variants:
+                    method, merge = VARIANTS[var]
+                    out.append({"name": f"{ds}__{proto}__{var}__seed{seed}", "dataset": ds,
+                                "protocol": proto, "variant": var, "seed": seed,
+                                "rounds": rounds,
+                                "overrides": {"federation.method": method,
+                                              "federation.merge": merge,
+                                              "data.protocol": proto, "train.rounds": rounds,
+                                              "train.eval_every": rounds, "train.seed": seed}})
+    return out
 
 
 def table(records: list[dict[str, Any]]) -> str:
@@ -107,19 +91,12 @@ def main() -> None:
     ap.add_argument("--table-only", action="store_true")
     args = ap.parse_args()
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     if not args.table_only:
-        todo = [(d, p, v, int(s)) for s in args.seeds.split(",") for d in args.datasets.split(",")
-                for p in args.protocols.split(",") for v in args.variants.split(",")
-                if not (out / f"{point_name(d, p, v, int(s))}.json").exists()]
-        print(f"{len(todo)} grid points to run", flush=True)
-        threads = max(1, (os.cpu_count() or 2) // args.jobs)
-        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-            futures = [pool.submit(run_point, *pt, args.rounds, str(out), threads)
-                       for pt in todo]
-            for fut in as_completed(futures):
-                print(f"done {fut.result()}", flush=True)
-    print(table(load(out)))
+        grid = points(args.datasets.split(","), args.protocols.split(","),
+                      args.variants.split(","), [int(s) for s in args.seeds.split(",")],
+                      args.rounds)
+        run_grid(grid, out, args.jobs)
+    print(table(load_records(out)))
 
 
 if __name__ == "__main__":

@@ -51,3 +51,44 @@ def train(cfg: RunConfig) -> dict[str, Any]:
 def emit(obj: Any) -> None:
     """The final JSON line of a benchmark."""
     print(json.dumps(obj, default=float))
+
+
+def run_point(point: dict[str, Any], out: str, threads: int) -> str:
+    """Train one grid point ``{"name", "dataset", "overrides", ...}``; write its JSON atomically.
+
+    Everything in ``point`` besides the overrides is copied into the record.
+    """
+    import time
+
+    torch.set_num_threads(threads)
+    cfg = run_config(point["dataset"], **point["overrides"])
+    t0 = time.perf_counter()
+    res = train(cfg)
+    record = {k: v for k, v in point.items() if k != "overrides"}
+    record.update({"metrics": res["metrics"], "privacy": res["privacy"],
+                   "seconds_per_round": res["seconds_per_round"],
+                   "wall_s": time.perf_counter() - t0, "machine": machine(),
+                   "overrides": point["overrides"]})
+    path = Path(out) / f"{point['name']}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(record, indent=1, default=str))
+    os.replace(tmp, path)
+    return path.name
+
+
+def run_grid(points: list[dict[str, Any]], out: Path, jobs: int) -> None:
+    """Run the points not finished yet (one JSON each in ``out``), ``jobs`` at a time."""
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    out.mkdir(parents=True, exist_ok=True)
+    todo = [p for p in points if not (out / f"{p['name']}.json").exists()]
+    print(f"{len(todo)} of {len(points)} grid points to run", flush=True)
+    threads = max(1, (os.cpu_count() or 2) // jobs)
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(run_point, p, str(out), threads) for p in todo]
+        for fut in as_completed(futures):
+            print(f"done {fut.result()}", flush=True)
+
+
+def load_records(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]

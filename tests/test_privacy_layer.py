@@ -59,3 +59,15 @@ def test_none_and_paper() -> None:
     row = paper.end_round(np.array([0, 1]))  # sizes 1 and 2: p = 1/3, 2/3
     assert math.isinf(row["eps_spent"])
     assert row["paper_heuristic_eps_max"] == pytest.approx(2 * (2 / 3) * 0.01 * 0.5 / 0.1)
+
+
+def test_clip_only_claims_no_guarantee() -> None:
+    layer = _layer(mode="ldp-laplace", epsilon=math.inf, clip=0.5)
+    layer.begin_round(1)
+    gen = torch.Generator().manual_seed(0)
+    sent = torch.randn((N, M, D), generator=gen)
+    layer.release(sent, sent + 1.0, np.arange(N), None)
+    log = layer.end_round(np.arange(N))
+    summary = layer.summary()
+    assert summary["guarantee"] is False
+    assert summary["epsilon"]["reported"] is None and math.isinf(log["eps_spent"])

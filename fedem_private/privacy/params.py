@@ -49,8 +49,11 @@ class MechanismParams:
 
     @property
     def guarantee(self) -> bool:
-        """True only for the modes that give a DP guarantee (ldp-laplace, ldp-gaussian)."""
-        return self.mode in ("ldp-laplace", "ldp-gaussian")
+        """True only when a DP guarantee holds: ldp-laplace or ldp-gaussian WITH noise.
+
+        Clip-only runs (epsilon = inf, noise 0) give no finite guarantee.
+        """
+        return self.mode in ("ldp-laplace", "ldp-gaussian") and math.isfinite(self.epsilon_round)
 
     @property
     def description(self) -> str:
