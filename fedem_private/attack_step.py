@@ -1,0 +1,94 @@
+"""The sweep's bridge to the recording and attack step (DESIGN.md, section 6).
+
+The sweep never calls :mod:`fedem_private.recording` or :mod:`attacks.run`
+directly: it asks :func:`load` for an :class:`AttackStep`, a pair of plain
+functions, so that tests can stub it and the sweep keeps working (trained,
+not attacked) when that code is missing or its interface has changed.
+
+Interface used:
+
+- ``fedem_private.recording.recording_setup(RecordSpec(rounds, clients))``
+  gives a ``setup(sim, run_dir)`` hook for :func:`fedem_private.runner.execute`
+  that records what the server saw into the run directory under construction;
+- ``attacks.run.run_attacks(run_dir, names, seed=...)`` reads a finished run
+  directory and writes ``attacks.json`` into it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ATTACKS_FILE = "attacks.json"
+
+
+@dataclass(frozen=True)
+class AttackStep:
+    """Recording hook plus attack runner.
+
+    ``record(sim, run_dir, rounds, clients)`` attaches the recorder (rounds:
+    ints or ``"last"``; the first ``clients`` client ids); ``attack(run_dir,
+    names)`` writes ``attacks.json``.
+    """
+
+    record: Callable[[Any, Path, Sequence[int | str], int], None]
+    attack: Callable[[Path, Sequence[str]], None]
+
+
+def load() -> AttackStep | str:
+    """The attack step, or a one-line reason why attacks cannot run."""
+    try:
+        recording = importlib.import_module("fedem_private.recording")
+        setup_factory = recording.recording_setup
+        record_spec = recording.RecordSpec
+    except (ImportError, AttributeError) as exc:
+        return f"recording unavailable: {exc}"
+    try:
+        runner = importlib.import_module("attacks.run")
+        run_attacks = runner.run_attacks
+    except (ImportError, AttributeError) as exc:
+        return f"attack step unavailable: {exc}"
+
+    def record(sim: Any, run_dir: Path, rounds: Sequence[int | str], clients: int) -> None:
+        setup_factory(record_spec(tuple(rounds), int(clients)))(sim, run_dir)
+
+    def attack(run_dir: Path, names: Sequence[str]) -> None:
+        run_attacks(str(run_dir), list(names), seed=0)
+
+    return AttackStep(record=record, attack=attack)
+
+
+def known_attacks() -> tuple[str, ...] | None:
+    """Names the attack step accepts, or None when it cannot tell."""
+    names: list[str] = []
+    for module_name, attrs in (("attacks.run", ("DEFAULT_ATTACKS", "KNOWN_ATTACKS")),
+                               ("attacks", ("ATTACKS", "CLIENT_ATTACKS"))):
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            return None  # without the attack step no name can be checked (nor run)
+        for attr in attrs:
+            names.extend(n for n in getattr(module, attr, ()) if n not in names)
+    return tuple(names) or None
+
+
+def read_records(path: Path) -> list[dict[str, Any]] | None:
+    """The per-(attack, round) records of an ``attacks.json``; None if absent or unreadable.
+
+    Accepts a JSON list of records, or an object holding one under ``records``,
+    ``results`` or ``attacks`` (else its first list of objects).
+    """
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    if isinstance(data, dict):
+        lists = [data.get(k) for k in ("records", "results", "attacks")]
+        lists += list(data.values())
+        data = next((v for v in lists if isinstance(v, list)
+                     and all(isinstance(r, dict) for r in v)), [])
+    return [r for r in data if isinstance(r, dict)] if isinstance(data, list) else None

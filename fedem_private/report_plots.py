@@ -1,0 +1,237 @@
+"""PNG plots of a results table: utility vs eps, attack AUC vs eps, and the trade-off frontier.
+
+Epsilon axes are logarithmic; the points without a finite epsilon sit to the
+right of a dashed separator, labelled: ``inf (clip only)`` (an ldp mode with
+eps = inf: clipped, no noise) and ``no DP`` (mode ``none``: neither clipped
+nor noised). One colour per method variant, one line per (variant, privacy
+mode); markers are the mean over seeds, error bars one standard deviation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+CLIP_ONLY = "inf (clip only)"
+NO_DP = "no DP"
+STYLES = ("-", "--", ":", "-.")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+
+@dataclass(frozen=True)
+class Line:
+    """One plotted line: a variant under one privacy mode (and protocol)."""
+
+    label: str
+    color: str
+    style: str
+    marker: str
+    points: pd.DataFrame  # rows of the seed-aggregated table, with column "x_key"
+
+
+def x_key(mode: str, eps_target: float, eps_reported: float) -> float | str:
+    """The epsilon a point is plotted at: a number, CLIP_ONLY or NO_DP."""
+    if mode == "none":
+        return NO_DP
+    eps = eps_target if not math.isnan(eps_target) else eps_reported  # paper: heuristic eps
+    if math.isnan(eps) or math.isinf(eps):
+        return CLIP_ONLY
+    return float(eps)
+
+
+class EpsAxis:
+    """Maps epsilons (and the two special points) to x positions on a log10 scale."""
+
+    def __init__(self, keys: Sequence[float | str]) -> None:
+        finite = sorted({k for k in keys if not isinstance(k, str)})
+        self.finite = finite
+        lo, hi = (math.log10(finite[0]), math.log10(finite[-1])) if finite else (0.0, 0.0)
+        gap = max(0.6, 0.3 * (hi - lo))
+        self.special = [k for k in (CLIP_ONLY, NO_DP) if k in set(keys)]
+        self.pos = {k: hi + gap * (i + 1) for i, k in enumerate(self.special)}
+        self.separator = hi + gap / 2 if finite and self.special else None
+        self.span = max(0.6, (max(self.pos.values()) if self.pos else hi) - lo)
+
+    def x(self, key: float | str) -> float:
+        return self.pos[key] if isinstance(key, str) else math.log10(key)
+
+    def decorate(self, ax: plt.Axes) -> None:
+        ticks = [math.log10(v) for v in self.finite] + [self.pos[k] for k in self.special]
+        labels = [f"{v:g}" for v in self.finite] + [k.replace(" (", "\n(") for k in self.special]
+        ax.set_xticks(ticks, labels)
+        ax.set_xlabel("total epsilon (log scale)")
+        if self.separator is not None:
+            ax.axvline(self.separator, color="0.6", linestyle="--", linewidth=0.8)
+        ticks_all = ticks or [0.0]
+        pad = 0.35 * max(0.6, max(ticks_all) - min(ticks_all)) / 2
+        ax.set_xlim(min(ticks_all) - pad, max(ticks_all) + pad)
+
+
+def lines(agg: pd.DataFrame) -> list[Line]:
+    """Group the aggregated rows into lines; mode ``none`` joins every line of its variant."""
+    variants = sorted(agg["variant"].unique())
+    colors = {v: f"C{i % 10}" for i, v in enumerate(variants)}
+    modes = sorted(m for m in agg["mode"].unique() if m != "none")
+    protocols = sorted(agg["protocol"].unique())
+    out = []
+    for v in variants:
+        rows = agg[agg["variant"] == v]
+        none_rows = rows[rows["mode"] == "none"]
+        keys = sorted({(m, p) for m, p in zip(rows["mode"], rows["protocol"], strict=True)
+                       if m != "none"}) or [("none", p) for p in sorted(rows["protocol"].unique())]
+        for mode, protocol in keys:
+            pts = rows[(rows["mode"] == mode) & (rows["protocol"] == protocol)]
+            if mode != "none":
+                pts = pd.concat([pts, none_rows[none_rows["protocol"] == protocol]])
+            label = v
+            if len(modes) > 1 and mode != "none":
+                label += f" · {mode}" + (" (heuristic eps)" if mode == "paper" else "")
+            if len(protocols) > 1:
+                label += f" · {protocol}"
+            style = STYLES[modes.index(mode) % len(STYLES)] if mode in modes else "-"
+            out.append(Line(label, colors[v], style, MARKERS[variants.index(v) % len(MARKERS)],
+                            pts))
+    return out
+
+
+def _ordered(points: pd.DataFrame, axis: EpsAxis) -> pd.DataFrame:
+    return points.assign(_x=[axis.x(k) for k in points["x_key"]]).sort_values("_x")
+
+
+def _plot_vs_eps(ax: plt.Axes, all_lines: list[Line], axis: EpsAxis, column: str) -> None:
+    step = 0.025 * axis.span  # lines side by side, so equal values do not hide each other
+    for i, line in enumerate(all_lines):
+        pts = _ordered(line.points, axis)
+        pts = pts[pts[f"{column}_mean"].notna()]
+        if pts.empty:
+            continue
+        x = pts["_x"].to_numpy() + step * (i - (len(all_lines) - 1) / 2)
+        y, err = pts[f"{column}_mean"].to_numpy(), pts[f"{column}_std"].fillna(0).to_numpy()
+        finite = np.array([not isinstance(k, str) for k in pts["x_key"]])
+        ax.plot(x[finite], y[finite], color=line.color, linestyle=line.style)
+        if finite.any() and (~finite).any():  # across the separator: a faint link only
+            first_special = int(np.flatnonzero(~finite)[0])
+            last_finite = int(np.flatnonzero(finite)[-1])
+            ax.plot(x[[last_finite, first_special]], y[[last_finite, first_special]],
+                    color=line.color, linestyle=":", alpha=0.5)
+        ax.errorbar(x, y, yerr=err, fmt=line.marker, color=line.color, capsize=3,
+                    label=line.label, markersize=6)
+    axis.decorate(ax)
+    ax.grid(alpha=0.3)
+
+
+def utility_figure(agg: pd.DataFrame, dataset: str, path: Path, random_full: float,
+                   n_seeds: str) -> Path:
+    """HR@10 (full ranking and sampled) against epsilon."""
+    all_lines = lines(agg)
+    axis = EpsAxis(list(agg["x_key"]))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharex=False)
+    for ax, column, title, rand in (
+            (axes[0], "hr10_full", "HR@10, full ranking", random_full),
+            (axes[1], "hr10_sampled", "HR@10, sampled (1 + 99 negatives)", 0.1)):
+        _plot_vs_eps(ax, all_lines, axis, column)
+        if rand > 0:
+            ax.axhline(rand, color="0.4", linestyle=":", linewidth=1,
+                       label=f"random ranking (≈{rand:.2g})")
+        ax.set_ylim(bottom=0)
+        ax.set_title(title)
+        ax.set_ylabel("HR@10")
+        ax.legend(fontsize=8, loc="best")
+    fig.suptitle(f"{dataset}: utility vs privacy budget ({_over(n_seeds)})")
+    return _save(fig, path)
+
+
+def attack_figure(agg: pd.DataFrame, dataset: str, attacks: Sequence[str], path: Path,
+                  n_seeds: str) -> Path:
+    """Attack AUC against epsilon, one panel per attack."""
+    all_lines = lines(agg)
+    axis = EpsAxis(list(agg["x_key"]))
+    fig, axes = plt.subplots(1, len(attacks), figsize=(max(8.0, 5.5 * len(attacks)), 4.4),
+                             squeeze=False)
+    for ax, attack in zip(axes[0], attacks, strict=True):
+        _plot_vs_eps(ax, all_lines, axis, f"{attack}_auc")
+        ax.axhline(0.5, color="0.4", linestyle=":", linewidth=1, label="random guess (0.5)")
+        ax.set_ylim(min(ax.get_ylim()[0], 0.45), 1.03)
+        ax.set_title(f"{attack} attack (last recorded round)")
+        ax.set_ylabel("attack AUC (higher = more leakage)")
+    axes[0][0].legend(fontsize=8, loc="best")
+    fig.suptitle(f"{dataset}: attack success vs privacy budget ({_over(n_seeds)})")
+    return _save(fig, path)
+
+
+def _over(n_seeds: str) -> str:
+    return "one seed" if n_seeds == "1" else f"mean ± std over {n_seeds} seeds"
+
+
+def _eps_text(key: float | str) -> str:
+    return ("ε=∞" if key == CLIP_ONLY else "no DP") if isinstance(key, str) else f"ε={key:g}"
+
+
+def frontier_figure(agg: pd.DataFrame, dataset: str, attacks: Sequence[str], path: Path,
+                    n_seeds: str) -> Path:
+    """HR@10 (full) against attack AUC: the utility / privacy trade-off, one line per method."""
+    all_lines = lines(agg)
+    axis = EpsAxis(list(agg["x_key"]))
+    fig, axes = plt.subplots(1, len(attacks), figsize=(max(8.0, 5.5 * len(attacks)), 4.8),
+                             squeeze=False)
+    for ax, attack in zip(axes[0], attacks, strict=True):
+        col = f"{attack}_auc"
+        labels: list[tuple[int, str, np.ndarray, np.ndarray, list[str]]] = []
+        for i, line in enumerate(all_lines):
+            pts = _ordered(line.points, axis)
+            pts = pts[pts[f"{col}_mean"].notna() & pts["hr10_full_mean"].notna()]
+            if pts.empty:
+                continue
+            x, y = pts[f"{col}_mean"].to_numpy(), pts["hr10_full_mean"].to_numpy()
+            ax.plot(x, y, color=line.color, linestyle=line.style, alpha=0.7)
+            ax.errorbar(x, y, xerr=pts[f"{col}_std"].fillna(0), yerr=pts["hr10_full_std"].fillna(
+                0), fmt=line.marker, color=line.color, capsize=3, label=line.label)
+            labels.append((i, line.color, x, y, [_eps_text(k) for k in pts["x_key"]]))
+        ax.axvline(0.5, color="0.4", linestyle=":", linewidth=1, label="random guess (AUC 0.5)")
+        ax.set_xlim(min(ax.get_xlim()[0], 0.45), 1.06)
+        ax.set_ylim(bottom=0)
+        _label_points(ax, labels)
+        ax.set_xlabel(f"{attack} attack AUC (0.5 = random guess)")
+        ax.set_ylabel("HR@10, full ranking")
+        ax.set_title(f"{attack}: better is up and to the left")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8, loc="best")
+    fig.suptitle(f"{dataset}: utility vs attack success ({_over(n_seeds)})")
+    return _save(fig, path)
+
+
+def _label_points(ax: plt.Axes, labels: list[tuple[int, str, np.ndarray, np.ndarray, list[str]]]
+                  ) -> None:
+    """Write each point's epsilon beside it; a line's points that coincide share one label."""
+    (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
+    for i, color, xs, ys, texts in labels:
+        groups: list[tuple[float, float, list[str]]] = []
+        for x, y, text in zip(xs, ys, texts, strict=True):
+            near = next((g for g in groups if abs(g[0] - x) < 0.03 * (x1 - x0)
+                         and abs(g[1] - y) < 0.04 * (y1 - y0)), None)
+            if near is None:
+                groups.append((x, y, [text]))
+            else:
+                near[2].append(text)
+        for x, y, group in groups:
+            ax.annotate(", ".join(group), (x, y), xytext=(6, 4 - 11 * (i % 2)),
+                        textcoords="offset points", fontsize=7, color=color)
+
+
+def _save(fig: plt.Figure, path: Path) -> Path:
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    fig.savefig(tmp, dpi=120, format="png")
+    plt.close(fig)
+    tmp.replace(path)
+    return path

@@ -1,0 +1,201 @@
+"""One tidy table over every run directory under a folder (``results.csv``).
+
+One row per run: what ran (dataset, method variant, protocol, privacy mode,
+target epsilon, seed), the epsilon spent by each accountant bound, HR@10 /
+NDCG@10 under sampled and full ranking, the attack scores of the last
+recorded round (``<attack>_<metric>``, e.g. ``projection_auc``), the audit
+verdict and timings. ``guarantee`` is true only for a finite reported
+epsilon (a clip-only run, eps = inf, guarantees nothing). Works for sweep
+run directories and for single ``fedem-private run`` outputs alike.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from .attack_step import ATTACKS_FILE, read_records
+from .config import load_toml
+from .errors import UserError
+from .rundir import write_text_atomic
+from .sweep_spec import variant_label
+
+RESULTS_FILE = "results.csv"
+PRIMARY_RELATION = "positive_vs_sampled"
+SECONDARY_METRICS = ("auc", "tpr@1%fpr", "advantage")
+BOUNDS = ("basic", "advanced", "rdp", "pld", "reported")
+ID_COLUMNS = ["run", "dataset", "method", "variant", "aggregation", "merge", "protocol", "mode",
+              "eps_target", "seed"]
+METRIC_COLUMNS = ["hr10_full", "ndcg10_full", "hr10_sampled", "ndcg10_sampled"]
+EPS_COLUMNS = [f"eps_{b}" for b in BOUNDS]
+TAIL_COLUMNS = ["guarantee", "clip", "noise_scale", "frac_clipped", "mean_pre_clip_norm",
+                "rounds", "n_users", "n_items", "audit", "seconds_per_round", "seconds_total"]
+
+
+def find_runs(root: str | Path) -> list[Path]:
+    """Run directories (holding ``summary.json``) under ``root``; hidden folders are skipped."""
+    base = Path(root)
+    if not base.is_dir():
+        raise UserError(f"not a directory: {base}")
+    runs = []
+    for summary in sorted(base.rglob("summary.json")):
+        rel = summary.parent.relative_to(base)
+        if not any(part.startswith(".") for part in rel.parts):
+            runs.append(summary.parent)
+    return runs
+
+
+def _number(value: Any) -> float:
+    """Summary JSON numbers, including the strings "inf"/"nan" json_safe writes."""
+    if value is None:
+        return math.nan
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _last_row(path: Path) -> dict[str, str]:
+    try:
+        with path.open(newline="") as fh:
+            rows = list(csv.DictReader(fh))
+    except OSError:
+        return {}
+    return rows[-1] if rows else {}
+
+
+def _column(text: str) -> str:
+    return re.sub(r"[^0-9A-Za-z@%.]+", "_", str(text)).strip("_").lower()
+
+
+def _scalars(prefix: str, values: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict | list) or (value is None and key == "round"):
+            continue
+        if isinstance(value, bool):
+            value = int(value)
+        elif isinstance(value, str) and value in ("inf", "-inf", "nan"):
+            value = _number(value)
+        out[f"{prefix}_{_column(key)}"] = math.nan if value is None else value
+    return out
+
+
+def attack_columns(records: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
+    """Flatten the last recorded round of each attack; plus the audit verdict.
+
+    A record's scalar fields become ``<attack>_<field>``. Metrics nested per
+    membership relation (``relations``) are flattened from the primary relation
+    (``positive_vs_sampled``, IMIA's convention, or the only one there is) as
+    ``<attack>_<metric>``, and from any other as ``<attack>_<relation>_<metric>``
+    for AUC, TPR at 1% FPR and advantage. Verdict: ``pass`` when every record
+    with an ``audit_ok`` verdict has it true, ``FAIL`` when any is false, empty
+    when none has one (nothing to audit, e.g. mode ``none``).
+    """
+    last: dict[str, dict[str, Any]] = {}
+    for rec in records:
+        name = str(rec.get("attack", "attack"))
+        if name not in last or _number(rec.get("round")) >= _number(last[name].get("round")):
+            last[name] = rec
+    out: dict[str, Any] = {}
+    for name, rec in last.items():
+        prefix = _column(name)
+        out.update(_scalars(prefix, {k: v for k, v in rec.items() if k != "attack"}))
+        relations = rec.get("relations")
+        if isinstance(relations, dict) and relations:
+            primary = PRIMARY_RELATION if PRIMARY_RELATION in relations else next(iter(relations))
+            for relation, metrics in relations.items():
+                if not isinstance(metrics, dict):
+                    continue
+                if relation == primary:
+                    out.update(_scalars(prefix, metrics))
+                else:
+                    short = _column(relation.removeprefix("positive_"))
+                    out.update(_scalars(f"{prefix}_{short}", {
+                        k: metrics.get(k) for k in SECONDARY_METRICS if k in metrics}))
+    oks = [rec["audit_ok"] for rec in records if rec.get("audit_ok") is not None]
+    verdict = "" if not oks else ("pass" if all(bool(v) for v in oks) else "FAIL")
+    return out, verdict
+
+
+def run_row(run: Path, root: Path) -> dict[str, Any]:
+    """One results row for the run directory ``run``."""
+    summary = json.loads((run / "summary.json").read_text())
+    cfg = load_toml(run / "config.toml") if (run / "config.toml").is_file() else None
+    privacy = summary.get("privacy") or {}
+    mode = privacy.get("mode", cfg.privacy.mode if cfg else "none")
+    eps_target = math.nan
+    if cfg is not None and cfg.privacy.epsilon is not None:
+        eps_target = cfg.privacy.epsilon
+    elif mode == "none":
+        eps_target = math.inf
+    metrics = summary.get("metrics") or {}
+    row: dict[str, Any] = {
+        "run": run.relative_to(root).as_posix() if run != root else run.name,
+        "dataset": summary.get("dataset"),
+        "method": summary.get("method"),
+        "variant": variant_label(cfg.federation) if cfg else summary.get("method"),
+        "aggregation": summary.get("aggregation"),
+        "merge": summary.get("merge"),
+        "protocol": summary.get("protocol"),
+        "mode": mode,
+        "eps_target": eps_target,
+        "seed": summary.get("seed"),
+    }
+    for kind in ("full", "sampled"):
+        values = metrics.get(kind) or {}
+        row[f"hr10_{kind}"] = _number(values.get("hr@10"))
+        row[f"ndcg10_{kind}"] = _number(values.get("ndcg@10"))
+    eps = privacy.get("epsilon") if isinstance(privacy.get("epsilon"), dict) else {}
+    no_noise = mode == "none" or _number(privacy.get("noise_scale")) == 0
+    for bound in BOUNDS:
+        value = _number(eps.get(bound))
+        # without noise there is no finite guarantee, whatever the summary writes (null)
+        row[f"eps_{bound}"] = math.inf if no_noise and math.isnan(value) else value
+    last = _last_row(run / "metrics.csv")
+    attacks, verdict = attack_columns(read_records(run / ATTACKS_FILE) or [])
+    row.update({
+        "guarantee": bool(privacy.get("guarantee", False))
+        and math.isfinite(row["eps_reported"]),
+        "clip": _number(privacy.get("clip")),
+        "noise_scale": _number(privacy.get("noise_scale")),
+        "frac_clipped": _number(last.get("frac_clipped")),
+        "mean_pre_clip_norm": _number(last.get("mean_pre_clip_norm")),
+        "rounds": summary.get("rounds"),
+        "n_users": summary.get("n_users"),
+        "n_items": summary.get("n_items"),
+        "audit": verdict,
+        "seconds_per_round": _number(summary.get("seconds_per_round")),
+        "seconds_total": _number(summary.get("seconds_total")),
+    })
+    row.update(attacks)
+    return row
+
+
+def collect(root: str | Path) -> pd.DataFrame:
+    """All runs under ``root`` as one DataFrame (columns: see the module docstring)."""
+    base = Path(root)
+    rows = []
+    for run in find_runs(base):
+        try:
+            rows.append(run_row(run, base))
+        except (OSError, ValueError, KeyError, UserError) as exc:
+            raise UserError(f"cannot read run directory {run}: {exc}") from None
+    columns = ID_COLUMNS + METRIC_COLUMNS + EPS_COLUMNS + TAIL_COLUMNS
+    frame = pd.DataFrame(rows)
+    extra = sorted(c for c in frame.columns if c not in columns)
+    return frame.reindex(columns=columns + extra)
+
+
+def write_results(root: str | Path, out: str | Path | None = None) -> Path:
+    """Write ``results.csv`` (into ``root`` unless ``out`` names a folder); returns its path."""
+    frame = collect(root)
+    path = Path(out or root) / RESULTS_FILE
+    write_text_atomic(path, frame.to_csv(index=False))
+    return path

@@ -1,0 +1,333 @@
+"""Run a sweep: one run directory per grid point, resumable, optionally in parallel.
+
+A grid point is finished when its run directory holds ``summary.json`` (the
+runner commits the whole directory atomically, so it is all there or not at
+all), its ``sweep_point.json`` carries the digest of the same resolved config,
+and, when attacks were asked for, ``attacks.json`` covers them. A restarted
+sweep skips finished points, re-runs only the attack step where training is
+done but attacks are not, and re-runs points whose config changed. Ctrl-C
+stops the runs in flight; their temporary directories are removed and every
+finished run stays as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import attack_step, runner
+from .attack_step import ATTACKS_FILE, AttackStep, read_records
+from .errors import UserError
+from .rundir import json_safe, write_text_atomic
+from .sweep_cli import default_out
+from .sweep_spec import QUICK_SPEC, GridPoint, grid, load_spec
+
+POINT_FILE = "sweep_point.json"
+SPEC_FILE = "sweep.toml"
+ERRORS_FILE = "sweep_errors.log"
+@dataclass(frozen=True)
+class Outcome:
+    """What happened to one grid point."""
+
+    name: str
+    status: str  # done (skipped), ran, attacked (attack step only), failed, cancelled
+    seconds: float = 0.0
+    error: str | None = None
+    detail: str | None = None  # traceback of an unexpected failure
+
+
+# ------------------------------------------------------------------------ one point
+def _attacks_cover(path: Path, wanted: Sequence[str]) -> bool:
+    """True when ``attacks.json`` exists and (as far as it names attacks) covers ``wanted``."""
+    records = read_records(path)
+    if records is None:
+        return False
+    names = {str(r["attack"]) for r in records if "attack" in r}
+    return not names or set(wanted) <= names
+
+
+def point_state(out: Path, digest: str, attacks: Sequence[str]) -> str:
+    """``done``, ``attack`` (trained, attacks missing), ``stale`` (replace) or ``todo``."""
+    if not out.exists():
+        return "todo"
+    if not (out / "summary.json").is_file():
+        return "stale" if out.is_dir() and any(out.iterdir()) else "todo"
+    try:
+        stored = json.loads((out / POINT_FILE).read_text()).get("digest")
+    except (OSError, ValueError, AttributeError):
+        stored = None
+    if stored != digest:
+        return "stale"
+    if attacks and not _attacks_cover(out / ATTACKS_FILE, attacks):
+        return "attack"
+    return "done"
+
+
+def run_point(point: GridPoint, root: Path, step: AttackStep | None,
+              force: bool = False) -> Outcome:
+    """Bring one grid point to completion; failures are returned, Ctrl-C propagates."""
+    out = root / point.name
+    recording = step is not None and bool(point.attacks)
+    digest = point.digest(recording)
+    state = "stale" if force and out.exists() else point_state(
+        out, digest, point.attacks if recording else ())
+    if state == "done":
+        return Outcome(point.name, "done")
+    t0 = time.perf_counter()
+
+    def setup(sim: Any, path: Path) -> None:
+        info = {"name": point.name, "variant": point.variant, "digest": digest,
+                "recording": recording, "attacks": list(point.attacks)}
+        if recording:
+            info.update(record_rounds=list(point.record_rounds),
+                        record_clients=point.record_clients)
+        (path / POINT_FILE).write_text(json.dumps(json_safe(info), indent=2) + "\n")
+        if recording:
+            assert step is not None
+            step.record(sim, path, point.record_rounds, point.record_clients)
+
+    try:
+        if state != "attack":
+            runner.execute(point.config, out, force=state == "stale", setup=setup)
+        if recording:
+            assert step is not None
+            step.attack(out, point.attacks)
+    except UserError as exc:
+        return Outcome(point.name, "failed", time.perf_counter() - t0, str(exc))
+    except Exception as exc:  # a bug in one run must not stop the sweep
+        return Outcome(point.name, "failed", time.perf_counter() - t0,
+                       f"{type(exc).__name__}: {exc}", traceback.format_exc())
+    status = "attacked" if state == "attack" else "ran"
+    return Outcome(point.name, status, time.perf_counter() - t0)
+
+
+def load_step(attacks: Sequence[str]) -> tuple[AttackStep | None, str | None]:
+    """The attack step when attacks are wanted, else None; plus why it is missing."""
+    if not attacks:
+        return None, None
+    step = attack_step.load()
+    return (None, step) if isinstance(step, str) else (step, None)
+
+
+# -------------------------------------------------------------------- worker processes
+_STOP: Any = None  # a multiprocessing Event shared with the parent
+_BUSY = False
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    """In a worker: remember to stop; interrupt the run in progress, once."""
+    global _BUSY
+    if _STOP is not None:
+        _STOP.set()
+    if _BUSY:
+        _BUSY = False
+        raise KeyboardInterrupt
+
+
+def _init_worker(threads: int, stop: Any, interruptible: bool) -> None:
+    """Worker setup: thread count, the shared stop flag, Ctrl-C as the parent takes it."""
+    global _STOP
+    _STOP = stop
+    signal.signal(signal.SIGINT, _on_sigint if interruptible else signal.SIG_IGN)
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def _work(point: GridPoint, root: Path, force: bool) -> Outcome:
+    """Worker entry: run one point unless the sweep is stopping."""
+    global _BUSY
+    if _STOP is not None and _STOP.is_set():
+        return Outcome(point.name, "cancelled")
+    step, _ = load_step(point.attacks)
+    _BUSY = True
+    try:
+        return run_point(point, root, step, force)
+    except KeyboardInterrupt:
+        return Outcome(point.name, "cancelled")
+    finally:
+        _BUSY = False
+
+
+# ------------------------------------------------------------------------- the sweep
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+class _Progress:
+    """A tqdm bar over grid points (or nothing)."""
+
+    def __init__(self, enabled: bool, total: int, initial: int) -> None:
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=initial, desc="sweep", unit="run",
+                            file=sys.stderr, dynamic_ncols=True)
+
+    def note(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(text, refresh=True)
+
+    def done(self, outcome: Outcome) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+        if outcome.status == "failed":
+            self.write(f"FAILED {outcome.name}: {outcome.error}")
+
+    def write(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.write(text, file=sys.stderr)
+        else:
+            print(text, file=sys.stderr)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _run_serial(points: list[GridPoint], root: Path, force: bool, bar: _Progress,
+                outcomes: list[Outcome]) -> None:
+    step, _ = load_step(points[0].attacks if points else ())
+    for point in points:
+        bar.note(point.name)
+        outcome = run_point(point, root, step, force)
+        outcomes.append(outcome)
+        bar.done(outcome)
+
+
+def _run_parallel(points: list[GridPoint], root: Path, force: bool, jobs: int,
+                  bar: _Progress, outcomes: list[Outcome]) -> None:
+    try:  # workers forked from a clean server that imported the package once
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload([__name__])
+    except ValueError:  # pragma: no cover - no forkserver on this platform
+        ctx = mp.get_context("spawn")
+    stop = ctx.Event()
+    threads = max(1, _cores() // jobs)
+    interruptible = signal.getsignal(signal.SIGINT) is not signal.SIG_IGN  # e.g. nohup
+    pool = ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_init_worker,
+                               initargs=(threads, stop, interruptible))
+    try:
+        futures = {pool.submit(_work, p, root, force): p.name for p in points}
+        pending: set[Future[Outcome]] = set(futures)
+        while pending:
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                try:
+                    outcome = fut.result()
+                except BrokenProcessPool:
+                    outcome = Outcome(futures[fut], "failed", error="its worker process died "
+                                      "(killed, e.g. out of memory?)")
+                outcomes.append(outcome)
+                if outcome.status != "cancelled":
+                    bar.done(outcome)
+    except BaseException:
+        stop.set()
+        for child in mp.active_children():  # reach workers the signal did not
+            if child.pid is not None:
+                try:
+                    os.kill(child.pid, signal.SIGINT)
+                except OSError:
+                    pass
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+    if any(o.status == "cancelled" for o in outcomes):  # workers were interrupted, not us
+        raise KeyboardInterrupt
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _write_errors(root: Path, outcomes: list[Outcome], complete: bool) -> Path | None:
+    """Describe this invocation's failures; a sweep that completed cleanly removes the file."""
+    failed = [o for o in outcomes if o.status == "failed"]
+    if not failed:
+        if complete:
+            (root / ERRORS_FILE).unlink(missing_ok=True)
+        return None
+    path = root / ERRORS_FILE
+    text = "\n".join(f"{o.name}: {o.error}\n{o.detail or ''}" for o in failed)
+    write_text_atomic(path, text)
+    return path
+
+
+def run_sweep(spec_path: str | None, out_dir: str | None, jobs: int = 1, force: bool = False,
+              progress: bool = True) -> int:
+    """Run (or resume) a sweep; returns the exit code (0 when every point finished).
+
+    ``spec_path`` None runs the built-in quick sweep; ``out_dir`` None writes
+    under :func:`default_out`; ``jobs`` <= 0 uses one process per core.
+    Writes ``results.csv`` over every run under ``out_dir`` when it stops,
+    interrupted or not.
+    """
+    from .results import write_results
+
+    spec = load_spec(spec_path)
+    root = Path(out_dir or default_out(spec_path)).expanduser()
+    points = grid(spec)
+    step, why_not = load_step(spec.attacks)
+    recording = step is not None
+    if force:
+        todo = points
+    else:
+        todo = [p for p in points if point_state(
+            root / p.name, p.digest(recording and bool(p.attacks)),
+            p.attacks if recording else ()) != "done"]
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"cannot create sweep directory {root}: {exc.strerror}") from None
+    text = QUICK_SPEC if spec_path is None else Path(spec_path).read_text(encoding="utf-8")
+    write_text_atomic(root / SPEC_FILE, text)
+    jobs = min(_cores() if jobs <= 0 else jobs, max(len(todo), 1))
+    print(f"sweep: {spec.source}: {_plural(len(points), 'run')}, {len(points) - len(todo)} "
+          f"already done, {len(todo)} to run in {root} ({_plural(jobs, 'job')})")
+    if spec.attacks and why_not:
+        print(f"sweep: attacks skipped ({why_not}); runs are trained without recording")
+    bar = _Progress(progress, len(points), len(points) - len(todo))
+    outcomes: list[Outcome] = []
+    t0 = time.perf_counter()
+    interrupted = completed = False
+    try:
+        if jobs > 1:
+            _run_parallel(todo, root, force, jobs, bar, outcomes)
+        else:
+            _run_serial(todo, root, force, bar, outcomes)
+        completed = True
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
+    finally:
+        bar.close()
+        errors = _write_errors(root, outcomes, complete=completed)
+        finished = sum(o.status in ("ran", "attacked") for o in outcomes)
+        failed = sum(o.status == "failed" for o in outcomes)
+        results = write_results(root) if any(root.rglob("summary.json")) else None
+        line = (f"sweep: {finished} ran, {len(points) - len(todo)} already done, {failed} "
+                f"failed in {time.perf_counter() - t0:.0f} s")
+        if interrupted:
+            line += f"; interrupted: {len(todo) - finished - failed} not run (run the same "\
+                    "command again to resume)"
+        print(line)
+        if errors is not None:
+            print(f"sweep: failures are described in {errors}")
+        if results is not None:
+            print(f"results: {results}\nreport: fedem-private report {root}")
+    return 1 if failed else 0

@@ -1,0 +1,356 @@
+"""Sweep specifications: a grid of runs described by one TOML file.
+
+A sweep file has two tables::
+
+    [sweep]                       # the grid axes; an axis left out takes [base]'s value
+    datasets = ["synthetic", "ml-100k"]
+    methods = ["fedmf", "fedsim", "fedem"]
+    privacy = ["none", "ldp-laplace"]
+    epsilons = [inf, 8, 1]        # total target per ldp mode; inf = clip only, no noise
+    seeds = [0, 1, 2]
+    protocols = ["strict"]
+    attacks = ["projection"]      # run on recorded uploads after training
+    record_rounds = [1, "last"]   # rounds recorded for the attacks (default ["last"])
+    record_clients = 100          # the first N client ids are recorded (default 100)
+    [sweep.data_dirs]             # optional: where each real dataset lives
+    ml-100k = "../shared/datasets/ml-100k"
+
+    [base]                        # a normal run config applied to every run
+    train.rounds = 10
+    privacy.clip = 5.0
+
+Two more axes cross with ``methods``: ``merges`` (sr, sm, dm, em) and
+``aggregations`` (fedavg, uniform, similarity, none), each also accepting
+``"default"`` (the method's own); e.g. ``methods = ["fedem"]`` with
+``merges = ["sr", "sm", "dm", "em"]`` gives the four FedEM merge variants.
+
+Privacy modes without a budget (``none``, ``paper``) give one grid point each,
+whatever ``epsilons`` says. Each grid point gets a readable directory name,
+``<dataset>/<variant>/<privacy>/<protocol>/seed<seed>`` (e.g.
+``synthetic/fedem-em/ldp-laplace-eps8/strict/seed0``), and a digest of its
+fully resolved config: a run directory whose digest differs is re-run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import tomllib
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from itertools import product
+from pathlib import Path
+from typing import Any
+
+from .config import (
+    AGGREGATIONS,
+    MERGES,
+    METHOD_DEFAULTS,
+    METHODS,
+    FederationConfig,
+    RunConfig,
+    from_dict,
+    to_dict,
+)
+from .data import DATASETS, PROTOCOLS
+from .errors import UserError
+from .privacy.config import LDP_MODES, MODES, PrivacyConfig
+
+AXES = ("datasets", "methods", "merges", "aggregations", "privacy", "epsilons", "seeds",
+        "protocols", "attacks")
+SPEC_KEYS = (*AXES, "data_dirs", "record_rounds", "record_clients")
+DEFAULT = "default"  # merges / aggregations: the method's own choice
+
+QUICK_SPEC = """\
+# The built-in quick sweep: FedMF vs FedEM on the default synthetic data
+# (600 users, 500 items) under clipped Laplace local DP, eps in {inf, 8, 1}
+# (inf: clipped, no noise), attacked by the projection attack in the last round.
+[sweep]
+datasets = ["synthetic"]
+methods = ["fedmf", "fedem"]
+privacy = ["ldp-laplace"]
+epsilons = [inf, 8, 1]
+seeds = [0, 1, 2]
+protocols = ["strict"]
+attacks = ["projection"]
+record_rounds = ["last"]
+record_clients = 100
+
+[base.train]
+rounds = 15
+local_epochs = 5
+
+[base.privacy]
+# L1 clip bound of the uploaded delta: about the typical pre-clip L1 norm of a
+# FedMF client's delta in these runs (mean_pre_clip_norm in metrics.csv: ~880
+# in round 1, ~690 from round 10 on; FedEM's grows from ~880 to ~3000).
+clip = 800.0
+"""
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """The grid axes plus the base config every run starts from."""
+
+    base: RunConfig
+    datasets: tuple[str, ...]
+    methods: tuple[str, ...]
+    merges: tuple[str | None, ...]
+    aggregations: tuple[str | None, ...]
+    privacy: tuple[str, ...]
+    epsilons: tuple[float | None, ...]
+    seeds: tuple[int, ...]
+    protocols: tuple[str, ...]
+    attacks: tuple[str, ...]
+    data_dirs: tuple[tuple[str, str], ...] = ()
+    record_rounds: tuple[int | str, ...] = ("last",)
+    record_clients: int = 100
+    source: str = "built-in quick sweep"
+
+
+@dataclass(frozen=True)
+class GridPoint:
+    """One run of the sweep: where it goes, what it runs, and its identity."""
+
+    name: str  # relative run directory, e.g. synthetic/fedmf/ldp-laplace-eps8/strict/seed0
+    config: RunConfig  # validated and resolved
+    attacks: tuple[str, ...]
+    variant: str  # method label with non-default merge / aggregation, e.g. fedem-em
+    record_rounds: tuple[int | str, ...] = ("last",)
+    record_clients: int = 100
+
+    def digest(self, recording: bool) -> str:
+        """SHA-256 over the resolved config and what is recorded (nothing, or which rounds)."""
+        record = [list(self.record_rounds), self.record_clients] if recording else None
+        blob = json.dumps({"config": to_dict(self.config), "recording": record},
+                          sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+# ---------------------------------------------------------------------------- parsing
+def _as_list(axis: str, value: Any) -> list[Any]:
+    items = value if isinstance(value, list) else [value]
+    if not items:
+        raise UserError(f"[sweep] {axis} must not be empty")
+    out: list[Any] = []
+    for v in items:
+        if v not in out:
+            out.append(v)
+    return out
+
+
+def _choice(axis: str, values: list[Any], allowed: Sequence[str]) -> tuple[str, ...]:
+    for v in values:
+        if not isinstance(v, str) or v not in allowed:
+            raise UserError(f"[sweep] {axis}: unknown value {v!r}; choose from "
+                            f"{', '.join(allowed)}")
+    return tuple(values)
+
+
+def _epsilons(values: list[Any]) -> tuple[float, ...]:
+    out = []
+    for v in values:
+        if isinstance(v, str) and v.strip().lower() in ("inf", "infinity"):
+            v = math.inf
+        if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0:
+            raise UserError(f"[sweep] epsilons: {v!r} is not a number > 0 (inf means no noise)")
+        out.append(float(v))
+    return tuple(out)
+
+
+def _seeds(values: list[Any]) -> tuple[int, ...]:
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise UserError(f"[sweep] seeds: {v!r} is not a non-negative integer")
+    return tuple(values)
+
+
+def _optional_choice(axis: str, values: list[Any], allowed: Sequence[str]
+                     ) -> tuple[str | None, ...]:
+    _choice(axis, values, (*allowed, DEFAULT))
+    return tuple(None if v == DEFAULT else v for v in values)
+
+
+def _data_dirs(value: Any) -> tuple[tuple[str, str], ...]:
+    if not isinstance(value, dict):
+        raise UserError("[sweep.data_dirs] must be a table of dataset = \"directory\"")
+    for name, path in value.items():
+        if name not in DATASETS:
+            raise UserError(f"[sweep.data_dirs]: unknown dataset {name!r}")
+        if not isinstance(path, str):
+            raise UserError(f"[sweep.data_dirs] {name} must be a string path")
+    return tuple(sorted(value.items()))
+
+
+def _record_rounds(value: Any) -> tuple[int | str, ...]:
+    out: list[int | str] = []
+    for v in _as_list("record_rounds", value):
+        if v == "last" or (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+            out.append(v)
+        else:
+            raise UserError(f"[sweep] record_rounds: {v!r} is not a round number >= 1 or "
+                            f"\"last\"")
+    return tuple(out)
+
+
+def _record_clients(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UserError(f"[sweep] record_clients: {value!r} is not a positive integer")
+    return value
+
+
+def parse_spec(data: dict[str, Any], source: str) -> SweepSpec:
+    """Build a :class:`SweepSpec` from a parsed TOML document; bad input is a UserError."""
+    unknown = sorted(set(data) - {"sweep", "base"})
+    if unknown:
+        raise UserError(f"{source}: unknown table [{unknown[0]}]; a sweep file has [sweep] "
+                        f"and [base]")
+    sweep = data.get("sweep", {})
+    if not isinstance(sweep, dict):
+        raise UserError(f"{source}: [sweep] must be a table")
+    bad = sorted(set(sweep) - set(SPEC_KEYS))
+    if bad:
+        raise UserError(f"{source}: unknown axis {bad[0]!r} in [sweep]; known: "
+                        f"{', '.join(SPEC_KEYS)}")
+    base_table = data.get("base", {})
+    if not isinstance(base_table, dict):
+        raise UserError(f"{source}: [base] must be a table")
+    try:
+        base = from_dict(base_table)
+    except UserError as exc:
+        raise UserError(f"{source}: [base]: {exc}") from None
+    from .attack_step import known_attacks
+
+    def axis(name: str, default: Any) -> list[Any]:
+        return _as_list(name, sweep[name]) if name in sweep else [default]
+
+    attack_names = known_attacks()
+    attacks = _as_list("attacks", sweep["attacks"]) if "attacks" in sweep else []
+    attacks_t = (_choice("attacks", attacks, attack_names) if attack_names is not None
+                 else _choice("attacks", attacks, [a for a in attacks if isinstance(a, str)]))
+    privacy = _choice("privacy", axis("privacy", base.privacy.mode), MODES)
+    epsilons: tuple[float | None, ...] = (None,)
+    if "epsilons" in sweep:
+        if not any(m in LDP_MODES for m in privacy):
+            raise UserError(f"{source}: [sweep] epsilons needs an ldp privacy mode "
+                            f"({', '.join(LDP_MODES)}) in privacy")
+        epsilons = _epsilons(_as_list("epsilons", sweep["epsilons"]))
+    spec = SweepSpec(
+        base=base,
+        datasets=_choice("datasets", axis("datasets", base.data.dataset), DATASETS),
+        methods=_choice("methods", axis("methods", base.federation.method), METHODS),
+        merges=_optional_choice("merges", axis("merges", base.federation.merge or DEFAULT),
+                                MERGES),
+        aggregations=_optional_choice(
+            "aggregations", axis("aggregations", base.federation.aggregation or DEFAULT),
+            AGGREGATIONS),
+        privacy=privacy,
+        epsilons=epsilons,
+        seeds=_seeds(axis("seeds", base.train.seed)),
+        protocols=_choice("protocols", axis("protocols", base.data.protocol), PROTOCOLS),
+        attacks=attacks_t,
+        data_dirs=_data_dirs(sweep.get("data_dirs", {})),
+        record_rounds=_record_rounds(sweep.get("record_rounds", ["last"])),
+        record_clients=_record_clients(sweep.get("record_clients", 100)),
+        source=source,
+    )
+    grid(spec)  # every point must be a valid config
+    return spec
+
+
+def load_spec(path: str | Path | None) -> SweepSpec:
+    """Read a sweep file, or the built-in quick sweep when ``path`` is None."""
+    if path is None:
+        return parse_spec(tomllib.loads(QUICK_SPEC), "built-in quick sweep")
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"sweep file not found: {p}")
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"sweep file {p} is not valid TOML: {exc}") from None
+    return parse_spec(data, str(p))
+
+
+# ------------------------------------------------------------------------------- grid
+def fmt_number(x: float) -> str:
+    """Short path-safe number: 8.0 -> 8, 0.5 -> 0.5, inf -> inf."""
+    return "inf" if math.isinf(x) else f"{x:g}"
+
+
+def variant_label(fed: FederationConfig) -> str:
+    """fedmf, fedsim, fedem-em, fedem-sm, fedmf-uniform, ...: the method and what differs."""
+    default_agg, default_merge = METHOD_DEFAULTS[fed.method]
+    label = fed.method
+    if fed.method == "fedem" or fed.resolved_merge != default_merge:
+        label += f"-{fed.resolved_merge}"
+    if fed.resolved_aggregation != default_agg:
+        label += f"-{fed.resolved_aggregation}"
+    return label
+
+
+def privacy_label(p: PrivacyConfig) -> str:
+    """none, ldp-laplace-eps8, ldp-laplace-epsinf, ldp-gaussian-z1.5, paper-lambda0.1, ..."""
+    if p.mode == "none":
+        return "none"
+    if p.mode == "paper":
+        return f"paper-lambda{fmt_number(p.paper_lambda)}"
+    if p.epsilon is not None:
+        return f"{p.mode}-eps{fmt_number(p.epsilon)}"
+    if p.epsilon_round is not None:
+        return f"{p.mode}-epsround{fmt_number(p.epsilon_round)}"
+    return f"{p.mode}-z{fmt_number(p.noise_multiplier or 0.0)}"
+
+
+def _privacy(base: PrivacyConfig, mode: str, eps: float | None) -> PrivacyConfig:
+    if mode not in LDP_MODES:
+        return replace(base, mode=mode, epsilon=None, epsilon_round=None, noise_multiplier=None)
+    if eps is None:  # keep the base budget (an ldp base mode always has one)
+        if base.mode in LDP_MODES:
+            return replace(base, mode=mode)
+        raise UserError(f"privacy mode {mode!r} needs a budget: give [sweep] epsilons or "
+                        f"[base.privacy] epsilon")
+    return replace(base, mode=mode, epsilon=eps, epsilon_round=None, noise_multiplier=None)
+
+
+def _safe(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._+-]", "_", text)
+
+
+def grid(spec: SweepSpec) -> list[GridPoint]:
+    """All grid points in a fixed order (seed outermost, so a first pass covers the grid)."""
+    dirs = dict(spec.data_dirs)
+    points: dict[str, GridPoint] = {}
+    for seed, dataset, protocol, method, merge, agg, mode in product(
+            spec.seeds, spec.datasets, spec.protocols, spec.methods, spec.merges,
+            spec.aggregations, spec.privacy):
+        for eps in (spec.epsilons if mode in LDP_MODES else (None,)):
+            base = spec.base
+            data_dir = dirs.get(dataset, base.data.data_dir if dataset == base.data.dataset
+                                else None)
+            try:
+                cfg = RunConfig(
+                    data=replace(base.data, dataset=dataset, protocol=protocol,
+                                 data_dir=data_dir),
+                    train=replace(base.train, seed=seed),
+                    federation=replace(base.federation, method=method, merge=merge,
+                                       aggregation=agg),
+                    privacy=_privacy(base.privacy, mode, eps),
+                ).validate().resolved()
+            except UserError as exc:
+                raise UserError(f"{spec.source}: {dataset}/{method}/{mode}: {exc}") from None
+            late = [r for r in spec.record_rounds if r != "last" and int(r) > cfg.train.rounds]
+            if spec.attacks and late:
+                raise UserError(f"{spec.source}: [sweep] record_rounds: round {late[0]} is "
+                                f"beyond the {cfg.train.rounds} rounds of the runs")
+            variant = variant_label(cfg.federation)
+            name = "/".join(_safe(part) for part in (
+                dataset, variant, privacy_label(cfg.privacy), protocol, f"seed{seed}"))
+            point = GridPoint(name, cfg, spec.attacks, variant, spec.record_rounds,
+                              spec.record_clients)
+            if name in points and to_dict(points[name].config) != to_dict(cfg):
+                raise UserError(f"{spec.source}: two different configs map to {name}")
+            points.setdefault(name, point)
+    return list(points.values())

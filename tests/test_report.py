@@ -1,0 +1,143 @@
+"""results.csv (one tidy row per run) and the report (Markdown tables plus PNG plots)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from sweep_helpers import TINY_BASE, StubAttacks, write_spec
+
+from fedem_private import attack_step
+from fedem_private.errors import UserError
+from fedem_private.report import write_report
+from fedem_private.results import (
+    EPS_COLUMNS,
+    ID_COLUMNS,
+    METRIC_COLUMNS,
+    attack_columns,
+    collect,
+)
+from fedem_private.sweep import run_sweep
+from fedem_private.sweep_spec import grid, load_spec
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def sweep_root(tmp_path_factory) -> tuple[Path, list[str]]:
+    """A finished tiny sweep: 2 methods x (none + eps {inf, 8}) x 2 seeds, stub attacks."""
+    tmp = tmp_path_factory.mktemp("report")
+    spec = write_spec(tmp / "spec.toml", """
+methods = ["fedmf", "fedem"]
+privacy = ["none", "ldp-laplace"]
+epsilons = [inf, 8]
+seeds = [0, 1]
+attacks = ["projection"]
+""", TINY_BASE)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(attack_step, "load", StubAttacks().step)
+        assert run_sweep(str(spec), str(tmp / "runs"), jobs=1, progress=False) == 0
+    return tmp / "runs", [p.name for p in grid(load_spec(spec))]
+
+
+def test_results_table_has_one_row_per_run_with_expected_columns(sweep_root):
+    root, names = sweep_root
+    frame = pd.read_csv(root / "results.csv")
+    assert len(frame) == len(names) == 12
+    assert sorted(frame["run"]) == sorted(names)
+    for col in ID_COLUMNS + METRIC_COLUMNS + EPS_COLUMNS + [
+            "projection_auc", "projection_tpr@1%fpr", "audit", "seconds_per_round",
+            "seconds_total"]:
+        assert col in frame.columns, col
+    assert set(frame["variant"]) == {"fedmf", "fedem-em"}
+    assert set(frame["mode"]) == {"none", "ldp-laplace"}
+    eps8 = frame[frame["eps_target"] == 8]
+    assert len(eps8) == 4 and (eps8["eps_reported"] - 8).abs().max() < 1e-3
+    assert eps8["guarantee"].all()
+    clip_only = frame[(frame["mode"] == "ldp-laplace") & (frame["eps_target"] == math.inf)]
+    assert len(clip_only) == 4 and (clip_only["eps_reported"] == math.inf).all()
+    assert not clip_only["guarantee"].any()
+    assert frame["hr10_full"].between(0, 1).all() and frame["hr10_sampled"].between(0, 1).all()
+    # the last recorded round's score, not the first's (the stub gives round 1 0.1 less)
+    assert set(frame["projection_auc"].round(3)) == {0.9, 0.55}
+    assert set(frame["projection_vs_any_auc"].round(3)) == {0.99}
+    noisy = frame["eps_target"] == 8
+    assert (frame.loc[noisy, "audit"] == "pass").all()
+    assert frame.loc[~noisy, "audit"].isna().all()  # nothing to audit without noise
+
+
+def test_attack_columns_flatten_the_last_round_and_the_audit_verdict():
+    cols, verdict = attack_columns([
+        {"attack": "imia", "round": 3, "audit_ok": True, "eps_lower_bound": "inf",
+         "relations": {"positive_vs_any": {"auc": 0.7, "f1": 0.2},
+                       "positive_vs_sampled": {"auc": 0.6, "tpr@1%fpr": 0.1}}},
+        {"attack": "imia", "round": 1, "audit_ok": False,
+         "relations": {"positive_vs_sampled": {"auc": 0.9}}},
+        {"attack": "canary", "round": None, "audit_ok": None, "eps_lower_bound": None,
+         "relations": {"canary": {"auc": 0.5}}},
+        {"attack": "attribute", "round": 3, "auc": 0.8, "skipped": "no gender"}])
+    assert cols["imia_auc"] == 0.6 and cols["imia_tpr@1%fpr"] == 0.1
+    assert cols["imia_vs_any_auc"] == 0.7 and "imia_vs_any_f1" not in cols
+    assert math.isinf(cols["imia_eps_lower_bound"])
+    assert cols["canary_auc"] == 0.5 and math.isnan(cols["canary_eps_lower_bound"])
+    assert cols["attribute_auc"] == 0.8 and cols["attribute_skipped"] == "no gender"
+    assert verdict == "FAIL"  # round 1's failure counts even though round 3 is shown
+    assert attack_columns([])[1] == ""
+    assert attack_columns([{"attack": "support", "round": 1, "audit_ok": None}])[1] == ""
+
+
+def test_report_writes_markdown_and_valid_pngs(sweep_root, tmp_path):
+    root, _ = sweep_root
+    written = write_report(str(root), str(tmp_path / "rep"))
+    names = sorted(p.name for p in written)
+    assert names == ["report.md", "results.csv", "synthetic-auc_vs_eps.png",
+                     "synthetic-frontier.png", "synthetic-hr10_vs_eps.png"]
+    for p in written:
+        assert p.parent == tmp_path / "rep" and p.is_file()
+        if p.suffix == ".png":
+            data = p.read_bytes()
+            assert data[:8] == PNG_MAGIC and len(data) > 20_000
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "| fedem-em | ldp-laplace | 8 | 2 |" in md
+    assert "∞ (clip only)" in md and "– (no DP)" in md
+    assert " ± " in md and "projection AUC" in md and "## Privacy accounting" in md
+    assert "![synthetic-frontier](synthetic-frontier.png)" in md
+    assert len(pd.read_csv(tmp_path / "rep" / "results.csv")) == 12
+
+
+def test_report_without_attacks_or_runs(tmp_path, sweep_root):
+    root, names = sweep_root
+    single = tmp_path / "single"
+    # one run, no attacks.json: utility plot only, and the report says why
+    src = root / names[0]
+    dst = single / "run"
+    dst.mkdir(parents=True)
+    for f in ("summary.json", "config.toml", "metrics.csv"):
+        (dst / f).write_bytes((src / f).read_bytes())
+    (single / "sweep_errors.log").write_text("x/seed0: RuntimeError: boom\n")
+    written = write_report(str(single))
+    assert sorted(p.name for p in written) == ["report.md", "results.csv",
+                                               "synthetic-hr10_vs_eps.png"]
+    md = (single / "report.md").read_text()
+    assert "No attack scores found" in md and "Some grid points failed" in md
+    assert len(collect(single)) == 1
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="no run directories"):
+        write_report(str(tmp_path / "empty"))
+    with pytest.raises(UserError, match="not a directory"):
+        write_report(str(tmp_path / "nowhere"))
+
+
+def test_report_argparse_helper(sweep_root, tmp_path, capsys):
+    import argparse
+
+    from fedem_private import sweep_cli
+
+    parser = argparse.ArgumentParser()
+    sweep_cli.add_report_arguments(parser)
+    args = parser.parse_args([str(sweep_root[0]), "--out", str(tmp_path / "r")])
+    assert sweep_cli.run_report_from_args(args) == 0
+    assert "report.md" in capsys.readouterr().out
+    assert (tmp_path / "r" / "report.md").is_file()

@@ -1,0 +1,289 @@
+"""Sweeps: grid naming, resume after an interrupt without redoing or losing runs, bad files."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from sweep_helpers import TINY_BASE, StubAttacks, write_spec
+
+from fedem_private import attack_step, runner
+from fedem_private.errors import UserError
+from fedem_private.results import collect
+from fedem_private.sweep import POINT_FILE, run_sweep
+from fedem_private.sweep_spec import grid, load_spec
+
+TINY_2X2 = """
+methods = ["fedmf", "fedem"]
+privacy = ["ldp-laplace"]
+epsilons = [inf, 8]
+seeds = [0]
+attacks = ["projection"]
+"""
+
+
+@pytest.fixture
+def stub(monkeypatch) -> StubAttacks:
+    s = StubAttacks()
+    monkeypatch.setattr(attack_step, "load", s.step)
+    return s
+
+
+def mtimes(root: Path, names: list[str]) -> dict[str, int]:
+    return {str(p): p.stat().st_mtime_ns for n in names for p in (root / n).rglob("*")}
+
+
+def hidden(root: Path) -> list[Path]:
+    return [p for p in root.rglob(".*")]
+
+
+def complete(root: Path, name: str) -> bool:
+    d = root / name
+    return all((d / f).is_file() for f in ("summary.json", "config.toml", "metrics.csv",
+                                          POINT_FILE, "attacks.json"))
+
+
+# ------------------------------------------------------------------------- the grid
+def test_quick_spec_grid_names_are_readable_and_deterministic():
+    points = grid(load_spec(None))
+    names = [p.name for p in points]
+    assert names == [p.name for p in grid(load_spec(None))]
+    assert "synthetic/fedmf/ldp-laplace-epsinf/strict/seed0" in names
+    assert "synthetic/fedem-em/ldp-laplace-eps1/strict/seed0" in names
+    assert len(names) == len(set(names)) == 2 * 3 * len(load_spec(None).seeds)
+    assert all(p.attacks == ("projection",) for p in points)
+    cfg = next(p.config for p in points if "eps8" in p.name)
+    assert cfg.privacy.epsilon == 8 and cfg.privacy.mode == "ldp-laplace"
+    assert math.isinf(next(p.config for p in points if "epsinf" in p.name).privacy.epsilon)
+
+
+def test_mode_none_ignores_epsilons_and_merges_make_variants(tmp_path):
+    spec = load_spec(write_spec(tmp_path / "s.toml", """
+methods = ["fedem"]
+merges = ["sm", "em"]
+privacy = ["none", "ldp-gaussian"]
+epsilons = [4, 2]
+"""))
+    names = sorted(p.name.split("/", 2)[1] + "/" + p.name.split("/")[2] for p in grid(spec))
+    assert names == ["fedem-em/ldp-gaussian-eps2", "fedem-em/ldp-gaussian-eps4", "fedem-em/none",
+                     "fedem-sm/ldp-gaussian-eps2", "fedem-sm/ldp-gaussian-eps4", "fedem-sm/none"]
+    d1, d2 = (p.digest(False) for p in grid(spec)[:2])
+    assert d1 != d2 and grid(spec)[0].digest(True) != d1
+
+
+@pytest.mark.parametrize("sweep,needle", [
+    ("colours = [1]", "unknown axis 'colours'"),
+    ("methods = ['fedfoo']", "methods: unknown value 'fedfoo'"),
+    ("methods = []", "methods must not be empty"),
+    ("privacy = ['ldp-laplace']\nepsilons = [-1]", "epsilons: -1"),
+    ("privacy = ['ldp-laplace']\nepsilons = ['big']", "epsilons: 'big'"),
+    ("privacy = ['none']\nepsilons = [1]", "epsilons needs an ldp privacy mode"),
+    ("privacy = ['ldp-laplace']", "needs a budget"),
+    ("seeds = [1.5]", "seeds: 1.5"),
+    ("datasets = ['nope']", "datasets: unknown value 'nope'"),
+    ("record_rounds = [0]", "record_rounds: 0"),
+    ("attacks = ['projection']\nrecord_rounds = [1, 5]", "round 5 is beyond the 2 rounds"),
+    ("attacks = ['telepathy']", "telepathy"),
+])
+def test_bad_sweep_files_give_one_line_user_errors(tmp_path, sweep, needle, monkeypatch):
+    monkeypatch.setattr(attack_step, "known_attacks", lambda: ("projection", "support"))
+    with pytest.raises(UserError) as err:
+        load_spec(write_spec(tmp_path / "bad.toml", sweep))
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("[sweep]\nmethods = [", "not valid TOML"),
+    ("[sweep]\n[extra]\n", "unknown table [extra]"),
+    ("[sweep]\n[base.train]\nrounds = 0\n", "train.rounds must be a positive integer"),
+    ("[sweep]\n[base.train]\nspeed = 3\n", "unknown key 'speed'"),
+])
+def test_bad_sweep_documents(tmp_path, text, needle):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(UserError, match=None) as err:
+        load_spec(path)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(UserError, match="sweep file not found"):
+        load_spec(tmp_path / "missing.toml")
+
+
+# --------------------------------------------------------------- interrupt and resume
+def test_interrupted_sweep_resumes_without_redoing_or_losing_runs(tmp_path, stub, monkeypatch,
+                                                                   capsys):
+    spec = write_spec(tmp_path / "tiny.toml", TINY_2X2)
+    root = tmp_path / "out"
+    names = [p.name for p in grid(load_spec(spec))]
+    assert len(names) == 4
+    real_execute = runner.execute
+    calls: list[str] = []
+
+    def interrupting(cfg, out, force=False, on_round=None, setup=None, on_start=None):
+        calls.append(str(out))
+        if len(calls) == 3:  # Ctrl-C in the middle of the third run, after setup wrote files
+            def setup_then_stop(sim, path):
+                setup(sim, path)
+                raise KeyboardInterrupt
+            return real_execute(cfg, out, force, on_round, setup_then_stop, on_start)
+        return real_execute(cfg, out, force, on_round, setup, on_start)
+
+    monkeypatch.setattr(runner, "execute", interrupting)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(str(spec), str(root), jobs=1, force=False, progress=False)
+    assert "interrupted" in capsys.readouterr().out
+    assert complete(root, names[0]) and complete(root, names[1])
+    assert not (root / names[2]).exists() and not (root / names[3]).exists()
+    assert hidden(root) == []  # no half-written (temporary) directory left behind
+    assert len(pd.read_csv(root / "results.csv")) == 2
+    before = mtimes(root, names[:2])
+
+    monkeypatch.setattr(runner, "execute", real_execute)
+    calls.clear()
+    n_attacked = len(stub.attacked)
+    assert run_sweep(str(spec), str(root), jobs=1, force=False, progress=False) == 0
+    assert mtimes(root, names[:2]) == before  # nothing finished was redone or touched
+    assert all(complete(root, n) for n in names)
+    assert len(stub.attacked) - n_attacked == 2
+    assert len(stub.recorded) == 5  # 2 + the interrupted one (its temporary dir is gone) + 2
+    results = pd.read_csv(root / "results.csv")
+    assert sorted(results["run"]) == sorted(names)
+    assert "2 ran, 2 already done, 0 failed" in capsys.readouterr().out
+
+    # a third start finds everything done and runs nothing
+    assert run_sweep(str(spec), str(root), jobs=1, force=False, progress=False) == 0
+    assert "0 ran, 4 already done" in capsys.readouterr().out
+    assert mtimes(root, names) == {**before, **mtimes(root, names[2:])}
+
+
+def test_missing_attacks_rerun_only_the_attack_step(tmp_path, stub, monkeypatch):
+    spec = write_spec(tmp_path / "tiny.toml", TINY_2X2)
+    root = tmp_path / "out"
+    assert run_sweep(str(spec), str(root), jobs=1, progress=False) == 0
+    name = grid(load_spec(spec))[1].name
+    (root / name / "attacks.json").unlink()
+    summary_mtime = (root / name / "summary.json").stat().st_mtime_ns
+    monkeypatch.setattr(runner, "execute", lambda *a, **k: pytest.fail("retrained"))
+    stub.attacked.clear()
+    assert run_sweep(str(spec), str(root), jobs=1, progress=False) == 0
+    assert [p.relative_to(root).as_posix() for p in stub.attacked] == [name]
+    assert (root / name / "summary.json").stat().st_mtime_ns == summary_mtime
+    assert complete(root, name)
+
+
+def test_changed_config_is_rerun_not_skipped(tmp_path, stub):
+    root = tmp_path / "out"
+    spec = write_spec(tmp_path / "one.toml", 'methods = ["fedmf"]\nseeds = [0]')
+    assert run_sweep(str(spec), str(root), jobs=1, progress=False) == 0
+    (name,) = [p.name for p in grid(load_spec(spec))]
+    old = (root / name / "summary.json").stat().st_mtime_ns
+    assert run_sweep(str(spec), str(root), jobs=1, progress=False) == 0
+    assert (root / name / "summary.json").stat().st_mtime_ns == old
+    write_spec(spec, 'methods = ["fedmf"]\nseeds = [0]',
+               TINY_BASE.replace("[base.train]\n", "[base.train]\nlr = 0.05\n"))
+    assert [p.name for p in grid(load_spec(spec))] == [name]  # same directory, new config
+    assert run_sweep(str(spec), str(root), jobs=1, progress=False) == 0
+    assert (root / name / "summary.json").stat().st_mtime_ns != old
+    assert "lr = 0.05" in (root / name / "config.toml").read_text()
+    assert hidden(root) == []
+
+
+def test_foreign_run_directory_in_the_way_is_replaced(tmp_path, stub):
+    spec = write_spec(tmp_path / "one.toml", 'methods = ["fedmf"]\nseeds = [0]')
+    root = tmp_path / "out"
+    (point,) = grid(load_spec(spec))
+    runner.execute(point.config, root / point.name)  # a plain run: no sweep_point.json
+    assert run_sweep(str(spec), str(root), jobs=1, progress=False) == 0
+    assert (root / point.name / POINT_FILE).is_file() and hidden(root) == []
+
+
+def test_sweep_without_attack_step_still_trains(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(attack_step, "load", lambda: "attack step unavailable: no attacks.run")
+    spec = write_spec(tmp_path / "tiny.toml", TINY_2X2)
+    root = tmp_path / "out"
+    assert run_sweep(str(spec), str(root), jobs=1, progress=False) == 0
+    assert "attacks skipped (attack step unavailable" in capsys.readouterr().out
+    frame = collect(root)
+    assert len(frame) == 4 and frame["audit"].fillna("").eq("").all()
+    assert not any(root.rglob("attacks.json"))
+
+
+def test_parallel_jobs_finish_every_point(tmp_path):
+    spec = write_spec(tmp_path / "par.toml", """
+methods = ["fedmf", "fedem"]
+privacy = ["none"]
+seeds = [0, 1]
+""")
+    root = tmp_path / "out"
+    assert run_sweep(str(spec), str(root), jobs=2, progress=False) == 0
+    names = [p.name for p in grid(load_spec(spec))]
+    assert all((root / n / "summary.json").is_file() for n in names)
+    assert sorted(pd.read_csv(root / "results.csv")["run"]) == sorted(names)
+    assert hidden(root) == []
+
+
+def test_argparse_helpers_parse_and_run(tmp_path, stub, capsys):
+    import argparse
+    import subprocess
+    import sys
+
+    from fedem_private import sweep_cli
+
+    parser = argparse.ArgumentParser()
+    sweep_cli.add_sweep_arguments(parser)
+    args = parser.parse_args([])
+    assert (args.config, args.out, args.jobs, args.force, args.no_progress) == (
+        None, None, 1, False, False)
+    assert sweep_cli.default_out(None) == "runs/quick-sweep"
+    assert sweep_cli.default_out("conf/big.toml") == "runs/sweep-big"
+    spec = write_spec(tmp_path / "one.toml", 'methods = ["fedmf"]\nseeds = [0]')
+    args = parser.parse_args([str(spec), "--out", str(tmp_path / "o"), "--no-progress"])
+    assert sweep_cli.run_sweep_from_args(args) == 0
+    assert "1 run, 0 already done, 1 to run" in capsys.readouterr().out
+    # building the parser must not import the heavy machinery
+    code = ("import sys, fedem_private.sweep_cli; "
+            "print(sorted(m for m in ('torch', 'pandas', 'matplotlib') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_a_failing_point_is_reported_and_retried(tmp_path, stub, monkeypatch, capsys):
+    spec = write_spec(tmp_path / "tiny.toml", TINY_2X2)
+    root = tmp_path / "out"
+    names = [p.name for p in grid(load_spec(spec))]
+    real_execute = runner.execute
+
+    def broken(cfg, out, *args, **kwargs):
+        if str(out).endswith(names[1]):
+            raise RuntimeError("simulated bug")
+        return real_execute(cfg, out, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "execute", broken)
+    assert run_sweep(str(spec), str(root), jobs=1, progress=False) == 1
+    out = capsys.readouterr()
+    assert f"FAILED {names[1]}: RuntimeError: simulated bug" in out.err
+    assert "3 ran, 0 already done, 1 failed" in out.out
+    log = (root / "sweep_errors.log").read_text()
+    assert "simulated bug" in log and "Traceback" in log
+    assert not (root / names[1]).exists() and hidden(root) == []
+    monkeypatch.setattr(runner, "execute", real_execute)
+    assert run_sweep(str(spec), str(root), jobs=1, progress=False) == 0
+    assert "1 ran, 3 already done, 0 failed" in capsys.readouterr().out
+    assert all(complete(root, n) for n in names)
+    assert not (root / "sweep_errors.log").exists()
+
+
+def test_the_documented_example_is_a_valid_sweep():
+    import textwrap
+    import tomllib
+
+    from fedem_private import sweep_spec
+
+    doc = sweep_spec.__doc__
+    block = textwrap.dedent(doc[doc.index("    [sweep]"):doc.index("Two more axes")])
+    points = grid(sweep_spec.parse_spec(tomllib.loads(block), "docstring"))
+    assert len(points) == 2 * 3 * (1 + 3) * 3  # datasets x methods x (none + 3 eps) x seeds
+    ml = [p for p in points if p.name.startswith("ml-100k/")]
+    assert ml and all(p.config.data.data_dir == "../shared/datasets/ml-100k" for p in ml)
+    assert all(p.config.train.rounds == 10 for p in points)
