@@ -4,11 +4,13 @@
                                          [--out benchmarks/results/privacy_utility]
 
 Grid: ``ldp-laplace`` at total eps in {inf (clip only), 100, 10, 1} with
-delta = 1e-5 (PLD calibration), plus ``none``; and the FedEM paper's ``paper``
-mode (gradient clip Z = 1, Laplace lambda on the upload) at several lambda,
+delta = 1e-5 (PLD calibration), and the FedEM paper's ``paper`` mode
+(gradient clip Z = 1, Laplace lambda on the upload) at several lambda,
 reported with the paper's heuristic eps beside the eps the same Laplace scale
 would give under ``ldp-laplace`` with the same clip C (b = lambda, so
-eps_round = 2C / lambda). Resumable: one JSON per finished point in --out.
+eps_round = 2C / lambda). The no-privacy baselines are the same
+configurations as in ``benchmarks.protocols`` (FedMF) and
+``benchmarks.ablation`` (FedEM). Resumable: one JSON per finished point in --out.
 
 Clip bound: C = 2500 is about the median pre-clip L1 norm of a FedMF client's
 round delta on ML-100K (rounds 2-5: median 2537-2772, 10th percentile ~800,
@@ -35,13 +37,11 @@ def points(rounds: int, clip: float, methods: list[str], protocols: list[str],
            dataset: str) -> list[dict[str, Any]]:
     base = {"train.rounds": rounds, "train.eval_every": rounds}
     out = []
-    for method in methods:
-        for proto in protocols:
-            common = {**base, "federation.method": method, "data.protocol": proto}
-            out.append({"name": f"{dataset}__{proto}__{method}__none", "dataset": dataset,
-                        "method": method, "protocol": proto, "mode": "none", "target": None,
-                        "overrides": {**common, "privacy.mode": "none"}})
-            for eps in EPSILONS:
+    # interleaved so that a partial run covers both methods at each budget first
+    for proto in protocols:
+        for eps in EPSILONS:
+            for method in methods:
+                common = {**base, "federation.method": method, "data.protocol": proto}
                 tag = "inf" if math.isinf(eps) else f"{eps:g}"
                 out.append({"name": f"{dataset}__{proto}__{method}__laplace-eps{tag}",
                             "dataset": dataset, "method": method, "protocol": proto,
