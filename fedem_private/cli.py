@@ -88,6 +88,38 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", help="run directory (default: runs/<dataset>-<method>-<time>)")
     run.add_argument("--force", action="store_true", help="replace a non-empty --out")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument("--record-rounds", metavar="ROUNDS",
+                     help="record what the server saw in these rounds for the attacks, "
+                          "e.g. 1,50,last")
+    run.add_argument("--record-clients", metavar="N", type=_integer,
+                     help="record the first N client ids (default 100; needs --record-rounds)")
+    att = sub.add_parser("attack", help="run the inference attacks on a recorded run directory, "
+                         "score them and audit the privacy accounting")
+    att.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written with "
+                     "--record-rounds")
+    att.add_argument("--attacks", default=None,
+                     help="comma-separated attacks (default: support,projection,imia,attribute,"
+                          "canary)")
+    att.add_argument("--known-fraction", type=_number, default=0.5,
+                     help="attribute attack: fraction of recorded clients whose attribute the "
+                          "server knows (default 0.5)")
+    att.add_argument("--rounds", default=None, metavar="ROUNDS",
+                     help="only these recorded rounds, e.g. 1,50 (default: all)")
+    att.add_argument("--seed", type=_integer, default=0,
+                     help="the attacker's and scorer's own seed (default 0)")
+    att.add_argument("--quiet", action="store_true", help="no table, only write attacks.json")
+    from .sweep_cli import (
+        REPORT_DESCRIPTION,
+        REPORT_HELP,
+        SWEEP_DESCRIPTION,
+        SWEEP_HELP,
+        add_report_arguments,
+        add_sweep_arguments,
+    )
+
+    add_sweep_arguments(sub.add_parser("sweep", help=SWEEP_HELP, description=SWEEP_DESCRIPTION))
+    add_report_arguments(sub.add_parser("report", help=REPORT_HELP,
+                                        description=REPORT_DESCRIPTION))
     ds = sub.add_parser("datasets", help="list or download datasets")
     ds_sub = ds.add_subparsers(dest="action", required=True, parser_class=_Parser)
     ds_sub.add_parser("list", help="known datasets and where they are found")
@@ -136,8 +168,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
         bar.set_postfix(post, refresh=False)
         bar.update(1)
 
+    setup = None
+    if args.record_rounds is not None:
+        from .recording import RecordSpec, recording_setup
+
+        setup = recording_setup(RecordSpec.parse(args.record_rounds, args.record_clients))
+    elif args.record_clients is not None:
+        raise UserError("--record-clients needs --record-rounds")
     try:
-        summary = execute(cfg, out, force=args.force, on_round=on_round, on_start=on_start)
+        summary = execute(cfg, out, force=args.force, on_round=on_round, on_start=on_start,
+                          setup=setup)
     finally:
         if bar is not None:
             bar.close()
@@ -151,6 +191,24 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"privacy: {summary['privacy']['mode']}  eps spent (worst client) "
               f"{eps['reported']}")
     print(f"seconds per round: {summary['seconds_per_round']:.3f}")
+    return 0
+
+
+def _cmd_attack(args: argparse.Namespace) -> int:
+    from attacks.run import DEFAULT_ATTACKS, format_table, parse_attacks, run_attacks
+
+    names = parse_attacks(args.attacks) if args.attacks is not None else DEFAULT_ATTACKS
+    rounds = None
+    if args.rounds is not None:
+        try:
+            rounds = [int(r) for r in args.rounds.split(",") if r.strip()]
+        except ValueError:
+            raise UserError(f"--rounds: not a list of round numbers: {args.rounds!r}") from None
+    report = run_attacks(args.run_dir, names, seed=args.seed, rounds=rounds,
+                         known_fraction=args.known_fraction)
+    if not args.quiet:
+        print(format_table(report))
+    print(f"wrote {report['path']}")
     return 0
 
 
@@ -190,6 +248,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_run(args)
         if args.command == "datasets":
             return _cmd_datasets(args)
+        if args.command == "attack":
+            return _cmd_attack(args)
+        if args.command == "sweep":
+            from .sweep_cli import run_sweep_from_args
+
+            return run_sweep_from_args(args)
+        if args.command == "report":
+            from .sweep_cli import run_report_from_args
+
+            return run_report_from_args(args)
         raise UserError(f"unknown command {args.command!r}")
     except UserError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
