@@ -96,27 +96,35 @@ def num_steps(n_samples: np.ndarray, cfg: LocalTrainConfig) -> np.ndarray:
 
 @dataclass
 class _Plan:
-    """Compact lock-step schedule for one chunk (clients sorted by steps, descending)."""
+    """Compact lock-step schedule for one chunk (clients sorted by steps, descending).
+
+    Batch slot (client j, epoch e, batch b) is row (j * E + e) * NB + b of
+    the 2-D tables; ``loc`` already includes client j's offset j * rows into
+    the flattened compact table, and ``wgt`` is 1 / (valid entries of the
+    batch) on valid entries and 0 on padding, so the mean BCE gradient is
+    (sigmoid(logit) - label) * wgt.
+    """
 
     touched: list[np.ndarray]  # per client: sorted unique item ids it trains on
     rows: int  # padded compact table height
-    loc: torch.Tensor  # (k, E, NB, B) compact row index per batch slot
-    lab: torch.Tensor  # (k, E, NB, B)
-    msk: torch.Tensor  # (k, E, NB, B) bool
+    loc: torch.Tensor  # (k * E * NB, B) flattened compact row index per batch slot
+    lab: torch.Tensor  # (k * E * NB, B) labels
+    wgt: torch.Tensor  # (k * E * NB, B) per-entry weight of the batch mean
     nb: torch.Tensor  # (k,) batches per epoch
+    nb_max: int
     steps: np.ndarray  # (k,) total steps
 
 
 def _plan(seed: int, round_: int, clients: np.ndarray, samples: ClientSamples,
-          cfg: LocalTrainConfig) -> _Plan:
+          cfg: LocalTrainConfig, dtype: torch.dtype) -> _Plan:
     k, bsz, epochs = clients.shape[0], cfg.batch_size, cfg.epochs
     lengths = np.diff(samples.indptr)
     nb = -(-lengths // bsz)
     nb_max = int(max(nb.max(), 1))
     touched = []
     loc = np.zeros((k, epochs, nb_max * bsz), dtype=np.int64)
-    lab = np.zeros((k, epochs, nb_max * bsz), dtype=np.float32)
-    msk = np.zeros((k, epochs, nb_max * bsz), dtype=bool)
+    lab = np.zeros((k, epochs, nb_max * bsz), dtype=np.float64)
+    msk = np.zeros((k, epochs, nb_max * bsz), dtype=np.float64)
     for j, c in enumerate(clients.tolist()):
         items, labels = samples.of(j)
         uniq, inv = np.unique(items, return_inverse=True)
@@ -127,12 +135,15 @@ def _plan(seed: int, round_: int, clients: np.ndarray, samples: ClientSamples,
         order = epoch_orders(seed, round_, c, n, epochs)
         loc[j, :, :n] = inv[order]
         lab[j, :, :n] = labels[order]
-        msk[j, :, :n] = True
+        msk[j, :, :n] = 1.0
     rows = max((t.shape[0] for t in touched), default=1) or 1
-    shape = (k, epochs, nb_max, bsz)
-    return _Plan(touched, rows, torch.from_numpy(loc).view(shape),
-                 torch.from_numpy(lab).view(shape), torch.from_numpy(msk).view(shape),
-                 torch.from_numpy(nb), epochs * nb)
+    loc += (np.arange(k) * rows)[:, None, None]
+    shape = (k * epochs * nb_max, bsz)
+    msk = msk.reshape(shape)
+    wgt = msk / np.maximum(msk.sum(axis=1, keepdims=True), 1.0)
+    return _Plan(touched, rows, torch.from_numpy(loc.reshape(shape)),
+                 torch.from_numpy(lab.reshape(shape)).to(dtype), torch.from_numpy(wgt).to(dtype),
+                 torch.from_numpy(nb), nb_max, epochs * nb)
 
 
 def train_chunk(q_start: torch.Tensor, p: torch.Tensor, clients: np.ndarray,
@@ -151,7 +162,7 @@ def train_chunk(q_start: torch.Tensor, p: torch.Tensor, clients: np.ndarray,
     steps = num_steps(np.diff(samples.indptr), cfg)
     if np.any(np.diff(steps) > 0):
         raise ValueError("clients must be sorted by number of steps, descending")
-    plan = _plan(seed, round_, clients, samples, cfg)
+    plan = _plan(seed, round_, clients, samples, cfg, q_start.dtype)
     rows = plan.rows
     # gather each client's touched rows into a compact (k, rows, d) table
     gather = torch.zeros((k, rows), dtype=torch.long)
@@ -164,24 +175,21 @@ def train_chunk(q_start: torch.Tensor, p: torch.Tensor, clients: np.ndarray,
     gq, mq, vq = torch.zeros_like(qc), torch.zeros_like(qc), torch.zeros_like(qc)
     gp, mp, vp = torch.zeros_like(pc), torch.zeros_like(pc), torch.zeros_like(pc)
     beta1, beta2 = cfg.betas
-    offsets = torch.arange(k)[:, None] * rows
     total = int(plan.steps[0])
-    nb = plan.nb
+    nb, slots = plan.nb, torch.arange(k) * (cfg.epochs * plan.nb_max)
+    qflat, gflat = qc.view(-1, d), gq.view(-1, d)
     for s in range(total):
         a = int(np.searchsorted(-plan.steps, -s, side="left"))  # clients with steps > s
-        ar = torch.arange(a)
         epoch = torch.div(s, nb[:a], rounding_mode="floor")
-        batch = s - epoch * nb[:a]
-        idx = plan.loc[ar, epoch, batch]  # (a, B)
-        y = plan.lab[ar, epoch, batch]
-        mask = plan.msk[ar, epoch, batch].to(qc.dtype)
-        flat = (idx + offsets[:a]).reshape(-1)
-        q_rows = qc.view(-1, d).index_select(0, flat).view(a, -1, d)
+        slot = slots[:a] + epoch * plan.nb_max + (s - epoch * nb[:a])
+        flat = plan.loc.index_select(0, slot).reshape(-1)  # (a * B,) rows of qflat
+        y = plan.lab.index_select(0, slot)
+        w = plan.wgt.index_select(0, slot)
+        q_rows = qflat.index_select(0, flat).view(a, -1, d)
         pa = pc[:a]
         logits = torch.bmm(q_rows, pa[:, :, None]).squeeze(2)
-        count = mask.sum(1, keepdim=True).clamp(min=1.0)
-        dlogit = (torch.sigmoid(logits) - y) * mask / count  # d(mean BCE)/d logit
-        gq.view(-1, d).index_add_(0, flat, (dlogit[:, :, None] * pa[:, None, :]).reshape(-1, d))
+        dlogit = (torch.sigmoid(logits) - y) * w  # d(mean BCE over the batch)/d logit
+        gflat.index_add_(0, flat, (dlogit[:, :, None] * pa[:, None, :]).reshape(-1, d))
         gp[:a] = torch.bmm(dlogit[:, None, :], q_rows).squeeze(1)
         if cfg.grad_clip is not None:
             norms = gq[:a].reshape(a, -1).double().norm(dim=1)
@@ -192,7 +200,7 @@ def train_chunk(q_start: torch.Tensor, p: torch.Tensor, clients: np.ndarray,
                            [vq[:a], vp[:a]], [], [step, step.clone()], lr=cfg.lr,
                            beta1=beta1, beta2=beta2, weight_decay=0.0, eps=cfg.eps,
                            amsgrad=False, maximize=False)
-        gq.view(-1, d)[flat] = 0.0
+        gflat.index_fill_(0, flat, 0.0)
     q_local = q_start.clone()
     dest = (gather + torch.arange(k)[:, None] * m)[valid]
     q_local.view(-1, d)[dest] = qc[valid]
