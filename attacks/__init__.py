@@ -6,12 +6,12 @@ Item-level attacks (``ATTACKS``) take one :class:`Observation` and the
 by the scorer (:mod:`attacks.labels`, :mod:`attacks.scoring`,
 :mod:`attacks.audit`).
 
-Registry slots still to fill:
-- ``"imia"``: the interaction-level membership inference of Yuan et al.
-  (WWW 2023), an item-level attack with the same signature (it may also take
-  keyword-only options, e.g. the number of iterations).
-- ``"attribute"``: gender inference; it scores clients, not items, and will
-  live in its own registry (``CLIENT_ATTACKS``) with a per-client signature.
+``"imia"`` is the interaction-level membership inference of Yuan et al.
+(WWW 2023, :mod:`attacks.imia`). ``attribute`` (:mod:`attacks.attribute`)
+scores clients, not items: it also receives the server's side knowledge (the
+attribute of a known fraction of clients, :class:`attacks.attribute.KnownAttributes`).
+:mod:`attacks.canary` audits a privacy mechanism with coin-flipped canaries,
+and :mod:`attacks.run` is the ``fedem-private attack`` command.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from types import MappingProxyType
 import numpy as np
 
 from .base import ItemAttack
+from .imia import imia
 from .observations import (
     Observation,
     PublicKnowledge,
@@ -36,7 +37,7 @@ from .support import changed_rows, support
 ATTACKS: Mapping[str, ItemAttack] = MappingProxyType({
     "support": support,
     "projection": projection,
-    # "imia": imia,            (next)
+    "imia": imia,
 })
 
 
@@ -51,6 +52,7 @@ def run_attack(name: str, observations: Sequence[Observation], public: PublicKno
 
 
 __all__ = [
-    "ATTACKS", "ItemAttack", "Observation", "PublicKnowledge", "changed_rows", "load_observations",
+    "ATTACKS", "ItemAttack", "Observation", "PublicKnowledge", "changed_rows", "imia",
+    "load_observations",
     "load_public", "projection", "run_attack", "save_observation", "save_public", "support",
 ]

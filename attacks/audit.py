@@ -160,12 +160,17 @@ def _rank_order(s: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 
 def cp_audit(scores: np.ndarray, labels: np.ndarray, select: np.ndarray, evaluate: np.ndarray,
-             *, confidence: float = 0.95, delta: float = 0.0, seed: int = 0) -> CPAudit:
+             *, confidence: float = 0.95, delta: float = 0.0, seed: int = 0,
+             coin_per_client: bool = True) -> CPAudit:
     """Clopper-Pearson audit with one trial per evaluation client.
 
     Evaluation trials: for each client in ``evaluate`` a fair coin (seeded)
     picks "member" or "non-member", then one labelled item of that class is
-    drawn uniformly; a client lacking that class gives no trial. Threshold:
+    drawn uniformly; a client lacking that class gives no trial. With
+    ``coin_per_client=False`` each client's single labelled item is its trial
+    as it is: meant for canary designs where every client holds exactly one
+    canary whose membership was itself a fair coin (no second coin needed,
+    and no trial lost to a missing class). Threshold:
     chosen on the ``select`` clients (all their labelled items), as the one
     maximising the bound when their member / non-member rates are scaled to
     the evaluation trial counts. Flag "member" when score >= threshold.
@@ -173,6 +178,14 @@ def cp_audit(scores: np.ndarray, labels: np.ndarray, select: np.ndarray, evaluat
     rng = np.random.default_rng(seed)
     trial_scores, trial_class = [], []
     for row in evaluate:
+        if not coin_per_client:
+            items = np.flatnonzero(~np.isnan(labels[row]))
+            if items.size > 1:
+                raise ValueError("coin_per_client=False needs one labelled item per client")
+            if items.size:
+                trial_scores.append(scores[row, items[0]])
+                trial_class.append(bool(labels[row, items[0]] == 1.0))
+            continue
         b = bool(rng.integers(2))
         items = np.flatnonzero(labels[row] == (1.0 if b else 0.0))
         if items.size:
@@ -248,9 +261,21 @@ def balanced_pairs(scores: np.ndarray, labels: np.ndarray, rows: np.ndarray,
     return np.concatenate(s_out), np.concatenate(y_out)
 
 
+def coin_canaries(scores: np.ndarray, labels: np.ndarray, rows: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Pooled (scores, labels) of every labelled (client, item) of ``rows``, unbalanced.
+
+    For canaries whose membership was decided by fair coins: the member share
+    is already 1/2 in expectation, as the one-run theorem assumes.
+    """
+    sub_s, sub_y = scores[rows], labels[rows]
+    mask = ~np.isnan(sub_y)
+    return sub_s[mask], sub_y[mask]
+
+
 def one_run_audit(scores: np.ndarray, labels: np.ndarray, select: np.ndarray,
                   evaluate: np.ndarray, *, confidence: float = 0.95, delta: float = 0.0,
-                  seed: int = 0) -> OneRunAudit:
+                  seed: int = 0, balance: bool = True) -> OneRunAudit:
     """One-run audit (bound 2) over balanced labelled (client, item) pairs of ``evaluate``.
 
     Canaries: each client's members plus as many of its non-members, drawn at
@@ -262,11 +287,16 @@ def one_run_audit(scores: np.ndarray, labels: np.ndarray, select: np.ndarray,
     ``frac_out`` guessed out, the rest abstained, fractions from
     :data:`GUESS_FRACTIONS`) is the one giving the largest pure-DP bound on
     the ``select`` clients' canaries; it is then applied once to the
-    evaluation canaries.
+    evaluation canaries. ``balance=False`` (coin-flipped canaries) keeps every
+    labelled pair instead (:func:`coin_canaries`).
     """
     rng = np.random.default_rng(seed)
-    s_sel, y_sel = balanced_pairs(scores, labels, select, rng)
-    s_ev, y_ev = balanced_pairs(scores, labels, evaluate, rng)
+    if balance:
+        s_sel, y_sel = balanced_pairs(scores, labels, select, rng)
+        s_ev, y_ev = balanced_pairs(scores, labels, evaluate, rng)
+    else:
+        s_sel, y_sel = coin_canaries(scores, labels, select)
+        s_ev, y_ev = coin_canaries(scores, labels, evaluate)
     if s_sel.size == 0 or s_ev.size == 0:
         return OneRunAudit(0.0, int(s_ev.size), 0, 0, 0.0, 0.0)
     best = (-1.0, 0.0, 0.0)

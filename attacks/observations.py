@@ -18,11 +18,13 @@ On disk, inside a run directory::
     run_dir/observations/round_0007.npz       one Observation, or
     run_dir/observations/round_0007_part_0002.npz   when a round is written in client chunks
 
-An observation file holds ``sent`` (float32, or float16 to halve the space)
-and ``delta = upload - sent`` computed from the original arrays (float32 or
-float16): the delta is what the attacks use, and storing it directly keeps it
-as exact as its dtype even when ``sent`` is stored lossily. Untouched rows
-(delta exactly 0) stay exactly unchanged through the round trip. On loading,
+An observation file holds ``sent`` (float32, or float16 to halve the space;
+stored once as ``sent_shared`` when every client of the file was sent the same
+table, as under FedAvg) and ``delta = upload - sent`` computed from the
+original arrays (float32 or float16): the delta is what the attacks use, and
+storing it directly keeps it as exact as its dtype even when ``sent`` is
+stored lossily. Untouched rows (delta exactly 0) stay exactly unchanged
+through the round trip. On loading,
 ``upload = sent + delta`` in float32. Every file is written atomically
 (:mod:`attacks._atomic`).
 """
@@ -178,30 +180,60 @@ def save_observation(run_dir: str | Path, obs: Observation, *, part: int | None 
         "round": np.array(obs.round, dtype=np.int64),
         "clients": obs.clients,
         "participated": obs.participated,
-        "sent": obs.sent.astype(_STORE_DTYPES[sent_dtype]),
         "delta": delta.astype(_STORE_DTYPES[delta_dtype]),
     }
-    if not np.isfinite(arrays["delta"]).all() or not np.isfinite(arrays["sent"]).all():
+    if obs.n_clients > 1 and _all_equal(obs.sent):
+        # one shared table (FedAvg-style methods send every client the same): store it once
+        arrays["sent_shared"] = obs.sent[0].astype(_STORE_DTYPES[sent_dtype])
+    else:
+        arrays["sent"] = obs.sent.astype(_STORE_DTYPES[sent_dtype])
+    stored_sent = arrays.get("sent", arrays.get("sent_shared"))
+    if not np.isfinite(arrays["delta"]).all() or not np.isfinite(stored_sent).all():
         raise ValueError(f"round {obs.round}: values overflow {sent_dtype}/{delta_dtype}")
     path = Path(run_dir) / OBS_DIR / round_name(obs.round, part)
     return write_npz(path, arrays, compress=compress)
 
 
+def _all_equal(sent: np.ndarray) -> bool:
+    """Whether every client's sent table is the same (checked client by client)."""
+    first = sent[0]
+    return all(np.array_equal(first, sent[j]) for j in range(1, sent.shape[0]))
+
+
 def _observation_from(path: Path) -> Observation:
-    z = load_npz(path, ("round", "clients", "participated", "sent", "delta"))
-    sent = z["sent"].astype(np.float32)
-    upload = sent + z["delta"].astype(np.float32)
+    z = load_npz(path, ("round", "clients", "participated", "delta"))
+    delta = z["delta"].astype(np.float32)
+    if "sent_shared" in z:
+        # a read-only broadcast view: the shared table is not copied once per client
+        sent = np.broadcast_to(z["sent_shared"].astype(np.float32), delta.shape)
+    elif "sent" in z:
+        sent = z["sent"].astype(np.float32)
+    else:
+        raise UserError(f"{path}: malformed file, missing sent")
+    upload = sent + delta
     try:
         return Observation(int(z["round"]), z["clients"], sent, upload, z["participated"])
     except ValueError as e:
         raise UserError(f"{path}: {e}") from e
 
 
+def _shared_table(sent: np.ndarray) -> np.ndarray | None:
+    """The one (m, d) table behind a broadcast (k, m, d) view, else None."""
+    return sent[0] if sent.ndim == 3 and sent.strides[0] == 0 else None
+
+
 def _concat_observations(obs: list[Observation]) -> Observation:
     if len(obs) == 1:
         return obs[0]
+    shared = [_shared_table(o.sent) for o in obs]
+    first = shared[0]
+    if first is not None and all(t is not None and np.array_equal(first, t) for t in shared):
+        k = sum(o.n_clients for o in obs)
+        sent = np.broadcast_to(first, (k, *first.shape))
+    else:
+        sent = np.concatenate([o.sent for o in obs])
     return Observation(obs[0].round, np.concatenate([o.clients for o in obs]),
-                       np.concatenate([o.sent for o in obs]),
+                       sent,
                        np.concatenate([o.upload for o in obs]),
                        np.concatenate([o.participated for o in obs]))
 

@@ -25,11 +25,13 @@ part) are dropped. Metrics, with the keys :func:`score_attack` returns:
 - ``eps_lb_cp``, ``eps_lb_one_run``: the empirical epsilon lower bounds of
   :mod:`attacks.audit` (read its assumptions). Clients are halved by a seeded
   permutation: thresholds / guess rules are chosen on one half, the bounds
-  computed on the other. ``audit_assumptions_met`` echoes the caller's
-  ``randomized_membership``: only when membership was decided by independent
-  fair coins (canary items) are the two figures certified lower bounds; with
-  natural training data they are estimates and an audit must not treat them
-  as proof of a privacy bug.
+  computed on the other (with ``randomized_membership``: every labelled pair
+  is a canary, without per-client balancing, and when each client holds one
+  canary that canary is its Clopper-Pearson trial). ``audit_assumptions_met``
+  echoes the caller's ``randomized_membership``: only when membership was
+  decided by independent fair coins (canary items) are the two figures
+  certified lower bounds; with natural training data they are estimates and an
+  audit must not treat them as proof of a privacy bug.
 """
 
 from __future__ import annotations
@@ -162,9 +164,12 @@ def score_attack(scores: np.ndarray, labels: np.ndarray, *, relation: Relation,
     per_client = [auc_rank(*_pooled(sr, yr)) for sr, yr in zip(scores, labels, strict=True)]
     per_client = [a for a in per_client if not math.isnan(a)]
     select, evaluate = split_clients(scores.shape[0], seed)
-    cp = cp_audit(scores, labels, select, evaluate, confidence=confidence, delta=delta, seed=seed)
+    # coin-flipped canaries: one per client is a trial as it stands; pairs need no balancing
+    one_each = bool(randomized_membership) and bool(((~np.isnan(labels)).sum(axis=1) <= 1).all())
+    cp = cp_audit(scores, labels, select, evaluate, confidence=confidence, delta=delta, seed=seed,
+                  coin_per_client=not one_each)
     one = one_run_audit(scores, labels, select, evaluate, confidence=confidence, delta=delta,
-                        seed=seed)
+                        seed=seed, balance=not randomized_membership)
     out: dict[str, Any] = {
         "relation": relation,
         "n_clients": int(scores.shape[0]),
@@ -185,5 +190,35 @@ def score_attack(scores: np.ndarray, labels: np.ndarray, *, relation: Relation,
                       "fp": cp.fp, "n_neg": cp.n_neg},
         "one_run_detail": {"m": one.m, "r": one.r, "v": one.v, "frac_in": one.frac_in,
                            "frac_out": one.frac_out},
+    }
+    return _json_ready(out)
+
+
+def score_attribute(prob: np.ndarray, truth: np.ndarray, known_values: np.ndarray
+                    ) -> dict[str, Any]:
+    """Attribute inference metrics on the evaluated (not known) clients, JSON-ready.
+
+    ``prob``: predicted P(attribute = 1) per evaluated client; ``truth``: their
+    0/1 attribute; ``known_values``: the attribute of the clients the attacker
+    knew (for the majority-class baseline it could reach without any upload).
+    ``auc`` (0.5 = chance), ``balanced_accuracy`` at threshold 0.5 (0.5 =
+    chance), ``accuracy`` against ``majority_baseline`` (the evaluated
+    clients' share of the class that is the majority among the known ones).
+    """
+    p = np.asarray(prob, dtype=np.float64)
+    y = np.asarray(truth, dtype=np.int64)
+    if p.shape != y.shape or np.isnan(p).any():
+        raise ValueError("prob must be finite with one value per evaluated client")
+    pred = (p >= 0.5).astype(np.int64)
+    rates = [float((pred[y == c] == c).mean()) for c in (0, 1) if (y == c).any()]
+    known = np.asarray(known_values, dtype=np.int64)
+    majority = int(known.mean() >= 0.5) if known.size else int(y.mean() >= 0.5)
+    out = {
+        "n_eval": int(y.size),
+        "positive_rate": float(y.mean()) if y.size else math.nan,
+        "auc": auc(y, p),
+        "balanced_accuracy": float(np.mean(rates)) if len(rates) == 2 else math.nan,
+        "accuracy": float((pred == y).mean()) if y.size else math.nan,
+        "majority_baseline": float((y == majority).mean()) if y.size else math.nan,
     }
     return _json_ready(out)

@@ -1,0 +1,292 @@
+"""The ``imia`` attack: interaction-level membership inference by shadow retraining.
+
+After Yuan, Yang, Nguyen, Cui, He and Yin, "Interaction-level Membership
+Inference Attack Against Federated Recommender Systems", WWW 2023. The
+honest-but-curious server knows what it sent client u (Q_sent), what u
+uploaded, and the training recipe (learning rate, local epochs, batch size,
+negatives ratio N, the optimiser, the BCE loss on sigmoid(p . q)); it does not
+know u's positives, its sampled negatives, or its user vector p_u. It guesses
+the labels, retrains a shadow copy of u's local training from Q_sent under
+those guesses, keeps the guesses whose simulated item rows land closest to the
+uploaded ones, and iterates.
+
+Here, for each recorded client (vectorised over chunks of clients):
+
+1. Trained rows: the rows the upload changed (exactly the trained rows when
+   only trained rows move). When every row changed (noise on every entry, or
+   FedEM's merge with the private local table), the rows whose change is a
+   robust outlier (norm above median + ``outlier_mads`` MADs), at least
+   1 + N rows. Candidates T: the trained rows; when every row changed and
+   ``scope="all"`` (default), every row (the trained ones cannot be told
+   apart, and under FedEM the merge shift makes the largest changes the
+   untrained rows); ``scope="outliers"`` keeps the outliers only.
+2. Expected positives K: a client with n positives samples N n negatives
+   with replacement from the m - n other items, touching on average
+   t(n) = n + (m - n)(1 - exp(-N n / (m - n))) distinct rows; K solves
+   t(K) = (number of trained rows) by bisection. Epoch size K (1 + N) gives
+   the number of batches.
+3. Shadow training (each restart): a guessed user vector p' ~ N(0, s^2)
+   (s = the public init std) and K guessed positives drawn at random. Every
+   candidate row is simulated twice in parallel, once labelled 1 and once
+   labelled 0, with Adam (fresh state, as the clients use), E epochs,
+   ceil(K (1 + N) / B) batches per epoch in the attacker's own random order;
+   p' is trained on the guessed labels only, so both copies of a row see the
+   same p' trajectory (one row barely moves p').
+4. Comparison: for each row, which simulated outcome is closer to the upload.
+   Score z_i = <D_i, S1_i - S0_i> / ||S1_i - S0_i|| with D = upload - sent and
+   S_y = the simulated row under label y minus its sent value: the
+   log-likelihood ratio "label 1 vs 0" under isotropic Gaussian noise,
+   without its item-dependent offset (||S1||^2 - ||S0||^2) / 2. Dropping the
+   offset means that, when the upload is pure noise, every item's score has
+   the same distribution, so no item prior hidden in the sent table (e.g.
+   popularity) passes for membership (see :mod:`attacks.audit`).
+5. Keep the K highest-scoring rows as the new guessed positives and repeat
+   (``iterations`` times, or until the guesses stop changing).
+6. Restarts: label flips (p' ~ -p_u with negatives guessed as positives) are
+   also fixed points, so ``restarts`` random starts are run and, per client,
+   the one whose simulated upload (rows under the final guesses) has the
+   largest cosine with the observed delta is kept.
+
+Scores: z on the candidate rows, divided by the client's root mean square of z
+over T; rows outside T rank below every candidate of every client, ordered by
+their change norm within a band common to all clients. NaN rows for clients
+that did not take part. The attack simulates from Q_sent: FedEM clients start
+from a private merged table instead, which this shadow does not model, so the
+attack is weaker there by construction.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from .base import blank_nonparticipants
+from .observations import Observation, PublicKnowledge
+
+BETAS = (0.9, 0.999)
+ADAM_EPS = 1e-8
+
+
+def candidate_rows(norms: np.ndarray, min_rows: int, *, atol: float = 0.0,
+                   outlier_mads: float = 6.0) -> np.ndarray:
+    """(k, m) bool: the rows each client trained on, as far as the upload shows.
+
+    Exactly the changed rows when some rows are unchanged; otherwise the
+    robust outliers of the change norms (at least ``min_rows`` rows).
+    """
+    changed = norms > atol
+    out = changed.copy()
+    for j in np.flatnonzero(changed.all(axis=1)):
+        row = norms[j]
+        med = np.median(row)
+        mad = 1.4826 * np.median(np.abs(row - med))
+        pick = row > med + outlier_mads * mad
+        if pick.sum() < min_rows:
+            pick = np.zeros_like(pick)
+            pick[np.argsort(-row, kind="stable")[:min_rows]] = True
+        out[j] = pick
+    return out
+
+
+def expected_positives(touched: np.ndarray, n_items: int, num_negatives: int) -> np.ndarray:
+    """Positives K with t(K) = touched, t(n) = n + (m - n)(1 - exp(-N n / (m - n)))."""
+    t = np.asarray(touched, dtype=np.float64)
+    if num_negatives == 0:
+        return np.maximum(1, np.rint(t)).astype(np.int64)
+
+    def distinct(n: np.ndarray) -> np.ndarray:
+        rest = np.maximum(n_items - n, 1.0)
+        return n + rest * (1.0 - np.exp(-num_negatives * n / rest))
+
+    lo, hi = np.zeros_like(t), t.copy()
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        below = distinct(mid) < t
+        lo = np.where(below, mid, lo)
+        hi = np.where(below, hi, mid)
+    return np.clip(np.rint(hi), 1, np.maximum(t, 1)).astype(np.int64)
+
+
+def _batch_plan(valid: torch.Tensor, nb: torch.Tensor, epochs: int,
+                gen: torch.Generator) -> torch.Tensor:
+    """(c, E, R) batch index of every candidate slot in every epoch (-1 for padding)."""
+    c, r = valid.shape
+    size = valid.sum(1).clamp(min=1)
+    out = torch.full((c, epochs, r), -1, dtype=torch.long)
+    for e in range(epochs):
+        keys = torch.rand((c, r), generator=gen).masked_fill(~valid, 2.0)
+        rank = torch.argsort(torch.argsort(keys, dim=1), dim=1)
+        batch = torch.div(rank * nb[:, None], size[:, None], rounding_mode="floor")
+        out[:, e] = torch.where(valid, batch, torch.full_like(batch, -1))
+    return out
+
+
+def _shadow(sent: torch.Tensor, valid: torch.Tensor, guess: torch.Tensor, p0: torch.Tensor,
+            k_pos: torch.Tensor, public: PublicKnowledge, gen: torch.Generator
+            ) -> torch.Tensor:
+    """Simulated deltas (c, 2, R, d) of every candidate row under labels 0 and 1.
+
+    Clients must come sorted by ``k_pos`` descending, so that the clients still
+    training at any step are a prefix (as in the simulator's lock-step loop).
+    """
+    c, r, d = sent.shape
+    n_neg = public.num_negatives
+    epochs, lr = public.local_epochs, float(public.lr)
+    per_epoch = k_pos * (1 + n_neg)
+    nb = torch.div(per_epoch + public.batch_size - 1, public.batch_size,
+                   rounding_mode="floor").clamp(min=1)
+    steps = (epochs * nb).numpy()
+    if np.any(np.diff(steps) > 0):
+        raise ValueError("clients must be sorted by expected positives, descending")
+    plan = _batch_plan(valid, nb, epochs, gen)
+    weight = (per_epoch.double() / valid.sum(1).clamp(min=1).double()).float()
+    q = sent.float()[:, None].expand(c, 2, r, d).contiguous()
+    mq, vq, gq = torch.zeros_like(q), torch.zeros_like(q), torch.zeros_like(q)
+    p = p0.float().contiguous()
+    mp, vp, gp = torch.zeros_like(p), torch.zeros_like(p), torch.zeros_like(p)
+    labels = torch.tensor([0.0, 1.0])[None, :, None]
+    g1 = guess.float()
+    choose = torch.stack([1.0 - g1, g1], dim=1)  # (c, 2, R): the copy p' trains on
+    b1, b2 = BETAS
+    for s in range(int(steps[0])):
+        a = int((steps > s).sum())  # clients still training: a prefix
+        qa, pa = q[:a], p[:a]
+        epoch = torch.div(s, nb[:a], rounding_mode="floor")
+        mask = (plan[torch.arange(a), epoch] == (s % nb[:a])[:, None]).float()
+        count = (mask.sum(1) * weight[:a]).clamp(min=1.0)
+        logits = torch.bmm(qa.view(a, 2 * r, d), pa[:, :, None]).view(a, 2, r)
+        err = (torch.sigmoid(logits) - labels) * (mask / count[:, None])[:, None]
+        torch.mul(err[..., None], pa[:, None, None, :], out=gq[:a])
+        gp[:a] = torch.bmm((err * choose[:a]).view(a, 1, 2 * r), qa.view(a, 2 * r, d))[:, 0]
+        step = torch.tensor(float(s + 1))
+        torch._fused_adam_([qa, pa], [gq[:a], gp[:a]], [mq[:a], mp[:a]], [vq[:a], vp[:a]], [],
+                           [step, step.clone()], lr=lr, beta1=b1, beta2=b2, weight_decay=0.0,
+                           eps=ADAM_EPS, amsgrad=False, maximize=False)
+    return (q - sent.float()[:, None]).double()
+
+
+def _scores(delta: torch.Tensor, sim: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """(c, R) z_i = <D_i, S1_i - S0_i> / ||S1_i - S0_i|| (0 on padding)."""
+    diff = sim[:, 1] - sim[:, 0]
+    norm = torch.linalg.vector_norm(diff, dim=2)
+    z = (delta * diff).sum(2) / torch.where(norm > 0, norm, torch.ones_like(norm))
+    return z.masked_fill(~valid, 0.0)
+
+
+def _top_k(z: torch.Tensor, valid: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+    """(c, R) bool: the k highest-scoring valid slots of each client."""
+    order = torch.argsort(z.masked_fill(~valid, -math.inf), dim=1, descending=True,
+                          stable=True)
+    rank = torch.argsort(order, dim=1)
+    return (rank < k_pos[:, None]) & valid
+
+
+def _fit(delta: torch.Tensor, sim: torch.Tensor, guess: torch.Tensor) -> torch.Tensor:
+    """(c,) cosine between the observed delta and the simulated one under the guesses."""
+    c, _, r, d = sim.shape
+    chosen = sim.gather(1, guess.long()[:, None, :, None].expand(c, 1, r, d)).squeeze(1)
+    num = (delta * chosen).sum((1, 2))
+    den = torch.linalg.vector_norm(delta.flatten(1), dim=1) * torch.linalg.vector_norm(
+        chosen.flatten(1), dim=1)
+    return num / torch.where(den > 0, den, torch.ones_like(den))
+
+
+def _attack_chunk(delta: np.ndarray, sent: np.ndarray, cand: np.ndarray, k_pos: np.ndarray,
+                  public: PublicKnowledge, iterations: int, restarts: int, user_std: float,
+                  gen: torch.Generator) -> np.ndarray:
+    """(c, m) raw z scores on candidates (NaN elsewhere) for a chunk of clients."""
+    c, m, d = delta.shape
+    r = int(max(cand.sum(1).max(), 1))
+    idx = np.zeros((c, r), dtype=np.int64)
+    valid_np = np.zeros((c, r), dtype=bool)
+    for j in range(c):
+        rows = np.flatnonzero(cand[j])
+        idx[j, : rows.size] = rows
+        valid_np[j, : rows.size] = True
+    take = np.arange(c)[:, None]
+    dt = torch.from_numpy(delta[take, idx]).double() * torch.from_numpy(valid_np)[..., None]
+    st = torch.from_numpy(sent[take, idx].astype(np.float64))
+    valid = torch.from_numpy(valid_np)
+    kp = torch.from_numpy(np.minimum(k_pos, valid_np.sum(1))).long()
+    best_fit = torch.full((c,), -math.inf, dtype=torch.float64)
+    best_z = torch.zeros((c, r), dtype=torch.float64)
+    for _ in range(restarts):
+        p0 = torch.randn((c, d), generator=gen, dtype=torch.float64) * user_std
+        keys = torch.rand((c, r), generator=gen, dtype=torch.float64)
+        guess = _top_k(keys, valid, kp)
+        z = torch.zeros((c, r), dtype=torch.float64)
+        sim = None
+        for _ in range(max(iterations, 1)):
+            sim = _shadow(st, valid, guess, p0, kp, public, gen)
+            z = _scores(dt, sim, valid)
+            new = _top_k(z, valid, kp)
+            if torch.equal(new, guess):
+                break
+            guess = new
+        assert sim is not None
+        fit = _fit(dt, sim, guess)
+        better = fit > best_fit
+        best_fit = torch.where(better, fit, best_fit)
+        best_z = torch.where(better[:, None], z, best_z)
+    out = np.full((c, m), np.nan)
+    z_np = best_z.numpy()
+    for j in range(c):
+        n = int(valid_np[j].sum())
+        out[j, idx[j, :n]] = z_np[j, :n]
+    return out
+
+
+def imia(obs: Observation, public: PublicKnowledge, *, iterations: int = 5, restarts: int = 3,
+         atol: float = 0.0, outlier_mads: float = 6.0, user_std: float = 0.0, seed: int = 0,
+         chunk: int = 32, scope: str = "all") -> np.ndarray:
+    """(k, m) IMIA scores (see the module docstring); NaN rows for non-participants.
+
+    ``user_std`` is the std of the guessed user vectors (0: the public
+    ``init_std`` if recorded, else 0.1); ``seed`` drives only the attacker's own
+    random choices (initial guesses, p', batch order).
+    """
+    if iterations < 1 or restarts < 1 or chunk < 1:
+        raise ValueError("iterations, restarts and chunk must be >= 1")
+    if atol < 0 or outlier_mads <= 0 or user_std < 0:
+        raise ValueError("need atol >= 0, outlier_mads > 0, user_std >= 0")
+    if scope not in ("all", "outliers"):
+        raise ValueError(f"scope must be 'all' or 'outliers', got {scope!r}")
+    std = user_std or float(public.extra.get("init_std", 0.1))
+    k, m = obs.n_clients, obs.n_items
+    scores = np.zeros((k, m), dtype=np.float64)
+    part = np.flatnonzero(obs.participated)
+    if part.size == 0:
+        return blank_nonparticipants(scores, obs)
+    norms = np.empty((k, m))
+    for start in range(0, k, chunk):
+        stop = min(start + chunk, k)
+        norms[start:stop] = np.linalg.norm(obs.delta(start, stop), axis=2)
+    trained = candidate_rows(norms, 1 + public.num_negatives, atol=atol,
+                             outlier_mads=outlier_mads)
+    k_pos = expected_positives(trained.sum(1), m, public.num_negatives)
+    cand = trained.copy()
+    if scope == "all":
+        cand[(norms > atol).all(axis=1)] = True
+    gen = torch.Generator().manual_seed(int(seed))
+    order = part[np.argsort(-k_pos[part], kind="stable")]  # lock-step needs K descending
+    raw = np.full((k, m), np.nan)
+    for start in range(0, order.size, chunk):
+        rows = order[start: start + chunk]  # most candidates first (prefix lock-step)
+        delta = obs.upload[rows].astype(np.float64) - obs.sent[rows].astype(np.float64)
+        raw[rows] = _attack_chunk(delta, np.asarray(obs.sent[rows]), cand[rows], k_pos[rows],
+                                  public, iterations, restarts, std, gen)
+    for j in part:
+        zc = raw[j, cand[j]]
+        rms = math.sqrt(float(np.mean(zc**2))) if zc.size else 1.0
+        scores[j, cand[j]] = zc / (rms if rms > 0 else 1.0)
+    # rows outside T: below every candidate of every client, on one scale for all clients
+    # (a per-client offset would make pooled scores depend on each client's extremes)
+    on = cand[part]
+    floor = float(scores[part][on].min()) - 1.0 if on.any() else 0.0
+    for j in part:
+        off = norms[j, ~cand[j]]
+        top = float(off.max()) if off.size and off.max() > 0 else 1.0
+        scores[j, ~cand[j]] = floor - 1.0 + 0.5 * off / top
+    return blank_nonparticipants(scores, obs)

@@ -1,0 +1,384 @@
+"""The ``fedem-private attack RUN_DIR`` command: run the attacks, score them, audit the privacy.
+
+For a run directory recorded with ``--record-rounds``:
+
+1. every item-level attack (:data:`attacks.ATTACKS`: ``support``,
+   ``projection``, ``imia``) runs on every recorded round, given only the
+   :class:`~attacks.observations.Observation` and the
+   :class:`~attacks.observations.PublicKnowledge`;
+2. ``attribute`` (where the run recorded demographics) gets in addition the
+   attribute of a seeded ``known_fraction`` of the recorded clients
+   (:class:`~attacks.attribute.KnownAttributes`) and is scored on the others;
+3. only then is the ground truth read, by the scorer: per attack and round,
+   under both membership relations (``positive_vs_any``,
+   ``positive_vs_sampled``), the metrics of :func:`attacks.scoring.score_attack`;
+4. the audit: each record's ``eps_lower_bound`` (the larger of the
+   Clopper-Pearson and one-run bounds over both relations, each bound at
+   level 1 - (1 - 0.95) / 2) is compared with ``eps_accounted``, the
+   per-round epsilon the accountant charged for the one upload the attack
+   saw. A bound above it sets ``audit_ok`` False.
+
+Assumptions, written into ``attacks.json``: the bounds on natural training
+data are NOT certified (membership was not decided by coins; members and
+non-members also differ through public item priors), so a violation there is
+reported as a finding to investigate (``audit_certified`` False), and only
+the ``canary`` record (:mod:`attacks.canary`: coin-flipped canaries through
+the run's own release function and parameters) is a certified audit.
+Modes without a guarantee: ``none`` and ``paper`` have no accounted epsilon
+(``eps_accounted`` None, ``audit_ok`` None: nothing to audit, the leak is
+shown by the attack metrics); ``ldp-touched-rows`` claims a nominal per-round
+epsilon, and is audited against that claim: a bound above it fails the audit
+with the reason stated (the mode is insecure by design: the touched rows
+leak). ``paper`` is compared, for information, with the paper's heuristic
+per-round epsilon (``eps_claimed``), labelled as a heuristic.
+
+The result is written atomically to ``RUN_DIR/attacks.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedem_private.errors import UserError
+
+from . import ATTACKS
+from ._atomic import write_json
+from .attribute import KnownAttributes, attribute
+from .canary import AUDITED_MODES, canary_audit, claimed_epsilon, params_from_log
+from .ground_truth import Demographics, GroundTruth, load_demographics, load_ground_truth
+from .labels import RELATIONS, labels_for
+from .observations import Observation, PublicKnowledge, load_observations, load_public
+from .scoring import score_attack, score_attribute
+
+CLIENT_ATTACKS = ("attribute",)
+MECHANISM_AUDITS = ("canary",)
+KNOWN_ATTACKS: tuple[str, ...] = (*ATTACKS, *CLIENT_ATTACKS, *MECHANISM_AUDITS)
+DEFAULT_ATTACKS: tuple[str, ...] = ("support", "projection", "imia", "attribute", "canary")
+CONFIDENCE = 0.95
+OUTPUT = "attacks.json"
+ATTRIBUTE = "gender"
+ASSUMPTIONS = (
+    "Item-level records: the empirical epsilon lower bounds are computed on natural "
+    "training data, whose membership was not decided by fair coins; they are estimates, "
+    "not certified bounds (audit_certified false), and a violation is a finding to "
+    "investigate. The canary record audits the run's own release function with "
+    "coin-flipped canaries: its bound is certified at the stated confidence. "
+    "eps_accounted is the per-round epsilon charged for the single upload an attack saw."
+)
+
+
+def parse_attacks(text: str) -> tuple[str, ...]:
+    """``"support,imia"`` -> ("support", "imia"); unknown names are a UserError."""
+    names = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    if not names:
+        raise UserError("--attacks: no attack named")
+    unknown = [n for n in names if n not in KNOWN_ATTACKS]
+    if unknown:
+        raise UserError(f"unknown attack {unknown[0]!r}; known: {', '.join(KNOWN_ATTACKS)}")
+    return names
+
+
+# --------------------------------------------------------------------------- privacy context
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (ValueError, OSError) as e:
+        raise UserError(f"{path}: unreadable ({e})") from e
+
+
+def _finite(x: Any) -> float | None:
+    if x is None or isinstance(x, str):
+        return None
+    value = float(x)
+    return value if math.isfinite(value) else None
+
+
+class PrivacyContext:
+    """What the accountant said about the recorded rounds (read from the run directory)."""
+
+    def __init__(self, run_dir: Path, public: PublicKnowledge) -> None:
+        self.mode = public.privacy_mode
+        self.log = dict(public.privacy_params)
+        self.params = None if self.mode in ("none", "paper") else params_from_log(self.log)
+        summary = _read_json(run_dir / "summary.json") or {}
+        ledger = _read_json(run_dir / "privacy_ledger.json") or {}
+        privacy = summary.get("privacy") or {}
+        heuristic = privacy.get("paper_heuristic") or {}
+        self.paper_heuristic = _finite(heuristic.get("epsilon_round_max"))
+        self.cumulative: dict[int, float | None] = {}
+        for entry in ledger.get("log", []):
+            eps = (entry.get("epsilon") or {}).get("reported")
+            self.cumulative[int(entry["round"])] = _finite(eps)
+        self.delta = float(self.log.get("delta") or 0.0) if self.mode == "ldp-gaussian" else 0.0
+
+    @property
+    def accounted(self) -> float | None:
+        """Per-round eps guaranteed for one upload (None: no guarantee)."""
+        if self.params is None or not self.params.guarantee:
+            return None
+        return claimed_epsilon(self.params)
+
+    @property
+    def claimed(self) -> tuple[float | None, str]:
+        """The per-round figure the mode claims, and what it is."""
+        if self.params is not None and self.params.guarantee:
+            return self.accounted, "accounted per-round epsilon"
+        if self.mode == "ldp-touched-rows" and self.params is not None:
+            return claimed_epsilon(self.params), "nominal per-round epsilon (NO guarantee)"
+        if self.mode == "paper":
+            return self.paper_heuristic, "paper's heuristic per-round epsilon (NOT a guarantee)"
+        return None, "no privacy claimed"
+
+
+def _verdict(lower: float | None, ctx: PrivacyContext, certified: bool
+             ) -> tuple[bool | None, str]:
+    """(audit_ok, reason) for one record."""
+    claimed, what = ctx.claimed
+    if claimed is None:
+        return None, f"mode {ctx.mode}: {what}; nothing to audit (see the attack metrics)"
+    if lower is None:
+        return None, "no lower bound"
+    if lower <= claimed:
+        return True, f"lower bound {lower:.3g} <= {what} {claimed:.3g}"
+    kind = "certified (coin-flipped canaries)" if certified else \
+        "NOT certified (natural membership): investigate"
+    if ctx.mode == "ldp-touched-rows":
+        return False, (f"lower bound {lower:.3g} > {what} {claimed:.3g}, {kind}; "
+                       "ldp-touched-rows is insecure: the touched rows leak")
+    return False, f"lower bound {lower:.3g} > {what} {claimed:.3g}, {kind}"
+
+
+def _lower_bound(metrics: dict[str, dict[str, Any]]) -> tuple[float | None, str | None]:
+    best, source = None, None
+    for relation, m in metrics.items():
+        for key in ("eps_lb_cp", "eps_lb_one_run"):
+            value = m.get(key)
+            if value is not None and (best is None or value > best):
+                best, source = float(value), f"{relation}/{key}"
+    return best, source
+
+
+# --------------------------------------------------------------------------- the attacks
+
+def known_attributes(demo: Demographics, name: str, clients: np.ndarray, fraction: float,
+                     seed: int) -> tuple[KnownAttributes, np.ndarray]:
+    """(the side knowledge, the clients to score): a seeded split of ``clients`` with a value."""
+    values = dict(zip(demo.clients.tolist(), np.asarray(demo.attributes[name]).tolist(),
+                      strict=True))
+    have = np.array([c for c in clients.tolist()
+                     if c in values and np.isfinite(values[c]) and values[c] in (0, 1)],
+                    dtype=np.int64)
+    perm = np.random.default_rng(seed).permutation(have.size)
+    n_known = int(round(fraction * have.size))
+    known = np.sort(have[perm[:n_known]])
+    evaluate = np.sort(have[perm[n_known:]])
+    return (KnownAttributes(name, known, np.array([int(values[c]) for c in known.tolist()])),
+            evaluate)
+
+
+def _item_record(name: str, obs: Observation, public: PublicKnowledge, gt: GroundTruth,
+                 ctx: PrivacyContext, seed: int) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    scores = ATTACKS[name](obs, public)
+    seconds = time.perf_counter() - t0
+    level = 1.0 - (1.0 - CONFIDENCE) / 2.0  # two bounds, one figure: Bonferroni
+    metrics = {rel: score_attack(scores, labels_for(obs, gt, rel), relation=rel,  # type: ignore[arg-type]
+                                 confidence=level, delta=ctx.delta, seed=seed,
+                                 randomized_membership=False)
+               for rel in RELATIONS}
+    lower, source = _lower_bound(metrics)
+    ok, reason = _verdict(lower, ctx, certified=False)
+    return {"attack": name, "round": obs.round, "seconds": seconds,
+            "n_clients": int(obs.participated.sum()), "relations": metrics,
+            "eps_lower_bound": lower, "eps_lower_bound_source": source,
+            "eps_accounted": ctx.accounted, "eps_claimed": ctx.claimed[0],
+            "eps_accounted_cumulative": ctx.cumulative.get(obs.round),
+            "audit_ok": ok, "audit_certified": False, "audit_reason": reason}
+
+
+def _attribute_record(obs: Observation, public: PublicKnowledge, demo: Demographics | None,
+                      fraction: float, seed: int) -> dict[str, Any]:
+    base: dict[str, Any] = {"attack": "attribute", "round": obs.round, "attribute": ATTRIBUTE,
+                            "eps_lower_bound": None, "eps_accounted": None, "eps_claimed": None,
+                            "audit_ok": None, "audit_certified": False,
+                            "audit_reason": "attribute inference is not a membership test"}
+    if demo is None or ATTRIBUTE not in demo.attributes:
+        base.update({"skipped": f"the run recorded no {ATTRIBUTE}", "seconds": 0.0})
+        return base
+    part = obs.clients[obs.participated]
+    known, evaluate = known_attributes(demo, ATTRIBUTE, part, fraction, seed)
+    t0 = time.perf_counter()
+    prob = attribute(obs, public, known, seed=seed)
+    seconds = time.perf_counter() - t0
+    pos = {int(c): j for j, c in enumerate(obs.clients)}
+    truth = dict(zip(demo.clients.tolist(), np.asarray(demo.attributes[ATTRIBUTE]).tolist(),
+                     strict=True))
+    rows = np.array([pos[int(c)] for c in evaluate], dtype=np.int64)
+    y = np.array([int(truth[int(c)]) for c in evaluate], dtype=np.int64)
+    metrics = score_attribute(prob[rows], y, known.values)
+    base.update({"seconds": seconds, "known_fraction": fraction, "n_known": int(known.clients.size),
+                 **metrics})
+    return base
+
+
+def _canary_record(ctx: PrivacyContext, seed: int) -> dict[str, Any]:
+    base: dict[str, Any] = {"attack": "canary", "round": None, "audit_certified": True}
+    if ctx.params is None or ctx.mode not in AUDITED_MODES:
+        base.update({"skipped": f"no canary design for mode {ctx.mode}", "seconds": 0.0,
+                     "eps_lower_bound": None, "eps_accounted": None, "eps_claimed": None,
+                     "audit_ok": None, "audit_reason": "not audited"})
+        return base
+    t0 = time.perf_counter()
+    out = canary_audit(ctx.params, seed=seed)
+    lower = out["eps_lower_bound"]
+    ok, reason = _verdict(lower, ctx, certified=True)
+    base.update({"seconds": time.perf_counter() - t0, "relations": {"canary": out},
+                 "eps_lower_bound": lower, "eps_accounted": ctx.accounted,
+                 "eps_claimed": ctx.claimed[0], "audit_ok": ok, "audit_reason": reason})
+    return base
+
+
+def run_attacks(run_dir: str | Path, names: Sequence[str] = DEFAULT_ATTACKS, *, seed: int = 0,
+                known_fraction: float = 0.5, rounds: Sequence[int] | None = None,
+                write: bool = True) -> dict[str, Any]:
+    """Run, score and audit ``names`` on a recorded run; returns (and writes) the report.
+
+    ``rounds``: only these recorded rounds (default: all).
+    """
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise UserError(f"run directory not found: {path}")
+    names = parse_attacks(",".join(names))
+    if not 0.0 < known_fraction < 1.0:
+        raise UserError(f"--known-fraction must be in (0, 1), got {known_fraction}")
+    public = load_public(path)
+    observations = load_observations(path, rounds)
+    if not observations:
+        wanted = "" if rounds is None else f" for rounds {', '.join(map(str, rounds))}"
+        raise UserError(f"{path}: no recorded observations{wanted} (run with --record-rounds)")
+    ctx = PrivacyContext(path, public)
+    t0 = time.perf_counter()
+    records: list[dict[str, Any]] = []
+    needs_truth = any(n in ATTACKS for n in names)
+    recorded = [o.round for o in observations]
+    truth = {g.round: g for g in load_ground_truth(path, recorded)} if needs_truth else {}
+    demo = load_demographics(path) if "attribute" in names else None
+    for obs in observations:
+        for name in names:
+            if name in ATTACKS:
+                if obs.round not in truth:
+                    raise UserError(f"{path}: no ground truth for round {obs.round}")
+                records.append(_item_record(name, obs, public, truth[obs.round], ctx, seed))
+            elif name == "attribute":
+                records.append(_attribute_record(obs, public, demo, known_fraction, seed))
+    if "canary" in names:
+        records.append(_canary_record(ctx, seed))
+    verdicts = [r["audit_ok"] for r in records if r.get("audit_ok") is not None]
+    report: dict[str, Any] = {
+        "run_dir": str(path),
+        "privacy_mode": ctx.mode,
+        "eps_accounted_per_round": ctx.accounted,
+        "eps_claimed_per_round": ctx.claimed[0],
+        "eps_claimed_is": ctx.claimed[1],
+        "assumptions": ASSUMPTIONS,
+        "confidence": CONFIDENCE,
+        "seed": seed,
+        "attacks": list(names),
+        "rounds": recorded,
+        "audit_ok": (all(verdicts) if verdicts else None),
+        "audit_failures": [f"{r['attack']} round {r['round']}: {r['audit_reason']}"
+                           for r in records if r.get("audit_ok") is False],
+        "seconds_total": time.perf_counter() - t0,
+        "records": records,
+    }
+    report = _json_ready(report)
+    if write:
+        report["path"] = str(write_json(path / OUTPUT, report))
+    else:
+        report["path"] = None
+    return report
+
+
+def _json_ready(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _json_ready(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_ready(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, np.generic):
+        return _json_ready(value.item())
+    return value
+
+
+# --------------------------------------------------------------------------- the table
+
+def _fmt(x: Any, digits: int = 3) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, bool):
+        return "ok" if x else "FAIL"
+    if isinstance(x, float):
+        return f"{x:.{digits}f}"
+    return str(x)
+
+
+def table_rows(report: dict[str, Any]) -> list[dict[str, str]]:
+    """One row per (attack, round, relation), as display strings."""
+    rows = []
+    for r in report["records"]:
+        audit = _fmt(r.get("audit_ok"))
+        common = {"attack": r["attack"], "round": _fmt(r.get("round")),
+                  "eps_lb": _fmt(r.get("eps_lower_bound")),
+                  "eps_acc": _fmt(r.get("eps_accounted")), "audit": audit,
+                  "sec": _fmt(r.get("seconds"), 1)}
+        if r["attack"] == "attribute":
+            rows.append({**common, "relation": r.get("attribute", "-"),
+                         "auc": _fmt(r.get("auc")), "tpr1": "-", "tpr01": "-",
+                         "f1": _fmt(r.get("balanced_accuracy")),
+                         "base": _fmt(r.get("majority_baseline")), "adv": "-"})
+            continue
+        for rel, m in (r.get("relations") or {}).items():
+            rows.append({**common, "relation": rel, "auc": _fmt(m.get("auc")),
+                         "tpr1": _fmt(m.get("tpr@1%fpr")), "tpr01": _fmt(m.get("tpr@0.1%fpr")),
+                         "f1": _fmt(m.get("f1")), "base": _fmt(m.get("f1_random_baseline")),
+                         "adv": _fmt(m.get("advantage"))})
+        if not r.get("relations"):
+            rows.append({**common, "relation": r.get("skipped", "-"), "auc": "-", "tpr1": "-",
+                         "tpr01": "-", "f1": "-", "base": "-", "adv": "-"})
+    return rows
+
+
+COLUMNS = [("attack", "attack"), ("round", "round"), ("relation", "relation"), ("auc", "AUC"),
+           ("tpr1", "TPR@1%"), ("tpr01", "TPR@0.1%"), ("f1", "F1/bacc"), ("base", "baseline"),
+           ("adv", "adv"), ("eps_lb", "eps_lb"), ("eps_acc", "eps_acc"), ("audit", "audit"),
+           ("sec", "sec")]
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """A plain-text table of the report, with the audit verdict underneath."""
+    rows = table_rows(report)
+    widths = {k: max(len(h), *(len(r[k]) for r in rows)) if rows else len(h) for k, h in COLUMNS}
+    lines = ["  ".join(h.ljust(widths[k]) for k, h in COLUMNS)]
+    lines += ["  ".join(r[k].ljust(widths[k]) for k, _ in COLUMNS) for r in rows]
+    verdict = report["audit_ok"]
+    if verdict is None:
+        lines.append(f"audit: nothing to audit (privacy mode {report['privacy_mode']})")
+    elif verdict:
+        lines.append("audit: ok (no lower bound above the claimed per-round epsilon)")
+    else:
+        lines.append("audit: FAILED")
+        lines += [f"  {f}" for f in report["audit_failures"]]
+    lines.append("attribute rows: F1/bacc = balanced accuracy, baseline = majority rate; "
+                 "bounds on natural data are not certified (see attacks.json 'assumptions')")
+    return "\n".join(lines)

@@ -1,0 +1,193 @@
+"""Record what an honest-but-curious server saw, for the attacks (DESIGN.md, section 6).
+
+``fedem-private run ... --record-rounds 1,50,last --record-clients N`` attaches a
+:class:`Recorder` to the simulation. In each recorded round it stores, for the
+recorded clients, into the run directory:
+
+- ``observations/round_XXXX_part_YYYY.npz``: what the server saw: the table it
+  sent each client, the upload, and participation (one part per simulation
+  chunk; see :mod:`attacks.observations`). Tables are stored in float32 (float16
+  overflows once Laplace noise at small eps exceeds 65504): the
+  delta ``upload - sent`` is computed in float64 before the cast, untouched
+  rows stay exactly zero, and a table sent identically to every client of a
+  part (FedAvg) is stored once;
+- ``observations/public.json``: the public hyper-parameters (learning rate,
+  epochs, batch size, negatives ratio, method, the privacy mode's public
+  parameters; never the seed, which would let the server regenerate the
+  noise);
+- ``ground_truth/round_XXXX_part_YYYY.npz``: the clients' training positives and
+  the negatives they sampled that round, and ``ground_truth/demographics.npz``
+  (e.g. gender, where the dataset has it). Only the scorer reads these.
+
+Which clients: the first N client ids of the split (ids ``0 .. N-1`` of the
+re-indexed users that survived the split), a deterministic choice that does
+not depend on the data, the seed or chunking. ``"last"`` is the run's final
+round. A recorded client that does not take part in a recorded round (client
+fraction below 1) gets a row with ``participated`` False and zero tables.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from attacks.ground_truth import save_demographics, save_ground_truth
+from attacks.observations import Observation, PublicKnowledge, save_observation, save_public
+
+from .errors import UserError
+from .simulation import ChunkView, Simulation
+
+STORE_DTYPE = "float32"
+SELECTION_RULE = "first N client ids of the split (0 .. N-1)"
+
+
+@dataclass(frozen=True)
+class RecordSpec:
+    """Which rounds (ints, or "last") and how many clients to record."""
+
+    rounds: tuple[int | str, ...]
+    clients: int
+
+    def __post_init__(self) -> None:
+        if not self.rounds:
+            raise UserError("--record-rounds needs at least one round")
+        for r in self.rounds:
+            if r != "last" and not (isinstance(r, int) and r >= 1):
+                raise UserError(f"--record-rounds: rounds are integers >= 1 or 'last', got {r!r}")
+        if not isinstance(self.clients, int) or self.clients < 1:
+            raise UserError(f"--record-clients must be a positive integer, got {self.clients!r}")
+
+    @classmethod
+    def parse(cls, rounds: str, clients: int | None) -> RecordSpec:
+        """From the command line: ``"1,50,last"`` and N (default 100)."""
+        items: list[int | str] = []
+        for part in str(rounds).split(","):
+            text = part.strip().lower()
+            if not text:
+                continue
+            if text == "last":
+                items.append("last")
+                continue
+            try:
+                items.append(int(text))
+            except ValueError:
+                raise UserError(f"--record-rounds: not a round number: {part.strip()!r}") from None
+        return cls(tuple(items), 100 if clients is None else int(clients))
+
+    def resolve(self, total_rounds: int) -> tuple[int, ...]:
+        """The recorded round numbers for a run of ``total_rounds`` rounds, sorted."""
+        out = set()
+        for r in self.rounds:
+            value = total_rounds if r == "last" else int(r)
+            if value > total_rounds:
+                raise UserError(f"--record-rounds: round {value} is beyond the run's "
+                                f"{total_rounds} rounds")
+            out.add(value)
+        return tuple(sorted(out))
+
+
+def public_knowledge(sim: Simulation, rounds: Sequence[int], clients: np.ndarray
+                     ) -> PublicKnowledge:
+    """What the server knows about the training (section 5 threat model); no seed."""
+    cfg = sim.cfg
+    tr, fed = cfg.train, cfg.federation
+    return PublicKnowledge(
+        n_clients=sim.split.n_users, n_items=sim.split.n_items, dim=tr.dim, lr=tr.lr,
+        local_epochs=tr.local_epochs, batch_size=tr.batch_size,
+        num_negatives=tr.num_negatives, method=fed.method,
+        privacy_mode=cfg.privacy.mode, privacy_params=sim.privacy.params.as_log(),
+        backbone="mf", optimizer="adam", protocol=cfg.data.protocol,
+        extra={
+            "dataset": sim.dataset_name,
+            "aggregation": fed.resolved_aggregation,
+            "merge": fed.resolved_merge,
+            "rounds": tr.rounds,
+            "init_std": tr.init_std,
+            "client_fraction": tr.client_fraction,
+            "recorded_rounds": [int(r) for r in rounds],
+            "recorded_clients": int(clients.shape[0]),
+            "recorded_client_rule": SELECTION_RULE,
+        },
+    )
+
+
+class Recorder:
+    """A simulation observer that writes the recorded rounds' observations and truth."""
+
+    def __init__(self, sim: Simulation, run_dir: str | Path, spec: RecordSpec) -> None:
+        self.sim = sim
+        self.run_dir = Path(run_dir)
+        self.rounds = frozenset(spec.resolve(sim.cfg.train.rounds))
+        n = sim.split.n_users
+        self.clients = np.arange(min(spec.clients, n), dtype=np.int64)
+        self.selected = np.zeros(n, dtype=bool)
+        self.selected[self.clients] = True
+        self._parts: dict[int, int] = defaultdict(int)
+        self._started: set[int] = set()
+
+    def write_static(self) -> None:
+        """public.json and the demographics of the recorded clients."""
+        save_public(self.run_dir, public_knowledge(self.sim, sorted(self.rounds), self.clients))
+        demo = {name: np.asarray(values)[self.clients]
+                for name, values in self.sim.demographics.items()}
+        if demo:
+            save_demographics(self.run_dir, self.clients, demo)
+
+    def _next_part(self, round_: int) -> int:
+        part = self._parts[round_]
+        self._parts[round_] += 1
+        return part
+
+    def _record_absent(self, round_: int) -> None:
+        """Rows for recorded clients that do not take part in ``round_``."""
+        taking_part = np.zeros(self.sim.split.n_users, dtype=bool)
+        taking_part[self.sim.participants(round_)] = True
+        absent = self.clients[~taking_part[self.clients]]
+        if absent.size == 0:
+            return
+        m, d = self.sim.split.n_items, self.sim.cfg.train.dim
+        zeros = np.zeros((absent.size, m, d), dtype=np.float32)
+        obs = Observation(round_, absent, zeros, zeros, np.zeros(absent.size, dtype=bool))
+        self._write(obs, [self.sim.split.train_of(int(c)) for c in absent],
+                    [np.zeros(0, dtype=np.int64)] * absent.size)
+
+    def _write(self, obs: Observation, positives: list[np.ndarray],
+               negatives: list[np.ndarray]) -> None:
+        part = self._next_part(obs.round)
+        save_observation(self.run_dir, obs, part=part, sent_dtype=STORE_DTYPE,
+                         delta_dtype=STORE_DTYPE)
+        save_ground_truth(self.run_dir, obs.round, obs.clients, positives, negatives, part=part)
+
+    def __call__(self, view: ChunkView) -> None:
+        if view.round not in self.rounds:
+            return
+        if view.round not in self._started:
+            self._started.add(view.round)
+            self._record_absent(view.round)
+        rows = np.flatnonzero(self.selected[view.clients])
+        if rows.size == 0:
+            return
+        idx = rows.tolist()
+        clients = np.asarray(view.clients)[rows].astype(np.int64)
+        sent = view.sent.detach()[idx].cpu().numpy().astype(np.float32, copy=True)
+        upload = view.upload.detach()[idx].cpu().numpy().astype(np.float32, copy=True)
+        obs = Observation(view.round, clients, sent, upload, np.ones(rows.size, dtype=bool))
+        s = view.samples
+        positives = [self.sim.split.train_of(int(c)) for c in clients]
+        negatives = [s.negatives[s.negatives_indptr[j]: s.negatives_indptr[j + 1]] for j in idx]
+        self._write(obs, positives, negatives)
+
+
+def recording_setup(spec: RecordSpec) -> Callable[[Simulation, Path], None]:
+    """A ``setup`` for :func:`fedem_private.runner.execute` that attaches a :class:`Recorder`."""
+
+    def setup(sim: Simulation, run_dir: Path) -> None:
+        recorder = Recorder(sim, run_dir, spec)
+        recorder.write_static()
+        sim.observers.append(recorder)
+
+    return setup
