@@ -217,16 +217,20 @@ def from_dict(values: dict) -> RunConfig:
     return RunConfig(**kwargs)
 
 
-def load_toml(path: str | Path) -> RunConfig:
-    """Read a TOML config file."""
+def read_toml(path: str | Path, what: str = "config file") -> dict:
+    """Parse a TOML file; a missing or invalid file is a one-line UserError naming ``what``."""
     p = Path(path)
     if not p.is_file():
-        raise UserError(f"config file not found: {p}")
+        raise UserError(f"{what} not found: {p}")
     try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
+        return tomllib.loads(p.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"config file {p} is not valid TOML: {exc}") from None
-    return from_dict(data)
+        raise UserError(f"{what} {p} is not valid TOML: {exc}") from None
+
+
+def load_toml(path: str | Path) -> RunConfig:
+    """Read a TOML config file."""
+    return from_dict(read_toml(path))
 
 
 def to_dict(cfg: Any) -> dict:

@@ -264,14 +264,9 @@ def load_spec(path: str | Path | None) -> SweepSpec:
     """Read a sweep file, or the built-in quick sweep when ``path`` is None."""
     if path is None:
         return parse_spec(tomllib.loads(QUICK_SPEC), "built-in quick sweep")
-    p = Path(path)
-    if not p.is_file():
-        raise UserError(f"sweep file not found: {p}")
-    try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"sweep file {p} is not valid TOML: {exc}") from None
-    return parse_spec(data, str(p))
+    from .config import read_toml
+
+    return parse_spec(read_toml(path, "sweep file"), str(path))
 
 
 # ------------------------------------------------------------------------------- grid
