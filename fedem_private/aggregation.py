@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from fedem_private.errors import UserError
+from fedem_private.finite import finite_rows
 
 DEFAULT_CHUNK_ROWS = 256
 DEFAULT_CHUNK_CLIENTS = 256
@@ -71,7 +72,7 @@ def _check_finite_rows(tables: Tensor, clients: Tensor | None, chunk: int = 256)
     """Raise UserError naming the first client whose table holds NaN or Inf (chunked scan)."""
     for start in range(0, tables.shape[0], chunk):
         part = tables[start:start + chunk].reshape(min(chunk, tables.shape[0] - start), -1)
-        bad = ~torch.isfinite(part).all(dim=1)
+        bad = ~finite_rows(part)
         if bool(bad.any()):
             row = start + int(torch.nonzero(bad)[0, 0])
             client = row if clients is None else int(clients[row])
@@ -182,6 +183,9 @@ def project_to_simplex(c: Tensor, mask: Tensor | None = None) -> Tensor:
     if not bool(torch.isfinite(c[valid]).all()):
         raise ValueError("cannot project NaN or Inf onto the simplex")
     lowest = torch.tensor(-math.inf, dtype=torch.float64, device=c.device)
+    # the projection is shift-invariant per row; shifting the top entry to 0 keeps
+    # c - theta free of cancellation when every entry is large in magnitude
+    c = c - torch.where(valid, c, lowest).amax(dim=1, keepdim=True)
     u, _ = torch.sort(torch.where(valid, c, lowest), dim=1, descending=True)
     u_valid = torch.isfinite(u)  # the masked-out entries sorted to the end as -inf
     cssv = torch.cumsum(torch.where(u_valid, u, torch.zeros_like(u)), dim=1) - 1.0

@@ -188,30 +188,31 @@ class Simulation:
         """Lock-step batches for the adapter (equation 11), from this round's samples."""
         e0, extra = self.local_cfg.epochs, self.merge_cfg.adapter_epochs
         bsz = self.local_cfg.batch_size
-        per_client = []
+        k = chunk.shape[0]
+        lengths = np.diff(samples.indptr)
+        per_epoch = -(-lengths // bsz)
+        nb = extra * per_epoch
+        width = int(per_epoch.max(initial=0)) * bsz
+        # slot (j, e, b) holds client j's batch b of adapter epoch e, zero-padded
+        its = np.zeros((k, extra, width), dtype=np.int64)
+        labs = np.zeros((k, extra, width), dtype=samples.labels.dtype)
+        msks = np.zeros((k, extra, width), dtype=bool)
         for j, c in enumerate(chunk.tolist()):
             items, labels = samples.of(j)
-            orders = epoch_orders(self.seed, round_, c, items.shape[0], e0 + extra)[e0:]
-            per_client.append((items[orders.reshape(-1)], labels[orders.reshape(-1)],
-                               items.shape[0]))
-        nb = [extra * -(-n // bsz) for _, _, n in per_client]
-        for s in range(max(nb, default=0)):
-            rows, its, labs, msks = [], [], [], []
-            for j, (items, labels, n) in enumerate(per_client):
-                if s >= nb[j]:
-                    continue
-                per_epoch = -(-n // bsz)
-                epoch, b = divmod(s, per_epoch)
-                lo = epoch * n + b * bsz
-                hi = epoch * n + min((b + 1) * bsz, n)
-                pad = bsz - (hi - lo)
-                rows.append(j)
-                its.append(np.pad(items[lo:hi], (0, pad)))
-                labs.append(np.pad(labels[lo:hi], (0, pad)))
-                msks.append(np.pad(np.ones(hi - lo, dtype=bool), (0, pad)))
-            yield StepBatch(torch.tensor(rows, dtype=torch.long),
-                            torch.from_numpy(np.stack(its)), torch.from_numpy(np.stack(labs)),
-                            torch.from_numpy(np.stack(msks)))
+            n = items.shape[0]
+            orders = epoch_orders(self.seed, round_, c, n, e0 + extra)[e0:]
+            its[j, :, :n] = items[orders]
+            labs[j, :, :n] = labels[orders]
+            msks[j, :, :n] = True
+        # client j's step s is (epoch, batch) = divmod(s, per_epoch[j])
+        for s in range(int(nb.max(initial=0))):
+            rows = np.nonzero(nb > s)[0]
+            epoch, b = np.divmod(s, per_epoch[rows])
+            cols = (b * bsz)[:, None] + np.arange(bsz)
+            yield StepBatch(torch.from_numpy(rows).to(torch.long),
+                            torch.from_numpy(its[rows[:, None], epoch[:, None], cols]),
+                            torch.from_numpy(labs[rows[:, None], epoch[:, None], cols]),
+                            torch.from_numpy(msks[rows[:, None], epoch[:, None], cols]))
 
     # ------------------------------------------------------------------ round
     def step(self) -> RoundStats:

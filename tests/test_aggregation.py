@@ -253,3 +253,12 @@ def test_similarity_aggregate_rejects_nan_upload():
     uploads[3, 2, 1] = float("nan")
     with pytest.raises(UserError, match="client 3"):
         similarity_aggregate(uploads, rand_p(4), 1.0)
+
+
+def test_projection_of_large_equal_entries_sums_to_one() -> None:
+    # found by hypothesis: without the per-row shift, c - theta cancels ~1e-12 away
+    c = torch.full((1, 7), -512.38795743, dtype=F64)
+    w = project_to_simplex(c, torch.tensor([False] + [True] * 6))
+    assert_on_simplex(w)
+    assert w[0, 0] == 0.0
+    torch.testing.assert_close(w[0, 1:], torch.full((6,), 1 / 6, dtype=F64), rtol=0, atol=1e-15)

@@ -122,3 +122,16 @@ def test_non_finite_update_is_a_user_error() -> None:
     delta[1, 2] = math.nan
     with pytest.raises(UserError, match=r"row\(s\) \[1\]"):
         clip_rows(delta, 1.0, "l2")
+
+
+def test_finite_rows_matches_entrywise_check() -> None:
+    from fedem_private.finite import finite_rows
+
+    x = torch.randn(6, 5, 3)
+    x[1, 2, 0] = float("nan")
+    x[2, 0, 1] = float("inf")
+    x[3, 4, 2] = -float("inf")
+    x[4] = 3e38  # finite entries whose float32 sum overflows
+    expected = torch.isfinite(x).flatten(1).all(dim=1)
+    assert finite_rows(x).tolist() == expected.tolist() == [True, False, False, False, True, True]
+    assert finite_rows(torch.zeros(0, 4)).shape == (0,)

@@ -122,9 +122,10 @@ def _plan(seed: int, round_: int, clients: np.ndarray, samples: ClientSamples,
     nb = -(-lengths // bsz)
     nb_max = int(max(nb.max(), 1))
     touched = []
+    real = np.float32 if dtype == torch.float32 else np.float64
     loc = np.zeros((k, epochs, nb_max * bsz), dtype=np.int64)
-    lab = np.zeros((k, epochs, nb_max * bsz), dtype=np.float64)
-    msk = np.zeros((k, epochs, nb_max * bsz), dtype=np.float64)
+    lab = np.zeros((k, epochs, nb_max * bsz), dtype=real)
+    msk = np.zeros((k, epochs, nb_max * bsz), dtype=real)
     for j, c in enumerate(clients.tolist()):
         items, labels = samples.of(j)
         uniq, inv = np.unique(items, return_inverse=True)
@@ -140,7 +141,7 @@ def _plan(seed: int, round_: int, clients: np.ndarray, samples: ClientSamples,
     loc += (np.arange(k) * rows)[:, None, None]
     shape = (k * epochs * nb_max, bsz)
     msk = msk.reshape(shape)
-    wgt = msk / np.maximum(msk.sum(axis=1, keepdims=True), 1.0)
+    wgt = msk / np.maximum(msk.sum(axis=1, keepdims=True), real(1.0))
     return _Plan(touched, rows, torch.from_numpy(loc.reshape(shape)),
                  torch.from_numpy(lab.reshape(shape)).to(dtype), torch.from_numpy(wgt).to(dtype),
                  torch.from_numpy(nb), nb_max, epochs * nb)

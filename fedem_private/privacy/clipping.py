@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from fedem_private.errors import UserError
+from fedem_private.finite import finite_rows
 
 SAFETY = 1.0 - 2.0**-30
 _TINY = 1e-100  # below this a float64 L2 norm may have lost precision to underflow
@@ -105,7 +106,7 @@ def clip_rows(delta: torch.Tensor, bound: float, norm: str) -> tuple[torch.Tenso
     x = delta.detach().to(torch.float64, copy=True)
     k = x.shape[0]
     flat = x.reshape(k, math.prod(x.shape[1:]))
-    finite = torch.isfinite(flat).all(dim=1)
+    finite = finite_rows(flat)
     if not bool(finite.all()):
         rows = (~finite).nonzero().squeeze(1).tolist()
         raise UserError(f"non-finite value (NaN or Inf) in the update of row(s) {rows[:10]}")

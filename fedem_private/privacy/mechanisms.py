@@ -30,6 +30,7 @@ import torch
 
 from fedem_private import rng
 from fedem_private.errors import UserError
+from fedem_private.finite import finite_rows
 from fedem_private.privacy.clipping import ClipStats, clip_rows
 from fedem_private.privacy.params import MechanismParams
 
@@ -88,7 +89,7 @@ def _check_inputs(sent: torch.Tensor, local: torch.Tensor, clients: np.ndarray,
                 or tuple(touched.shape) != tuple(local.shape[:2]):
             raise ValueError("touched must be a (k, m) bool tensor for (k, m, d) tables")
     # ``sent`` is the server's own table, built from uploads already checked here
-    finite = torch.isfinite(local.detach()).flatten(1).all(dim=1)
+    finite = finite_rows(local)
     if not bool(finite.all()):
         bad = ids[(~finite).numpy()].tolist()
         raise UserError(f"non-finite value (NaN or Inf) in the local table of client(s) "
