@@ -24,6 +24,11 @@ Two more axes cross with ``methods``: ``merges`` (sr, sm, dm, em) and
 ``"default"`` (the method's own); e.g. ``methods = ["fedem"]`` with
 ``merges = ["sr", "sm", "dm", "em"]`` gives the four FedEM merge variants.
 
+To run chosen method / merge pairs instead of the full cross product, list
+them as ``variants = ["fedmf", "fedsim", "fedem-sm", "fedem-dm", "fedem-em"]``
+(``method`` or ``method-merge``); ``variants`` replaces ``methods`` and
+``merges``.
+
 Privacy modes without a budget (``none``, ``paper``) give one grid point each,
 whatever ``epsilons`` says. Each grid point gets a readable directory name,
 ``<dataset>/<variant>/<privacy>/<protocol>/seed<seed>`` (e.g.
@@ -58,8 +63,8 @@ from .data import DATASETS, PROTOCOLS
 from .errors import UserError
 from .privacy.config import LDP_MODES, MODES, PrivacyConfig
 
-AXES = ("datasets", "methods", "merges", "aggregations", "privacy", "epsilons", "seeds",
-        "protocols", "attacks")
+AXES = ("datasets", "methods", "merges", "variants", "aggregations", "privacy", "epsilons",
+        "seeds", "protocols", "attacks")
 SPEC_KEYS = (*AXES, "data_dirs", "record_rounds", "record_clients")
 DEFAULT = "default"  # merges / aggregations: the method's own choice
 
@@ -108,6 +113,11 @@ class SweepSpec:
     record_rounds: tuple[int | str, ...] = ("last",)
     record_clients: int = 100
     source: str = "built-in quick sweep"
+    variants: tuple[tuple[str, str | None], ...] = ()  # (method, merge) pairs; () = product
+
+    def method_merges(self) -> list[tuple[str, str | None]]:
+        """The (method, merge) pairs of the grid: ``variants``, else methods x merges."""
+        return list(self.variants) or list(product(self.methods, self.merges))
 
 
 @dataclass(frozen=True)
@@ -171,6 +181,18 @@ def _optional_choice(axis: str, values: list[Any], allowed: Sequence[str]
                      ) -> tuple[str | None, ...]:
     _choice(axis, values, (*allowed, DEFAULT))
     return tuple(None if v == DEFAULT else v for v in values)
+
+
+def _variants(values: list[Any]) -> tuple[tuple[str, str | None], ...]:
+    out = []
+    for v in values:
+        method, _, merge = v.partition("-") if isinstance(v, str) else ("", "", "")
+        if method not in METHODS or (merge and merge not in MERGES):
+            raise UserError(f"[sweep] variants: unknown variant {v!r}; write a method "
+                            f"({', '.join(METHODS)}) or method-merge (merge one of "
+                            f"{', '.join(MERGES)}), e.g. \"fedem-sm\"")
+        out.append((method, merge or None))
+    return tuple(out)
 
 
 def _data_dirs(value: Any) -> tuple[tuple[str, str], ...]:
@@ -237,6 +259,10 @@ def parse_spec(data: dict[str, Any], source: str) -> SweepSpec:
             raise UserError(f"{source}: [sweep] epsilons needs an ldp privacy mode "
                             f"({', '.join(LDP_MODES)}) in privacy")
         epsilons = _epsilons(_as_list("epsilons", sweep["epsilons"]))
+    if "variants" in sweep and ("methods" in sweep or "merges" in sweep):
+        raise UserError(f"{source}: [sweep] variants replaces methods and merges; give "
+                        f"either variants or methods/merges")
+    variants = _variants(_as_list("variants", sweep["variants"])) if "variants" in sweep else ()
     spec = SweepSpec(
         base=base,
         datasets=_choice("datasets", axis("datasets", base.data.dataset), DATASETS),
@@ -255,6 +281,7 @@ def parse_spec(data: dict[str, Any], source: str) -> SweepSpec:
         record_rounds=_record_rounds(sweep.get("record_rounds", ["last"])),
         record_clients=_record_clients(sweep.get("record_clients", 100)),
         source=source,
+        variants=variants,
     )
     grid(spec)  # every point must be a valid config
     return spec
@@ -318,8 +345,8 @@ def grid(spec: SweepSpec) -> list[GridPoint]:
     """All grid points in a fixed order (seed outermost, so a first pass covers the grid)."""
     dirs = dict(spec.data_dirs)
     points: dict[str, GridPoint] = {}
-    for seed, dataset, protocol, method, merge, agg, mode in product(
-            spec.seeds, spec.datasets, spec.protocols, spec.methods, spec.merges,
+    for seed, dataset, protocol, (method, merge), agg, mode in product(
+            spec.seeds, spec.datasets, spec.protocols, spec.method_merges(),
             spec.aggregations, spec.privacy):
         for eps in (spec.epsilons if mode in LDP_MODES else (None,)):
             base = spec.base

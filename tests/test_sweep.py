@@ -73,6 +73,17 @@ epsilons = [4, 2]
     assert d1 != d2 and grid(spec)[0].digest(True) != d1
 
 
+def test_variants_pick_method_merge_pairs(tmp_path):
+    spec = load_spec(write_spec(tmp_path / "s.toml", """
+variants = ["fedmf", "fedsim", "fedem-sm", "fedem-em"]
+privacy = ["none"]
+"""))
+    variants = [p.variant for p in grid(spec)]
+    assert variants == ["fedmf", "fedsim", "fedem-sm", "fedem-em"]
+    merges = [p.config.federation.resolved_merge for p in grid(spec)]
+    assert merges == ["sr", "sr", "sm", "em"]
+
+
 @pytest.mark.parametrize("sweep,needle", [
     ("colours = [1]", "unknown axis 'colours'"),
     ("methods = ['fedfoo']", "methods: unknown value 'fedfoo'"),
@@ -86,6 +97,8 @@ epsilons = [4, 2]
     ("record_rounds = [0]", "record_rounds: 0"),
     ("attacks = ['projection']\nrecord_rounds = [1, 5]", "round 5 is beyond the 2 rounds"),
     ("attacks = ['telepathy']", "telepathy"),
+    ("variants = ['fedem-xx']", "unknown variant 'fedem-xx'"),
+    ("variants = ['fedmf']\nmethods = ['fedem']", "variants replaces methods and merges"),
 ])
 def test_bad_sweep_files_give_one_line_user_errors(tmp_path, sweep, needle, monkeypatch):
     monkeypatch.setattr(attack_step, "known_attacks", lambda: ("projection", "support"))
