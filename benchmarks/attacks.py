@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from attacks.run import run_attacks
+from fedem_private.privacy.accounting import PLD_MAX_ROUND_EPS
 from fedem_private.recording import RecordSpec, recording_setup
 from fedem_private.runner import execute
 
@@ -56,6 +57,8 @@ def _run(point: dict[str, Any], args: argparse.Namespace) -> Path:
                             "privacy.mode": point["mode"]}
     if point["eps"] is not None:
         over["privacy.epsilon"] = float(point["eps"])
+        if float(point["eps"]) / args.rounds > PLD_MAX_ROUND_EPS:
+            over["privacy.accountant"] = "rdp"  # beyond the PLD accountant's range
     if not (path / "summary.json").exists():
         t0 = time.perf_counter()
         spec = RecordSpec((1, "last"), args.clients)

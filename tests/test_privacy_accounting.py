@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from fedem_private.errors import UserError
 from fedem_private.privacy import accounting as acc
 from fedem_private.privacy.accounting import RoundMechanism, compose, epsilon_bounds, repeated
 
@@ -97,3 +98,30 @@ def test_no_noise_and_no_rounds() -> None:
     assert none.as_dict()["reported"] is None
     empty = epsilon_bounds(repeated(RoundMechanism("gaussian", 1.0), 0), DELTA)
     assert empty.reported == 0.0 and empty.pld == 0.0
+
+
+def test_pld_interval_widens_only_for_huge_round_eps() -> None:
+    small = repeated(RoundMechanism("laplace", 10.0), 100)  # eps_round 0.1: the pinned case
+    assert acc.pld_interval(small) == acc.PLD_DISCRETIZATION
+    big = repeated(RoundMechanism("laplace", 1 / 500.0), 50)  # eps_round 500
+    assert acc.pld_interval(big) == pytest.approx(2 * 500.0 / acc.PLD_MAX_BINS)
+    # still an upper bound on the pure-DP total, and close to it (one interval per round)
+    bounds = epsilon_bounds(big, DELTA)
+    assert 500.0 * 50 - 50 * acc.pld_interval(big) - 1e-6 <= bounds.pld
+    assert bounds.pld <= bounds.basic + 50 * acc.pld_interval(big)
+    # beyond ~700 per round dp-accounting's PLD overflows to inf (no finite bound from
+    # it): the reported figure falls back on the other bounds
+    huge = epsilon_bounds(repeated(RoundMechanism("laplace", 1 / 2000.0), 50), DELTA)
+    assert math.isinf(huge.pld) and huge.reported == min(huge.basic, huge.rdp) < math.inf
+
+
+def test_calibration_round_trip_at_large_budget() -> None:
+    from fedem_private.privacy.calibration import noise_multiplier_for
+
+    z = noise_multiplier_for("laplace", 2.5e4, DELTA, 50, "pld")
+    assert compose(RoundMechanism("laplace", z), 50, DELTA).pld <= 2.5e4
+    assert compose(RoundMechanism("laplace", 0.999 * z), 50, DELTA).pld > 2.5e4
+    with pytest.raises(UserError, match="beyond the PLD accountant's range"):
+        noise_multiplier_for("laplace", 1e5, DELTA, 50, "pld")
+    z = noise_multiplier_for("laplace", 1e5, DELTA, 50, "rdp")
+    assert compose(RoundMechanism("laplace", z), 50, DELTA).rdp <= 1e5

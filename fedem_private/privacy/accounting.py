@@ -21,8 +21,13 @@ bounds on its total eps at a target delta:
   allowed. With Gaussian rounds, delta' = delta/2 and each of the K Gaussian
   rounds gets delta/(2K).
 - rdp: dp-accounting's RdpAccountant (default orders).
-- pld: dp-accounting's PLDAccountant, pessimistic discretisation with
-  interval PLD_DISCRETIZATION (a valid upper bound; it is inf at delta = 0).
+- pld: dp-accounting's PLDAccountant, pessimistic discretisation (a valid
+  upper bound at any interval; it is inf at delta = 0). The interval is
+  PLD_DISCRETIZATION, widened for very large per-round eps so that one
+  round's privacy loss spans at most PLD_MAX_BINS intervals (memory and time
+  stay bounded; the bound loosens by at most one interval per round).
+  dp-accounting overflows for a per-round eps above about 700, so beyond
+  PLD_MAX_ROUND_EPS the PLD bound is inf (no finite figure from it).
 - gaussian_exact (all-Gaussian histories): a composition of Gaussian
   mechanisms is one Gaussian mechanism with mu = sqrt(sum_i n_i / z_i^2)
   (Dong, Roth & Su 2019), whose exact curve is
@@ -51,6 +56,9 @@ from scipy import optimize, special
 
 KINDS: tuple[str, ...] = ("laplace", "gaussian")
 PLD_DISCRETIZATION = 1e-3
+PLD_MAX_BINS = 4000
+# dp-accounting's Laplace PLD overflows (eps = inf) above about 700 per round
+PLD_MAX_ROUND_EPS = 700.0
 BOUNDS: tuple[str, ...] = ("basic", "advanced", "rdp", "pld")
 
 
@@ -190,13 +198,28 @@ def rdp_epsilon(comp: Composition, delta: float) -> float:
     return float(accountant.get_epsilon(delta))
 
 
+def pld_interval(comp: Composition) -> float:
+    """PLD discretisation interval: PLD_DISCRETIZATION, or wider when a round's loss is huge.
+
+    A Laplace round's privacy loss lies in [-1/z, 1/z]; a Gaussian round's is
+    measured by its eps at delta 1e-12. The interval is widened so the
+    largest such range holds at most PLD_MAX_BINS intervals.
+    """
+    scale = max((e for e, _ in _round_epsilons(comp, 1e-12)), default=0.0)
+    if not math.isfinite(scale):
+        return PLD_DISCRETIZATION
+    return max(PLD_DISCRETIZATION, 2.0 * scale / PLD_MAX_BINS)
+
+
 def pld_epsilon(comp: Composition, delta: float) -> float:
-    """eps from dp-accounting's PLDAccountant (pessimistic, PLD_DISCRETIZATION); inf at delta 0."""
+    """eps from dp-accounting's PLDAccountant (pessimistic, :func:`pld_interval`); inf at delta 0."""
     if not comp:
         return 0.0
     if delta <= 0 or _has_no_noise(comp):
         return math.inf
-    accountant = dp_pld.PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION)
+    if max(e for e, _ in _round_epsilons(comp, 1e-12)) > PLD_MAX_ROUND_EPS:
+        return math.inf
+    accountant = dp_pld.PLDAccountant(value_discretization_interval=pld_interval(comp))
     accountant.compose(_event(comp))
     return float(accountant.get_epsilon(delta))
 

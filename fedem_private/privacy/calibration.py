@@ -32,9 +32,10 @@ from scipy import optimize
 from fedem_private.errors import UserError
 from fedem_private.privacy.accounting import (
     BOUND_FUNCTIONS,
-    PLD_DISCRETIZATION,
+    PLD_MAX_ROUND_EPS,
     RoundMechanism,
     gaussian_exact_epsilon,
+    pld_interval,
     repeated,
 )
 
@@ -58,6 +59,11 @@ def _check_target(kind: str, epsilon: float, delta: float, rounds: int, method: 
         raise UserError("target delta = 0 is impossible with Gaussian noise (no pure DP)")
     if delta == 0 and method != "basic":
         raise UserError(f"target delta = 0 (pure DP) needs accountant 'basic', not {method!r}")
+    if method == "pld" and math.isfinite(epsilon) and epsilon / rounds > PLD_MAX_ROUND_EPS:
+        # the total is at most rounds x eps_round, so eps_round >= epsilon / rounds
+        raise UserError(f"target eps={epsilon:g} over {rounds} rounds needs more than "
+                        f"{PLD_MAX_ROUND_EPS:g} per round, beyond the PLD accountant's range; "
+                        f"use accountant 'rdp' or 'basic'")
 
 
 def _epsilon_function(kind: str, delta: float, rounds: int, method: str
@@ -108,9 +114,9 @@ def _nudge_up(eps_fn: Callable[[float], float], target: float, z: float) -> floa
     return z
 
 
-def _accountant_factory(method: str) -> Callable[[], object]:
+def _accountant_factory(method: str, interval: float) -> Callable[[], object]:
     if method == "pld":
-        return lambda: dp_pld.PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION)
+        return lambda: dp_pld.PLDAccountant(value_discretization_interval=interval)
     return dp_rdp.RdpAccountant
 
 
@@ -146,7 +152,10 @@ def noise_multiplier_for(kind: str, epsilon: float, delta: float, rounds: int,
     lo, hi = _bracket(eps_fn, epsilon, z0, describe)
     if accountant in ("rdp", "pld"):
         log_z = mc.calibrate_dp_mechanism(
-            make_fresh_accountant=_accountant_factory(accountant),
+            # the (finest) interval eps_fn uses at the bracket's high-noise end; the final
+            # nudge makes eps_fn (the accountant's own interval at z) meet the target
+            make_fresh_accountant=_accountant_factory(
+                accountant, pld_interval(repeated(RoundMechanism(kind, hi), rounds))),
             make_event_from_param=lambda p: dp_accounting.SelfComposedDpEvent(
                 RoundMechanism(kind, math.exp(p)).event(), rounds
             ),
