@@ -215,6 +215,9 @@ def main() -> None:
                   args, "python -m benchmarks.attacks " + " ".join(sys.argv[1:]))
     results = Path(args.results)
     results.parent.mkdir(parents=True, exist_ok=True)
+    if results.exists() and "Machine:" in (old := results.read_text()) and "Machine:" in text:
+        # keep the hand-written header (command, reading guide); replace the tables
+        text = old[:old.index("Machine:")] + text[text.index("Machine:"):]
     results.write_text(text)
     print(text)
 
