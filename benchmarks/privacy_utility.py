@@ -87,7 +87,7 @@ def table(records: list[dict[str, Any]], clip: float, rounds: int) -> str:
             rep = (f"paper's heuristic: {_fmt(heur.get('epsilon_summed_worst_client'))} "
                    f"(max per round {_fmt(heur.get('epsilon_round_max'))})")
             basic = (f"same noise under ldp-laplace, C={clip:g}: {_fmt(sound.basic)} basic, "
-                     f"{_fmt(sound.pld)} PLD")
+                     f"{_fmt(sound.reported)} reported (min of bounds)")
         m = r["metrics"]
         lines.append(f"| {r['method']} | {r['protocol']} | {r['mode']} | {_fmt(target)} | "
                      f"{_fmt(rep)} | {_fmt(basic)} | {m['sampled']['hr@10']:.4f} | "
