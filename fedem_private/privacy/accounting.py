@@ -56,7 +56,7 @@ from scipy import optimize, special
 
 KINDS: tuple[str, ...] = ("laplace", "gaussian")
 PLD_DISCRETIZATION = 1e-3
-PLD_MAX_BINS = 4000
+PLD_MAX_BINS = 20000
 # dp-accounting's Laplace PLD overflows (eps = inf) above about 700 per round
 PLD_MAX_ROUND_EPS = 700.0
 BOUNDS: tuple[str, ...] = ("basic", "advanced", "rdp", "pld")
@@ -212,7 +212,7 @@ def pld_interval(comp: Composition) -> float:
 
 
 def pld_epsilon(comp: Composition, delta: float) -> float:
-    """eps from dp-accounting's PLDAccountant (pessimistic, :func:`pld_interval`); inf at delta 0."""
+    """eps from dp-accounting's PLDAccountant (pessimistic, see pld_interval); inf at delta 0."""
     if not comp:
         return 0.0
     if delta <= 0 or _has_no_noise(comp):
