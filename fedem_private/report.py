@@ -203,7 +203,10 @@ def write_report(run_root: str, out_dir: str | None = None) -> list[Path]:
            "- `ε spent (reported)` is the total over all rounds; the attacks see one upload, "
            "so their empirical ε lower bound is compared with the per-round ε accounted for "
            "it.",
-           "- Attack AUC 0.5 is a random guess; scores are for the last recorded round, under "
+           "- Attack AUC 0.5 is a random guess. An AUC well below 0.5 is leakage too: the "
+           "score ranks members below non-members, and a server that knows the sign flips "
+           "it (the frontier plot uses max(AUC, 1 - AUC)). Scores are for the last "
+           "recorded round, under "
            "the `positive_vs_sampled` membership relation (positives vs the negatives the "
            "client sampled; `results.csv` also has `<attack>_vs_any_auc`).",
            "- `audit`: `pass` when no empirical ε lower bound exceeds the accounted per-round "

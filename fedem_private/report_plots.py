@@ -162,7 +162,7 @@ def attack_figure(agg: pd.DataFrame, dataset: str, attacks: Sequence[str], path:
         ax.axhline(0.5, color="0.4", linestyle=":", linewidth=1, label="random guess (0.5)")
         ax.set_ylim(min(ax.get_ylim()[0], 0.45), 1.03)
         ax.set_title(f"{attack} attack (last recorded round)")
-        ax.set_ylabel("attack AUC (higher = more leakage)")
+        ax.set_ylabel("attack AUC (further from 0.5 = more leakage)")
     axes[0][0].legend(fontsize=8, loc="best")
     fig.suptitle(f"{dataset}: attack success vs privacy budget ({_over(n_seeds)})")
     return _save(fig, path)
@@ -178,7 +178,13 @@ def _eps_text(key: float | str) -> str:
 
 def frontier_figure(agg: pd.DataFrame, dataset: str, attacks: Sequence[str], path: Path,
                     n_seeds: str) -> Path:
-    """HR@10 (full) against attack AUC: the utility / privacy trade-off, one line per method."""
+    """HR@10 (full) against attack AUC: the utility / privacy trade-off, one line per method.
+
+    The x axis is the AUC in the attacker's better orientation, max(AUC, 1 - AUC): an AUC
+    of 0.1 means the score ranks members below non-members, and a server that knows the
+    sign (one bit, e.g. from a canary) flips it and has AUC 0.9. Without the fold, a
+    reversed attack would sit on the "private" side of the plot.
+    """
     all_lines = lines(agg)
     axis = EpsAxis(list(agg["x_key"]))
     fig, axes = plt.subplots(1, len(attacks), figsize=(max(8.0, 5.5 * len(attacks)), 4.8),
@@ -191,22 +197,29 @@ def frontier_figure(agg: pd.DataFrame, dataset: str, attacks: Sequence[str], pat
             pts = pts[pts[f"{col}_mean"].notna() & pts["hr10_full_mean"].notna()]
             if pts.empty:
                 continue
-            x, y = pts[f"{col}_mean"].to_numpy(), pts["hr10_full_mean"].to_numpy()
+            raw, y = pts[f"{col}_mean"].to_numpy(), pts["hr10_full_mean"].to_numpy()
+            x = oriented_auc(raw)
             ax.plot(x, y, color=line.color, linestyle=line.style, alpha=0.7)
             ax.errorbar(x, y, xerr=pts[f"{col}_std"].fillna(0), yerr=pts["hr10_full_std"].fillna(
                 0), fmt=line.marker, color=line.color, capsize=3, label=line.label)
             labels.append((i, line.color, x, y, [_eps_text(k) for k in pts["x_key"]]))
         ax.axvline(0.5, color="0.4", linestyle=":", linewidth=1, label="random guess (AUC 0.5)")
-        ax.set_xlim(min(ax.get_xlim()[0], 0.45), 1.06)
+        ax.set_xlim(0.45, 1.06)
         ax.set_ylim(bottom=0)
         _label_points(ax, labels)
-        ax.set_xlabel(f"{attack} attack AUC (0.5 = random guess)")
+        ax.set_xlabel(f"{attack} attack AUC, better orientation: max(AUC, 1 - AUC)")
         ax.set_ylabel("HR@10, full ranking")
         ax.set_title(f"{attack}: better is up and to the left")
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8, loc="best")
     fig.suptitle(f"{dataset}: utility vs attack success ({_over(n_seeds)})")
     return _save(fig, path)
+
+
+def oriented_auc(auc: np.ndarray) -> np.ndarray:
+    """max(AUC, 1 - AUC): the AUC of the attack or of its reversed score, whichever leaks more."""
+    auc = np.asarray(auc, dtype=np.float64)
+    return np.maximum(auc, 1.0 - auc)
 
 
 def _label_points(ax: plt.Axes, labels: list[tuple[int, str, np.ndarray, np.ndarray, list[str]]]

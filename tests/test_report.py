@@ -141,3 +141,12 @@ def test_report_argparse_helper(sweep_root, tmp_path, capsys):
     assert sweep_cli.run_report_from_args(args) == 0
     assert "report.md" in capsys.readouterr().out
     assert (tmp_path / "r" / "report.md").is_file()
+
+
+def test_frontier_folds_a_reversed_attack_onto_the_leaky_side():
+    import numpy as np
+
+    from fedem_private.report_plots import oriented_auc
+
+    np.testing.assert_allclose(oriented_auc(np.array([0.1, 0.5, 0.9, 0.62])),
+                               [0.9, 0.5, 0.9, 0.62])
