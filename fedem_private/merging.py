@@ -206,12 +206,26 @@ def merge_tables(q_local: Tensor, q_global: Tensor, rho: Tensor) -> Tensor:
 def merge(cfg: MergeConfig, state: MergeState | None, q_local: Tensor,
           q_global: Tensor) -> Tensor:
     """The merged starting tables Q_m (k, m, d) for the next round of local training."""
+    return merge_with_rho(cfg, state, q_local, q_global)[0]
+
+
+def merge_with_rho(cfg: MergeConfig, state: MergeState | None, q_local: Tensor,
+                   q_global: Tensor) -> tuple[Tensor, Tensor]:
+    """:func:`merge`, and each client's mean rho (k,): how much of Q_g it took (1 = all).
+
+    The mean is over items for ``em``; it tells whether an adapter learned to
+    keep the client's own table (rho near 0) or to take the global one.
+    """
     if q_local.shape != q_global.shape:
         raise ValueError(f"local {tuple(q_local.shape)} and global {tuple(q_global.shape)} "
                          "tables differ in shape")
+    k = q_local.shape[0]
     if cfg.strategy == "sr":
-        return q_global.clone()
-    return merge_tables(q_local, q_global, compute_rho(cfg, state, q_local, q_global))
+        return q_global.clone(), torch.ones(k, dtype=torch.float64)
+    rho = compute_rho(cfg, state, q_local, q_global)
+    per_client = (rho.double().expand(k) if rho.dim() == 0
+                  else rho.double().mean(dim=1))
+    return merge_tables(q_local, q_global, rho), per_client
 
 
 # ---------------------------------------------------------------- adapter training (eq. 11)

@@ -7,6 +7,8 @@ or clever on purpose.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -113,17 +115,17 @@ def train_adapter_client(net: torch.nn.Sequential, strategy: str, lr: float,
 
 
 def merge_client(net: torch.nn.Sequential | None, strategy: str, rho_fixed: float,
-                 q_local: torch.Tensor, q_global: torch.Tensor) -> torch.Tensor:
-    """Equation 10 for one client: Q_l + rho (Q_g - Q_l)."""
+                 q_local: torch.Tensor, q_global: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """Equation 10 for one client: Q_l + rho (Q_g - Q_l), and the mean of rho."""
     if strategy == "sr":
-        return q_global.clone()
+        return q_global.clone(), 1.0
     if strategy == "sm":
-        return q_local + rho_fixed * (q_global - q_local)
+        return q_local + rho_fixed * (q_global - q_local), float(rho_fixed)
     with torch.no_grad():
         rho = net(torch.cat([q_global - q_local, q_local], dim=1))
         if strategy == "dm":
             rho = rho.mean()
-    return q_local + rho * (q_global - q_local)
+    return q_local + rho * (q_global - q_local), float(rho.double().mean())
 
 
 def similarity_tables(uploads: torch.Tensor, p: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -143,7 +145,7 @@ def similarity_tables(uploads: torch.Tensor, p: torch.Tensor, alpha: float) -> t
     return out
 
 
-def simulation_round(sim) -> dict[str, torch.Tensor]:
+def simulation_round(sim) -> dict[str, Any]:
     """The next round of a :class:`~fedem_private.simulation.Simulation`, one client at a time.
 
     Reads the simulation's configuration and state without changing them and
@@ -159,6 +161,7 @@ def simulation_round(sim) -> dict[str, torch.Tensor]:
     n = split.n_users
     strategy, agg = sim.merge_cfg.strategy, sim.aggregation
     q_local, p = st.q_local.clone(), st.p.clone()
+    rhos: list[float] = []
     for u in range(n):
         s = draw_samples(sim.seed, t, np.array([u]), split.train_indptr, split.train_items,
                          *sim.excl, split.n_items, cfg.num_negatives)
@@ -182,7 +185,8 @@ def simulation_round(sim) -> dict[str, torch.Tensor]:
                            for i in range(0, items.shape[0], cfg.batch_size)]
                 train_adapter_client(net, strategy, sim.merge_cfg.adapter_lr, st.q_local[u],
                                      sent, st.p[u], batches)
-            start = merge_client(net, strategy, sim.merge_cfg.rho, st.q_local[u], sent)
+            start, rho = merge_client(net, strategy, sim.merge_cfg.rho, st.q_local[u], sent)
+            rhos.append(rho)
         q_local[u], p[u] = train_client(start, st.p[u], items, labels, cfg, sim.seed, t, u)
     sizes = torch.from_numpy(split.train_counts.astype(np.float64))
     if agg == "none":
@@ -193,4 +197,5 @@ def simulation_round(sim) -> dict[str, torch.Tensor]:
         w = sizes / sizes.sum() if agg == "fedavg" else torch.full((n,), 1.0 / n,
                                                                      dtype=torch.float64)
         q_global = sum(w[u] * q_local[u].double() for u in range(n)).float()
-    return {"q_local": q_local, "p": p, "q_global": q_global}
+    rho_mean = sum(rhos) / len(rhos) if rhos and strategy != "sr" else None
+    return {"q_local": q_local, "p": p, "q_global": q_global, "rho_mean": rho_mean}

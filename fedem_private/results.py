@@ -35,7 +35,7 @@ ID_COLUMNS = ["run", "dataset", "method", "variant", "aggregation", "merge", "pr
 METRIC_COLUMNS = ["hr10_full", "ndcg10_full", "hr10_sampled", "ndcg10_sampled"]
 EPS_COLUMNS = [f"eps_{b}" for b in BOUNDS]
 TAIL_COLUMNS = ["guarantee", "clip", "noise_scale", "frac_clipped", "mean_pre_clip_norm",
-                "rounds", "n_users", "n_items", "audit", "seconds_per_round", "seconds_total"]
+                "rho_mean", "rounds", "n_users", "n_items", "audit", "seconds_per_round", "seconds_total"]
 
 
 def find_runs(root: str | Path) -> list[Path]:
@@ -167,6 +167,7 @@ def run_row(run: Path, root: Path) -> dict[str, Any]:
         "noise_scale": _number(privacy.get("noise_scale")),
         "frac_clipped": _number(last.get("frac_clipped")),
         "mean_pre_clip_norm": _number(last.get("mean_pre_clip_norm")),
+        "rho_mean": _number(summary.get("merge_rho_mean")),
         "rounds": summary.get("rounds"),
         "n_users": summary.get("n_users"),
         "n_items": summary.get("n_items"),

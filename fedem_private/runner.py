@@ -29,11 +29,14 @@ def summarise(sim: Simulation, history: list[RoundStats], wall: float) -> dict[s
     cfg = sim.cfg
     last = next((h.metrics for h in reversed(history) if h.metrics), None)
     seconds = [h.seconds for h in history]
+    rho = next((h.merge["rho_mean"] for h in reversed(history) if h.merge), None)
     return {
         "dataset": sim.dataset_name,
         "method": cfg.federation.method,
         "aggregation": cfg.federation.resolved_aggregation,
         "merge": cfg.federation.resolved_merge,
+        # mean weight on Q_g in the last round's merge (eq. 10); None without merging
+        "merge_rho_mean": rho,
         "protocol": cfg.data.protocol,
         "rounds": sim.state.round,
         "seed": cfg.train.seed,

@@ -34,7 +34,7 @@ from .merging import (
     MergeConfig,
     StepBatch,
     init_merge_state,
-    merge,
+    merge_with_rho,
     take_clients,
     train_adapter,
 )
@@ -67,6 +67,8 @@ class RoundStats:
     participants: int
     metrics: dict[str, dict[str, float]] | None = None
     privacy: dict[str, float] = field(default_factory=dict)
+    # rho_mean: mean over merging clients (and items) of the weight on Q_g (eq. 10)
+    merge: dict[str, float] = field(default_factory=dict)
 
     def row(self) -> dict[str, float | int | str]:
         out: dict[str, float | int | str] = {"round": self.round, "seconds": self.seconds,
@@ -75,6 +77,7 @@ class RoundStats:
             for name, value in values.items():
                 out[f"{kind}_{name}"] = value
         out.update(self.privacy)
+        out.update(self.merge)
         return out
 
 
@@ -228,6 +231,7 @@ class Simulation:
                 self.sizes, part_mask)
             acc = torch.zeros_like(st.q_global, dtype=torch.float64)
         self.privacy.begin_round(t)
+        rho_sum, rho_n = 0.0, 0
         for chunk in self._chunks(clients):
             idx = torch.from_numpy(chunk)
             samples = draw_samples(self.seed, t, chunk, self.split.train_indptr,
@@ -245,7 +249,9 @@ class Simulation:
                         self._adapter_steps(t, chunk, samples))
                 chunk_state = (take_clients(st.merge_state, idx)
                                if st.merge_state is not None else None)
-                start = merge(self.merge_cfg, chunk_state, q_prev, sent)
+                start, rho = merge_with_rho(self.merge_cfg, chunk_state, q_prev, sent)
+                rho_sum += float(rho.sum())
+                rho_n += rho.shape[0]
             q_new, p_new, touched = train_mf_chunk(start, st.p.index_select(0, idx), chunk,
                                                    samples, self.local_cfg, self.seed, t)
             upload = self.privacy.release(sent, q_new, chunk, touched)
@@ -271,6 +277,8 @@ class Simulation:
         st.round = t
         seconds = time.perf_counter() - t0
         stats = RoundStats(t, seconds, int(clients.shape[0]), privacy=privacy_stats)
+        if rho_n and self.merge_cfg.strategy != "sr":
+            stats.merge = {"rho_mean": rho_sum / rho_n}
         if t % self.cfg.train.eval_every == 0 or t == self.cfg.train.rounds:
             stats.metrics = self.evaluate()
         return stats

@@ -38,6 +38,9 @@ def test_run_writes_complete_run_directory(tmp_path, capsys):
         assert 0.0 <= summary["metrics"][kind]["ndcg@10"] <= summary["metrics"][kind]["hr@10"]
     rows = list(csv.DictReader((out / "metrics.csv").open()))
     assert [int(r["round"]) for r in rows] == [1, 2, 3]
+    # round 1 starts from the download; later rounds merge and report the mean weight on Q_g
+    assert rows[0]["rho_mean"] == "" and 0.0 <= float(rows[2]["rho_mean"]) <= 1.0
+    assert summary["merge_rho_mean"] == pytest.approx(float(rows[2]["rho_mean"]))
     resolved = load_toml(out / "config.toml")
     assert resolved.train.rounds == 3 and resolved.data.synthetic.n_users == 40
     assert resolved.federation.merge == "em" and resolved.federation.aggregation == "similarity"

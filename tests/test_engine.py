@@ -140,8 +140,13 @@ def test_second_round_equals_per_client_reference(small_split, method, merge):
                      small_split)
     sim.step()
     ref = reference.simulation_round(sim)
-    sim.step()
+    stats = sim.step()
     assert (sim.state.q_local - ref["q_local"]).abs().max() < 1e-4
+    if ref["rho_mean"] is None:  # static replacement: nothing merged
+        assert stats.merge == {}
+    else:  # the mean weight on Q_g, reported in metrics.csv as rho_mean
+        assert stats.merge["rho_mean"] == pytest.approx(ref["rho_mean"], abs=1e-5)
+        assert 0.0 <= stats.merge["rho_mean"] <= 1.0
     assert (sim.state.p - ref["p"]).abs().max() < 1e-4
     if ref["q_global"] is not None:
         assert (sim.state.q_global - ref["q_global"]).abs().max() < 1e-4
