@@ -35,7 +35,8 @@ ID_COLUMNS = ["run", "dataset", "method", "variant", "aggregation", "merge", "pr
 METRIC_COLUMNS = ["hr10_full", "ndcg10_full", "hr10_sampled", "ndcg10_sampled"]
 EPS_COLUMNS = [f"eps_{b}" for b in BOUNDS]
 TAIL_COLUMNS = ["guarantee", "clip", "noise_scale", "frac_clipped", "mean_pre_clip_norm",
-                "rho_mean", "rounds", "n_users", "n_items", "audit", "seconds_per_round", "seconds_total"]
+                "rho_mean", "rounds", "n_users", "n_items", "audit", "seconds_per_round",
+                "seconds_total"]
 
 
 def find_runs(root: str | Path) -> list[Path]:
