@@ -59,8 +59,8 @@ def table(records: list[dict[str, Any]]) -> str:
     import numpy as np
 
     lines = ["| dataset | protocol | variant | seeds | sampled HR@10 | sampled NDCG@10 | "
-             "full HR@10 | full NDCG@10 | paper HR@10 / NDCG@10 | s/round |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "full HR@10 | full NDCG@10 | paper HR@10 / NDCG@10 | mean rho | s/round |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     keys = sorted({(r["dataset"], r["protocol"], r["variant"]) for r in records},
                   key=lambda k: (k[0], k[1], list(VARIANTS).index(k[2])))
     for ds, proto, var in keys:
@@ -73,9 +73,12 @@ def table(records: list[dict[str, Any]]) -> str:
         paper = PAPER_TABLE2.get(ds, {}).get(var)
         paper_s = f"{paper[0]:.4f} / {paper[1]:.4f}" if paper else "-"
         spr = np.mean([r["seconds_per_round"] for r in rs])
+        # weight on Q_g in the last round's merge (eq. 10), over the seeds that recorded it
+        rhos = [r["merge_rho_mean"] for r in rs if r.get("merge_rho_mean") is not None]
+        rho_s = f"{np.mean(rhos):.3f} ({len(rhos)})" if rhos else "-"
         lines.append(f"| {ds} | {proto} | {var} | {len(rs)} | {cell('sampled', 'hr@10')} | "
                      f"{cell('sampled', 'ndcg@10')} | {cell('full', 'hr@10')} | "
-                     f"{cell('full', 'ndcg@10')} | {paper_s} | {spr:.2f} |")
+                     f"{cell('full', 'ndcg@10')} | {paper_s} | {rho_s} | {spr:.2f} |")
     return "\n".join(lines)
 
 

@@ -44,8 +44,10 @@ def train(cfg: RunConfig) -> dict[str, Any]:
     sim = prepare(cfg)
     history = sim.run()
     last = next(h.metrics for h in reversed(history) if h.metrics)
+    # mean weight on Q_g in the last merge (eq. 10); None for methods that do not merge
+    rho = next((h.merge["rho_mean"] for h in reversed(history) if h.merge), None)
     return {"metrics": last, "seconds_per_round": sum(h.seconds for h in history) / len(history),
-            "privacy": sim.privacy.summary()}
+            "privacy": sim.privacy.summary(), "merge_rho_mean": rho}
 
 
 def emit(obj: Any) -> None:
@@ -67,6 +69,7 @@ def run_point(point: dict[str, Any], out: str, threads: int) -> str:
     record = {k: v for k, v in point.items() if k != "overrides"}
     record.update({"metrics": res["metrics"], "privacy": res["privacy"],
                    "seconds_per_round": res["seconds_per_round"],
+                   "merge_rho_mean": res["merge_rho_mean"],
                    "wall_s": time.perf_counter() - t0, "machine": machine(),
                    "overrides": point["overrides"]})
     path = Path(out) / f"{point['name']}.json"
