@@ -224,20 +224,39 @@ def oriented_auc(auc: np.ndarray) -> np.ndarray:
 
 def _label_points(ax: plt.Axes, labels: list[tuple[int, str, np.ndarray, np.ndarray, list[str]]]
                   ) -> None:
-    """Write each point's epsilon beside it; a line's points that coincide share one label."""
+    """Write each point's epsilon beside it, once per cluster of coinciding points.
+
+    Points that coincide (within 3% of the x range and 4% of the y range) share one label:
+    in the line's colour when they all belong to one line, in grey when several lines
+    meet there (typically every method at chance under strong noise).
+    """
     (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
+    clusters: list[dict] = []
     for i, color, xs, ys, texts in labels:
-        groups: list[tuple[float, float, list[str]]] = []
         for x, y, text in zip(xs, ys, texts, strict=True):
-            near = next((g for g in groups if abs(g[0] - x) < 0.03 * (x1 - x0)
-                         and abs(g[1] - y) < 0.04 * (y1 - y0)), None)
+            near = next((c for c in clusters if abs(c["x"] - x) < 0.03 * (x1 - x0)
+                         and abs(c["y"] - y) < 0.04 * (y1 - y0)), None)
             if near is None:
-                groups.append((x, y, [text]))
+                clusters.append({"x": x, "y": y, "lines": {i: color}, "texts": [text]})
             else:
-                near[2].append(text)
-        for x, y, group in groups:
-            ax.annotate(", ".join(group), (x, y), xytext=(6, 4 - 11 * (i % 2)),
-                        textcoords="offset points", fontsize=7, color=color)
+                near["lines"][i] = color
+                if text not in near["texts"]:
+                    near["texts"].append(text)
+    for c in clusters:
+        (i, color), *others = c["lines"].items()
+        shared = bool(others)
+        text = _join_eps(c["texts"]) + (" (several methods)" if shared else "")
+        ax.annotate(text, (c["x"], c["y"]),
+                    xytext=(6, 4 - 11 * (i % 2) * (not shared)), textcoords="offset points",
+                    fontsize=7, color="0.3" if shared else color)
+
+
+def _join_eps(texts: list[str]) -> str:
+    """["ε=1", "ε=4", "no DP"] -> "ε=1, 4, no DP": one ε= prefix for the numbers."""
+    nums = sorted((t[2:] for t in texts if t.startswith("ε=")),
+                  key=lambda n: float(n.replace("∞", "inf")))
+    rest = [t for t in texts if not t.startswith("ε=")]
+    return ", ".join(([f"ε={', '.join(nums)}"] if nums else []) + rest)
 
 
 def _save(fig: plt.Figure, path: Path) -> Path:

@@ -150,3 +150,11 @@ def test_frontier_folds_a_reversed_attack_onto_the_leaky_side():
 
     np.testing.assert_allclose(oriented_auc(np.array([0.1, 0.5, 0.9, 0.62])),
                                [0.9, 0.5, 0.9, 0.62])
+
+
+def test_eps_labels_share_one_prefix_in_numeric_order():
+    from fedem_private.report_plots import _join_eps
+
+    assert _join_eps(["ε=64", "ε=4", "ε=16", "ε=1"]) == "ε=1, 4, 16, 64"
+    assert _join_eps(["ε=∞", "ε=1"]) == "ε=1, ∞"
+    assert _join_eps(["no DP", "ε=8"]) == "ε=8, no DP"
