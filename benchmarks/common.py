@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from fedem_private.config import RunConfig, with_overrides
-from fedem_private.runner import prepare
+from fedem_private.runner import last_merge_rho, prepare
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
 
@@ -44,8 +44,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
     sim = prepare(cfg)
     history = sim.run()
     last = next(h.metrics for h in reversed(history) if h.metrics)
-    # mean weight on Q_g in the last merge (eq. 10); None for methods that do not merge
-    rho = next((h.merge["rho_mean"] for h in reversed(history) if h.merge), None)
+    rho = last_merge_rho(history)
     return {"metrics": last, "seconds_per_round": sum(h.seconds for h in history) / len(history),
             "privacy": sim.privacy.summary(), "merge_rho_mean": rho}
 

@@ -24,12 +24,17 @@ def prepare(cfg: RunConfig) -> Simulation:
     return Simulation(cfg, split, dataset_name=data.name, demographics=demographics)
 
 
+def last_merge_rho(history: list[RoundStats]) -> float | None:
+    """Mean weight on Q_g in the last round that merged (eq. 10); None without merging."""
+    return next((h.merge["rho_mean"] for h in reversed(history) if h.merge), None)
+
+
 def summarise(sim: Simulation, history: list[RoundStats], wall: float) -> dict[str, Any]:
     """The summary.json content."""
     cfg = sim.cfg
     last = next((h.metrics for h in reversed(history) if h.metrics), None)
     seconds = [h.seconds for h in history]
-    rho = next((h.merge["rho_mean"] for h in reversed(history) if h.merge), None)
+    rho = last_merge_rho(history)
     return {
         "dataset": sim.dataset_name,
         "method": cfg.federation.method,
