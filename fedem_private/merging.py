@@ -224,7 +224,7 @@ def merge_with_rho(cfg: MergeConfig, state: MergeState | None, q_local: Tensor,
         return q_global.clone(), torch.ones(k, dtype=torch.float64)
     rho = compute_rho(cfg, state, q_local, q_global)
     per_client = (rho.double().expand(k) if rho.dim() == 0
-                  else rho.double().mean(dim=1))
+                  else rho.double().reshape(k, -1).mean(dim=1))
     return merge_tables(q_local, q_global, rho), per_client
 
 
