@@ -1,6 +1,9 @@
 """``fedem-private report DIR``: Markdown tables and PNG plots over every run under DIR.
 
-Writes into the output folder (DIR unless told otherwise): ``results.csv``
+Several sources may be combined: folders of run directories and
+``results.csv`` files kept from earlier sweeps (a run named twice keeps
+the last source's row). Writes into the output folder (DIR unless told
+otherwise; required when combining): ``results.csv``
 (one row per run, :mod:`fedem_private.results`), ``report.md`` (mean ± std
 over seeds per dataset, protocol, method variant, privacy mode and epsilon,
 plus the accounting table) and, per dataset, ``<dataset>-hr10_vs_eps.png``,
@@ -12,12 +15,13 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
 
 from .errors import UserError
-from .results import BOUNDS, RESULTS_FILE, collect
+from .results import BOUNDS, RESULTS_FILE, collect, combine, read_results
 from .rundir import write_text_atomic
 
 ERRORS_FILE = "sweep_errors.log"  # written by fedem_private.sweep
@@ -137,24 +141,61 @@ def accounting_table(agg: pd.DataFrame) -> str:
     return _table(header, rows)
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text)
 
 
 # ---------------------------------------------------------------------------- entry
-def write_report(run_root: str, out_dir: str | None = None) -> list[Path]:
-    """Write results.csv, report.md and the PNG plots; returns the paths written."""
+def load_sources(sources: Sequence[str]) -> tuple[pd.DataFrame, list[Path], int]:
+    """Every run named by ``sources``: run-directory folders and ``results.csv`` files.
+
+    Returns the combined table (a run found in several sources keeps the
+    last source's row), the folders among the sources (whose
+    ``sweep_errors.log`` the report mentions) and the number of rows replaced.
+    """
+    frames, folders = [], []
+    for source in sources:
+        path = Path(source).expanduser()
+        if path.is_file():
+            frames.append(read_results(path))
+            continue
+        frame = collect(path)
+        if frame.empty:
+            raise UserError(f"no run directories (with summary.json) under {path}")
+        frames.append(frame)
+        folders.append(path)
+    frame, replaced = combine(frames)
+    return frame, folders, replaced
+
+
+def write_report(sources: str | Sequence[str], out_dir: str | None = None) -> list[Path]:
+    """Write results.csv, report.md and the PNG plots; returns the paths written.
+
+    ``sources`` is a folder of run directories, or several folders and
+    ``results.csv`` files to combine (then ``out_dir`` is required). The
+    output defaults to the single source folder.
+    """
     from . import report_plots as rp
 
-    root = Path(run_root).expanduser()
-    frame = collect(root)
-    if frame.empty:
-        raise UserError(f"no run directories (with summary.json) under {root}")
-    out = Path(out_dir).expanduser() if out_dir else root
+    names = [sources] if isinstance(sources, str | Path) else list(sources)
+    if not names:
+        raise UserError("report: name at least one folder of runs or results.csv")
+    if out_dir is None and (len(names) > 1 or Path(names[0]).expanduser().is_file()):
+        raise UserError("report: give --out when combining several sources or reading a "
+                        "results.csv")
+    frame, folders, replaced = load_sources(names)
+    out = Path(out_dir if out_dir else names[0]).expanduser()
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UserError(f"cannot create report directory {out}: {exc.strerror}") from None
+    if replaced:
+        print(f"report: {_plural(replaced, 'run')} found in several sources; kept the row "
+              "from the last source naming each")
     results = out / RESULTS_FILE
     write_text_atomic(results, frame.to_csv(index=False))
     written = [results]
@@ -163,13 +204,15 @@ def write_report(run_root: str, out_dir: str | None = None) -> list[Path]:
     seeds = frame.groupby(KEYS, dropna=False)["seed"].nunique()
     n_seeds = str(seeds.min()) if seeds.min() == seeds.max() else f"{seeds.min()}-{seeds.max()}"
     md = ["# fedem-private report", "",
-          f"{len(frame)} runs under `{root}`; values are mean ± std over seeds "
+          f"{len(frame)} runs from {', '.join(f'`{n}`' for n in names)}; values are "
+          "mean ± std over seeds "
           f"({n_seeds} per setting). HR@10 / NDCG@10 of each client's own model on its "
           "held-out item; *full* ranks it against every item the client did not train on, "
           "*sampled* against 99 sampled negatives.", ""]
-    if (root / ERRORS_FILE).is_file():
-        md += [f"**Some grid points failed in the last sweep** and are missing below; see "
-               f"`{(root / ERRORS_FILE).as_posix()}`.", ""]
+    for folder in folders:
+        if (folder / ERRORS_FILE).is_file():
+            md += [f"**Some grid points failed in the last sweep** and are missing below; "
+                   f"see `{(folder / ERRORS_FILE).as_posix()}`.", ""]
     if not attacks:
         md += ["No attack scores found (no `attacks.json` in the run directories), so the "
                "attack plots are left out.", ""]

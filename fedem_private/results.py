@@ -189,10 +189,52 @@ def collect(root: str | Path) -> pd.DataFrame:
             rows.append(run_row(run, base))
         except (OSError, ValueError, KeyError, UserError) as exc:
             raise UserError(f"cannot read run directory {run}: {exc}") from None
+    return _ordered(pd.DataFrame(rows))
+
+
+def _ordered(frame: pd.DataFrame) -> pd.DataFrame:
+    """The standard column order: identity, metrics, epsilon, tail, then the rest sorted."""
     columns = ID_COLUMNS + METRIC_COLUMNS + EPS_COLUMNS + TAIL_COLUMNS
-    frame = pd.DataFrame(rows)
     extra = sorted(c for c in frame.columns if c not in columns)
     return frame.reindex(columns=columns + extra)
+
+
+def read_results(path: str | Path) -> pd.DataFrame:
+    """A ``results.csv`` written earlier by ``sweep`` or ``report``, as :func:`collect` gives it.
+
+    Lets a report combine runs whose directories are elsewhere (another
+    machine, a deleted scratch folder) with fresh ones. Raises
+    :class:`UserError` when the file is missing, unreadable or lacks the
+    identity columns (``run``, ``dataset``, ..., ``seed``).
+    """
+    file = Path(path)
+    try:
+        frame = pd.read_csv(file)
+    except FileNotFoundError:
+        raise UserError(f"no such file or directory: {file}") from None
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read {file} as a results table: {exc}") from None
+    missing = [c for c in ID_COLUMNS if c not in frame.columns]
+    if missing:
+        raise UserError(f"{file} is not a fedem-private results.csv (no column "
+                        f"{', '.join(missing)})")
+    if frame.empty:
+        raise UserError(f"{file} holds no runs")
+    return _ordered(frame)
+
+
+def combine(frames: list[pd.DataFrame]) -> tuple[pd.DataFrame, int]:
+    """Stack results tables; a run named in several keeps its last one.
+
+    Returns the combined table and how many rows were replaced by a later
+    table's row for the same ``run``.
+    """
+    parts = [f for f in frames if not f.empty]
+    if not parts:
+        return _ordered(pd.DataFrame(columns=ID_COLUMNS)), 0
+    stacked = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
+    kept = stacked.drop_duplicates(subset="run", keep="last").reset_index(drop=True)
+    return _ordered(kept), len(stacked) - len(kept)
 
 
 def write_results(root: str | Path, out: str | Path | None = None) -> Path:

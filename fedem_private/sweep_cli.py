@@ -44,10 +44,13 @@ REPORT_HELP = "tables (report.md), results.csv and PNG plots over the runs under
 REPORT_DESCRIPTION = (
     "Summarise every run directory under DIR (a sweep's output, or single runs): write "
     "results.csv, report.md (mean ± std over seeds) and PNG plots of HR@10 vs eps, attack "
-    "AUC vs eps and utility vs attack success.")
+    "AUC vs eps and utility vs attack success. Several DIRs and results.csv files from "
+    "earlier sweeps can be combined (with --out); a run named twice keeps the last row.")
 REPORT_ARGS_HELP = {
-    "dir": "folder holding run directories (searched recursively for summary.json)",
-    "out": "where to write report.md, results.csv and the plots (default: DIR)",
+    "dir": "folder holding run directories (searched recursively for summary.json), or a "
+           "results.csv written by an earlier sweep or report",
+    "out": "where to write report.md, results.csv and the plots (default: DIR; required "
+           "with several sources or a results.csv)",
 }
 
 
@@ -77,7 +80,7 @@ def run_sweep_from_args(args: argparse.Namespace) -> int:
 
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``report`` (see :func:`run_report_from_args`)."""
-    parser.add_argument("dir", metavar="DIR", help=REPORT_ARGS_HELP["dir"])
+    parser.add_argument("dir", metavar="DIR", nargs="+", help=REPORT_ARGS_HELP["dir"])
     parser.add_argument("--out", default=None, metavar="DIR", help=REPORT_ARGS_HELP["out"])
 
 

@@ -158,3 +158,70 @@ def test_eps_labels_share_one_prefix_in_numeric_order():
     assert _join_eps(["ε=64", "ε=4", "ε=16", "ε=1"]) == "ε=1, 4, 16, 64"
     assert _join_eps(["ε=∞", "ε=1"]) == "ε=1, ∞"
     assert _join_eps(["no DP", "ε=8"]) == "ε=8, no DP"
+
+
+def _copy_run(src: Path, dst: Path) -> None:
+    dst.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.is_file():
+            (dst / f.name).write_bytes(f.read_bytes())
+
+
+def _table_lines(md: str) -> list[str]:
+    return [line for line in md.splitlines() if line.startswith("|")]
+
+
+def test_report_combines_a_kept_results_csv_with_fresh_run_directories(sweep_root, tmp_path,
+                                                                       capsys):
+    root, names = sweep_root
+    full = write_report(str(root), str(tmp_path / "full"))[0].parent
+    whole = pd.read_csv(full / "results.csv")
+    # seed 0's rows survive only as a results.csv; seed 1's run directories are fresh
+    kept = tmp_path / "kept.csv"
+    whole[whole["seed"] == 0].to_csv(kept, index=False)
+    fresh = tmp_path / "fresh"
+    seed1 = [n for n in names if n.endswith("seed1")]
+    for name in seed1:
+        _copy_run(root / name, fresh / name)
+    write_report([str(kept), str(fresh)], str(tmp_path / "both"))
+    both = pd.read_csv(tmp_path / "both" / "results.csv")
+    assert list(both.columns) == list(whole.columns)
+    left = both.sort_values("run").reset_index(drop=True)
+    right = whole.sort_values("run").reset_index(drop=True)
+    pd.testing.assert_frame_equal(left, right)
+    md = (tmp_path / "both" / "report.md").read_text()
+    assert f"12 runs from `{kept}`, `{fresh}`" in md
+    assert _table_lines(md) == _table_lines((full / "report.md").read_text())
+    assert "several sources" not in capsys.readouterr().out
+    # a run named by two sources keeps the last one's row, and the report says so
+    fresh_row = both.set_index("run").loc[seed1[0], "hr10_full"]
+    stale = whole.copy()
+    stale.loc[stale["run"] == seed1[0], "hr10_full"] = fresh_row + 0.25
+    stale.to_csv(kept, index=False)
+    write_report([str(kept), str(fresh)], str(tmp_path / "again"))
+    again = pd.read_csv(tmp_path / "again" / "results.csv").set_index("run")
+    assert len(again) == 12 and again.loc[seed1[0], "hr10_full"] == fresh_row
+    assert "6 runs found in several sources" in capsys.readouterr().out
+
+
+def test_report_source_errors_are_one_line(sweep_root, tmp_path, capsys):
+    from fedem_private.cli import main
+
+    root, _ = sweep_root
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,b\n1,2\n")
+    empty = tmp_path / "empty.csv"
+    empty.write_text(",".join(ID_COLUMNS) + "\n")
+    cases = [
+        ([str(root / "results.csv")], "give --out"),
+        ([str(root), str(root / "results.csv")], "give --out"),
+        ([str(bad), "--out", str(tmp_path / "o")], "not a fedem-private results.csv"),
+        ([str(empty), "--out", str(tmp_path / "o")], "holds no runs"),
+        ([str(root), str(tmp_path / "nowhere"), "--out", str(tmp_path / "o")],
+         "not a directory"),
+    ]
+    for argv, needle in cases:
+        assert main(["report", *argv]) == 2
+        err = capsys.readouterr().err
+        assert needle in err and err.count("\n") == 1, (argv, err)
+    assert not (tmp_path / "o" / "results.csv").exists()  # nothing written on an error
