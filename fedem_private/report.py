@@ -23,6 +23,7 @@ import pandas as pd
 from .errors import UserError
 from .results import BOUNDS, RESULTS_FILE, collect, combine, read_results
 from .rundir import write_text_atomic
+from .sweep_cli import plural
 
 ERRORS_FILE = "sweep_errors.log"  # written by fedem_private.sweep
 KEYS = ["dataset", "protocol", "variant", "mode", "eps_target"]
@@ -141,10 +142,6 @@ def accounting_table(agg: pd.DataFrame) -> str:
     return _table(header, rows)
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
-
-
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text)
 
@@ -194,7 +191,7 @@ def write_report(sources: str | Sequence[str], out_dir: str | None = None) -> li
     except OSError as exc:
         raise UserError(f"cannot create report directory {out}: {exc.strerror}") from None
     if replaced:
-        print(f"report: {_plural(replaced, 'run')} found in several sources; kept the row "
+        print(f"report: {plural(replaced, 'run')} found in several sources; kept the row "
               "from the last source naming each")
     results = out / RESULTS_FILE
     write_text_atomic(results, frame.to_csv(index=False))

@@ -232,7 +232,7 @@ def combine(frames: list[pd.DataFrame]) -> tuple[pd.DataFrame, int]:
     parts = [f for f in frames if not f.empty]
     if not parts:
         return _ordered(pd.DataFrame(columns=ID_COLUMNS)), 0
-    stacked = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
+    stacked = pd.concat(parts, ignore_index=True)
     kept = stacked.drop_duplicates(subset="run", keep="last").reset_index(drop=True)
     return _ordered(kept), len(stacked) - len(kept)
 

@@ -30,7 +30,7 @@ from . import attack_step, runner
 from .attack_step import ATTACKS_FILE, AttackStep, read_records
 from .errors import UserError
 from .rundir import json_safe, write_text_atomic
-from .sweep_cli import default_out
+from .sweep_cli import default_out, plural
 from .sweep_spec import QUICK_SPEC, GridPoint, grid, load_spec
 
 POINT_FILE = "sweep_point.json"
@@ -251,10 +251,6 @@ def _run_parallel(points: list[GridPoint], root: Path, force: bool, jobs: int,
         raise KeyboardInterrupt
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
-
-
 def _write_errors(root: Path, outcomes: list[Outcome], complete: bool) -> Path | None:
     """Describe this invocation's failures; a sweep that completed cleanly removes the file."""
     failed = [o for o in outcomes if o.status == "failed"]
@@ -297,8 +293,8 @@ def run_sweep(spec_path: str | None, out_dir: str | None, jobs: int = 1, force: 
     text = QUICK_SPEC if spec_path is None else Path(spec_path).read_text(encoding="utf-8")
     write_text_atomic(root / SPEC_FILE, text)
     jobs = min(_cores() if jobs <= 0 else jobs, max(len(todo), 1))
-    print(f"sweep: {spec.source}: {_plural(len(points), 'run')}, {len(points) - len(todo)} "
-          f"already done, {len(todo)} to run in {root} ({_plural(jobs, 'job')})")
+    print(f"sweep: {spec.source}: {plural(len(points), 'run')}, {len(points) - len(todo)} "
+          f"already done, {len(todo)} to run in {root} ({plural(jobs, 'job')})")
     if spec.attacks and why_not:
         print(f"sweep: attacks skipped ({why_not}); runs are trained without recording")
     bar = _Progress(progress, len(points), len(points) - len(todo))

@@ -54,6 +54,11 @@ REPORT_ARGS_HELP = {
 }
 
 
+def plural(n: int, word: str) -> str:
+    """``"1 run"``, ``"3 runs"``: a count and an English noun, for the command's messages."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
 def default_out(spec_path: str | None) -> str:
     """Where a sweep writes when ``--out`` is not given."""
     return QUICK_OUT if spec_path is None else f"runs/sweep-{Path(spec_path).stem}"
