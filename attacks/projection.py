@@ -32,6 +32,16 @@ the minority iff that moment is positive (exact zero: sign kept as computed).
 The rule can pick the wrong side for a client whose positives outnumber the
 distinct items its sampler could draw as negatives (e.g. a user who rated
 most of a small catalogue).
+
+Backbones that are not a dot product. PFedRec's score w_u . q_i + b_u is one
+(w_u plays p_u's part). FedNCF's is not: its score is an MLP over
+[p_u, q_i], so the gradient with respect to q_i is (sigmoid - y_i) J_i with
+J_i the MLP's input Jacobian at item i, which changes with i wherever a ReLU
+switches. The attack runs unchanged there: it still takes the top singular
+direction of the delta and orients it by the minority rule, which is right
+only insofar as the J_i share one direction. Nothing in the method promises
+that, so on such a backbone its scores are a heuristic, the attack's record
+says so (``assumption``), and its AUC is an empirical finding, not a property.
 """
 
 from __future__ import annotations
@@ -41,6 +51,17 @@ import torch
 
 from .base import DEFAULT_CHUNK, blank_nonparticipants, delta_chunks
 from .observations import Observation, PublicKnowledge
+
+#: backbones whose score is <vector, q_i> (+ a per-client constant): the case derived above
+DOT_PRODUCT_BACKBONES = ("mf", "pfedrec")
+
+
+def assumption_note(public: PublicKnowledge) -> str | None:
+    """A one-line caveat when the recorded backbone breaks the rank-one assumption, else None."""
+    if public.backbone in DOT_PRODUCT_BACKBONES:
+        return None
+    return (f"backbone {public.backbone!r} does not score by a dot product: the projection "
+            "attack's rank-one assumption does not hold, its scores are a heuristic")
 
 
 def _top_direction(delta: torch.Tensor) -> torch.Tensor:

@@ -55,6 +55,7 @@ from .canary import AUDITED_MODES, canary_audit, claimed_epsilon, params_from_lo
 from .ground_truth import Demographics, GroundTruth, load_demographics, load_ground_truth
 from .labels import RELATIONS, labels_for
 from .observations import Observation, PublicKnowledge, load_observations, load_public
+from .projection import assumption_note
 from .scoring import score_attack, score_attribute
 
 CLIENT_ATTACKS = ("attribute",)
@@ -198,7 +199,9 @@ def _item_record(name: str, obs: Observation, public: PublicKnowledge, gt: Groun
                for rel in RELATIONS}
     lower, source = _lower_bound(metrics)
     ok, reason = _verdict(lower, ctx, certified=False)
-    return {"attack": name, "round": obs.round, "seconds": seconds,
+    note = assumption_note(public) if name == "projection" else None
+    extra = {"assumption": note} if note else {}
+    return {**extra, "attack": name, "round": obs.round, "seconds": seconds,
             "n_clients": int(obs.participated.sum()), "relations": metrics,
             "eps_lower_bound": lower, "eps_lower_bound_source": source,
             "eps_accounted": ctx.accounted, "eps_claimed": ctx.claimed[0],
@@ -379,6 +382,8 @@ def format_table(report: dict[str, Any]) -> str:
     else:
         lines.append("audit: FAILED")
         lines += [f"  {f}" for f in report["audit_failures"]]
+    notes = sorted({r["assumption"] for r in report["records"] if r.get("assumption")})
+    lines += [f"note: {n}" for n in notes]
     lines.append("attribute rows: F1/bacc = balanced accuracy, baseline = majority rate; "
                  "bounds on natural data are not certified (see attacks.json 'assumptions')")
     return "\n".join(lines)

@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from fedem_private.config import RunConfig, with_overrides
-from fedem_private.runner import last_merge_rho, prepare
+from fedem_private.experiments.runner import last_merge_rho, prepare
+from fedem_private.simulation.config import RunConfig, with_overrides
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
 

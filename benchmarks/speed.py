@@ -31,14 +31,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedem_private import reference
-from fedem_private.aggregation import (
+from fedem_private.experiments.runner import prepare
+from fedem_private.server.aggregation import (
     fedavg_weights,
     pairwise_sq_distances,
     similarity_weights,
     similarity_weights_cvxpy,
 )
-from fedem_private.runner import prepare
+from fedem_private.simulation import reference
 
 from .common import emit, machine, run_config
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from .errors import UserError
+from fedem_private.errors import UserError
 
 PROG = "fedem-private"
 
@@ -44,9 +44,12 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--dataset", "data.dataset", str, "synthetic, ml-100k, ml-1m, filmtrust, lastfm-2k, csv"),
     ("--data-dir", "data.data_dir", str, "directory (or CSV file) holding the dataset"),
     ("--protocol", "data.protocol", str, "strict (default) or paper"),
-    ("--method", "federation.method", str, "fedmf, fedsim, fedem or local"),
+    ("--method", "federation.method", str,
+     "preset: fedmf, fedsim, fedem, local, fedncf or pfedrec (default: the backbone's own)"),
+    ("--backbone", "federation.backbone", str, "score model: mf, ncf or pfedrec"),
     ("--aggregation", "federation.aggregation", str, "fedavg, uniform, similarity, none"),
     ("--merge", "federation.merge", str, "sr, sm, dm or em"),
+    ("--codec", "federation.codec", str, "upload codec: full"),
     ("--alpha", "federation.alpha", _number, "similarity weight alpha (equation 13)"),
     ("--rho", "federation.rho", _number, "fixed merge weight for --merge sm"),
     ("--adapter-lr", "federation.adapter_lr", _number, "adapter learning rate (equation 11)"),
@@ -108,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     att.add_argument("--seed", type=_integer, default=0,
                      help="the attacker's and scorer's own seed (default 0)")
     att.add_argument("--quiet", action="store_true", help="no table, only write attacks.json")
-    from .sweep_cli import (
+    from fedem_private.experiments.sweep_cli import (
         REPORT_DESCRIPTION,
         REPORT_HELP,
         SWEEP_DESCRIPTION,
@@ -133,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace):
     """Config file (if any) plus command-line overrides, validated."""
-    from .config import RunConfig, load_toml, with_overrides
+    from fedem_private.simulation.config import RunConfig, load_toml, with_overrides
 
     base = load_toml(args.config) if args.config else RunConfig()
     overrides = {key: getattr(args, key) for _, key, _, _ in RUN_FLAGS}
@@ -141,10 +144,10 @@ def config_from_args(args: argparse.Namespace):
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from .runner import execute
+    from fedem_private.experiments.runner import execute
 
     cfg = config_from_args(args)
-    out = args.out or str(Path("runs") / (f"{cfg.data.dataset}-{cfg.federation.method}-"
+    out = args.out or str(Path("runs") / (f"{cfg.data.dataset}-{cfg.federation.resolved_method}-"
                                           f"{_dt.datetime.now():%Y%m%d-%H%M%S}"))
     bar = None
 
@@ -153,7 +156,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if not args.no_progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=cfg.train.rounds, desc=f"{cfg.federation.method} rounds",
+            bar = tqdm(total=cfg.train.rounds, desc=f"{cfg.federation.resolved_method} rounds",
                        unit="round", file=sys.stderr, dynamic_ncols=True)
 
     def on_round(stats) -> None:
@@ -170,7 +173,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     setup = None
     if args.record_rounds is not None:
-        from .recording import RecordSpec, recording_setup
+        from fedem_private.experiments.recording import RecordSpec, recording_setup
 
         setup = recording_setup(RecordSpec.parse(args.record_rounds, args.record_clients))
     elif args.record_clients is not None:
@@ -213,8 +216,8 @@ def _cmd_attack(args: argparse.Namespace) -> int:
 
 
 def _cmd_datasets(args: argparse.Namespace) -> int:
-    from .data import DATASETS
-    from .data.download import REGISTRY, cached_dir, default_cache_dir, download
+    from fedem_private.data import DATASETS
+    from fedem_private.data.download import REGISTRY, cached_dir, default_cache_dir, download
 
     if args.action == "list":
         for name in DATASETS:
@@ -251,11 +254,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "attack":
             return _cmd_attack(args)
         if args.command == "sweep":
-            from .sweep_cli import run_sweep_from_args
+            from fedem_private.experiments.sweep_cli import run_sweep_from_args
 
             return run_sweep_from_args(args)
         if args.command == "report":
-            from .sweep_cli import run_report_from_args
+            from fedem_private.experiments.sweep_cli import run_report_from_args
 
             return run_report_from_args(args)
         raise UserError(f"unknown command {args.command!r}")

@@ -40,6 +40,7 @@ class Stream(IntEnum):
     ADAPTER_INIT = 8
     SYNTHETIC = 9
     ATTACK = 10
+    MODEL_INIT = 11  # backbone parts beyond p_u and the item table (MLP, score head)
 
 
 def _mix(x: np.ndarray) -> np.ndarray:

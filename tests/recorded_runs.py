@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fedem_private.config import RunConfig, with_overrides
-from fedem_private.recording import RecordSpec, recording_setup
-from fedem_private.runner import execute
+from fedem_private.experiments.recording import RecordSpec, recording_setup
+from fedem_private.experiments.runner import execute
+from fedem_private.simulation.config import RunConfig, with_overrides
 
 SMALL: dict[str, Any] = {
     "data.synthetic.n_users": 60,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fedem_private.attack_step import AttackStep
+from fedem_private.experiments.attack_step import AttackStep
 
 TINY_BASE = """
 [base.data.synthetic]

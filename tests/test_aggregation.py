@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from fedem_private.aggregation import (
+from fedem_private.errors import UserError
+from fedem_private.server.aggregation import (
     cross_sq_distances,
     fedavg_aggregate,
     fedavg_weights,
@@ -19,7 +20,6 @@ from fedem_private.aggregation import (
     similarity_weights_cvxpy,
     uniform_weights,
 )
-from fedem_private.errors import UserError
 
 F64 = torch.float64
 

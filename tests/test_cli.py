@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from fedem_private.cli import main
-from fedem_private.config import RunConfig, load_toml, to_dict
+from fedem_private.simulation.config import RunConfig, load_toml, to_dict
 
 TINY = ["--rounds", "2", "--local-epochs", "1", "--dim", "4", "--no-progress"]
 
@@ -112,7 +112,7 @@ def test_existing_output_is_never_clobbered(tmp_path, capsys):
 
 
 def test_interrupted_run_leaves_nothing(tmp_path, monkeypatch):
-    from fedem_private import simulation
+    from fedem_private.simulation import loop as simulation
 
     def boom(self):
         raise KeyboardInterrupt

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from fedem_private import reference
-from fedem_private.config import RunConfig, with_overrides
 from fedem_private.data import SyntheticConfig, generate, leave_one_out
 from fedem_private.data.split import exclusion_csr
 from fedem_private.models.mf import LocalTrainConfig, draw_samples, num_steps, train_chunk
-from fedem_private.simulation import Simulation
+from fedem_private.simulation import reference
+from fedem_private.simulation.config import RunConfig, with_overrides
+from fedem_private.simulation.loop import Simulation
 
 
 @pytest.fixture(scope="module")

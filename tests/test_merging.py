@@ -16,8 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedem_private import rng
-from fedem_private.errors import UserError
-from fedem_private.merging import (
+from fedem_private.client.merging import (
     MergeConfig,
     MergeState,
     StepBatch,
@@ -28,6 +27,7 @@ from fedem_private.merging import (
     take_clients,
     train_adapter,
 )
+from fedem_private.errors import UserError
 from fedem_private.optim import AdamConfig, MaskedAdam
 
 SEED = 1234

@@ -8,7 +8,12 @@ import numpy as np
 import torch
 
 from fedem_private.data import SyntheticConfig, generate, leave_one_out
-from fedem_private.metrics import RankAccumulator, build_eval_sets, hr_ndcg, ranks_sampled
+from fedem_private.evaluation.metrics import (
+    RankAccumulator,
+    build_eval_sets,
+    hr_ndcg,
+    ranks_sampled,
+)
 
 
 def test_ranks_count_ties_against_the_model():

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from fedem_private.config import RunConfig, with_overrides
-from fedem_private.runner import prepare
+from fedem_private.experiments.runner import prepare
+from fedem_private.simulation.config import RunConfig, with_overrides
 
 
 def _run(data_dir, **over):

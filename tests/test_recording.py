@@ -1,4 +1,4 @@
-"""Recording what the server saw (fedem_private.recording) and the run/attack CLI flags."""
+"""Recording what the server saw (experiments.recording) and the run/attack CLI flags."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from attacks.ground_truth import load_demographics, load_ground_truth
 from attacks.observations import load_observations, load_public
 from fedem_private.cli import main
 from fedem_private.errors import UserError
+from fedem_private.experiments.recording import RecordSpec
+from fedem_private.experiments.runner import prepare
 from fedem_private.models.mf import draw_samples
-from fedem_private.recording import RecordSpec
-from fedem_private.runner import prepare
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +81,7 @@ def test_demographics_stored_apart(fedmf_run: Path) -> None:
 
 
 def test_recording_does_not_change_the_run(tmp_path: Path, fedmf_run: Path) -> None:
-    from fedem_private.runner import execute
+    from fedem_private.experiments.runner import execute
 
     plain = execute(small_config(), tmp_path / "plain")
     recorded = json.loads((fedmf_run / "summary.json").read_text())

@@ -9,18 +9,18 @@ import pandas as pd
 import pytest
 from sweep_helpers import TINY_BASE, StubAttacks, write_spec
 
-from fedem_private import attack_step
 from fedem_private.errors import UserError
-from fedem_private.report import write_report
-from fedem_private.results import (
+from fedem_private.experiments import attack_step
+from fedem_private.experiments.report import write_report
+from fedem_private.experiments.results import (
     EPS_COLUMNS,
     ID_COLUMNS,
     METRIC_COLUMNS,
     attack_columns,
     collect,
 )
-from fedem_private.sweep import run_sweep
-from fedem_private.sweep_spec import grid, load_spec
+from fedem_private.experiments.sweep import run_sweep
+from fedem_private.experiments.sweep_spec import grid, load_spec
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -133,7 +133,7 @@ def test_report_without_attacks_or_runs(tmp_path, sweep_root):
 def test_report_argparse_helper(sweep_root, tmp_path, capsys):
     import argparse
 
-    from fedem_private import sweep_cli
+    from fedem_private.experiments import sweep_cli
 
     parser = argparse.ArgumentParser()
     sweep_cli.add_report_arguments(parser)
@@ -146,14 +146,14 @@ def test_report_argparse_helper(sweep_root, tmp_path, capsys):
 def test_frontier_folds_a_reversed_attack_onto_the_leaky_side():
     import numpy as np
 
-    from fedem_private.report_plots import oriented_auc
+    from fedem_private.experiments.report_plots import oriented_auc
 
     np.testing.assert_allclose(oriented_auc(np.array([0.1, 0.5, 0.9, 0.62])),
                                [0.9, 0.5, 0.9, 0.62])
 
 
 def test_eps_labels_share_one_prefix_in_numeric_order():
-    from fedem_private.report_plots import _join_eps
+    from fedem_private.experiments.report_plots import _join_eps
 
     assert _join_eps(["ε=64", "ε=4", "ε=16", "ε=1"]) == "ε=1, 4, 16, 64"
     assert _join_eps(["ε=∞", "ε=1"]) == "ε=1, ∞"

@@ -9,11 +9,11 @@ import pandas as pd
 import pytest
 from sweep_helpers import TINY_BASE, StubAttacks, write_spec
 
-from fedem_private import attack_step, runner
 from fedem_private.errors import UserError
-from fedem_private.results import collect
-from fedem_private.sweep import POINT_FILE, run_sweep
-from fedem_private.sweep_spec import grid, load_spec
+from fedem_private.experiments import attack_step, runner
+from fedem_private.experiments.results import collect
+from fedem_private.experiments.sweep import POINT_FILE, run_sweep
+from fedem_private.experiments.sweep_spec import grid, load_spec
 
 TINY_2X2 = """
 methods = ["fedmf", "fedem"]
@@ -241,21 +241,21 @@ def test_argparse_helpers_parse_and_run(tmp_path, stub, capsys):
     import subprocess
     import sys
 
-    from fedem_private import sweep_cli
+    from fedem_private.experiments import naming, sweep_cli
 
     parser = argparse.ArgumentParser()
     sweep_cli.add_sweep_arguments(parser)
     args = parser.parse_args([])
     assert (args.config, args.out, args.jobs, args.force, args.no_progress) == (
         None, None, 1, False, False)
-    assert sweep_cli.default_out(None) == "runs/quick-sweep"
-    assert sweep_cli.default_out("conf/big.toml") == "runs/sweep-big"
+    assert naming.default_out(None) == "runs/quick-sweep"
+    assert naming.default_out("conf/big.toml") == "runs/sweep-big"
     spec = write_spec(tmp_path / "one.toml", 'methods = ["fedmf"]\nseeds = [0]')
     args = parser.parse_args([str(spec), "--out", str(tmp_path / "o"), "--no-progress"])
     assert sweep_cli.run_sweep_from_args(args) == 0
     assert "1 run, 0 already done, 1 to run" in capsys.readouterr().out
     # building the parser must not import the heavy machinery
-    code = ("import sys, fedem_private.sweep_cli; "
+    code = ("import sys, fedem_private.experiments.sweep_cli; "
             "print(sorted(m for m in ('torch', 'pandas', 'matplotlib') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
@@ -291,7 +291,7 @@ def test_the_documented_example_is_a_valid_sweep():
     import textwrap
     import tomllib
 
-    from fedem_private import sweep_spec
+    from fedem_private.experiments import sweep_spec
 
     doc = sweep_spec.__doc__
     block = textwrap.dedent(doc[doc.index("    [sweep]"):doc.index("Two more axes")])

@@ -4,7 +4,7 @@ Several sources may be combined: folders of run directories and
 ``results.csv`` files kept from earlier sweeps (a run named twice keeps
 the last source's row). Writes into the output folder (DIR unless told
 otherwise; required when combining): ``results.csv``
-(one row per run, :mod:`fedem_private.results`), ``report.md`` (mean ± std
+(one row per run, :mod:`fedem_private.experiments.results`), ``report.md`` (mean ± std
 over seeds per dataset, protocol, method variant, privacy mode and epsilon,
 plus the accounting table) and, per dataset, ``<dataset>-hr10_vs_eps.png``,
 ``<dataset>-auc_vs_eps.png`` and ``<dataset>-frontier.png`` (the last two
@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from .errors import UserError
-from .results import BOUNDS, RESULTS_FILE, collect, combine, read_results
-from .rundir import write_text_atomic
-from .sweep_cli import plural
+from fedem_private.errors import UserError
+from fedem_private.experiments.naming import plural
+from fedem_private.experiments.results import BOUNDS, RESULTS_FILE, collect, combine, read_results
+from fedem_private.experiments.rundir import write_text_atomic
 
-ERRORS_FILE = "sweep_errors.log"  # written by fedem_private.sweep
+ERRORS_FILE = "sweep_errors.log"  # written by fedem_private.experiments.sweep
 KEYS = ["dataset", "protocol", "variant", "mode", "eps_target"]
 REPORT_FILE = "report.md"
 
@@ -51,7 +51,7 @@ def _audit(values: pd.Series) -> str:
 
 def aggregate(frame: pd.DataFrame) -> pd.DataFrame:
     """Mean and std over seeds of every numeric column, per KEYS; plus n_seeds and audit."""
-    from .report_plots import x_key
+    from fedem_private.experiments.report_plots import x_key
 
     numeric = [c for c in frame.columns if c not in KEYS and c not in ("seed", "rounds")
                and pd.api.types.is_numeric_dtype(frame[c])
@@ -176,7 +176,7 @@ def write_report(sources: str | Sequence[str], out_dir: str | None = None) -> li
     ``results.csv`` files to combine (then ``out_dir`` is required). The
     output defaults to the single source folder.
     """
-    from . import report_plots as rp
+    from fedem_private.experiments import report_plots as rp
 
     names = [sources] if isinstance(sources, str | Path) else list(sources)
     if not names:

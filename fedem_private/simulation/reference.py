@@ -7,42 +7,22 @@ or clever on purpose.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .models.mf import ClientSamples, LocalTrainConfig, epoch_orders
+from fedem_private.models.base import ClientParams, ClientSamples, LocalTrainConfig, epoch_orders
+from fedem_private.models.mf import reference_train_client
 
 
 def train_client(q_start: torch.Tensor, p_start: torch.Tensor, items: np.ndarray,
                  labels: np.ndarray, cfg: LocalTrainConfig, seed: int, round_: int,
                  client: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """E epochs of mini-batch Adam on one client's full (m, d) item table and p_u."""
-    q = torch.nn.Parameter(q_start.detach().clone())
-    p = torch.nn.Parameter(p_start.detach().clone())
-    opt = torch.optim.Adam([q, p], lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
-    n = items.shape[0]
-    if n == 0:
-        return q.detach(), p.detach()
-    orders = epoch_orders(seed, round_, client, n, cfg.epochs)
-    items_t = torch.from_numpy(items)
-    labels_t = torch.from_numpy(labels).to(q.dtype)
-    for epoch in range(cfg.epochs):
-        order = torch.from_numpy(orders[epoch])
-        for start in range(0, n, cfg.batch_size):
-            batch = order[start: start + cfg.batch_size]
-            logits = q[items_t[batch]] @ p
-            loss = F.binary_cross_entropy_with_logits(logits, labels_t[batch])
-            opt.zero_grad()
-            loss.backward()
-            if cfg.grad_clip is not None:  # L2 clip of the item-table gradient at Z
-                norm = q.grad.norm()
-                if norm > cfg.grad_clip:
-                    q.grad.mul_(cfg.grad_clip / norm)
-            opt.step()
-    return q.detach(), p.detach()
+    """E epochs of mini-batch Adam on one MF client's full (m, d) item table and p_u."""
+    return reference_train_client(q_start, p_start, items, labels, cfg, seed, round_, client)
 
 
 def train_clients(q_start: torch.Tensor, p: torch.Tensor, clients: np.ndarray,
@@ -66,7 +46,7 @@ def fedavg_round(q_global: torch.Tensor, p: torch.Tensor, round_: int, seed: int
 
     Returns (new global table, new user vectors, uploads (n, m, d)).
     """
-    from .models.mf import draw_samples
+    from fedem_private.models.base import draw_samples
 
     n = p.shape[0]
     uploads, p_new = [], []
@@ -96,9 +76,14 @@ def adapter_net(weights: list[torch.Tensor], biases: list[torch.Tensor]) -> torc
 
 
 def train_adapter_client(net: torch.nn.Sequential, strategy: str, lr: float,
-                         q_local: torch.Tensor, q_global: torch.Tensor, p_user: torch.Tensor,
-                         batches: list[tuple[np.ndarray, np.ndarray]]) -> None:
-    """Equation 11 for one client: Adam on the adapter only, everything else frozen."""
+                         q_local: torch.Tensor, q_global: torch.Tensor, p_user: torch.Tensor | None,
+                         batches: list[tuple[np.ndarray, np.ndarray]],
+                         logits_of: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+    """Equation 11 for one client: Adam on the adapter only, everything else frozen.
+
+    ``logits_of`` maps merged item rows (B, d) to the backbone's logits; by
+    default the MF score q_i . p_user.
+    """
     opt = torch.optim.Adam(net.parameters(), lr=lr)
     for items, labels in batches:
         it = torch.from_numpy(items)
@@ -107,7 +92,8 @@ def train_adapter_client(net: torch.nn.Sequential, strategy: str, lr: float,
             rho = net(torch.cat([qg - ql, ql], dim=1))
         else:
             rho = net(torch.cat([q_global - q_local, q_local], dim=1)).mean()
-        logits = (ql + rho * (qg - ql)) @ p_user
+        merged = ql + rho * (qg - ql)
+        logits = merged @ p_user if logits_of is None else logits_of(merged)
         loss = F.binary_cross_entropy_with_logits(logits, torch.from_numpy(labels))
         opt.zero_grad()
         loss.backward()
@@ -130,7 +116,7 @@ def merge_client(net: torch.nn.Sequential | None, strategy: str, rho_fixed: floa
 
 def similarity_tables(uploads: torch.Tensor, p: torch.Tensor, alpha: float) -> torch.Tensor:
     """Equation 13 per client with cvxpy, then Q_g[u] = sum_v w_uv Q_v, one client at a time."""
-    from .aggregation import similarity_weights_cvxpy
+    from fedem_private.server.aggregation import similarity_weights_cvxpy
 
     n = uploads.shape[0]
     dists = torch.stack([((uploads.double() - uploads[u].double()) ** 2).sum(dim=(1, 2))
@@ -146,37 +132,41 @@ def similarity_tables(uploads: torch.Tensor, p: torch.Tensor, alpha: float) -> t
 
 
 def simulation_round(sim) -> dict[str, Any]:
-    """The next round of a :class:`~fedem_private.simulation.Simulation`, one client at a time.
+    """The next round of a :class:`~fedem_private.simulation.loop.Simulation`, one client at a time.
 
     Reads the simulation's configuration and state without changing them and
-    returns the new ``q_local``, ``p`` and ``q_global``. Supports every
-    method with full participation and no privacy noise; used by tests and by
-    the speed benchmark as the slow, obvious counterpart of ``sim.step()``.
+    returns the new ``q_local``, private groups (``p`` when the backbone has
+    user vectors), ``dense`` groups, ``q_global`` and ``dense_global``.
+    Supports every backbone, merge and aggregation with full participation
+    and no privacy noise; each client trains through its backbone's
+    ``reference_train_client`` (torch.optim, obvious code). Used by tests and
+    by the speed benchmark as the slow counterpart of ``sim.step()``.
     """
-    from .aggregation import fedavg_weights
-    from .models.mf import draw_samples
+    from fedem_private.models.base import draw_samples
+    from fedem_private.server.aggregation import fedavg_weights
 
-    st, split, cfg = sim.state, sim.split, sim.local_cfg
+    st, split, cfg, bb = sim.state, sim.split, sim.local_cfg, sim.backbone
     t = st.round + 1
     n = split.n_users
     strategy, agg = sim.merge_cfg.strategy, sim.aggregation
-    q_local, p = st.q_local.clone(), st.p.clone()
+    new_params: list[ClientParams] = []
     rhos: list[float] = []
     for u in range(n):
         s = draw_samples(sim.seed, t, np.array([u]), split.train_indptr, split.train_items,
                          *sim.excl, split.n_items, cfg.num_negatives)
         items, labels = s.of(0)
+        own = st.params(torch.tensor([u]))
         if agg == "none":
-            sent = st.q_local[u]
-        elif st.q_global.dim() == 2:
-            sent = st.q_global
+            sent, dense_sent = st.q_local[u], own.dense
         else:
-            sent = st.q_global[u]
-        start = sent
-        if strategy != "sr" and not (t == 1 and agg != "none"):
+            sent = st.q_global if st.q_global.dim() == 2 else st.q_global[u]
+            dense_sent = ({k: v[None] for k, v in sim.dense.params.items()}
+                          if sim.dense is not None else {})
+        start = ClientParams(sent[None].clone(), dense_sent, own.private)
+        if strategy != "sr" and t > 1:
             net = None
             if strategy in ("dm", "em"):
-                ms = st.merge_state
+                ms = sim.merger.state
                 net = adapter_net([w[u] for w in ms.weights], [b[u] for b in ms.biases])
                 extra = sim.merge_cfg.adapter_epochs
                 orders = epoch_orders(sim.seed, t, u, items.shape[0], cfg.epochs + extra)
@@ -184,10 +174,15 @@ def simulation_round(sim) -> dict[str, Any]:
                            for o in orders[cfg.epochs:]
                            for i in range(0, items.shape[0], cfg.batch_size)]
                 train_adapter_client(net, strategy, sim.merge_cfg.adapter_lr, st.q_local[u],
-                                     sent, st.p[u], batches)
-            start, rho = merge_client(net, strategy, sim.merge_cfg.rho, st.q_local[u], sent)
+                                     sent, None, batches,
+                                     logits_of=lambda q, start=start: bb.reference_logits(start, q))
+            merged, rho = merge_client(net, strategy, sim.merge_cfg.rho, st.q_local[u], sent)
+            start.items = merged[None]
             rhos.append(rho)
-        q_local[u], p[u] = train_client(start, st.p[u], items, labels, cfg, sim.seed, t, u)
+        new_params.append(bb.reference_train_client(start, items, labels, cfg, t, u))
+    q_local = torch.cat([p.items for p in new_params])
+    private = {k: torch.cat([p.private[k] for p in new_params]) for k in new_params[0].private}
+    dense = {k: torch.cat([p.dense[k] for p in new_params]) for k in new_params[0].dense}
     sizes = torch.from_numpy(split.train_counts.astype(np.float64))
     if agg == "none":
         q_global = None
@@ -197,5 +192,11 @@ def simulation_round(sim) -> dict[str, Any]:
         w = sizes / sizes.sum() if agg == "fedavg" else torch.full((n,), 1.0 / n,
                                                                      dtype=torch.float64)
         q_global = sum(w[u] * q_local[u].double() for u in range(n)).float()
+    dense_global = None
+    if dense and agg != "none":
+        fw = sizes / sizes.sum()
+        dense_global = {k: sum(fw[u] * v[u].double() for u in range(n)).float()
+                        for k, v in dense.items()}
     rho_mean = sum(rhos) / len(rhos) if rhos and strategy != "sr" else None
-    return {"q_local": q_local, "p": p, "q_global": q_global, "rho_mean": rho_mean}
+    return {"q_local": q_local, "p": private.get("p"), "private": private, "dense": dense,
+            "q_global": q_global, "dense_global": dense_global, "rho_mean": rho_mean}

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from .errors import UserError
+from fedem_private.errors import UserError
 
 
 def json_safe(value: Any) -> Any:

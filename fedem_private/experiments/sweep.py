@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import attack_step, runner
-from .attack_step import ATTACKS_FILE, AttackStep, read_records
-from .errors import UserError
-from .rundir import json_safe, write_text_atomic
-from .sweep_cli import default_out, plural
-from .sweep_spec import QUICK_SPEC, GridPoint, grid, load_spec
+from fedem_private.errors import UserError
+from fedem_private.experiments import attack_step, runner
+from fedem_private.experiments.attack_step import ATTACKS_FILE, AttackStep, read_records
+from fedem_private.experiments.naming import default_out, plural
+from fedem_private.experiments.rundir import json_safe, write_text_atomic
+from fedem_private.experiments.sweep_spec import QUICK_SPEC, GridPoint, grid, load_spec
 
 POINT_FILE = "sweep_point.json"
 SPEC_FILE = "sweep.toml"
@@ -273,7 +273,7 @@ def run_sweep(spec_path: str | None, out_dir: str | None, jobs: int = 1, force: 
     Writes ``results.csv`` over every run under ``out_dir`` when it stops,
     interrupted or not.
     """
-    from .results import write_results
+    from fedem_private.experiments.results import write_results
 
     spec = load_spec(spec_path)
     root = Path(out_dir or default_out(spec_path)).expanduser()

@@ -20,17 +20,18 @@ from typing import Any
 
 import pandas as pd
 
-from .attack_step import ATTACKS_FILE, read_records
-from .config import load_toml
-from .errors import UserError
-from .rundir import write_text_atomic
-from .sweep_spec import variant_label
+from fedem_private.errors import UserError
+from fedem_private.experiments.attack_step import ATTACKS_FILE, read_records
+from fedem_private.experiments.rundir import write_text_atomic
+from fedem_private.experiments.sweep_spec import variant_label
+from fedem_private.simulation.config import load_toml
 
 RESULTS_FILE = "results.csv"
 PRIMARY_RELATION = "positive_vs_sampled"
 SECONDARY_METRICS = ("auc", "tpr@1%fpr", "advantage")
 BOUNDS = ("basic", "advanced", "rdp", "pld", "reported")
-ID_COLUMNS = ["run", "dataset", "method", "variant", "aggregation", "merge", "protocol", "mode",
+ID_COLUMNS = ["run", "dataset", "method", "variant", "backbone", "aggregation", "merge",
+              "protocol", "mode",
               "eps_target", "seed"]
 METRIC_COLUMNS = ["hr10_full", "ndcg10_full", "hr10_sampled", "ndcg10_sampled"]
 EPS_COLUMNS = [f"eps_{b}" for b in BOUNDS]
@@ -142,6 +143,7 @@ def run_row(run: Path, root: Path) -> dict[str, Any]:
         "dataset": summary.get("dataset"),
         "method": summary.get("method"),
         "variant": variant_label(cfg.federation) if cfg else summary.get("method"),
+        "backbone": summary.get("backbone") or "mf",
         "aggregation": summary.get("aggregation"),
         "merge": summary.get("merge"),
         "protocol": summary.get("protocol"),

@@ -15,20 +15,31 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, get_type_hints
 
-from .data import DATASETS, PROTOCOLS, SyntheticConfig
-from .errors import UserError
-from .privacy.config import PrivacyConfig
+from fedem_private.data import DATASETS, PROTOCOLS, SyntheticConfig
+from fedem_private.errors import UserError
+from fedem_private.privacy.config import PrivacyConfig
 
-METHODS = ("fedmf", "fedsim", "fedem", "local")
+METHODS = ("fedmf", "fedsim", "fedem", "local", "fedncf", "pfedrec")
+BACKBONES = ("mf", "ncf", "pfedrec")
+CODECS = ("full",)
 AGGREGATIONS = ("fedavg", "uniform", "similarity", "none")
 MERGES = ("sr", "sm", "dm", "em")
-# method -> (aggregation, merge); FedSim is FedMF with similarity aggregation (paper, Table 2)
+# method (a preset) -> (aggregation, merge); FedSim is FedMF with similarity aggregation
+# (paper, Table 2). A preset's parts are defaults: --backbone, --merge, --aggregation and
+# --codec override them one by one (DESIGN section 9).
 METHOD_DEFAULTS = {
     "fedmf": ("fedavg", "sr"),
     "fedsim": ("similarity", "sr"),
     "fedem": ("similarity", "em"),
     "local": ("none", "sr"),
+    "fedncf": ("fedavg", "sr"),
+    "pfedrec": ("fedavg", "sr"),
 }
+# method -> its backbone (DESIGN section 10)
+METHOD_BACKBONE = {"fedmf": "mf", "fedsim": "mf", "fedem": "mf", "local": "mf",
+                   "fedncf": "ncf", "pfedrec": "pfedrec"}
+# backbone -> the preset named after it, used when --backbone is given without --method
+BACKBONE_METHOD = {"mf": "fedmf", "ncf": "fedncf", "pfedrec": "pfedrec"}
 
 
 @dataclass(frozen=True)
@@ -82,19 +93,31 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class FederationConfig:
-    """Method, server aggregation and client merging (DESIGN sections 3-4)."""
+    """A method as a composition (DESIGN section 9): preset, backbone, merge, codec, aggregator.
 
-    method: str = "fedmf"
+    ``method`` names a preset; every other part left ``None`` takes the
+    preset's choice. With only ``backbone`` given, the preset is the one named
+    after that backbone (``--backbone pfedrec --merge em`` is PFedRec+EM).
+    """
+
+    method: str | None = None  # None: the backbone's own preset (fedmf for mf)
+    backbone: str | None = None  # None: the method's backbone
     aggregation: str | None = None  # None: the method's default
     merge: str | None = None  # None: the method's default
+    codec: str = "full"
     alpha: float = 0.9
     rho: float = 0.5
     adapter_lr: float = 0.1
     adapter_epochs: int = 1
 
     def validate(self) -> None:
-        if self.method not in METHODS:
+        if self.method is not None and self.method not in METHODS:
             raise UserError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
+        if self.backbone is not None and self.backbone not in BACKBONES:
+            raise UserError(f"unknown backbone {self.backbone!r}; choose one of "
+                            f"{', '.join(BACKBONES)}")
+        if self.codec not in CODECS:
+            raise UserError(f"unknown codec {self.codec!r}; available: {', '.join(CODECS)}")
         if self.aggregation is not None and self.aggregation not in AGGREGATIONS:
             raise UserError(f"unknown aggregation {self.aggregation!r}; choose one of "
                             f"{', '.join(AGGREGATIONS)}")
@@ -110,12 +133,27 @@ class FederationConfig:
             raise UserError("federation.adapter_epochs must be a positive integer")
 
     @property
+    def resolved_method(self) -> str:
+        return self.method or BACKBONE_METHOD[self.backbone or "mf"]
+
+    @property
+    def resolved_backbone(self) -> str:
+        return self.backbone or METHOD_BACKBONE[self.resolved_method]
+
+    @property
     def resolved_aggregation(self) -> str:
-        return self.aggregation or METHOD_DEFAULTS[self.method][0]
+        return self.aggregation or METHOD_DEFAULTS[self.resolved_method][0]
 
     @property
     def resolved_merge(self) -> str:
-        return self.merge or METHOD_DEFAULTS[self.method][1]
+        return self.merge or METHOD_DEFAULTS[self.resolved_method][1]
+
+    def check_composition(self) -> None:
+        """Refuse a combination of parts that cannot work, with one line naming why."""
+        agg, merge = self.resolved_aggregation, self.resolved_merge
+        if agg == "none" and merge != "sr":
+            raise UserError(f"merge {merge!r} merges the server's table into the client's, but "
+                            "aggregation 'none' (local) sends no table; use --merge sr")
 
 
 @dataclass(frozen=True)
@@ -132,11 +170,17 @@ class RunConfig:
         self.train.validate()
         self.federation.validate()
         self.privacy.validate()
+        self.federation.check_composition()
+        if self.federation.resolved_aggregation == "none" and self.privacy.mode != "none":
+            raise UserError(f"privacy {self.privacy.mode!r} protects uploads, but aggregation "
+                            "'none' (local) uploads nothing; use --privacy none")
         return self
 
     def resolved(self) -> RunConfig:
         """Fill method-dependent defaults so the written config says what ran."""
-        fed = replace(self.federation, aggregation=self.federation.resolved_aggregation,
+        fed = replace(self.federation, method=self.federation.resolved_method,
+                      backbone=self.federation.resolved_backbone,
+                      aggregation=self.federation.resolved_aggregation,
                       merge=self.federation.resolved_merge)
         return replace(self, federation=fed)
 

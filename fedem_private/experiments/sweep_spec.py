@@ -49,9 +49,13 @@ from itertools import product
 from pathlib import Path
 from typing import Any
 
-from .config import (
+from fedem_private.data import DATASETS, PROTOCOLS
+from fedem_private.errors import UserError
+from fedem_private.privacy.config import LDP_MODES, MODES, PrivacyConfig
+from fedem_private.simulation.config import (
     AGGREGATIONS,
     MERGES,
+    METHOD_BACKBONE,
     METHOD_DEFAULTS,
     METHODS,
     FederationConfig,
@@ -59,9 +63,6 @@ from .config import (
     from_dict,
     to_dict,
 )
-from .data import DATASETS, PROTOCOLS
-from .errors import UserError
-from .privacy.config import LDP_MODES, MODES, PrivacyConfig
 
 AXES = ("datasets", "methods", "merges", "variants", "aggregations", "privacy", "epsilons",
         "seeds", "protocols", "attacks")
@@ -243,7 +244,7 @@ def parse_spec(data: dict[str, Any], source: str) -> SweepSpec:
         base = from_dict(base_table)
     except UserError as exc:
         raise UserError(f"{source}: [base]: {exc}") from None
-    from .attack_step import known_attacks
+    from fedem_private.experiments.attack_step import known_attacks
 
     def axis(name: str, default: Any) -> list[Any]:
         return _as_list(name, sweep[name]) if name in sweep else [default]
@@ -266,7 +267,7 @@ def parse_spec(data: dict[str, Any], source: str) -> SweepSpec:
     spec = SweepSpec(
         base=base,
         datasets=_choice("datasets", axis("datasets", base.data.dataset), DATASETS),
-        methods=_choice("methods", axis("methods", base.federation.method), METHODS),
+        methods=_choice("methods", axis("methods", base.federation.resolved_method), METHODS),
         merges=_optional_choice("merges", axis("merges", base.federation.merge or DEFAULT),
                                 MERGES),
         aggregations=_optional_choice(
@@ -291,7 +292,7 @@ def load_spec(path: str | Path | None) -> SweepSpec:
     """Read a sweep file, or the built-in quick sweep when ``path`` is None."""
     if path is None:
         return parse_spec(tomllib.loads(QUICK_SPEC), "built-in quick sweep")
-    from .config import read_toml
+    from fedem_private.simulation.config import read_toml
 
     return parse_spec(read_toml(path, "sweep file"), str(path))
 
@@ -303,13 +304,22 @@ def fmt_number(x: float) -> str:
 
 
 def variant_label(fed: FederationConfig) -> str:
-    """fedmf, fedsim, fedem-em, fedem-sm, fedmf-uniform, ...: the method and what differs."""
-    default_agg, default_merge = METHOD_DEFAULTS[fed.method]
-    label = fed.method
-    if fed.method == "fedem" or fed.resolved_merge != default_merge:
+    """fedmf, fedsim, fedem-em, fedncf-em, fedmf-uniform, fedem-em+ncf: method and what differs.
+
+    A backbone other than the preset's own is appended after ``+``; a codec
+    other than ``full`` after ``~``.
+    """
+    method = fed.resolved_method
+    default_agg, default_merge = METHOD_DEFAULTS[method]
+    label = method
+    if method == "fedem" or fed.resolved_merge != default_merge:
         label += f"-{fed.resolved_merge}"
     if fed.resolved_aggregation != default_agg:
         label += f"-{fed.resolved_aggregation}"
+    if fed.resolved_backbone != METHOD_BACKBONE[method]:
+        label += f"+{fed.resolved_backbone}"
+    if fed.codec != "full":
+        label += f"~{fed.codec}"
     return label
 
 

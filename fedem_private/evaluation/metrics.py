@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import rng
-from .data.negatives import sample_excluding
-from .data.split import Split, evaluation_exclusion_csr, exclusion_csr
+from fedem_private import rng
+from fedem_private.data.negatives import sample_excluding
+from fedem_private.data.split import Split, evaluation_exclusion_csr, exclusion_csr
 
 KS = (10, 20)
 
@@ -85,9 +85,12 @@ class RankAccumulator:
         self.full = torch.full((n_users,), -1, dtype=torch.long)
 
     def add(self, users: np.ndarray, q: torch.Tensor, p: torch.Tensor, sets: EvalSets) -> None:
-        """Score users' own models: q (k, m, d) item tables, p (k, d) user vectors."""
+        """Score users' own dot-product models: q (k, m, d) item tables, p (k, d) user vectors."""
+        self.add_scores(users, torch.bmm(q, p[:, :, None]).squeeze(2), sets)
+
+    def add_scores(self, users: np.ndarray, scores: torch.Tensor, sets: EvalSets) -> None:
+        """Rank each user's test item from its model's scores of every item (k, m)."""
         users_t = torch.from_numpy(np.asarray(users, dtype=np.int64))
-        scores = torch.bmm(q, p[:, :, None]).squeeze(2)  # (k, m)
         test = sets.test_items[users_t]
         s_test = scores.gather(1, test[:, None]).squeeze(1)
         s_cand = scores.gather(1, sets.sampled[users_t])

@@ -3,7 +3,7 @@
 Light on purpose (no torch, pandas or matplotlib at import): building the
 parser stays fast; the work is imported when a command runs. Wiring::
 
-    from .sweep_cli import add_report_arguments, add_sweep_arguments, ...
+    from fedem_private.experiments.sweep_cli import add_report_arguments, add_sweep_arguments, ...
     sw = sub.add_parser("sweep", help=SWEEP_HELP, description=SWEEP_DESCRIPTION)
     add_sweep_arguments(sw)
     rep = sub.add_parser("report", help=REPORT_HELP, description=REPORT_DESCRIPTION)
@@ -18,9 +18,8 @@ parser stays fast; the work is imported when a command runs. Wiring::
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-QUICK_OUT = "runs/quick-sweep"
+from fedem_private.experiments.naming import QUICK_OUT
 
 SWEEP_HELP = "run a grid of runs (resumable), with attacks; no CONFIG: the quick sweep"
 SWEEP_DESCRIPTION = (
@@ -54,16 +53,6 @@ REPORT_ARGS_HELP = {
 }
 
 
-def plural(n: int, word: str) -> str:
-    """``"1 run"``, ``"3 runs"``: a count and an English noun, for the command's messages."""
-    return f"{n} {word}{'' if n == 1 else 's'}"
-
-
-def default_out(spec_path: str | None) -> str:
-    """Where a sweep writes when ``--out`` is not given."""
-    return QUICK_OUT if spec_path is None else f"runs/sweep-{Path(spec_path).stem}"
-
-
 def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``sweep`` (see :func:`run_sweep_from_args`)."""
     parser.add_argument("config", nargs="?", default=None, metavar="CONFIG",
@@ -77,7 +66,7 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_sweep_from_args(args: argparse.Namespace) -> int:
     """Run the sweep of parsed :func:`add_sweep_arguments` arguments; the exit code."""
-    from .sweep import run_sweep
+    from fedem_private.experiments.sweep import run_sweep
 
     return run_sweep(args.config, args.out, jobs=args.jobs, force=args.force,
                      progress=not args.no_progress)
@@ -91,7 +80,7 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_report_from_args(args: argparse.Namespace) -> int:
     """Write the report of parsed :func:`add_report_arguments` arguments; prints the files."""
-    from .report import write_report
+    from fedem_private.experiments.report import write_report
 
     for path in write_report(args.dir, args.out):
         print(f"wrote {path}")

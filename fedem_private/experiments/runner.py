@@ -7,11 +7,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import __version__
-from .config import RunConfig, to_dict, to_toml
-from .data import leave_one_out, load_dataset
-from .rundir import RunDir
-from .simulation import RoundStats, Simulation
+from fedem_private import __version__
+from fedem_private.data import leave_one_out, load_dataset
+from fedem_private.experiments.rundir import RunDir
+from fedem_private.simulation.config import RunConfig, to_dict, to_toml
+from fedem_private.simulation.loop import RoundStats, Simulation
 
 
 def prepare(cfg: RunConfig) -> Simulation:
@@ -38,6 +38,8 @@ def summarise(sim: Simulation, history: list[RoundStats], wall: float) -> dict[s
     return {
         "dataset": sim.dataset_name,
         "method": cfg.federation.method,
+        "backbone": cfg.federation.backbone,
+        "codec": cfg.federation.codec,
         "aggregation": cfg.federation.resolved_aggregation,
         "merge": cfg.federation.resolved_merge,
         # mean weight on Q_g in the last round's merge (eq. 10); None without merging

@@ -318,3 +318,80 @@ def train_adapter(cfg: MergeConfig, state: MergeState | None, client_rows: Tenso
             adam.step(grads, rows)
     trained = MergeState(tuple(params[:n_layers]), tuple(params[n_layers:]))
     return trained if client_rows is None else put_clients(state, client_rows, trained)
+
+
+# ---------------------------------------------------------------- the client's merge step
+
+
+def adapter_batches(seed: int, round_: int, clients: np.ndarray, samples: object,
+                    local_epochs: int, extra_epochs: int, batch_size: int) -> Iterable[StepBatch]:
+    """Lock-step batches for the adapter (equation 11), from this round's samples.
+
+    Client c's adapter epoch e uses its sample order number ``local_epochs + e``
+    of the round (:func:`~fedem_private.models.base.epoch_orders`), so the
+    adapter never reuses the order of a training epoch. ``samples`` is the
+    round's :class:`~fedem_private.models.base.ClientSamples` for ``clients``.
+    """
+    from fedem_private.models.base import epoch_orders
+
+    e0, extra, bsz = local_epochs, extra_epochs, batch_size
+    k = clients.shape[0]
+    lengths = np.diff(samples.indptr)
+    per_epoch = -(-lengths // bsz)
+    nb = extra * per_epoch
+    width = int(per_epoch.max(initial=0)) * bsz
+    # slot (j, e, b) holds client j's batch b of adapter epoch e, zero-padded
+    its = np.zeros((k, extra, width), dtype=np.int64)
+    labs = np.zeros((k, extra, width), dtype=samples.labels.dtype)
+    msks = np.zeros((k, extra, width), dtype=bool)
+    for j, c in enumerate(clients.tolist()):
+        items, labels = samples.of(j)
+        n = items.shape[0]
+        orders = epoch_orders(seed, round_, c, n, e0 + extra)[e0:]
+        its[j, :, :n] = items[orders]
+        labs[j, :, :n] = labels[orders]
+        msks[j, :, :n] = True
+    # client j's step s is (epoch, batch) = divmod(s, per_epoch[j])
+    for s in range(int(nb.max(initial=0))):
+        rows = np.nonzero(nb > s)[0]
+        epoch, b = np.divmod(s, per_epoch[rows])
+        cols = (b * bsz)[:, None] + np.arange(bsz)
+        yield StepBatch(torch.from_numpy(rows).to(torch.long),
+                        torch.from_numpy(its[rows[:, None], epoch[:, None], cols]),
+                        torch.from_numpy(labs[rows[:, None], epoch[:, None], cols]),
+                        torch.from_numpy(msks[rows[:, None], epoch[:, None], cols]))
+
+
+class Merger:
+    """A run's merge step on the client side (SR / SM / DM / EM) and the adapters it keeps.
+
+    Only item tables are merged (the group every backbone marks mergeable);
+    the backbone supplies the frozen score function the adapter is trained
+    through (equation 11), so merging never knows which backbone runs.
+    """
+
+    def __init__(self, cfg: MergeConfig, n_clients: int, dim: int, seed: int) -> None:
+        self.cfg = cfg
+        self.state = init_merge_state(cfg, np.arange(n_clients), dim, seed)
+
+    @property
+    def merges(self) -> bool:
+        """Whether the start table differs from the server's (anything but SR)."""
+        return self.cfg.strategy != "sr"
+
+    @property
+    def learned(self) -> bool:
+        """Whether adapters are trained (DM, EM)."""
+        return self.cfg.strategy in LEARNED
+
+    def start(self, idx: Tensor, q_prev: Tensor, sent: Tensor, user_vecs: Tensor,
+              score: ScoreFn, steps: Iterable[StepBatch] | None) -> tuple[Tensor, Tensor]:
+        """Train the adapters of clients ``idx`` (DM, EM), then merge (equation 10).
+
+        Returns the start tables (k, m, d) and each client's mean rho (k,).
+        """
+        if self.learned:
+            self.state = train_adapter(self.cfg, self.state, idx, q_prev, sent, user_vecs,
+                                       steps if steps is not None else (), score)
+        chunk_state = take_clients(self.state, idx) if self.state is not None else None
+        return merge_with_rho(self.cfg, chunk_state, q_prev, sent)

@@ -37,9 +37,8 @@ import numpy as np
 
 from attacks.ground_truth import save_demographics, save_ground_truth
 from attacks.observations import Observation, PublicKnowledge, save_observation, save_public
-
-from .errors import UserError
-from .simulation import ChunkView, Simulation
+from fedem_private.errors import UserError
+from fedem_private.simulation.loop import ChunkView, Simulation
 
 STORE_DTYPE = "float32"
 SELECTION_RULE = "first N client ids of the split (0 .. N-1)"
@@ -100,11 +99,12 @@ def public_knowledge(sim: Simulation, rounds: Sequence[int], clients: np.ndarray
         local_epochs=tr.local_epochs, batch_size=tr.batch_size,
         num_negatives=tr.num_negatives, method=fed.method,
         privacy_mode=cfg.privacy.mode, privacy_params=sim.privacy.params.as_log(),
-        backbone="mf", optimizer="adam", protocol=cfg.data.protocol,
+        backbone=fed.resolved_backbone, optimizer="adam", protocol=cfg.data.protocol,
         extra={
             "dataset": sim.dataset_name,
             "aggregation": fed.resolved_aggregation,
             "merge": fed.resolved_merge,
+            "codec": fed.codec,
             "rounds": tr.rounds,
             "init_std": tr.init_std,
             "client_fraction": tr.client_fraction,
@@ -183,7 +183,7 @@ class Recorder:
 
 
 def recording_setup(spec: RecordSpec) -> Callable[[Simulation, Path], None]:
-    """A ``setup`` for :func:`fedem_private.runner.execute` that attaches a :class:`Recorder`."""
+    """A ``setup`` for :func:`~fedem_private.experiments.runner.execute`: attach a Recorder."""
 
     def setup(sim: Simulation, run_dir: Path) -> None:
         recorder = Recorder(sim, run_dir, spec)

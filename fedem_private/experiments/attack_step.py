@@ -1,14 +1,14 @@
 """The sweep's bridge to the recording and attack step (DESIGN.md, section 6).
 
-The sweep never calls :mod:`fedem_private.recording` or :mod:`attacks.run`
+The sweep never calls :mod:`fedem_private.experiments.recording` or :mod:`attacks.run`
 directly: it asks :func:`load` for an :class:`AttackStep`, a pair of plain
 functions, so that tests can stub it and the sweep keeps working (trained,
 not attacked) when that code is missing or its interface has changed.
 
 Interface used:
 
-- ``fedem_private.recording.recording_setup(RecordSpec(rounds, clients))``
-  gives a ``setup(sim, run_dir)`` hook for :func:`fedem_private.runner.execute`
+- ``fedem_private.experiments.recording.recording_setup(RecordSpec(rounds, clients))``
+  gives a ``setup(sim, run_dir)`` hook for :func:`fedem_private.experiments.runner.execute`
   that records what the server saw into the run directory under construction;
 - ``attacks.run.run_attacks(run_dir, names, seed=...)`` reads a finished run
   directory and writes ``attacks.json`` into it.
@@ -42,7 +42,7 @@ class AttackStep:
 def load() -> AttackStep | str:
     """The attack step, or a one-line reason why attacks cannot run."""
     try:
-        recording = importlib.import_module("fedem_private.recording")
+        recording = importlib.import_module("fedem_private.experiments.recording")
         setup_factory = recording.recording_setup
         record_spec = recording.RecordSpec
     except (ImportError, AttributeError) as exc:

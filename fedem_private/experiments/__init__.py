@@ -1,0 +1,1 @@
+"""Experiment plumbing: run directories, runner, recording, sweeps, results, reports, plots."""

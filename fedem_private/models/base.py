@@ -1,0 +1,316 @@
+"""What every backbone shares: its parameter groups, its training samples, its lock-step plan.
+
+A backbone (DESIGN sections 9-10) is a client-side score model. It declares
+three parameter groups, each with the client axis first:
+
+- the **item table** (k, m, d): shared, aggregated by the chosen aggregator,
+  and the group a merge (SR/SM/DM/EM) acts on;
+- **dense** shared groups (e.g. FedNCF's MLP): uploaded with the table and
+  always averaged with FedAvg weights, never merged;
+- **private** groups (user vector, score head): never leave the client.
+
+It trains a chunk of clients in lock-step (step s advances every client that
+still has a batch at step s), scores all items for evaluation, and gives the
+adapter of elastic merging its score function. Each backbone module also
+holds a per-client reference (one client at a time, ``torch.optim.Adam``,
+obvious code) that the vectorised path is tested against. A backbone never
+knows which aggregator, merge, codec or privacy mechanism runs.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fedem_private import rng
+from fedem_private.data.negatives import sample_excluding
+
+SERVER = 1 << 40  # client id that keys the server's own random draws
+
+# logits (a, B) from the active rows (a,), their user-side vectors (a, d') and items (a, B, d)
+ScoreFn = Callable[[Tensor, Tensor, Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class LocalTrainConfig:
+    """Hyper-parameters of local training (paper: E = 10, B = 256, lr 0.1, 4 negatives)."""
+
+    epochs: int = 10
+    batch_size: int = 256
+    lr: float = 0.1
+    num_negatives: int = 4
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    grad_clip: float | None = None  # L2 clip of each step's item-table gradient (paper mode)
+
+
+@dataclass(frozen=True)
+class ClientSamples:
+    """One round's training samples for a list of clients (CSR over clients)."""
+
+    indptr: np.ndarray  # (k + 1,)
+    items: np.ndarray  # positives then negatives, per client
+    labels: np.ndarray  # 1.0 / 0.0
+    negatives_indptr: np.ndarray
+    negatives: np.ndarray
+
+    def of(self, j: int) -> tuple[np.ndarray, np.ndarray]:
+        a, b = self.indptr[j], self.indptr[j + 1]
+        return self.items[a:b], self.labels[a:b]
+
+
+def draw_samples(seed: int, round_: int, clients: np.ndarray, train_indptr: np.ndarray,
+                 train_items: np.ndarray, excl_indptr: np.ndarray, excl_items: np.ndarray,
+                 n_items: int, num_negatives: int) -> ClientSamples:
+    """Positives plus ``num_negatives`` fresh negatives per positive for each client.
+
+    Negative j of client u in round t is a pure function of (seed, t, u, j).
+    """
+    clients = np.asarray(clients, dtype=np.int64)
+    npos = train_indptr[clients + 1] - train_indptr[clients]
+    nneg = npos * num_negatives
+    owner = np.repeat(clients, nneg)
+    starts = np.repeat(np.cumsum(nneg) - nneg, nneg)
+    counter = np.arange(owner.shape[0]) - starts
+    u = rng.uniform(rng.key(seed, rng.Stream.NEGATIVES, round_, owner), counter)
+    negs = sample_excluding(excl_indptr, excl_items, n_items, owner, u)
+    neg_indptr = np.zeros(clients.shape[0] + 1, dtype=np.int64)
+    neg_indptr[1:] = np.cumsum(nneg)
+    items, labels = [], []
+    for j, c in enumerate(clients.tolist()):
+        pos = train_items[train_indptr[c]: train_indptr[c + 1]]
+        neg = negs[neg_indptr[j]: neg_indptr[j + 1]]
+        items.append(np.concatenate([pos, neg]))
+        labels.append(np.concatenate([np.ones(pos.shape[0]), np.zeros(neg.shape[0])]))
+    indptr = np.zeros(clients.shape[0] + 1, dtype=np.int64)
+    indptr[1:] = np.cumsum(npos + nneg)
+    return ClientSamples(indptr, np.concatenate(items).astype(np.int64),
+                         np.concatenate(labels).astype(np.float32), neg_indptr, negs)
+
+
+def epoch_orders(seed: int, round_: int, client: int, n: int, epochs: int) -> np.ndarray:
+    """(epochs, n) sample orders of one client, a pure function of (seed, round, client)."""
+    g = rng.generator(seed, rng.Stream.SHUFFLE, round_, client)
+    return torch.stack([torch.randperm(n, generator=g) for _ in range(epochs)]).numpy()
+
+
+def num_steps(n_samples: np.ndarray, cfg: LocalTrainConfig) -> np.ndarray:
+    """Optimiser steps per client in a round: E * ceil(samples / B)."""
+    return cfg.epochs * -(-np.asarray(n_samples) // cfg.batch_size)
+
+
+@dataclass
+class ClientParams:
+    """The parameters of k clients, client axis first (see the module docstring)."""
+
+    items: Tensor  # (k, m, d)
+    dense: dict[str, Tensor] = field(default_factory=dict)  # shared, averaged, (k, ...)
+    private: dict[str, Tensor] = field(default_factory=dict)  # never uploaded, (k, ...)
+
+
+def linear_init(fan_in: int, fan_out: int, gen: torch.Generator) -> tuple[Tensor, Tensor]:
+    """torch.nn.Linear's default init, weight as (fan_in, fan_out) and bias (fan_out,).
+
+    Weight and bias ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)), drawn weight first in
+    nn.Linear's (fan_out, fan_in) order, so a reference nn.Linear can copy them.
+    """
+    bound = 1.0 / math.sqrt(fan_in)
+    w = torch.empty((fan_out, fan_in)).uniform_(-bound, bound, generator=gen)
+    b = torch.empty(fan_out).uniform_(-bound, bound, generator=gen)
+    return w.T.contiguous(), b
+
+
+def dense_names(layers: int) -> list[str]:
+    """Parameter names of an MLP with the given number of linear layers: w0, b0, w1, ..."""
+    return [f"{kind}{j}" for j in range(layers) for kind in ("w", "b")]
+
+
+def mlp_forward(params: dict[str, Tensor], x: Tensor, layers: int) -> Tensor:
+    """Batched MLP: x (a, B, fan_in) -> (a, B); ReLU between layers, raw logit out.
+
+    ``params`` holds w{j} (a, fan_in, fan_out) and b{j} (a, fan_out).
+    """
+    h = x
+    for j in range(layers):
+        h = torch.baddbmm(params[f"b{j}"].unsqueeze(1), h, params[f"w{j}"])
+        if j < layers - 1:
+            h = torch.relu(h)
+    return h.squeeze(-1)
+
+
+def clip_rows_l2(grad: Tensor, bound: float) -> None:
+    """Scale each client's gradient (a, ...) in place to L2 norm at most ``bound``."""
+    a = grad.shape[0]
+    norms = grad.reshape(a, -1).double().norm(dim=1)
+    scale = torch.clamp(bound / norms.clamp(min=1e-300), max=1.0).to(grad.dtype)
+    grad.mul_(scale.reshape((a,) + (1,) * (grad.dim() - 1)))
+
+
+@dataclass
+class Plan:
+    """Compact lock-step schedule for one chunk (clients sorted by steps, descending).
+
+    Only the item rows a client touches in a round (its positives and sampled
+    negatives) can move: with a fresh Adam state a row that never receives a
+    gradient keeps zero moments and a zero update. Each client's touched rows
+    are gathered into a compact (k, rows, d) table, trained there and
+    scattered back: exact, not an approximation.
+
+    Batch slot (client j, epoch e, batch b) is row (j * E + e) * NB + b of
+    the 2-D tables; ``loc`` already includes client j's offset j * rows into
+    the flattened compact table, and ``wgt`` is 1 / (valid entries of the
+    batch) on valid entries and 0 on padding, so the gradient of each
+    client's mean BCE is (sigmoid(logit) - label) * wgt.
+    """
+
+    touched: list[np.ndarray]  # per client: sorted unique item ids it trains on
+    rows: int  # padded compact table height
+    loc: Tensor  # (k * E * NB, B) flattened compact row index per batch slot
+    lab: Tensor  # (k * E * NB, B) labels
+    wgt: Tensor  # (k * E * NB, B) per-entry weight of the batch mean
+    nb: Tensor  # (k,) batches per epoch
+    nb_max: int
+    steps: np.ndarray  # (k,) total steps
+    epochs: int
+
+    def schedule(self) -> Iterator[tuple[int, int, Tensor, Tensor, Tensor]]:
+        """(step s, active a, flat rows (a * B,), labels (a, B), weights (a, B)) per step.
+
+        The clients still training at step s are the chunk's first a.
+        """
+        slots = torch.arange(len(self.touched)) * (self.epochs * self.nb_max)
+        for s in range(int(self.steps[0]) if len(self.steps) else 0):
+            a = int(np.searchsorted(-self.steps, -s, side="left"))
+            epoch = torch.div(s, self.nb[:a], rounding_mode="floor")
+            slot = slots[:a] + epoch * self.nb_max + (s - epoch * self.nb[:a])
+            yield (s, a, self.loc.index_select(0, slot).reshape(-1),
+                   self.lab.index_select(0, slot), self.wgt.index_select(0, slot))
+
+
+def make_plan(seed: int, round_: int, clients: np.ndarray, samples: ClientSamples,
+              cfg: LocalTrainConfig, dtype: torch.dtype) -> Plan:
+    """The :class:`Plan` of a chunk; raises if clients are not sorted by steps, descending."""
+    k, bsz, epochs = clients.shape[0], cfg.batch_size, cfg.epochs
+    lengths = np.diff(samples.indptr)
+    steps = num_steps(lengths, cfg)
+    if np.any(np.diff(steps) > 0):
+        raise ValueError("clients must be sorted by number of steps, descending")
+    nb = -(-lengths // bsz)
+    nb_max = int(max(nb.max(initial=0), 1))
+    touched = []
+    real = np.float32 if dtype == torch.float32 else np.float64
+    loc = np.zeros((k, epochs, nb_max * bsz), dtype=np.int64)
+    lab = np.zeros((k, epochs, nb_max * bsz), dtype=real)
+    msk = np.zeros((k, epochs, nb_max * bsz), dtype=real)
+    for j, c in enumerate(clients.tolist()):
+        items, labels = samples.of(j)
+        uniq, inv = np.unique(items, return_inverse=True)
+        touched.append(uniq)
+        n = items.shape[0]
+        if n == 0:
+            continue
+        order = epoch_orders(seed, round_, c, n, epochs)
+        loc[j, :, :n] = inv[order]
+        lab[j, :, :n] = labels[order]
+        msk[j, :, :n] = 1.0
+    rows = max((t.shape[0] for t in touched), default=1) or 1
+    loc += (np.arange(k) * rows)[:, None, None]
+    shape = (k * epochs * nb_max, bsz)
+    msk = msk.reshape(shape)
+    wgt = msk / np.maximum(msk.sum(axis=1, keepdims=True), real(1.0))
+    return Plan(touched, rows, torch.from_numpy(loc.reshape(shape)),
+                torch.from_numpy(lab.reshape(shape)).to(dtype), torch.from_numpy(wgt).to(dtype),
+                torch.from_numpy(nb), nb_max, steps, epochs)
+
+
+@dataclass
+class Compact:
+    """A chunk's touched item rows, gathered: table (k, rows, d) and where they came from."""
+
+    table: Tensor
+    gather: Tensor  # (k, rows) item ids
+    valid: Tensor  # (k, rows) bool
+
+    @classmethod
+    def of(cls, q_start: Tensor, plan: Plan) -> Compact:
+        k, _, d = q_start.shape
+        gather = torch.zeros((k, plan.rows), dtype=torch.long)
+        valid = torch.zeros((k, plan.rows), dtype=torch.bool)
+        for j, t in enumerate(plan.touched):
+            gather[j, : t.shape[0]] = torch.from_numpy(t)
+            valid[j, : t.shape[0]] = True
+        table = torch.gather(q_start, 1, gather[:, :, None].expand(k, plan.rows, d)).contiguous()
+        return cls(table, gather, valid)
+
+    def scatter(self, q_start: Tensor) -> tuple[Tensor, Tensor]:
+        """(q_start with the trained rows written back, touched (k, m) bool)."""
+        k, m, d = q_start.shape
+        q_local = q_start.clone()
+        dest = (self.gather + torch.arange(k)[:, None] * m)[self.valid]
+        q_local.view(-1, d)[dest] = self.table[self.valid]
+        touched = torch.zeros((k, m), dtype=torch.bool)
+        touched.view(-1)[dest] = True
+        return q_local, touched
+
+
+def fused_adam(params: list[Tensor], grads: list[Tensor], exp_avg: list[Tensor],
+               exp_avg_sq: list[Tensor], step: int, cfg: LocalTrainConfig) -> None:
+    """One Adam step (torch.optim.Adam's update) on every tensor, all at step count ``step``."""
+    steps = [torch.tensor(float(step)) for _ in params]
+    beta1, beta2 = cfg.betas
+    torch._fused_adam_(params, grads, exp_avg, exp_avg_sq, [], steps, lr=cfg.lr, beta1=beta1,
+                       beta2=beta2, weight_decay=0.0, eps=cfg.eps, amsgrad=False,
+                       maximize=False)
+
+
+class Backbone(ABC):
+    """A client-side score model, vectorised over clients (DESIGN sections 9-10)."""
+
+    name: ClassVar[str]
+    #: whether score(u, i) = <user-side vector, q_i> (+ a per-client constant), which the
+    #: projection attack assumes; False for an MLP score.
+    dot_product: ClassVar[bool]
+
+    def __init__(self, n_items: int, dim: int, seed: int, init_std: float) -> None:
+        self.n_items, self.dim, self.seed, self.init_std = n_items, dim, seed, init_std
+
+    def init_items(self) -> Tensor:
+        """The server's initial item table (m, d): N(0, init_std^2), keyed by the server."""
+        g = rng.generator(self.seed, rng.Stream.INIT, 0, SERVER)
+        return torch.randn((self.n_items, self.dim), generator=g) * self.init_std
+
+    def init_dense(self) -> dict[str, Tensor]:
+        """The server's initial shared non-item groups (no client axis); none by default."""
+        return {}
+
+    @abstractmethod
+    def init_private(self, clients: np.ndarray) -> dict[str, Tensor]:
+        """Each client's private groups (k, ...), client c's keyed by (seed, c) alone."""
+
+    @abstractmethod
+    def train_chunk(self, start: ClientParams, clients: np.ndarray, samples: ClientSamples,
+                    cfg: LocalTrainConfig, round_: int) -> tuple[ClientParams, Tensor]:
+        """E local epochs for a chunk sorted by steps (descending); (trained, touched (k, m))."""
+
+    @abstractmethod
+    def scores(self, params: ClientParams) -> Tensor:
+        """Every item's score (k, m) under each client's own model (for evaluation)."""
+
+    @abstractmethod
+    def adapter_score(self, params: ClientParams) -> tuple[Tensor, ScoreFn]:
+        """(user-side vectors (k, d'), score function) for training the merge adapter.
+
+        The score function gets chunk rows, their user-side vectors and item
+        rows (a, B, d) and returns logits; everything in it is frozen.
+        """
+
+    def memory_per_client(self) -> int:
+        """Bytes of per-client parameters beyond the item table (for chunk sizing)."""
+        return 0

@@ -1,0 +1,183 @@
+"""FedNCF's backbone (Perifanis and Efraimidis 2022; the FedEM authors' variant).
+
+Client u scores item i as sigmoid(MLP([p_u, q_i])) with layers [32, 16, 8, 1]
+and ReLU between them (DESIGN section 10). Shared: the item table (by the
+chosen aggregator, and the group a merge acts on) and the MLP weights (a dense
+group, always averaged with FedAvg weights). Private: p_u. Local training is
+mean BCE with Adam, E epochs, as for MF (FedEM paper, equation 12).
+
+The vectorised path trains a chunk of clients in lock-step with one batched
+MLP per client (weights (k, fan_in, fan_out)); gradients come from autograd on
+the active clients' batch rows only, and the item-table gradient is scattered
+into a compact table of touched rows (exact: see
+:class:`~fedem_private.models.base.Plan`). :meth:`NCFBackbone.reference_train_client`
+is the obvious counterpart: one client, ``nn.Sequential``, ``torch.optim.Adam``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from fedem_private import rng
+from fedem_private.models.base import (
+    SERVER,
+    Backbone,
+    ClientParams,
+    ClientSamples,
+    Compact,
+    LocalTrainConfig,
+    ScoreFn,
+    clip_rows_l2,
+    dense_names,
+    epoch_orders,
+    fused_adam,
+    linear_init,
+    make_plan,
+    mlp_forward,
+)
+
+LAYERS = (32, 16, 8, 1)
+
+
+class NCFBackbone(Backbone):
+    """FedNCF: score = MLP over [p_u, q_i]; shared item table and MLP, private p_u."""
+
+    name = "ncf"
+    dot_product = False
+
+    def __init__(self, n_items: int, dim: int, seed: int, init_std: float,
+                 layers: tuple[int, ...] = LAYERS) -> None:
+        super().__init__(n_items, dim, seed, init_std)
+        self.layers = tuple(layers)
+        fans = (2 * dim, *self.layers)
+        self.shapes = list(zip(fans[:-1], fans[1:], strict=True))
+        self.names = dense_names(len(self.shapes))
+
+    def init_dense(self) -> dict[str, Tensor]:
+        """The server's initial MLP (nn.Linear's init), keyed by the server alone."""
+        g = rng.generator(self.seed, rng.Stream.MODEL_INIT, 0, SERVER)
+        out: dict[str, Tensor] = {}
+        for j, (fan_in, fan_out) in enumerate(self.shapes):
+            out[f"w{j}"], out[f"b{j}"] = linear_init(fan_in, fan_out, g)
+        return out
+
+    def init_private(self, clients: np.ndarray) -> dict[str, Tensor]:
+        p = torch.empty((len(clients), self.dim))
+        for j, u in enumerate(np.asarray(clients).tolist()):
+            g = rng.generator(self.seed, rng.Stream.INIT, 0, u)
+            p[j] = torch.randn(self.dim, generator=g) * self.init_std
+        return {"p": p}
+
+    def memory_per_client(self) -> int:
+        return 4 * 4 * sum(fi * fo + fo for fi, fo in self.shapes)  # params, grads, 2 moments
+
+    def _logits(self, dense: dict[str, Tensor], p_rows: Tensor, q_items: Tensor) -> Tensor:
+        x = torch.cat((p_rows[:, None, :].expand(-1, q_items.shape[1], -1), q_items), dim=-1)
+        return mlp_forward(dense, x, len(self.shapes))
+
+    def train_chunk(self, start: ClientParams, clients: np.ndarray, samples: ClientSamples,
+                    cfg: LocalTrainConfig, round_: int) -> tuple[ClientParams, Tensor]:
+        q_start = start.items
+        k, m, d = q_start.shape
+        plan = make_plan(self.seed, round_, clients, samples, cfg, q_start.dtype)
+        compact = Compact.of(q_start, plan)
+        qc = compact.table
+        pc = start.private["p"].clone().contiguous()
+        dense = {n: start.dense[n].clone().contiguous() for n in self.names}
+        params = [qc, pc, *(dense[n] for n in self.names)]
+        grads = [torch.zeros_like(t) for t in params]
+        m1 = [torch.zeros_like(t) for t in params]
+        m2 = [torch.zeros_like(t) for t in params]
+        gq = grads[0]
+        qflat, gflat = qc.view(-1, d), gq.view(-1, d)
+        for s, a, flat, y, w in plan.schedule():
+            q_rows = qflat.index_select(0, flat).view(a, -1, d).requires_grad_(True)
+            leaves = [t[:a].detach().requires_grad_(True) for t in params[1:]]
+            with torch.enable_grad():
+                dense_a = dict(zip(self.names, leaves[1:], strict=True))
+                logits = self._logits(dense_a, leaves[0], q_rows)
+                bce = F.binary_cross_entropy_with_logits(logits, y, reduction="none")
+                loss = (bce * w).sum()  # sum over clients of each client's batch mean
+                g_all = torch.autograd.grad(loss, [q_rows, *leaves])
+            gflat.index_add_(0, flat, g_all[0].reshape(-1, d))
+            for gbuf, g in zip(grads[1:], g_all[1:], strict=True):
+                gbuf[:a] = g
+            if cfg.grad_clip is not None:
+                clip_rows_l2(gq[:a], cfg.grad_clip)
+            fused_adam([t[:a] for t in params], [g[:a] for g in grads], [t[:a] for t in m1],
+                       [t[:a] for t in m2], s + 1, cfg)
+            gflat.index_fill_(0, flat, 0.0)
+        q_local, touched = compact.scatter(q_start)
+        return ClientParams(q_local, dense, {"p": pc}), touched
+
+    def scores(self, params: ClientParams) -> Tensor:
+        k, m, _ = params.items.shape
+        out = torch.empty((k, m), dtype=params.items.dtype)
+        step = 4096
+        for a in range(0, m, step):
+            out[:, a:a + step] = self._logits(params.dense, params.private["p"],
+                                              params.items[:, a:a + step])
+        return out
+
+    def adapter_score(self, params: ClientParams) -> tuple[Tensor, ScoreFn]:
+        dense = params.dense
+
+        def score(rows: Tensor, p_rows: Tensor, q_items: Tensor) -> Tensor:
+            return self._logits({n: t.index_select(0, rows) for n, t in dense.items()},
+                                p_rows, q_items)
+
+        return params.private["p"], score
+
+    # ------------------------------------------------------------ reference
+    def reference_net(self, params: ClientParams) -> torch.nn.Sequential:
+        """One client's MLP as a plain nn.Sequential holding copies of its weights."""
+        mods: list[torch.nn.Module] = []
+        for j, (fan_in, fan_out) in enumerate(self.shapes):
+            lin = torch.nn.Linear(fan_in, fan_out)
+            with torch.no_grad():
+                lin.weight.copy_(params.dense[f"w{j}"][0].T)
+                lin.bias.copy_(params.dense[f"b{j}"][0])
+            mods.append(lin)
+            if j < len(self.shapes) - 1:
+                mods.append(torch.nn.ReLU())
+        return torch.nn.Sequential(*mods)
+
+    def reference_train_client(self, start: ClientParams, items: np.ndarray, labels: np.ndarray,
+                               cfg: LocalTrainConfig, round_: int,
+                               client: int) -> ClientParams:
+        """One client (k = 1): E epochs of torch.optim.Adam on q (full table), p_u and the MLP."""
+        q = torch.nn.Parameter(start.items[0].detach().clone())
+        p = torch.nn.Parameter(start.private["p"][0].detach().clone())
+        net = self.reference_net(start)
+        opt = torch.optim.Adam([q, p, *net.parameters()], lr=cfg.lr, betas=cfg.betas,
+                               eps=cfg.eps)
+        n = items.shape[0]
+        orders = epoch_orders(self.seed, round_, client, n, cfg.epochs) if n else []
+        items_t, labels_t = torch.from_numpy(items), torch.from_numpy(labels).to(q.dtype)
+        for order in orders:
+            order = torch.from_numpy(order)
+            for a in range(0, n, cfg.batch_size):
+                batch = order[a: a + cfg.batch_size]
+                qi = q[items_t[batch]]
+                logits = net(torch.cat([p.expand(qi.shape[0], -1), qi], dim=1)).squeeze(1)
+                loss = F.binary_cross_entropy_with_logits(logits, labels_t[batch])
+                opt.zero_grad()
+                loss.backward()
+                if cfg.grad_clip is not None and q.grad.norm() > cfg.grad_clip:
+                    q.grad.mul_(cfg.grad_clip / q.grad.norm())
+                opt.step()
+        dense: dict[str, Tensor] = {}
+        linears = [mod for mod in net if isinstance(mod, torch.nn.Linear)]
+        for j, lin in enumerate(linears):
+            dense[f"w{j}"] = lin.weight.detach().T.clone()[None]
+            dense[f"b{j}"] = lin.bias.detach().clone()[None]
+        return ClientParams(q.detach()[None], dense, {"p": p.detach()[None]})
+
+    def reference_logits(self, params: ClientParams, q_items: Tensor) -> Tensor:
+        """One client's logits for item rows (B, d), differentiable in q_items."""
+        net = self.reference_net(params)
+        p = params.private["p"][0]
+        return net(torch.cat([p.expand(q_items.shape[0], -1), q_items], dim=1)).squeeze(1)

@@ -1,0 +1,146 @@
+"""PFedRec's backbone (Zhang et al., "Dual personalization on federated recommendation").
+
+IJCAI 2023.
+
+No user vector: each client scores item i as sigmoid(w_u . q_i + b_u) with a
+private score head Linear(d -> 1) (w_u, b_u), kept across rounds and never
+uploaded. Shared: the item table. Each batch takes two steps (DESIGN
+section 10): first the head, with the item table frozen; then the item
+table, with the (just updated) head frozen; both on the batch's mean BCE.
+Each step has its own Adam state, fresh every round (our engine's local
+optimiser, DESIGN section 3; the published code's choice of optimiser is not
+part of the method). The client is evaluated with its own fine-tuned table
+and head.
+
+Gradients are linear in the head and written by hand: for logit z = w . q + b,
+dz/dw = q, dz/db = 1, dz/dq = w. :meth:`PFedRecBackbone.reference_train_client`
+runs the same two steps with ``nn.Linear`` and two ``torch.optim.Adam``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from fedem_private import rng
+from fedem_private.models.base import (
+    Backbone,
+    ClientParams,
+    ClientSamples,
+    Compact,
+    LocalTrainConfig,
+    ScoreFn,
+    clip_rows_l2,
+    epoch_orders,
+    fused_adam,
+    linear_init,
+    make_plan,
+)
+
+
+class PFedRecBackbone(Backbone):
+    """PFedRec: private head (w_u, b_u) over q_i; shared item table; no user vector."""
+
+    name = "pfedrec"
+    dot_product = True  # logit = w_u . q_i + b_u: a dot product with w_u, plus a constant
+
+    def init_private(self, clients: np.ndarray) -> dict[str, Tensor]:
+        """Each client's head, nn.Linear(d, 1)'s init keyed by (seed, client)."""
+        w = torch.empty((len(clients), self.dim))
+        b = torch.empty(len(clients))
+        for j, u in enumerate(np.asarray(clients).tolist()):
+            wj, bj = linear_init(self.dim, 1, rng.generator(self.seed, rng.Stream.MODEL_INIT,
+                                                            0, u))
+            w[j], b[j] = wj[:, 0], bj[0]
+        return {"w": w, "b": b}
+
+    def memory_per_client(self) -> int:
+        return 4 * 4 * (self.dim + 1)
+
+    def train_chunk(self, start: ClientParams, clients: np.ndarray, samples: ClientSamples,
+                    cfg: LocalTrainConfig, round_: int) -> tuple[ClientParams, Tensor]:
+        q_start = start.items
+        k, m, d = q_start.shape
+        plan = make_plan(self.seed, round_, clients, samples, cfg, q_start.dtype)
+        compact = Compact.of(q_start, plan)
+        qc = compact.table
+        w = start.private["w"].clone().contiguous()
+        b = start.private["b"].clone().contiguous()
+        gq, mq, vq = torch.zeros_like(qc), torch.zeros_like(qc), torch.zeros_like(qc)
+        gw, mw, vw = torch.zeros_like(w), torch.zeros_like(w), torch.zeros_like(w)
+        gb, mb, vb = torch.zeros_like(b), torch.zeros_like(b), torch.zeros_like(b)
+        qflat, gflat = qc.view(-1, d), gq.view(-1, d)
+        for s, a, flat, y, wgt in plan.schedule():
+            q_rows = qflat.index_select(0, flat).view(a, -1, d)
+            # 1. head step, item table frozen
+            logits = torch.bmm(q_rows, w[:a, :, None]).squeeze(2) + b[:a, None]
+            dlogit = (torch.sigmoid(logits) - y) * wgt
+            gw[:a] = torch.bmm(dlogit[:, None, :], q_rows).squeeze(1)
+            gb[:a] = dlogit.sum(dim=1)
+            fused_adam([w[:a], b[:a]], [gw[:a], gb[:a]], [mw[:a], mb[:a]], [vw[:a], vb[:a]],
+                       s + 1, cfg)
+            # 2. item-table step with the updated head frozen
+            logits = torch.bmm(q_rows, w[:a, :, None]).squeeze(2) + b[:a, None]
+            dlogit = (torch.sigmoid(logits) - y) * wgt
+            gflat.index_add_(0, flat, (dlogit[:, :, None] * w[:a, None, :]).reshape(-1, d))
+            if cfg.grad_clip is not None:
+                clip_rows_l2(gq[:a], cfg.grad_clip)
+            fused_adam([qc[:a]], [gq[:a]], [mq[:a]], [vq[:a]], s + 1, cfg)
+            gflat.index_fill_(0, flat, 0.0)
+        q_local, touched = compact.scatter(q_start)
+        return ClientParams(q_local, {}, {"w": w, "b": b}), touched
+
+    def scores(self, params: ClientParams) -> Tensor:
+        w, b = params.private["w"], params.private["b"]
+        return torch.bmm(params.items, w[:, :, None]).squeeze(2) + b[:, None]
+
+    def adapter_score(self, params: ClientParams) -> tuple[Tensor, ScoreFn]:
+        bias = params.private["b"]
+
+        def score(rows: Tensor, w_rows: Tensor, q_items: Tensor) -> Tensor:
+            return torch.einsum("ad,abd->ab", w_rows, q_items) + bias.index_select(0, rows)[:, None]
+
+        return params.private["w"], score
+
+    # ------------------------------------------------------------ reference
+    def _head(self, params: ClientParams) -> torch.nn.Linear:
+        head = torch.nn.Linear(self.dim, 1)
+        with torch.no_grad():
+            head.weight.copy_(params.private["w"][0][None])
+            head.bias.copy_(params.private["b"][0][None])
+        return head
+
+    def reference_train_client(self, start: ClientParams, items: np.ndarray, labels: np.ndarray,
+                               cfg: LocalTrainConfig, round_: int,
+                               client: int) -> ClientParams:
+        """One client (k = 1): per batch, an Adam step on the head, then one on the table."""
+        q = torch.nn.Parameter(start.items[0].detach().clone())
+        head = self._head(start)
+        opt_head = torch.optim.Adam(head.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
+        opt_items = torch.optim.Adam([q], lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
+        n = items.shape[0]
+        orders = epoch_orders(self.seed, round_, client, n, cfg.epochs) if n else []
+        items_t, labels_t = torch.from_numpy(items), torch.from_numpy(labels).to(q.dtype)
+        for order in orders:
+            order = torch.from_numpy(order)
+            for a in range(0, n, cfg.batch_size):
+                batch = order[a: a + cfg.batch_size]
+                for opt in (opt_head, opt_items):
+                    logits = head(q[items_t[batch]]).squeeze(1)
+                    loss = F.binary_cross_entropy_with_logits(logits, labels_t[batch])
+                    opt_head.zero_grad()
+                    opt_items.zero_grad()
+                    loss.backward()
+                    if (opt is opt_items and cfg.grad_clip is not None
+                            and q.grad.norm() > cfg.grad_clip):
+                        q.grad.mul_(cfg.grad_clip / q.grad.norm())
+                    opt.step()
+        private = {"w": head.weight.detach()[0].clone()[None],
+                   "b": head.bias.detach().clone()}
+        return ClientParams(q.detach()[None], {}, private)
+
+    def reference_logits(self, params: ClientParams, q_items: Tensor) -> Tensor:
+        """One client's logits for item rows (B, d), differentiable in q_items."""
+        return q_items @ params.private["w"][0] + params.private["b"][0]

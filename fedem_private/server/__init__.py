@@ -1,0 +1,1 @@
+"""What the server does: aggregate the uploads (FedAvg, uniform, similarity)."""

@@ -1,0 +1,1 @@
+"""The round loop that composes backbone, merge, codec, privacy and aggregator; its reference."""

@@ -1,0 +1,280 @@
+"""The federated round loop, vectorised over clients (DESIGN sections 3, 7 and 9).
+
+A method is a composition of parts, each with one job and each chosen by
+name from its own room; this loop only composes them and names none:
+
+- backbone (:mod:`fedem_private.models`): trains a chunk, scores items;
+- merge (:class:`~fedem_private.client.merging.Merger`): the start table;
+- codec (:mod:`fedem_private.client.codecs`): shared groups <-> upload;
+- privacy (:class:`~fedem_private.privacy.layer.PrivacyLayer`): releases uploads;
+- aggregator (:mod:`fedem_private.server.aggregators`): the next tables.
+
+Round t, for the clients taking part (all unless a client fraction is set):
+
+1. the server sends Q_sent[u] (the global table, u's personalised table, or
+   nothing: the client keeps its own) and the dense shared groups;
+2. the client builds its starting table: static replacement uses Q_sent[u];
+   elastic merging first trains its adapter (equation 11), then merges
+   (equation 10);
+3. local training (equation 12) gives Q_l[u] and the client's other groups;
+4. the upload, the encoded shared groups through the privacy layer, is all
+   that leaves it;
+5. the server decodes and aggregates the uploads.
+
+Clients are processed in chunks sorted by workload; every random draw is keyed
+by (seed, round, client), so chunking never changes results.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from fedem_private import models, rng
+from fedem_private.client import codecs
+from fedem_private.client.merging import MergeConfig, Merger, adapter_batches
+from fedem_private.data.split import Split, exclusion_csr
+from fedem_private.evaluation.metrics import EvalSets, RankAccumulator, build_eval_sets
+from fedem_private.models.base import (
+    ClientParams,
+    ClientSamples,
+    LocalTrainConfig,
+    draw_samples,
+    num_steps,
+)
+from fedem_private.privacy.layer import PrivacyLayer
+from fedem_private.server import aggregators
+from fedem_private.simulation.config import RunConfig
+
+SERVER = 1 << 40  # client id used to key the server's own random draws
+MAX_CHUNK = 64
+
+
+@dataclass
+class ChunkView:
+    """What one chunk of clients did in a round (for recording and attacks).
+
+    ``sent`` and ``upload`` are item tables (k, m, d): the decoded upload,
+    i.e. what the server's aggregation and attacks see of the item table.
+    """
+
+    round: int
+    clients: np.ndarray
+    sent: torch.Tensor
+    upload: torch.Tensor
+    samples: ClientSamples
+
+
+@dataclass
+class RoundStats:
+    """One row of metrics.csv."""
+
+    round: int
+    seconds: float
+    participants: int
+    metrics: dict[str, dict[str, float]] | None = None
+    privacy: dict[str, float] = field(default_factory=dict)
+    # rho_mean: mean over merging clients (and items) of the weight on Q_g (eq. 10)
+    merge: dict[str, float] = field(default_factory=dict)
+
+    def row(self) -> dict[str, float | int | str]:
+        out: dict[str, float | int | str] = {"round": self.round, "seconds": self.seconds,
+                                             "participants": self.participants}
+        for kind, values in (self.metrics or {}).items():
+            for name, value in values.items():
+                out[f"{kind}_{name}"] = value
+        out.update(self.privacy)
+        out.update(self.merge)
+        return out
+
+
+@dataclass
+class SimState:
+    """All client state, as batched tensors (the server's lives in its aggregators)."""
+
+    q_local: torch.Tensor  # (n, m, d) each client's table after its last training
+    private: dict[str, torch.Tensor]  # (n, ...) groups that never leave a client (p_u, heads)
+    dense_local: dict[str, torch.Tensor]  # (n, ...) each client's own shared dense groups
+    q_global: torch.Tensor | None  # (m, d) shared, or (n, m, d) personalised, or None
+    round: int = 0
+
+    @property
+    def p(self) -> torch.Tensor:
+        """The user vectors p_u (n, d) of a backbone that has them."""
+        return self.private["p"]
+
+    def params(self, idx: torch.Tensor) -> ClientParams:
+        """Clients idx's own current model."""
+        return ClientParams(self.q_local.index_select(0, idx),
+                            {n: t.index_select(0, idx) for n, t in self.dense_local.items()},
+                            {n: t.index_select(0, idx) for n, t in self.private.items()})
+
+
+class Simulation:
+    """A configured run over one split; call :meth:`run` or :meth:`step` round by round."""
+
+    def __init__(self, cfg: RunConfig, split: Split, *, dataset_name: str | None = None,
+                 demographics: dict[str, np.ndarray] | None = None) -> None:
+        self.cfg = cfg.validate().resolved()
+        self.split = split
+        self.dataset_name = dataset_name or self.cfg.data.dataset
+        self.demographics = demographics or {}
+        tr, fed = self.cfg.train, self.cfg.federation
+        self.seed = tr.seed
+        self.aggregation = fed.resolved_aggregation
+        self.merge_cfg = MergeConfig(strategy=fed.resolved_merge, rho=fed.rho,
+                                     adapter_lr=fed.adapter_lr,
+                                     adapter_epochs=fed.adapter_epochs)
+        self.privacy = PrivacyLayer(self.cfg.privacy, rounds=tr.rounds,
+                                    n_clients=split.n_users, lr=tr.lr,
+                                    sizes=split.train_counts, seed=self.seed)
+        self.local_cfg = LocalTrainConfig(epochs=tr.local_epochs, batch_size=tr.batch_size,
+                                          lr=tr.lr, num_negatives=tr.num_negatives,
+                                          grad_clip=self.privacy.local_grad_clip)
+        self.excl = exclusion_csr(split, self.cfg.data.protocol)
+        self.eval_sets: EvalSets = build_eval_sets(split, self.cfg.data.protocol, self.seed)
+        self.sizes = torch.from_numpy(split.train_counts.astype(np.float64))
+        self.backbone = models.build(fed.resolved_backbone, split.n_items, tr.dim, self.seed,
+                                     tr.init_std)
+        self._build_parts()
+        n_samples = split.train_counts * (1 + tr.num_negatives)
+        self._workload = num_steps(n_samples, self.local_cfg)
+        self.observers: list[Callable[[ChunkView], None]] = []
+
+    # ------------------------------------------------------------------ state
+    def _build_parts(self) -> None:
+        n, m = self.split.n_users, self.split.n_items
+        q0 = self.backbone.init_items()
+        dense0 = self.backbone.init_dense()
+        q_local = q0.expand(n, *q0.shape).clone()
+        # Without noise an upload equals the client's new table, so the server's copy of
+        # each last upload can share storage with q_local (it changes only on upload).
+        alias = q_local if not self.privacy.perturbs else None
+        self.aggregator = aggregators.build(self.aggregation, self.sizes, q0,
+                                            alpha=self.cfg.federation.alpha, alias=alias)
+        self.dense = aggregators.DenseFedAvg(self.sizes, dense0) if dense0 else None
+        self.codec = codecs.build(self.cfg.federation.codec, m, self.cfg.train.dim,
+                                  {k: tuple(v.shape) for k, v in dense0.items()})
+        self.merger = Merger(self.merge_cfg, n, self.cfg.train.dim, self.seed)
+        dense_local = {k: v.expand(n, *v.shape).clone() for k, v in dense0.items()}
+        self.state = SimState(q_local, self.backbone.init_private(np.arange(n)), dense_local,
+                              self.aggregator.table)
+
+    # ---------------------------------------------------------------- helpers
+    def participants(self, round_: int) -> np.ndarray:
+        """Clients taking part in a round: all, or the ceil(q n) with the smallest draws."""
+        n, q = self.split.n_users, self.cfg.train.client_fraction
+        if q >= 1.0:
+            return np.arange(n)
+        k = max(1, int(np.ceil(q * n)))
+        u = rng.uniform(rng.key(self.seed, rng.Stream.PARTICIPATION, round_, np.arange(n)), 0)
+        return np.sort(np.argsort(u, kind="stable")[:k])
+
+    def _chunk_size(self) -> int:
+        m, d = self.split.n_items, self.cfg.train.dim
+        tr = self.cfg.train
+        per_client = m * d * 4 * 10 + tr.local_epochs * int(self._workload.max() // max(
+            tr.local_epochs, 1) + 1) * tr.batch_size * 13
+        if self.merge_cfg.strategy in ("dm", "em"):
+            per_client += m * 64 * 4 * 3
+        per_client += self.backbone.memory_per_client()
+        budget = tr.memory_budget_mb * (1 << 20)
+        return int(max(1, min(MAX_CHUNK, budget // max(per_client, 1))))
+
+    def _chunks(self, clients: np.ndarray) -> Iterator[np.ndarray]:
+        order = clients[np.argsort(-self._workload[clients], kind="stable")]
+        size = self._chunk_size()
+        for start in range(0, order.shape[0], size):
+            yield order[start: start + size]
+
+    # ------------------------------------------------------------------ round
+    def step(self) -> RoundStats:
+        """Run one round; evaluate when due. Returns the round's stats."""
+        st = self.state
+        t = st.round + 1
+        t0 = time.perf_counter()
+        clients = self.participants(t)
+        part_mask = torch.zeros(self.split.n_users, dtype=torch.bool)
+        part_mask[torch.from_numpy(clients)] = True
+        self.aggregator.begin_round(part_mask)
+        if self.dense is not None:
+            self.dense.begin_round(part_mask)
+        self.privacy.begin_round(t)
+        rho_sum, rho_n = 0.0, 0
+        for chunk in self._chunks(clients):
+            idx = torch.from_numpy(chunk)
+            samples = draw_samples(self.seed, t, chunk, self.split.train_indptr,
+                                   self.split.train_items, *self.excl, self.split.n_items,
+                                   self.local_cfg.num_negatives)
+            own = st.params(idx)
+            sent = self.aggregator.sent(idx)
+            if sent is None:  # nothing from the server: the client continues from its own
+                sent, dense_sent = own.items, own.dense
+            else:
+                dense_sent = self.dense.sent(len(chunk)) if self.dense is not None else {}
+            start = ClientParams(sent, dense_sent, own.private)
+            if self.merger.merges and t > 1:
+                user_vecs, score = self.backbone.adapter_score(start)
+                steps = (adapter_batches(self.seed, t, chunk, samples, self.local_cfg.epochs,
+                                         self.merge_cfg.adapter_epochs,
+                                         self.local_cfg.batch_size)
+                         if self.merger.learned else None)
+                start.items, rho = self.merger.start(idx, own.items, sent, user_vecs, score,
+                                                     steps)
+                rho_sum += float(rho.sum())
+                rho_n += rho.shape[0]
+            new, touched = self.backbone.train_chunk(start, chunk, samples, self.local_cfg, t)
+            released = self.privacy.release(self.codec.encode(sent, dense_sent),
+                                            self.codec.encode(new.items, new.dense), chunk,
+                                            self.codec.touched(touched))
+            upload, dense_upload = self.codec.decode(released)
+            st.q_local[idx] = new.items
+            for name, value in new.private.items():
+                st.private[name][idx] = value
+            for name, value in new.dense.items():
+                st.dense_local[name][idx] = value
+            self.aggregator.add(idx, upload)
+            if self.dense is not None:
+                self.dense.add(idx, dense_upload)
+            for observe in self.observers:
+                observe(ChunkView(t, chunk, sent, upload, samples))
+        self.aggregator.end_round()
+        if self.dense is not None:
+            self.dense.end_round()
+        st.q_global = self.aggregator.table
+        privacy_stats = self.privacy.end_round(clients)
+        st.round = t
+        seconds = time.perf_counter() - t0
+        stats = RoundStats(t, seconds, int(clients.shape[0]), privacy=privacy_stats)
+        if rho_n and self.merge_cfg.strategy != "sr":
+            stats.merge = {"rho_mean": rho_sum / rho_n}
+        if t % self.cfg.train.eval_every == 0 or t == self.cfg.train.rounds:
+            stats.metrics = self.evaluate()
+        return stats
+
+    def evaluate(self) -> dict[str, dict[str, float]]:
+        """HR/NDCG of every client's own current model (its Q_l and private groups)."""
+        acc = RankAccumulator(self.split.n_users)
+        n = self.split.n_users
+        size = max(1, self._chunk_size() * 4)
+        with torch.no_grad():
+            for start in range(0, n, size):
+                users = np.arange(start, min(n, start + size))
+                idx = torch.from_numpy(users)
+                acc.add_scores(users, self.backbone.scores(self.state.params(idx)),
+                               self.eval_sets)
+        return acc.result()
+
+    def run(self, on_round: Callable[[RoundStats], None] | None = None) -> list[RoundStats]:
+        """All configured rounds."""
+        out = []
+        while self.state.round < self.cfg.train.rounds:
+            stats = self.step()
+            out.append(stats)
+            if on_round is not None:
+                on_round(stats)
+        return out
