@@ -8,6 +8,8 @@ fresh subprocess so its peak RSS is its own):
 - engine: seconds per round on ML-100K for the vectorised engine (mean of
   rounds 2..4) and for the one-client-at-a-time reference (round 2), FedMF and
   FedEM;
+- backbones: the same for the FedNCF and PFedRec backbones with static
+  replacement and with elastic merging (each preset keeps its FedAvg);
 - aggregation: similarity weights (equation 13) at ML-100K size, closed form
   vs cvxpy per client;
 - scaling: FedMF round time on synthetic data as clients grow (1k to 20k) and
@@ -47,13 +49,15 @@ def _round_times(sim, rounds: int) -> list[float]:
     return [sim.step().seconds for _ in range(rounds)]
 
 
-def engine(method: str, rounds: int = 3, with_reference: bool = True) -> dict[str, Any]:
+def engine(method: str, rounds: int = 3, with_reference: bool = True,
+           merge: str | None = None) -> dict[str, Any]:
     """Vectorised seconds per round (rounds 2..) and the reference's round 2."""
-    cfg = run_config("ml-100k", **{"federation.method": method, "train.rounds": rounds + 1,
-                                   "train.eval_every": 10_000})
+    cfg = run_config("ml-100k", **{"federation.method": method, "federation.merge": merge,
+                                   "train.rounds": rounds + 1, "train.eval_every": 10_000})
     sim = prepare(cfg)
     sim.step()  # round 1: warm-up (merging starts in round 2)
-    out: dict[str, Any] = {"method": method}
+    out: dict[str, Any] = {"method": method if merge is None else f"{method}-{merge}",
+                           "backbone": sim.cfg.federation.backbone}
     if with_reference:
         t0 = time.perf_counter()
         reference.simulation_round(sim)
@@ -127,7 +131,7 @@ def memory(method: str) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--parts", default="engine,aggregation,scaling,memory")
+    ap.add_argument("--parts", default="engine,backbones,aggregation,scaling,memory")
     ap.add_argument("--quick", action="store_true", help="smaller scaling grid, no memory part")
     ap.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -142,6 +146,13 @@ def main() -> None:
             print(f"engine {row['method']:6}: vectorised {row['vectorised_s']:.2f} s/round, "
                   f"reference {row['reference_s']:.1f} s/round, {row['speedup']:.1f}x",
                   flush=True)
+    if "backbones" in parts:
+        result["backbones"] = [engine(m, merge=g) for m in ("fedncf", "pfedrec")
+                               for g in (None, "em")]
+        for row in result["backbones"]:
+            print(f"backbone {row['backbone']:8} {row['method']:11}: vectorised "
+                  f"{row['vectorised_s']:.2f} s/round, reference {row['reference_s']:.1f} "
+                  f"s/round, {row['speedup']:.1f}x", flush=True)
     if "aggregation" in parts:
         agg = aggregation()
         result["aggregation"] = agg

@@ -174,3 +174,44 @@ def test_full_codec_round_trip_and_privacy_covers_dense_groups(small_split):
     sim.step()
     clean.step()
     assert (sim.dense.params["w0"] - clean.dense.params["w0"]).abs().max() > 1e-2
+
+
+PRIVACY_MODES = [
+    {"privacy.mode": "ldp-laplace", "privacy.epsilon": 8.0, "privacy.clip": 50.0},
+    {"privacy.mode": "ldp-gaussian", "privacy.epsilon": 8.0, "privacy.delta": 1e-5,
+     "privacy.clip": 5.0},
+    {"privacy.mode": "paper", "privacy.paper_clip": 0.5, "privacy.paper_lambda": 0.01},
+    {"privacy.mode": "ldp-touched-rows", "privacy.epsilon": 8.0, "privacy.clip": 50.0},
+]
+
+
+@pytest.mark.parametrize("backbone", ("ncf", "pfedrec"))
+@pytest.mark.parametrize("privacy", PRIVACY_MODES, ids=lambda p: p["privacy.mode"])
+def test_every_privacy_mode_runs_with_the_new_backbones(small_split, backbone, privacy):
+    sim = Simulation(_cfg(**{"federation.backbone": backbone, **privacy}), small_split)
+    stats = sim.step()
+    assert stats.privacy["eps_spent"] > 0
+    assert torch.isfinite(sim.state.q_global).all()
+    if privacy["privacy.mode"] == "ldp-laplace":  # every row of the upload moves
+        assert (sim.state.q_global - sim.backbone.init_items()).abs().min() > 0
+
+
+@pytest.mark.parametrize("backbone,dot", [("mf", True), ("ncf", False), ("pfedrec", True)])
+def test_attacks_run_on_every_backbone_and_projection_says_when_it_assumes(tmp_path, backbone,
+                                                                          dot):
+    from recorded_runs import recorded_run
+
+    from attacks.run import format_table, run_attacks
+
+    run = recorded_run(tmp_path / backbone, rounds="last", clients=40,
+                       federation__backbone=backbone)
+    report = run_attacks(run, ["projection", "support"], write=False)
+    by_name = {r["attack"]: r for r in report["records"]}
+    assert by_name["projection"]["relations"]["positive_vs_sampled"]["auc"] is not None
+    assert "assumption" not in by_name["support"]
+    note = by_name["projection"].get("assumption")
+    if dot:
+        assert note is None
+    else:
+        assert "not score by a dot product" in note and backbone in note
+        assert "note: backbone 'ncf'" in format_table(report)
