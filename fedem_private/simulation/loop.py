@@ -179,7 +179,7 @@ class Simulation:
         tr = self.cfg.train
         per_client = m * d * 4 * 10 + tr.local_epochs * int(self._workload.max() // max(
             tr.local_epochs, 1) + 1) * tr.batch_size * 13
-        if self.merge_cfg.strategy in ("dm", "em"):
+        if self.merger.learned:
             per_client += m * 64 * 4 * 3
         per_client += self.backbone.memory_per_client()
         budget = tr.memory_budget_mb * (1 << 20)
@@ -250,7 +250,7 @@ class Simulation:
         st.round = t
         seconds = time.perf_counter() - t0
         stats = RoundStats(t, seconds, int(clients.shape[0]), privacy=privacy_stats)
-        if rho_n and self.merge_cfg.strategy != "sr":
+        if rho_n and self.merger.merges:
             stats.merge = {"rho_mean": rho_sum / rho_n}
         if t % self.cfg.train.eval_every == 0 or t == self.cfg.train.rounds:
             stats.metrics = self.evaluate()
