@@ -52,7 +52,10 @@ over T; rows outside T rank below every candidate of every client, ordered by
 their change norm within a band common to all clients. NaN rows for clients
 that did not take part. The attack simulates from Q_sent: FedEM clients start
 from a private merged table instead, which this shadow does not model, so the
-attack is weaker there by construction.
+attack is weaker there by construction. The shadow is an MF client: on
+another backbone (PFedRec's private head, FedNCF's MLP) it simulates the
+wrong local training, its record says so (``assumption``), and its scores
+are a heuristic there.
 """
 
 from __future__ import annotations
@@ -68,6 +71,18 @@ from .observations import Observation, PublicKnowledge
 BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-8
 
+
+
+#: the backbones whose local training the shadow reproduces
+MODELLED_BACKBONES = ("mf",)
+
+
+def assumption_note(public: PublicKnowledge) -> str | None:
+    """A one-line caveat when the recorded backbone is not the MF client the shadow retrains."""
+    if public.backbone in MODELLED_BACKBONES:
+        return None
+    return (f"backbone {public.backbone!r}: the imia shadow retrains an MF client "
+            "(sigmoid(p . q)), not this backbone's local training; its scores are a heuristic")
 
 def candidate_rows(norms: np.ndarray, min_rows: int, *, atol: float = 0.0,
                    outlier_mads: float = 6.0) -> np.ndarray:

@@ -53,9 +53,10 @@ from ._atomic import write_json
 from .attribute import KnownAttributes, attribute
 from .canary import AUDITED_MODES, canary_audit, claimed_epsilon, params_from_log
 from .ground_truth import Demographics, GroundTruth, load_demographics, load_ground_truth
+from .imia import assumption_note as imia_assumption
 from .labels import RELATIONS, labels_for
 from .observations import Observation, PublicKnowledge, load_observations, load_public
-from .projection import assumption_note
+from .projection import assumption_note as projection_assumption
 from .scoring import score_attack, score_attribute
 
 CLIENT_ATTACKS = ("attribute",)
@@ -199,7 +200,8 @@ def _item_record(name: str, obs: Observation, public: PublicKnowledge, gt: Groun
                for rel in RELATIONS}
     lower, source = _lower_bound(metrics)
     ok, reason = _verdict(lower, ctx, certified=False)
-    note = assumption_note(public) if name == "projection" else None
+    notes = {"projection": projection_assumption, "imia": imia_assumption}
+    note = notes[name](public) if name in notes else None
     extra = {"assumption": note} if note else {}
     return {**extra, "attack": name, "round": obs.round, "seconds": seconds,
             "n_clients": int(obs.participated.sum()), "relations": metrics,

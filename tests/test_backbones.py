@@ -205,10 +205,12 @@ def test_attacks_run_on_every_backbone_and_projection_says_when_it_assumes(tmp_p
 
     run = recorded_run(tmp_path / backbone, rounds="last", clients=40,
                        federation__backbone=backbone)
-    report = run_attacks(run, ["projection", "support"], write=False)
+    report = run_attacks(run, ["projection", "support", "imia"], write=False)
     by_name = {r["attack"]: r for r in report["records"]}
     assert by_name["projection"]["relations"]["positive_vs_sampled"]["auc"] is not None
     assert "assumption" not in by_name["support"]
+    imia_note = by_name["imia"].get("assumption")
+    assert (imia_note is None) == (backbone == "mf")
     note = by_name["projection"].get("assumption")
     if dot:
         assert note is None
