@@ -137,13 +137,15 @@ def config_from_args(args: argparse.Namespace):
 
     base = load_toml(args.config) if args.config else RunConfig()
     overrides = {key: getattr(args, key) for _, key, _, _ in RUN_FLAGS}
+    overrides.update({"record.rounds": getattr(args, "record_rounds", None),
+                      "record.clients": getattr(args, "record_clients", None)})
     return with_overrides(base, overrides).validate().resolved()
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from .runner import execute
+    cfg = config_from_args(args)  # validate before the heavy imports
+    from .runner import execute, recording_hook
 
-    cfg = config_from_args(args)
     out = args.out or str(Path("runs") / (f"{cfg.data.dataset}-{cfg.federation.method}-"
                                           f"{_dt.datetime.now():%Y%m%d-%H%M%S}"))
     bar = None
@@ -168,16 +170,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         bar.set_postfix(post, refresh=False)
         bar.update(1)
 
-    setup = None
-    if args.record_rounds is not None:
-        from .recording import RecordSpec, recording_setup
-
-        setup = recording_setup(RecordSpec.parse(args.record_rounds, args.record_clients))
-    elif args.record_clients is not None:
-        raise UserError("--record-clients needs --record-rounds")
     try:
         summary = execute(cfg, out, force=args.force, on_round=on_round, on_start=on_start,
-                          setup=setup)
+                          setup=recording_hook(cfg))
     finally:
         if bar is not None:
             bar.close()

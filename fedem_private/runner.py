@@ -24,6 +24,17 @@ def prepare(cfg: RunConfig) -> Simulation:
     return Simulation(cfg, split, dataset_name=data.name, demographics=demographics)
 
 
+def recording_hook(cfg: RunConfig) -> Callable[[Simulation, Path], None] | None:
+    """A ``setup`` for :func:`execute` recording what ``cfg.record`` asks for, or None."""
+    rounds = cfg.record.parsed_rounds()
+    if not rounds:
+        return None
+    from .config import DEFAULT_RECORD_CLIENTS
+    from .recording import RecordSpec, recording_setup
+
+    return recording_setup(RecordSpec(rounds, cfg.record.clients or DEFAULT_RECORD_CLIENTS))
+
+
 def last_merge_rho(history: list[RoundStats]) -> float | None:
     """Mean weight on Q_g in the last round that merged (eq. 10); None without merging."""
     return next((h.merge["rho_mean"] for h in reversed(history) if h.merge), None)

@@ -22,12 +22,13 @@ import traceback
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from . import attack_step, runner
 from .attack_step import ATTACKS_FILE, AttackStep, read_records
+from .config import RecordConfig
 from .errors import UserError
 from .rundir import json_safe, write_text_atomic
 from .sweep_cli import default_out, plural
@@ -97,9 +98,13 @@ def run_point(point: GridPoint, root: Path, step: AttackStep | None,
             assert step is not None
             step.record(sim, path, point.record_rounds, point.record_clients)
 
+    config = point.config
+    if recording:  # the written config.toml says what was recorded, so it re-creates the run
+        config = replace(config, record=RecordConfig(
+            ",".join(str(r) for r in point.record_rounds), point.record_clients))
     try:
         if state != "attack":
-            runner.execute(point.config, out, force=state == "stale", setup=setup)
+            runner.execute(config, out, force=state == "stale", setup=setup)
         if recording:
             assert step is not None
             step.attack(out, point.attacks)

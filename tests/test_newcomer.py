@@ -50,3 +50,46 @@ def test_outputs_follow_the_umask(tmp_path, umask, mask):
     for name, mode in modes.items():
         want = (0o777 if (root / name).is_dir() else 0o666) & ~mask
         assert mode == want, f"{name}: {oct(mode)} != {oct(want)}"
+
+
+# --------------------------------------------- 7: config.toml re-creates a recorded run
+def test_config_toml_recreates_a_recorded_run_that_can_be_attacked(tmp_path, capsys):
+    from fedem_private.config import load_toml
+
+    cfg = _synthetic_toml(tmp_path / "c.toml", rounds=2)
+    first = tmp_path / "first"
+    assert main(["run", "--config", str(cfg), "--out", str(first), "--record-rounds", "1,last",
+                 "--record-clients", "7", *TINY]) == 0
+    resolved = load_toml(first / "config.toml")
+    assert (resolved.record.rounds, resolved.record.clients) == ("1,last", 7)
+    again = tmp_path / "again"
+    assert main(["run", "--config", str(first / "config.toml"), "--out", str(again),
+                 "--no-progress"]) == 0
+    assert (again / "observations").is_dir()
+    assert (again / "config.toml").read_text() == (first / "config.toml").read_text()
+    capsys.readouterr()
+    assert main(["attack", str(again), "--attacks", "projection", "--quiet"]) == 0
+    assert (again / "attacks.json").is_file()
+
+
+def test_record_section_is_validated_before_anything_runs(tmp_path, capsys):
+    toml = tmp_path / "c.toml"
+    toml.write_text('[train]\nrounds = 2\n\n[record]\nrounds = [1, "last"]\nclients = 5\n')
+    from fedem_private.config import load_toml
+
+    assert load_toml(toml).validate().resolved().record.rounds == "1,last"
+    toml.write_text('[train]\nrounds = 2\n\n[record]\nrounds = "3"\n')
+    assert main(["run", "--config", str(toml), "--out", str(tmp_path / "o")]) == 2
+    assert "round 3 is beyond the run's 2 rounds" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_sweep_point_identity_is_unchanged_by_new_config_sections():
+    """Digests written by version 0.1.0 still match, so existing sweeps resume."""
+    from fedem_private.sweep_spec import grid, load_spec
+
+    point = grid(load_spec(None))[0]
+    assert point.digest(True) == ("b83c5189bd6a764133c9bf240403552b"
+                                  "97c1b7e1a495e06b020a17cb75d70b20")
+    assert point.digest(False) == ("fcae2f2b6c74314bc83c87baaad48c75"
+                                   "a17286f853c28ec34b1ba572188ba4ab")
