@@ -4,10 +4,12 @@ A grid point is finished when its run directory holds ``summary.json`` (the
 runner commits the whole directory atomically, so it is all there or not at
 all), its ``sweep_point.json`` carries the digest of the same resolved config,
 and, when attacks were asked for, ``attacks.json`` covers them. A restarted
-sweep skips finished points, re-runs only the attack step where training is
-done but attacks are not, and re-runs points whose config changed. Ctrl-C
-stops the runs in flight; their temporary directories are removed and every
-finished run stays as it is.
+sweep skips finished points and re-runs only the attack step where training is
+done but attacks are not. When the sweep file changed so that a finished run
+directory now belongs to a different config (other rounds, clip, ...), the
+sweep stops before running anything, with one line naming what changed;
+``--force`` replaces such runs. Ctrl-C stops the runs in flight; their
+temporary directories are removed and every finished run stays as it is.
 """
 
 from __future__ import annotations
@@ -75,6 +77,61 @@ def point_state(out: Path, digest: str, attacks: Sequence[str]) -> str:
     return "done"
 
 
+def _flat(values: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _recording_text(info: dict[str, Any] | None) -> str:
+    if not info or not info.get("recording"):
+        return "none"
+    rounds = ",".join(str(r) for r in info.get("record_rounds") or [])
+    return f"rounds {rounds} of {info.get('record_clients')} clients"
+
+
+def describe_change(out: Path, point: GridPoint, recording: bool) -> list[str]:
+    """What differs between the finished run in ``out`` and ``point`` (``key old -> new``)."""
+    from .config import identity_dict, load_toml
+
+    try:
+        info = json.loads((out / POINT_FILE).read_text())
+    except (OSError, ValueError):
+        info = None
+    try:
+        old = _flat(identity_dict(load_toml(out / "config.toml")))
+    except (OSError, UserError):
+        return ["its config.toml is missing or unreadable"]
+    new = _flat(identity_dict(point.config))
+    changes = [f"{key} {old.get(key)} -> {new.get(key)}" for key in sorted({*old, *new})
+               if old.get(key) != new.get(key)]
+    if info is None:
+        changes.append("it was not written by a sweep (no sweep_point.json)")
+    else:
+        now = {"recording": recording, "record_rounds": list(point.record_rounds),
+               "record_clients": point.record_clients}
+        before, after = _recording_text(info), _recording_text(now)
+        if before != after:
+            changes.append(f"recording {before} -> {after}")
+    return changes or ["its identity digest differs (written by another version?)"]
+
+
+def changed_points(points: Sequence[GridPoint], root: Path, recording: bool
+                   ) -> dict[str, list[str]]:
+    """Finished run directories of ``points`` whose config is not the point's: name -> changes."""
+    out: dict[str, list[str]] = {}
+    for p in points:
+        rec = recording and bool(p.attacks)
+        state = point_state(root / p.name, p.digest(rec), p.attacks if rec else ())
+        if state == "stale" and (root / p.name / "summary.json").is_file():
+            out[p.name] = describe_change(root / p.name, p, rec)
+    return out
+
+
 def run_point(point: GridPoint, root: Path, step: AttackStep | None,
               force: bool = False) -> Outcome:
     """Bring one grid point to completion; failures are returned, Ctrl-C propagates."""
@@ -85,6 +142,9 @@ def run_point(point: GridPoint, root: Path, step: AttackStep | None,
         out, digest, point.attacks if recording else ())
     if state == "done":
         return Outcome(point.name, "done")
+    if state == "stale" and not force and (out / "summary.json").is_file():
+        return Outcome(point.name, "failed", error="a finished run with a different config is "
+                       "in the way; --force replaces it")
     t0 = time.perf_counter()
 
     def setup(sim: Any, path: Path) -> None:
@@ -288,6 +348,15 @@ def run_sweep(spec_path: str | None, out_dir: str | None, jobs: int = 1, force: 
     if force:
         todo = points
     else:
+        changed = changed_points(points, root, recording)
+        if changed:
+            kinds = sorted({c for cs in changed.values() for c in cs})
+            shown = "; ".join(kinds[:4]) + (f"; and {len(kinds) - 4} more" if len(kinds) > 4
+                                             else "")
+            raise UserError(f"{plural(len(changed), 'finished run')} in {root} "
+                            f"{'was' if len(changed) == 1 else 'were'} made with a different "
+                            f"config ({shown}); nothing was run: pass --force to replace "
+                            f"{'it' if len(changed) == 1 else 'them'}, or give another --out")
         todo = [p for p in points if point_state(
             root / p.name, p.digest(recording and bool(p.attacks)),
             p.attacks if recording else ()) != "done"]

@@ -93,3 +93,64 @@ def test_sweep_point_identity_is_unchanged_by_new_config_sections():
                                   "97c1b7e1a495e06b020a17cb75d70b20")
     assert point.digest(False) == ("fcae2f2b6c74314bc83c87baaad48c75"
                                    "a17286f853c28ec34b1ba572188ba4ab")
+
+
+# ----------------------------------------- 1: a changed sweep never overwrites finished runs
+@pytest.fixture
+def stub(monkeypatch):
+    from sweep_helpers import StubAttacks
+
+    from fedem_private import attack_step
+
+    s = StubAttacks()
+    monkeypatch.setattr(attack_step, "load", s.step)
+    return s
+
+
+def _mtimes(root):
+    return {p: p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()}
+
+
+def test_changed_sweep_stops_naming_what_changed_and_force_replaces(tmp_path, stub, capsys):
+    from sweep_helpers import TINY_BASE, write_spec
+
+    from fedem_private.config import load_toml
+    from fedem_private.errors import UserError
+    from fedem_private.sweep import SPEC_FILE, run_sweep
+    from fedem_private.sweep_spec import grid, load_spec
+
+    axes = 'methods = ["fedmf", "fedem"]\nprivacy = ["none"]\nattacks = ["projection"]\n'
+    spec = write_spec(tmp_path / "s.toml", axes + "seeds = [0]")
+    root = tmp_path / "out"
+    assert run_sweep(str(spec), str(root), progress=False) == 0
+    names = [p.name for p in grid(load_spec(spec))]
+    cfg = load_toml(root / names[0] / "config.toml")
+    assert (cfg.record.rounds, cfg.record.clients) == ("last", 100)  # item 7 in a sweep
+    before, spec_text = _mtimes(root), (root / SPEC_FILE).read_text()
+
+    # more rounds: same directory names, different runs -> refused, nothing touched
+    write_spec(spec, axes + "seeds = [0]", TINY_BASE.replace("rounds = 2", "rounds = 3"))
+    with pytest.raises(UserError) as err:
+        run_sweep(str(spec), str(root), progress=False)
+    msg = str(err.value)
+    assert "2 finished runs" in msg and "train.rounds 2 -> 3" in msg and "--force" in msg
+    assert "\n" not in msg
+    assert _mtimes(root) == before and (root / SPEC_FILE).read_text() == spec_text
+    # through the command line: one line, exit 2
+    assert main(["sweep", str(spec), "--out", str(root), "--no-progress"]) == 2
+    assert "train.rounds 2 -> 3" in capsys.readouterr().err
+    assert _mtimes(root) == before
+
+    # back to the old base plus a new seed: identical points resume, only the new ones run
+    write_spec(spec, axes + "seeds = [0, 1]")
+    assert run_sweep(str(spec), str(root), progress=False) == 0
+    assert "2 ran, 2 already done" in capsys.readouterr().out
+    assert all(_mtimes(root)[p] == t for p, t in before.items() if p.name == "summary.json")
+
+    # a recording change is a change too; --force replaces
+    write_spec(spec, axes + "seeds = [0, 1]\nrecord_rounds = [1, 'last']")
+    with pytest.raises(UserError, match="recording rounds last of 100 clients -> rounds "
+                                        "1,last of 100 clients"):
+        run_sweep(str(spec), str(root), progress=False)
+    assert run_sweep(str(spec), str(root), force=True, progress=False) == 0
+    assert load_toml(root / names[0] / "config.toml").record.rounds == "1,last"
