@@ -21,13 +21,14 @@ from pathlib import Path
 import pandas as pd
 
 from .errors import UserError
-from .results import BOUNDS, RESULTS_FILE, collect, combine, read_results
+from .results import BOUNDS, CONFIG_PREFIX, RESULTS_FILE, collect, combine, read_results
 from .rundir import write_text_atomic
 from .sweep_cli import plural
 
 ERRORS_FILE = "sweep_errors.log"  # written by fedem_private.sweep
 KEYS = ["dataset", "protocol", "variant", "mode", "eps_target"]
 REPORT_FILE = "report.md"
+NONE_MARK = "\0none"  # a setting left at None (its default) in a run's resolved config
 
 
 def attack_names(frame: pd.DataFrame) -> list[str]:
@@ -49,11 +50,57 @@ def _audit(values: pd.Series) -> str:
     return "FAIL" if "FAIL" in vals else "pass"
 
 
+def _short(column: str) -> str:
+    return column.removeprefix(CONFIG_PREFIX).rsplit(".", 1)[-1]
+
+
+def _setting_text(value: object) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "?"  # a row of an older results.csv, whose config is not known
+    if value == NONE_MARK:
+        return "default"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def split_settings(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """Keep runs of different settings apart: the ``cfg.*`` columns that differ between
+    rows which would otherwise be averaged together.
+
+    Returns the frame with those settings appended to ``variant`` (e.g.
+    ``fedmf [rounds=12]``), so every table row and plot line is one setting,
+    and the names of the columns that differ. Raises :class:`UserError` when
+    two rows of one setting share a seed (they would be averaged as two seeds).
+    """
+    known = frame["config_id"].notna() if "config_id" in frame.columns else None
+    candidates = [c for c in frame.columns if c.startswith(CONFIG_PREFIX)]
+    work = frame.copy()
+    for c in candidates:
+        if known is not None:
+            # a row with a config_id and no value here had None (the default) in its config
+            work[c] = work[c].astype(object).where(work[c].notna() | ~known, NONE_MARK)
+    groups = work.groupby(KEYS, dropna=False, sort=False)
+    split = [c for c in candidates if groups[c].nunique(dropna=True).max() > 1]
+    out = frame.copy()
+    if split:
+        labels = [" [" + ", ".join(f"{_short(c)}={_setting_text(v)}" for c, v in
+                                   zip(split, values, strict=True)) + "]"
+                  for values in work[split].itertuples(index=False)]
+        out["variant"] = out["variant"].astype(str) + pd.Series(labels, index=out.index)
+    twice = out.groupby(KEYS, dropna=False)["seed"].apply(lambda s: s.duplicated().any())
+    if twice.any():
+        where = twice[twice].index[0]
+        raise UserError(f"report: two runs of {' / '.join(str(k) for k in where)} share a seed "
+                        "and are not told apart by their config (an older results.csv?); "
+                        "report them separately")
+    return out, split
+
+
 def aggregate(frame: pd.DataFrame) -> pd.DataFrame:
     """Mean and std over seeds of every numeric column, per KEYS; plus n_seeds and audit."""
     from .report_plots import x_key
 
     numeric = [c for c in frame.columns if c not in KEYS and c not in ("seed", "rounds")
+               and not c.startswith(CONFIG_PREFIX)
                and pd.api.types.is_numeric_dtype(frame[c])
                and not pd.api.types.is_bool_dtype(frame[c])]
     groups = frame.groupby(KEYS, dropna=False, sort=True)
@@ -196,16 +243,24 @@ def write_report(sources: str | Sequence[str], out_dir: str | None = None) -> li
     results = out / RESULTS_FILE
     write_text_atomic(results, frame.to_csv(index=False))
     written = [results]
+    frame, split = split_settings(frame)
+    if split:
+        print(f"report: runs differ in {', '.join(_short(c) for c in split)}; each setting is "
+              "its own row and line (shown after the method)")
     agg = aggregate(frame)
     attacks = attack_names(frame)
     seeds = frame.groupby(KEYS, dropna=False)["seed"].nunique()
     n_seeds = str(seeds.min()) if seeds.min() == seeds.max() else f"{seeds.min()}-{seeds.max()}"
     md = ["# fedem-private report", "",
-          f"{len(frame)} runs from {', '.join(f'`{n}`' for n in names)}; values are "
+          f"{plural(len(frame), 'run')} from {', '.join(f'`{n}`' for n in names)}; values are "
           "mean ± std over seeds "
           f"({n_seeds} per setting). HR@10 / NDCG@10 of each client's own model on its "
           "held-out item; *full* ranks it against every item the client did not train on, "
           "*sampled* against 99 sampled negatives.", ""]
+    if split:
+        md += ["Runs differ in " + ", ".join(f"`{c.removeprefix(CONFIG_PREFIX)}`" for c in split)
+               + ": they are not averaged together; each setting is its own row and line, "
+               "labelled after the method (e.g. `[rounds=12]`).", ""]
     for folder in folders:
         if (folder / ERRORS_FILE).is_file():
             md += [f"**Some grid points failed in the last sweep** and are missing below; "

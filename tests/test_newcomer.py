@@ -154,3 +154,43 @@ def test_changed_sweep_stops_naming_what_changed_and_force_replaces(tmp_path, st
         run_sweep(str(spec), str(root), progress=False)
     assert run_sweep(str(spec), str(root), force=True, progress=False) == 0
     assert load_toml(root / names[0] / "config.toml").record.rounds == "1,last"
+
+
+# ------------------------------------------------------ 2: reports never mix unrelated runs
+def test_report_keeps_runs_of_two_sweeps_apart(tmp_path, stub, capsys):
+    import pandas as pd
+    from sweep_helpers import TINY_BASE, write_spec
+
+    from fedem_private.report import write_report
+    from fedem_private.sweep import run_sweep
+
+    axes = 'methods = ["fedmf"]\nprivacy = ["none"]\nseeds = [0, 1]\n'
+    a = write_spec(tmp_path / "a.toml", axes)
+    b = write_spec(tmp_path / "b.toml", axes, TINY_BASE.replace("rounds = 2", "rounds = 3"))
+    assert run_sweep(str(a), str(tmp_path / "A"), progress=False) == 0
+    assert run_sweep(str(b), str(tmp_path / "B"), progress=False) == 0
+    capsys.readouterr()
+    write_report([str(tmp_path / "A"), str(tmp_path / "B")], str(tmp_path / "both"))
+    out = capsys.readouterr().out
+    assert "several sources" not in out  # nothing was replaced: the same paths, other runs
+    assert "runs differ in rounds" in out
+    both = pd.read_csv(tmp_path / "both" / "results.csv")
+    assert len(both) == 4 and both["run"].nunique() == 2 and both["config_id"].nunique() == 4
+    assert sorted(both["cfg.train.rounds"]) == [2, 2, 3, 3]
+    md = (tmp_path / "both" / "report.md").read_text()
+    rows = [line for line in md.splitlines() if line.startswith("| fedmf")]
+    assert len(rows) == 2, md
+    assert any("fedmf [rounds=2]" in r for r in rows) and any("fedmf [rounds=3]" in r for r in rows)
+    assert all("| 2 |" in r for r in rows)  # two seeds each, not four of one mixed setting
+    # a run reported twice (its folder and a kept results.csv) is still one row
+    write_report([str(tmp_path / "both" / "results.csv"), str(tmp_path / "A")],
+                 str(tmp_path / "again"))
+    assert len(pd.read_csv(tmp_path / "again" / "results.csv")) == 4
+    assert "2 runs found in several sources" in capsys.readouterr().out
+    # an older results.csv (no config columns) cannot tell those runs apart: refused, one line
+    legacy = pd.read_csv(tmp_path / "both" / "results.csv")
+    legacy = legacy[[c for c in legacy.columns if c != "config_id" and not c.startswith("cfg.")]]
+    legacy.to_csv(tmp_path / "legacy.csv", index=False)
+    assert main(["report", str(tmp_path / "legacy.csv"), "--out", str(tmp_path / "L")]) == 2
+    err = capsys.readouterr().err
+    assert "share a seed" in err and err.count("\n") == 1
