@@ -240,10 +240,10 @@ def write_report(sources: str | Sequence[str], out_dir: str | None = None) -> li
     if replaced:
         print(f"report: {plural(replaced, 'run')} found in several sources; kept the row "
               "from the last source naming each")
+    table, (frame, split) = frame, split_settings(frame)  # refuse before writing anything
     results = out / RESULTS_FILE
-    write_text_atomic(results, frame.to_csv(index=False))
+    write_text_atomic(results, table.to_csv(index=False))
     written = [results]
-    frame, split = split_settings(frame)
     if split:
         print(f"report: runs differ in {', '.join(_short(c) for c in split)}; each setting is "
               "its own row and line (shown after the method)")

@@ -194,3 +194,4 @@ def test_report_keeps_runs_of_two_sweeps_apart(tmp_path, stub, capsys):
     assert main(["report", str(tmp_path / "legacy.csv"), "--out", str(tmp_path / "L")]) == 2
     err = capsys.readouterr().err
     assert "share a seed" in err and err.count("\n") == 1
+    assert not (tmp_path / "L" / "results.csv").exists()
