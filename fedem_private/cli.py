@@ -144,6 +144,9 @@ def config_from_args(args: argparse.Namespace):
 
 def _cmd_run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)  # validate before the heavy imports
+    if cfg.data.data_dir is not None and not Path(cfg.data.data_dir).expanduser().exists():
+        what = "file" if cfg.data.dataset == "csv" else "directory"
+        raise UserError(f"dataset {cfg.data.dataset}: {what} not found: {cfg.data.data_dir}")
     from .runner import execute, recording_hook
 
     out = args.out or str(Path("runs") / (f"{cfg.data.dataset}-{cfg.federation.method}-"
@@ -189,16 +192,40 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_attack(args: argparse.Namespace) -> int:
-    from attacks.run import DEFAULT_ATTACKS, format_table, parse_attacks, run_attacks
+def check_run_dir(run_dir: str | Path) -> Path:
+    """``run_dir`` as a Path when it is a run directory; else a one-line UserError."""
+    path = Path(run_dir).expanduser()
+    if not path.exists():
+        raise UserError(f"run directory not found: {path}")
+    if not path.is_dir() or not (path / "summary.json").is_file():
+        raise UserError(f"not a run directory: {path} (no summary.json; attack a directory "
+                        "written by `fedem-private run --record-rounds ...`)")
+    return path
 
-    names = parse_attacks(args.attacks) if args.attacks is not None else DEFAULT_ATTACKS
+
+def _cmd_attack(args: argparse.Namespace) -> int:
+    from .attack_step import ATTACK_NAMES
+
+    check_run_dir(args.run_dir)  # validate everything before the heavy imports
+    names = None
+    if args.attacks is not None:
+        names = tuple(dict.fromkeys(t.strip() for t in args.attacks.split(",") if t.strip()))
+        if not names:
+            raise UserError("--attacks: no attack named")
+        unknown = [n for n in names if n not in ATTACK_NAMES]
+        if unknown:
+            raise UserError(f"unknown attack {unknown[0]!r}; known: {', '.join(ATTACK_NAMES)}")
+    if not 0.0 < args.known_fraction < 1.0:
+        raise UserError(f"--known-fraction must be in (0, 1), got {args.known_fraction}")
     rounds = None
     if args.rounds is not None:
         try:
             rounds = [int(r) for r in args.rounds.split(",") if r.strip()]
         except ValueError:
             raise UserError(f"--rounds: not a list of round numbers: {args.rounds!r}") from None
+    from attacks.run import DEFAULT_ATTACKS, format_table, run_attacks
+
+    names = names or DEFAULT_ATTACKS
     report = run_attacks(args.run_dir, names, seed=args.seed, rounds=rounds,
                          known_fraction=args.known_fraction)
     if not args.quiet:

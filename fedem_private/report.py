@@ -23,7 +23,7 @@ import pandas as pd
 from .errors import UserError
 from .results import BOUNDS, CONFIG_PREFIX, RESULTS_FILE, collect, combine, read_results
 from .rundir import write_text_atomic
-from .sweep_cli import plural
+from .sweep_cli import check_report_sources, plural
 
 ERRORS_FILE = "sweep_errors.log"  # written by fedem_private.sweep
 KEYS = ["dataset", "protocol", "variant", "mode", "eps_target"]
@@ -225,12 +225,8 @@ def write_report(sources: str | Sequence[str], out_dir: str | None = None) -> li
     """
     from . import report_plots as rp
 
-    names = [sources] if isinstance(sources, str | Path) else list(sources)
-    if not names:
-        raise UserError("report: name at least one folder of runs or results.csv")
-    if out_dir is None and (len(names) > 1 or Path(names[0]).expanduser().is_file()):
-        raise UserError("report: give --out when combining several sources or reading a "
-                        "results.csv")
+    names = [str(n) for n in ([sources] if isinstance(sources, str | Path) else sources)]
+    check_report_sources(names, out_dir)
     frame, folders, replaced = load_sources(names)
     out = Path(out_dir if out_dir else names[0]).expanduser()
     try:

@@ -77,6 +77,9 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_sweep_from_args(args: argparse.Namespace) -> int:
     """Run the sweep of parsed :func:`add_sweep_arguments` arguments; the exit code."""
+    from .sweep_spec import load_spec
+
+    load_spec(args.config)  # a bad sweep file fails here, before torch and pandas load
     from .sweep import run_sweep
 
     return run_sweep(args.config, args.out, jobs=args.jobs, force=args.force,
@@ -89,8 +92,23 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, metavar="DIR", help=REPORT_ARGS_HELP["out"])
 
 
+def check_report_sources(names: list[str], out_dir: str | None) -> None:
+    """The checks of ``report``'s arguments that need no table: sources exist, --out given."""
+    from .errors import UserError
+
+    if not names:
+        raise UserError("report: name at least one folder of runs or results.csv")
+    for name in names:
+        if not Path(name).expanduser().exists():
+            raise UserError(f"not a directory: {name} (no such file or directory)")
+    if out_dir is None and (len(names) > 1 or Path(names[0]).expanduser().is_file()):
+        raise UserError("report: give --out when combining several sources or reading a "
+                        "results.csv")
+
+
 def run_report_from_args(args: argparse.Namespace) -> int:
     """Write the report of parsed :func:`add_report_arguments` arguments; prints the files."""
+    check_report_sources(list(args.dir), args.out)  # before pandas and matplotlib load
     from .report import write_report
 
     for path in write_report(args.dir, args.out):

@@ -195,3 +195,62 @@ def test_report_keeps_runs_of_two_sweeps_apart(tmp_path, stub, capsys):
     err = capsys.readouterr().err
     assert "share a seed" in err and err.count("\n") == 1
     assert not (tmp_path / "L" / "results.csv").exists()
+
+
+# ------------------------------------------- 5: validation errors load no heavy library
+HEAVY = ("torch", "pandas", "cvxpy", "opacus", "matplotlib", "sklearn", "scipy", "dp_accounting")
+
+
+def _heavy_after(argv: list[str], cwd) -> tuple[int, str, list[str]]:
+    """Run the CLI in a fresh interpreter; exit code, stderr, heavy modules it imported."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import json, sys\nfrom fedem_private.cli import main\n"
+            f"rc = main({argv!r})\n"
+            f"print(json.dumps([rc, [m for m in {HEAVY!r} if m in sys.modules]]))\n")
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd,
+                          env={**os.environ, "PYTHONPATH": str(root)}, timeout=120)
+    rc, heavy = json.loads(proc.stdout.strip().splitlines()[-1])
+    return rc, proc.stderr, heavy
+
+
+def test_validation_errors_import_no_heavy_library(tmp_path):
+    (tmp_path / "notarun").mkdir()
+    (tmp_path / "bad.toml").write_text("[sweep]\ncolours = [1]\n")
+    (tmp_path / "atk.toml").write_text("[sweep]\nattacks = ['telepathy']\n")
+    (tmp_path / "run.toml").write_text("[train]\nroundz = 3\n")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "summary.json").write_text("{}")
+    cases = [
+        (["run", "--rounds", "0"], "train.rounds"),
+        (["run", "--dataset", "nope"], "unknown dataset"),
+        (["run", "--privacy", "ldp-laplace", "--epsilon", "-1"], "epsilon"),
+        (["run", "--config", "run.toml"], "unknown key 'roundz'"),
+        (["run", "--config", "missing.toml"], "config file not found"),
+        (["run", "--dataset", "ml-100k", "--data-dir", "nowhere"], "directory not found"),
+        (["run", "--rounds", "2", "--record-rounds", "5"], "beyond the run's 2 rounds"),
+        (["run", "--min-rating", "4"], "min-rating"),
+        (["sweep", "missing.toml"], "sweep file not found"),
+        (["sweep", "bad.toml"], "unknown axis 'colours'"),
+        (["sweep", "atk.toml"], "telepathy"),
+        (["report", "nowhere"], "nowhere"),
+        (["attack", "notarun"], "not a run directory"),
+        (["attack", "run", "--attacks", "telepathy"], "unknown attack 'telepathy'"),
+        (["attack", "run", "--known-fraction", "2"], "--known-fraction"),
+        (["datasets", "download", "ml-10m"], "unknown dataset"),
+    ]
+    for argv, needle in cases:
+        rc, err, heavy = _heavy_after(argv, tmp_path)
+        assert rc == 2 and needle in err and err.count("\n") == 1, (argv, err)
+        assert heavy == [], (argv, heavy)
+
+
+def test_attack_names_known_without_import_match_the_attack_step():
+    from attacks.run import KNOWN_ATTACKS
+    from fedem_private.attack_step import ATTACK_NAMES
+
+    assert set(ATTACK_NAMES) == set(KNOWN_ATTACKS)

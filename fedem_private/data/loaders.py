@@ -10,12 +10,15 @@ from __future__ import annotations
 import csv
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from ..errors import UserError
 from .interactions import Interactions, from_raw
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def _require_file(directory: Path, filename: str, dataset: str) -> Path:
@@ -35,6 +38,8 @@ def _read_table(path: Path, dataset: str, sep: str, names: list[str], numeric: l
                 header: int | None = None, usecols: list[int] | None = None,
                 min_cols: int | None = None) -> pd.DataFrame:
     """Read a delimited file; every row must have the expected numeric columns."""
+    import pandas as pd  # here, not at import: config validation must stay light
+
     try:
         engine = "c" if len(sep) == 1 else "python"
         df = pd.read_csv(path, sep=sep, header=header, names=None, engine=engine,
