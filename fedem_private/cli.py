@@ -44,6 +44,9 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--dataset", "data.dataset", str, "synthetic, ml-100k, ml-1m, filmtrust, lastfm-2k, csv"),
     ("--data-dir", "data.data_dir", str, "directory (or CSV file) holding the dataset"),
     ("--protocol", "data.protocol", str, "strict (default) or paper"),
+    ("--min-rating", "data.min_rating", _number,
+     "positives are the pairs rated >= this (default: every rated pair; datasets with "
+     "ratings only)"),
     ("--method", "federation.method", str, "fedmf, fedsim, fedem or local"),
     ("--aggregation", "federation.aggregation", str, "fedavg, uniform, similarity, none"),
     ("--merge", "federation.merge", str, "sr, sm, dm or em"),

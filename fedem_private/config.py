@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, get_type_hints
 
-from .data import DATASETS, PROTOCOLS, SyntheticConfig
+from .data import DATASETS, PROTOCOLS, RATED_DATASETS, SyntheticConfig
 from .errors import UserError
 from .privacy.config import PrivacyConfig
 
@@ -44,11 +44,20 @@ class DataConfig:
     data_dir: str | None = None
     protocol: str = "strict"
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    # implicit positives: None keeps every rated pair; R keeps the pairs rated >= R
+    min_rating: float | None = None
 
     def validate(self) -> None:
         if self.dataset not in DATASETS:
             raise UserError(f"unknown dataset {self.dataset!r}; choose one of "
                             f"{', '.join(DATASETS)}")
+        if self.min_rating is not None:
+            if not math.isfinite(self.min_rating):
+                raise UserError(f"--min-rating (data.min_rating) must be a finite number, "
+                                f"got {self.min_rating}")
+            if self.dataset not in RATED_DATASETS:
+                raise UserError(f"--min-rating (data.min_rating): dataset {self.dataset} has no "
+                                f"ratings; it applies to {', '.join(RATED_DATASETS)}")
         if self.protocol not in PROTOCOLS:
             raise UserError(f"unknown protocol {self.protocol!r}; choose one of "
                             f"{', '.join(PROTOCOLS)}")
@@ -209,7 +218,7 @@ class RunConfig:
 
 # Fields added after version 0.1.0: they enter a config's identity only when set, so run
 # directories written before they existed keep their identity (see identity_dict).
-LATER_FIELDS: dict[tuple[str, ...], Any] = {}
+LATER_FIELDS: dict[tuple[str, ...], Any] = {("data", "min_rating"): None}
 
 
 def identity_dict(cfg: RunConfig) -> dict:

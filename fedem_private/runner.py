@@ -18,7 +18,7 @@ def prepare(cfg: RunConfig) -> Simulation:
     """Validate the config, load and split the data, build the simulation."""
     cfg = cfg.validate().resolved()
     data = load_dataset(cfg.data.dataset, cfg.data.data_dir, seed=cfg.train.seed,
-                        synthetic=cfg.data.synthetic)
+                        synthetic=cfg.data.synthetic, min_rating=cfg.data.min_rating)
     split = leave_one_out(data, cfg.train.seed)
     demographics = {k: v[split.users] for k, v in data.demographics.items()}
     return Simulation(cfg, split, dataset_name=data.name, demographics=demographics)

@@ -254,3 +254,64 @@ def test_attack_names_known_without_import_match_the_attack_step():
     from fedem_private.attack_step import ATTACK_NAMES
 
     assert set(ATTACK_NAMES) == set(KNOWN_ATTACKS)
+
+
+# ------------------------------------------ 6: rating columns are checked; --min-rating
+@pytest.mark.parametrize("text,needle", [
+    ("u1,i1,5\nu1,i2,five\n", "line 2: rating is not a number: 'five'"),
+    ("user,item,rating\nu1,i1,NaN\n", "line 2: rating is not a number: 'NaN'"),
+    ("u1,i1,4\nu1,i2,\n", "line 2: rating is not a number"),
+    ("u1,i1,inf\n", "line 1: rating is not a finite number: 'inf'"),
+])
+def test_csv_rating_column_is_validated(tmp_path, capsys, text, needle):
+    (tmp_path / "r.csv").write_text(text)
+    assert main(["run", "--dataset", "csv", "--data-dir", str(tmp_path / "r.csv"), *TINY]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1
+
+
+def _rated_csv(path):
+    rows = [f"u{u},i{i},{1 + (u + i) % 5}" for u in range(12) for i in range(10)]
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def test_min_rating_keeps_only_high_ratings_as_positives(tmp_path):
+    from fedem_private.data import load_dataset
+
+    csv = _rated_csv(tmp_path / "r.csv")
+    everything = load_dataset("csv", csv)
+    high = load_dataset("csv", csv, min_rating=4)
+    assert everything.n_interactions == 120
+    assert high.n_interactions == sum((u + i) % 5 >= 3 for u in range(12) for i in range(10))
+    ml = tmp_path / "ml"
+    ml.mkdir()
+    (ml / "u.data").write_text("1\t1\t5\t10\n1\t2\t2\t11\n2\t1\t4\t12\n2\t3\t1\t13\n")
+    assert load_dataset("ml-100k", ml, min_rating=4).n_interactions == 2
+    (ml / "ratings.txt").write_text("1 1 3.5\n1 2 0.5\n2 2 4\n")
+    assert load_dataset("filmtrust", ml, min_rating=3).n_interactions == 2
+
+
+def test_min_rating_errors_are_one_line(tmp_path, capsys):
+    csv = _rated_csv(tmp_path / "r.csv")
+    (tmp_path / "pairs.csv").write_text("u1,i1\nu1,i2\n")
+    cases = [
+        (["--min-rating", "3"], "dataset synthetic has no ratings"),
+        (["--dataset", "lastfm-2k", "--data-dir", str(tmp_path), "--min-rating", "3"],
+         "dataset lastfm-2k has no ratings"),
+        (["--dataset", "csv", "--data-dir", str(csv), "--min-rating", "nan"],
+         "min_rating must be a number, got NaN"),
+        (["--dataset", "csv", "--data-dir", str(csv), "--min-rating", "9"],
+         "no rating >= 9"),
+        (["--dataset", "csv", "--data-dir", str(tmp_path / "pairs.csv"), "--min-rating", "3"],
+         "needs a rating column"),
+    ]
+    for argv, needle in cases:
+        assert main(["run", *argv, *TINY, "--out", str(tmp_path / "o")]) == 2, argv
+        err = capsys.readouterr().err
+        assert needle in err and err.count("\n") == 1, (argv, err)
+    assert not (tmp_path / "o").exists()
+    # and it is part of the written config, so it re-creates the run
+    assert main(["run", "--dataset", "csv", "--data-dir", str(csv), "--min-rating", "3",
+                 *TINY, "--out", str(tmp_path / "o")]) == 0
+    assert "min_rating = 3.0" in (tmp_path / "o" / "config.toml").read_text()
