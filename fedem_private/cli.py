@@ -7,7 +7,6 @@ and exit with code 2; nothing already written is lost or half-written.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -145,93 +144,63 @@ def config_from_args(args: argparse.Namespace):
     return with_overrides(base, overrides).validate().resolved()
 
 
+def privacy_text(privacy: dict[str, Any] | None) -> str:
+    """One line on the privacy a run spent, for people: rounded, and honest about no DP."""
+    privacy = privacy or {}
+    mode = privacy.get("mode", "none")
+    if mode == "none":
+        return "privacy: none (no clipping, no noise: no privacy guarantee)"
+    eps = (privacy.get("epsilon") or {}).get("reported")
+    eps = None if eps is None else float(eps)
+    if eps is None or eps == float("inf"):
+        return f"privacy: {mode}  eps spent ∞ (no noise: no privacy guarantee)"
+    text = f"privacy: {mode}  eps spent (worst client) {eps:.4g}"
+    if privacy.get("delta"):
+        text += f" at delta {privacy['delta']:g}"
+    if mode == "paper":
+        text += " (the FedEM paper's heuristic, not a DP guarantee)"
+    elif mode == "ldp-touched-rows":
+        text += " (INSECURE: the touched rows leak at any eps)"
+    return text
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
-    cfg = config_from_args(args)  # validate before the heavy imports
-    if cfg.data.data_dir is not None and not Path(cfg.data.data_dir).expanduser().exists():
-        what = "file" if cfg.data.dataset == "csv" else "directory"
-        raise UserError(f"dataset {cfg.data.dataset}: {what} not found: {cfg.data.data_dir}")
-    from .runner import execute, recording_hook
+    from . import api
 
-    out = args.out or str(Path("runs") / (f"{cfg.data.dataset}-{cfg.federation.method}-"
-                                          f"{_dt.datetime.now():%Y%m%d-%H%M%S}"))
-    bar = None
-
-    def on_start(sim) -> None:
-        nonlocal bar
-        if not args.no_progress:
-            from tqdm import tqdm
-
-            bar = tqdm(total=cfg.train.rounds, desc=f"{cfg.federation.method} rounds",
-                       unit="round", file=sys.stderr, dynamic_ncols=True)
-
-    def on_round(stats) -> None:
-        if bar is None:
-            return
-        post = {}
-        if stats.metrics:
-            post["HR@10"] = f"{stats.metrics['full']['hr@10']:.4f}"
-            post["NDCG@10"] = f"{stats.metrics['full']['ndcg@10']:.4f}"
-        if "eps_spent" in stats.privacy:
-            post["eps"] = f"{stats.privacy['eps_spent']:.3g}"
-        bar.set_postfix(post, refresh=False)
-        bar.update(1)
-
-    try:
-        summary = execute(cfg, out, force=args.force, on_round=on_round, on_start=on_start,
-                          setup=recording_hook(cfg))
-    finally:
-        if bar is not None:
-            bar.close()
+    cfg = config_from_args(args)  # validated before anything heavy is imported
+    out = args.out or str(api.default_out(cfg))
+    res = api.run(cfg, out, force=args.force, progress=not args.no_progress)
+    summary = res.summary
     m = summary["metrics"] or {}
     print(f"wrote {out}")
     for kind in ("full", "sampled"):
         if kind in m:
             print(f"{kind:>7}: HR@10 {m[kind]['hr@10']:.4f}  NDCG@10 {m[kind]['ndcg@10']:.4f}")
-    eps = (summary.get("privacy") or {}).get("epsilon")
-    if isinstance(eps, dict) and "reported" in eps:
-        print(f"privacy: {summary['privacy']['mode']}  eps spent (worst client) "
-              f"{eps['reported']}")
+    print(privacy_text(summary.get("privacy")))
+    warning = (summary.get("clipping") or {}).get("warning")
+    if warning:
+        print(f"{PROG}: warning: {warning}", file=sys.stderr)
     print(f"seconds per round: {summary['seconds_per_round']:.3f}")
     return 0
 
 
-def check_run_dir(run_dir: str | Path) -> Path:
-    """``run_dir`` as a Path when it is a run directory; else a one-line UserError."""
-    path = Path(run_dir).expanduser()
-    if not path.exists():
-        raise UserError(f"run directory not found: {path}")
-    if not path.is_dir() or not (path / "summary.json").is_file():
-        raise UserError(f"not a run directory: {path} (no summary.json; attack a directory "
-                        "written by `fedem-private run --record-rounds ...`)")
-    return path
-
-
 def _cmd_attack(args: argparse.Namespace) -> int:
-    from .attack_step import ATTACK_NAMES
+    from . import api
 
-    check_run_dir(args.run_dir)  # validate everything before the heavy imports
-    names = None
-    if args.attacks is not None:
-        names = tuple(dict.fromkeys(t.strip() for t in args.attacks.split(",") if t.strip()))
-        if not names:
-            raise UserError("--attacks: no attack named")
-        unknown = [n for n in names if n not in ATTACK_NAMES]
-        if unknown:
-            raise UserError(f"unknown attack {unknown[0]!r}; known: {', '.join(ATTACK_NAMES)}")
-    if not 0.0 < args.known_fraction < 1.0:
-        raise UserError(f"--known-fraction must be in (0, 1), got {args.known_fraction}")
     rounds = None
     if args.rounds is not None:
         try:
             rounds = [int(r) for r in args.rounds.split(",") if r.strip()]
         except ValueError:
             raise UserError(f"--rounds: not a list of round numbers: {args.rounds!r}") from None
-    from attacks.run import DEFAULT_ATTACKS, format_table, run_attacks
-
-    names = names or DEFAULT_ATTACKS
-    report = run_attacks(args.run_dir, names, seed=args.seed, rounds=rounds,
-                         known_fraction=args.known_fraction)
+    names = None
+    if args.attacks is not None:
+        names = tuple(dict.fromkeys(t.strip() for t in args.attacks.split(",") if t.strip()))
+    report = api.attack(args.run_dir, names, seed=args.seed, rounds=rounds,
+                        known_fraction=args.known_fraction)
     if not args.quiet:
+        from attacks.run import format_table
+
         print(format_table(report))
     print(f"wrote {report['path']}")
     return 0

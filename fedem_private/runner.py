@@ -40,6 +40,38 @@ def last_merge_rho(history: list[RoundStats]) -> float | None:
     return next((h.merge["rho_mean"] for h in reversed(history) if h.merge), None)
 
 
+# clip warnings: most uploads clipped, or (with noise scaled to the clip) almost none
+MOSTLY_CLIPPED = 0.9
+RARELY_CLIPPED = 0.05
+
+
+def clipping_summary(history: list[RoundStats]) -> dict[str, Any] | None:
+    """Mean fraction of uploads clipped and mean pre-clip norm over the rounds, plus a
+    warning when most uploads were clipped or (noise being scaled to the clip) almost none.
+    None for modes that do not clip."""
+    rounds = [h.privacy for h in history if h.privacy.get("frac_clipped") is not None]
+    if not rounds:
+        return None
+    frac = sum(r["frac_clipped"] for r in rounds) / len(rounds)
+    norms = [r["mean_pre_clip_norm"] for r in rounds if r.get("mean_pre_clip_norm") is not None]
+    norm = sum(norms) / len(norms) if norms else float("nan")
+    clip = rounds[-1].get("clip")
+    noisy = any(r.get("noise_scale", 0) > 0 for r in rounds)
+    warning = None
+    if frac > MOSTLY_CLIPPED:
+        warning = (f"{frac:.0%} of uploads were clipped (mean pre-clip norm {norm:.4g}, clip "
+                   f"{clip:g}): clipping discarded most of each update; a clip near the "
+                   f"pre-clip norm keeps more of it (tuning it on these private norms is not "
+                   f"itself private)")
+    elif noisy and frac < RARELY_CLIPPED:
+        warning = (f"only {frac:.0%} of uploads were clipped (mean pre-clip norm {norm:.4g}, "
+                   f"clip {clip:g}): the noise is scaled to the clip, so a smaller clip "
+                   f"would give the same guarantee with less noise (tuning it on these private "
+                   f"norms is not itself private)")
+    return {"frac_clipped_mean": frac, "mean_pre_clip_norm": norm, "clip": clip,
+            "warning": warning}
+
+
 def summarise(sim: Simulation, history: list[RoundStats], wall: float) -> dict[str, Any]:
     """The summary.json content."""
     cfg = sim.cfg
@@ -63,6 +95,7 @@ def summarise(sim: Simulation, history: list[RoundStats], wall: float) -> dict[s
         "seconds_total": wall,
         "metrics": last,
         "privacy": sim.privacy.summary(),
+        "clipping": clipping_summary(history),
         "version": __version__,
     }
 

@@ -315,3 +315,28 @@ def test_min_rating_errors_are_one_line(tmp_path, capsys):
     assert main(["run", "--dataset", "csv", "--data-dir", str(csv), "--min-rating", "3",
                  *TINY, "--out", str(tmp_path / "o")]) == 0
     assert "min_rating = 3.0" in (tmp_path / "o" / "config.toml").read_text()
+
+
+# -------------------------------------------------------------- 10: the Python API
+def test_python_api_run_attack_sweep_load(tmp_path, stub):
+    import pandas as pd
+    from sweep_helpers import write_spec
+
+    import fedem_private as fp
+    import fedem_private.sweep  # noqa: F401  (the submodule must not shadow fp.sweep)
+
+    assert callable(fp.sweep) and fp.sweep.__module__ == "fedem_private.api"
+    res = fp.run({"data": {"synthetic": {"n_users": 40, "n_items": 60, "mean_activity": 8}},
+                  "train": {"rounds": 2, "local_epochs": 1, "dim": 4},
+                  "record": {"rounds": "last", "clients": 10}},
+                 out=tmp_path / "r", overrides={"federation.method": "fedem"})
+    assert isinstance(res.metrics, pd.DataFrame) and list(res.metrics["round"]) == [1, 2]
+    assert res.config.federation.method == "fedem" and res.ledger is not None
+    assert res.hr10 == res.summary["metrics"]["full"]["hr@10"]
+    report = fp.attack(tmp_path / "r", ["projection"])
+    assert (tmp_path / "r" / "attacks.json").is_file() and report["records"]
+    table = fp.sweep(write_spec(tmp_path / "s.toml", 'methods = ["fedmf"]\nseeds = [0, 1]'),
+                     out=tmp_path / "s")
+    assert len(table) == 2 and len(fp.load_results(tmp_path / "s" / "results.csv")) == 2
+    with pytest.raises(fp.api.UserError, match="not a run directory"):
+        fp.attack(tmp_path)
