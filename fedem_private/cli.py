@@ -42,7 +42,7 @@ def _integer(text: str) -> int:
 RUN_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--dataset", "data.dataset", str, "synthetic, ml-100k, ml-1m, filmtrust, lastfm-2k, csv"),
     ("--data-dir", "data.data_dir", str, "directory (or CSV file) holding the dataset"),
-    ("--protocol", "data.protocol", str, "strict (default) or paper"),
+    ("--protocol", "data.protocol", str, "strict or paper"),
     ("--min-rating", "data.min_rating", _number,
      "positives are the pairs rated >= this (default: every rated pair; datasets with "
      "ratings only)"),
@@ -75,10 +75,27 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
 ]
 
 
+def _default_of(key: str) -> Any:
+    """The built-in default of a dotted config key, e.g. ``train.rounds`` -> 50."""
+    from .config import RunConfig
+
+    node: Any = RunConfig()
+    for part in key.split("."):
+        node = getattr(node, part)
+    return node
+
+
 def _add_run_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="TOML config file; flags override it")
+    p.add_argument("--config", metavar="FILE", help="TOML config file; flags override it")
     for flag, key, typ, text in RUN_FLAGS:
-        p.add_argument(flag, dest=key, type=typ, default=None, help=text)
+        default = _default_of(key)
+        if default is not None:
+            text = f"{text} (default: {default:g})" if isinstance(default, float) \
+                else f"{text} (default: {default})"
+        elif key in ("federation.aggregation", "federation.merge"):
+            text += " (default: the method's own)"
+        p.add_argument(flag, dest=key, type=typ, default=None, help=text,
+                       metavar=flag.removeprefix("--").upper().replace("-", "_"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="train one configuration and write a run directory")
     _add_run_flags(run)
-    run.add_argument("--out", help="run directory (default: runs/<dataset>-<method>-<time>)")
+    run.add_argument("--out", metavar="DIR",
+                     help="run directory (default: runs/<dataset>-<method>-<time>)")
     run.add_argument("--force", action="store_true", help="replace a non-empty --out")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--record-rounds", metavar="ROUNDS",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -189,6 +190,30 @@ def accounting_table(agg: pd.DataFrame) -> str:
     return _table(header, rows)
 
 
+def clipping_notes(agg: pd.DataFrame) -> list[str]:
+    """Settings where most uploads were clipped, or almost none while noise is scaled to the
+    clip (last round, mean over seeds); thresholds as :mod:`fedem_private.runner`'s warning."""
+    from .runner import MOSTLY_CLIPPED, RARELY_CLIPPED
+
+    if "frac_clipped_mean" not in agg.columns:
+        return []
+    notes = []
+    for _, r in _sort(agg).iterrows():
+        frac, noise = r["frac_clipped_mean"], r.get("noise_scale_mean", math.nan)
+        if isinstance(frac, float) and math.isnan(frac):
+            continue
+        what = f"{r['dataset']} / {r['protocol']} / {r['variant']} / {r['mode']} ε {_eps_label(r)}"
+        norm = _num(r.get("mean_pre_clip_norm_mean", math.nan))
+        if frac > MOSTLY_CLIPPED:
+            notes.append(f"{what}: {frac:.0%} of uploads clipped (pre-clip norm {norm}, clip "
+                         f"{_num(r['clip_mean'])}): clipping discards most of each update")
+        elif noise > 0 and frac < RARELY_CLIPPED:
+            notes.append(f"{what}: only {frac:.0%} of uploads clipped (pre-clip norm {norm}, "
+                         f"clip {_num(r['clip_mean'])}): the noise, scaled to the clip, is "
+                         "larger than the updates need")
+    return notes
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text)
 
@@ -261,6 +286,13 @@ def write_report(sources: str | Sequence[str], out_dir: str | None = None) -> li
         if (folder / ERRORS_FILE).is_file():
             md += [f"**Some grid points failed in the last sweep** and are missing below; "
                    f"see `{(folder / ERRORS_FILE).as_posix()}`.", ""]
+    notes = clipping_notes(agg)
+    if notes:
+        print(f"report: warning: clipping looks mis-set in {plural(len(notes), 'setting')} "
+              f"(see {REPORT_FILE})", file=sys.stderr)
+        md += ["**Clipping looks mis-set** (last round, mean over seeds; choosing the clip "
+               "from these private norms is not itself private):", ""]
+        md += [f"- {n}" for n in notes] + [""]
     if not attacks:
         md += ["No attack scores found (no `attacks.json` in the run directories), so the "
                "attack plots are left out.", ""]

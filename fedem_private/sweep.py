@@ -48,6 +48,7 @@ class Outcome:
     seconds: float = 0.0
     error: str | None = None
     detail: str | None = None  # traceback of an unexpected failure
+    result: str | None = None  # e.g. "HR@10 0.1234, eps 8" of a finished point
 
 
 # ------------------------------------------------------------------------ one point
@@ -174,7 +175,29 @@ def run_point(point: GridPoint, root: Path, step: AttackStep | None,
         return Outcome(point.name, "failed", time.perf_counter() - t0,
                        f"{type(exc).__name__}: {exc}", traceback.format_exc())
     status = "attacked" if state == "attack" else "ran"
-    return Outcome(point.name, status, time.perf_counter() - t0)
+    return Outcome(point.name, status, time.perf_counter() - t0, result=point_result(out))
+
+
+def point_result(out: Path) -> str | None:
+    """``HR@10 0.1234, eps 8`` (and a clipping warning) of a finished run, for the log."""
+    try:
+        summary = json.loads((out / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    full = (summary.get("metrics") or {}).get("full") or {}
+    privacy = summary.get("privacy") or {}
+    eps = (privacy.get("epsilon") or {}).get("reported")
+    if privacy.get("mode", "none") == "none":
+        eps_text = "no DP"
+    elif eps is None or float(eps) == float("inf"):
+        eps_text = "eps ∞ (no noise)"
+    else:
+        eps_text = f"eps {float(eps):.3g}"
+    text = (f"HR@10 {full['hr@10']:.4f}, " if "hr@10" in full else "") + eps_text
+    clip = summary.get("clipping") or {}
+    if clip.get("warning"):
+        text += f"; {clip['frac_clipped_mean']:.0%} of uploads clipped (see summary.json)"
+    return text
 
 
 def load_step(attacks: Sequence[str]) -> tuple[AttackStep | None, str | None]:
@@ -253,6 +276,9 @@ class _Progress:
             self.bar.update(1)
         if outcome.status == "failed":
             self.write(f"FAILED {outcome.name}: {outcome.error}")
+        elif outcome.status in ("ran", "attacked"):
+            self.write(f"done {outcome.name}: {outcome.result or 'finished'} "
+                       f"({outcome.seconds:.0f} s)")
 
     def write(self, text: str) -> None:
         if self.bar is not None:
