@@ -31,6 +31,12 @@ def _number(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
 
 
+def _clip(text: str) -> float | str:
+    if text.strip().lower() == "auto":
+        return "auto"
+    return _number(text)
+
+
 def _integer(text: str) -> int:
     try:
         return int(text)
@@ -67,7 +73,11 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--epsilon", "privacy.epsilon", _number, "total epsilon target over the rounds (inf ok)"),
     ("--epsilon-round", "privacy.epsilon_round", _number, "per-round epsilon"),
     ("--delta", "privacy.delta", _number, "delta for accounting"),
-    ("--clip", "privacy.clip", _number, "clip bound C of the uploaded delta"),
+    ("--clip", "privacy.clip", _clip,
+     "clip bound C of the uploaded delta, or 'auto': C from a DP warm-up round whose "
+     "privacy cost is charged to every client (ldp modes; see README)"),
+    ("--clip-auto-epsilon", "privacy.clip_auto_epsilon", _number,
+     "--clip auto: the warm-up's epsilon (default: 10%% of --epsilon)"),
     ("--noise-multiplier", "privacy.noise_multiplier", _number, "noise scale / sensitivity"),
     ("--accountant", "privacy.accountant", str, "calibrate with basic, advanced, rdp or pld"),
     ("--paper-clip", "privacy.paper_clip", _number, "paper mode: gradient clip Z"),
@@ -157,6 +167,8 @@ def config_from_args(args: argparse.Namespace):
 
     base = load_toml(args.config) if args.config else RunConfig()
     overrides = {key: getattr(args, key) for _, key, _, _ in RUN_FLAGS}
+    if overrides.get("privacy.clip") == "auto":
+        overrides.update({"privacy.clip": None, "privacy.clip_auto": True})
     overrides.update({"record.rounds": getattr(args, "record_rounds", None),
                       "record.clients": getattr(args, "record_clients", None)})
     return with_overrides(base, overrides).validate().resolved()
@@ -171,7 +183,9 @@ def privacy_text(privacy: dict[str, Any] | None) -> str:
     eps = (privacy.get("epsilon") or {}).get("reported")
     eps = None if eps is None else float(eps)
     if eps is None or eps == float("inf"):
-        return f"privacy: {mode}  eps spent ∞ (no noise: no privacy guarantee)"
+        clip = privacy.get("clip")
+        return (f"privacy: {mode}  eps spent ∞ (no noise: no privacy guarantee)"
+                + (f"; clip {clip:.4g}" if clip is not None else ""))
     text = f"privacy: {mode}  eps spent (worst client) {eps:.4g}"
     if privacy.get("delta"):
         text += f" at delta {privacy['delta']:g}"
@@ -179,6 +193,10 @@ def privacy_text(privacy: dict[str, Any] | None) -> str:
         text += " (the FedEM paper's heuristic, not a DP guarantee)"
     elif mode == "ldp-touched-rows":
         text += " (INSECURE: the touched rows leak at any eps)"
+    auto = privacy.get("clip_auto")
+    if auto:
+        text += (f"; clip {auto['clip']:.4g} from --clip auto (DP warm-up, eps "
+                 f"{auto['epsilon']:.3g}, included)")
     return text
 
 

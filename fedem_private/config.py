@@ -218,7 +218,13 @@ class RunConfig:
 
 # Fields added after version 0.1.0: they enter a config's identity only when set, so run
 # directories written before they existed keep their identity (see identity_dict).
-LATER_FIELDS: dict[tuple[str, ...], Any] = {("data", "min_rating"): None}
+LATER_FIELDS: dict[tuple[str, ...], Any] = {
+    ("data", "min_rating"): None,
+    ("privacy", "clip_auto"): False,
+    ("privacy", "clip_auto_epsilon"): None,
+    ("privacy", "clip_auto_min"): 0.1,
+    ("privacy", "clip_auto_max"): 1e5,
+}
 
 
 def identity_dict(cfg: RunConfig) -> dict:

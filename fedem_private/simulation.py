@@ -122,6 +122,36 @@ class Simulation:
         n_samples = split.train_counts * (1 + tr.num_negatives)
         self._workload = num_steps(n_samples, self.local_cfg)
         self.observers: list[Callable[[ChunkView], None]] = []
+        if self.cfg.privacy.clip_auto:
+            self._auto_clip()
+
+    def _auto_clip(self) -> None:
+        """``--clip auto``: the DP warm-up of :mod:`fedem_private.privacy.clip_auto`.
+
+        Every client trains once from the table it would be sent in round 1,
+        measures its delta's norm (L1, or L2 under ldp-gaussian) and releases
+        it noised; the state is left untouched (the trained tables are dropped).
+        """
+        from .privacy.clip_auto import WARMUP_ROUND, estimate_clip, noisy_log_norms
+
+        pc = self.cfg.privacy
+        clients = np.arange(self.split.n_users)
+        norms = np.zeros(clients.shape[0], dtype=np.float64)
+        for chunk in self._chunks(clients):
+            idx = torch.from_numpy(chunk)
+            samples = draw_samples(self.seed, WARMUP_ROUND, chunk, self.split.train_indptr,
+                                   self.split.train_items, *self.excl, self.split.n_items,
+                                   self.local_cfg.num_negatives)
+            sent = self._sent(chunk)
+            q_new, _, _ = train_mf_chunk(sent, self.state.p.index_select(0, idx), chunk,
+                                         samples, self.local_cfg, self.seed, WARMUP_ROUND)
+            delta = (q_new.double() - sent.double()).reshape(chunk.shape[0], -1)
+            norm = delta.norm(dim=1) if pc.mode == "ldp-gaussian" else delta.abs().sum(dim=1)
+            norms[chunk] = norm.numpy()
+        released = noisy_log_norms(norms, clients, pc.clip_auto_min, pc.clip_auto_max,
+                                   pc.warmup_epsilon, self.seed)
+        self.privacy.set_auto_clip(estimate_clip(released, pc.clip_auto_min, pc.clip_auto_max),
+                                   clients)
 
     # ------------------------------------------------------------------ state
     def _init_state(self) -> SimState:

@@ -3,9 +3,11 @@ reports that never mix, light validation, rating columns."""
 
 from __future__ import annotations
 
+import math
 import os
 import stat
 
+import pandas.testing as pd_testing
 import pytest
 
 from fedem_private.cli import main
@@ -340,3 +342,69 @@ def test_python_api_run_attack_sweep_load(tmp_path, stub):
     assert len(table) == 2 and len(fp.load_results(tmp_path / "s" / "results.csv")) == 2
     with pytest.raises(fp.api.UserError, match="not a run directory"):
         fp.attack(tmp_path)
+
+
+# ------------------------------------------ 3: --clip auto, a DP and accounted warm-up
+def _auto_run(tmp_path, name, **privacy):
+    import fedem_private as fp
+
+    return fp.run({"data": {"synthetic": {"n_users": 80, "n_items": 60, "mean_activity": 10}},
+                   "train": {"rounds": 2, "local_epochs": 1, "dim": 4},
+                   "privacy": {"mode": "ldp-laplace", **privacy}}, out=tmp_path / name)
+
+
+def test_clip_auto_warmup_is_charged_to_every_client_within_the_total(tmp_path):
+    res = _auto_run(tmp_path, "a", epsilon=4.0, clip_auto=True)
+    warm = res.ledger["log"][0]
+    assert warm["round"] == 0 and warm["n_clients"] == res.summary["n_users"]
+    assert warm["epsilon"]["reported"] == pytest.approx(0.4, rel=1e-3)  # 10% of the total
+    assert res.ledger["rounds"][0]["mechanism"] == {"kind": "laplace",
+                                                    "noise_multiplier": pytest.approx(2.5)}
+    priv = res.summary["privacy"]
+    assert priv["clip_auto"]["rounds_epsilon_target"] == pytest.approx(3.6)
+    assert 3.9 < priv["epsilon"]["reported"] <= 4.0 + 1e-9  # warm-up + rounds within 4
+    assert priv["clip"] == priv["clip_auto"]["clip"]
+    assert set(res.metrics["clip"]) == {priv["clip"]}
+    assert 0.1 <= priv["clip"] <= 1e5
+
+
+def test_clip_auto_estimates_the_median_and_leaves_the_run_untouched(tmp_path):
+    # an enormous warm-up budget makes the release nearly exact: C ~ the median norm
+    precise = _auto_run(tmp_path, "p", epsilon=math.inf, clip_auto=True,
+                        clip_auto_epsilon=1e9)
+    assert 0.3 <= precise.metrics["frac_clipped"].iloc[0] <= 0.7
+    # the warm-up trains nothing that stays: the same run with that C given by hand agrees
+    clip = precise.summary["privacy"]["clip"]
+    by_hand = _auto_run(tmp_path, "h", epsilon=math.inf, clip=clip)
+    cols = ["full_hr@10", "sampled_hr@10", "frac_clipped", "mean_pre_clip_norm"]
+    pd_testing.assert_frame_equal(precise.metrics[cols], by_hand.metrics[cols])
+
+
+def test_clip_auto_release_has_the_stated_sensitivity():
+    import numpy as np
+
+    from fedem_private.privacy.clip_auto import noisy_log_norms
+
+    clients = np.arange(5)
+    low, high = 0.1, 1e5
+    small = noisy_log_norms(np.full(5, 1e-30), clients, low, high, 0.5, seed=3)
+    big = noisy_log_norms(np.full(5, 1e30), clients, low, high, 0.5, seed=3)
+    middle = noisy_log_norms(np.full(5, 7.0), clients, low, high, 0.5, seed=3)
+    assert np.allclose(big - small, math.log(high / low))  # the most one client can move
+    assert np.all((middle > small) & (middle < big))
+    other = noisy_log_norms(np.full(5, 7.0), clients, low, high, 0.5, seed=4)
+    assert not np.allclose(middle, other)  # noise is keyed by the seed
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--clip", "auto"], "needs privacy mode ldp-laplace or ldp-gaussian"),
+    (["--privacy", "ldp-laplace", "--epsilon-round", "1", "--clip", "auto"],
+     "needs privacy.clip_auto_epsilon"),
+    (["--privacy", "ldp-laplace", "--epsilon", "1", "--clip", "auto",
+      "--clip-auto-epsilon", "2"], "must be below the total epsilon"),
+    (["--privacy", "ldp-touched-rows", "--epsilon", "1", "--clip", "auto"], "ldp-gaussian"),
+])
+def test_clip_auto_errors_are_one_line(tmp_path, capsys, argv, needle):
+    assert main(["run", *argv, *TINY, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1
