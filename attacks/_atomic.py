@@ -28,6 +28,10 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=TMP_SUFFIX)
     try:
+        # mkstemp makes the file 0600; give it what the user's umask gives any new file
+        mask = os.umask(0o022)
+        os.umask(mask)
+        os.fchmod(fd, 0o666 & ~mask)
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()

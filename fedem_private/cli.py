@@ -7,7 +7,6 @@ and exit with code 2; nothing already written is lost or half-written.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,6 +31,12 @@ def _number(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
 
 
+def _clip(text: str) -> float | str:
+    if text.strip().lower() == "auto":
+        return "auto"
+    return _number(text)
+
+
 def _integer(text: str) -> int:
     try:
         return int(text)
@@ -43,7 +48,10 @@ def _integer(text: str) -> int:
 RUN_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--dataset", "data.dataset", str, "synthetic, ml-100k, ml-1m, filmtrust, lastfm-2k, csv"),
     ("--data-dir", "data.data_dir", str, "directory (or CSV file) holding the dataset"),
-    ("--protocol", "data.protocol", str, "strict (default) or paper"),
+    ("--protocol", "data.protocol", str, "strict or paper"),
+    ("--min-rating", "data.min_rating", _number,
+     "positives are the pairs rated >= this (default: every rated pair; datasets with "
+     "ratings only)"),
     ("--method", "federation.method", str,
      "preset: fedmf, fedsim, fedem, local, fedncf or pfedrec (default: the backbone's own)"),
     ("--backbone", "federation.backbone", str, "score model: mf, ncf or pfedrec"),
@@ -68,7 +76,11 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--epsilon", "privacy.epsilon", _number, "total epsilon target over the rounds (inf ok)"),
     ("--epsilon-round", "privacy.epsilon_round", _number, "per-round epsilon"),
     ("--delta", "privacy.delta", _number, "delta for accounting"),
-    ("--clip", "privacy.clip", _number, "clip bound C of the uploaded delta"),
+    ("--clip", "privacy.clip", _clip,
+     "clip bound C of the uploaded delta, or 'auto': C from a DP warm-up round whose "
+     "privacy cost is charged to every client (ldp modes; see README)"),
+    ("--clip-auto-epsilon", "privacy.clip_auto_epsilon", _number,
+     "--clip auto: the warm-up's epsilon (default: 10%% of --epsilon)"),
     ("--noise-multiplier", "privacy.noise_multiplier", _number, "noise scale / sensitivity"),
     ("--accountant", "privacy.accountant", str, "calibrate with basic, advanced, rdp or pld"),
     ("--paper-clip", "privacy.paper_clip", _number, "paper mode: gradient clip Z"),
@@ -76,10 +88,27 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
 ]
 
 
+def _default_of(key: str) -> Any:
+    """The built-in default of a dotted config key, e.g. ``train.rounds`` -> 50."""
+    from fedem_private.simulation.config import RunConfig
+
+    node: Any = RunConfig()
+    for part in key.split("."):
+        node = getattr(node, part)
+    return node
+
+
 def _add_run_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="TOML config file; flags override it")
+    p.add_argument("--config", metavar="FILE", help="TOML config file; flags override it")
     for flag, key, typ, text in RUN_FLAGS:
-        p.add_argument(flag, dest=key, type=typ, default=None, help=text)
+        default = _default_of(key)
+        if default is not None:
+            text = f"{text} (default: {default:g})" if isinstance(default, float) \
+                else f"{text} (default: {default})"
+        elif key in ("federation.aggregation", "federation.merge"):
+            text += " (default: the method's own)"
+        p.add_argument(flag, dest=key, type=typ, default=None, help=text,
+                       metavar=flag.removeprefix("--").upper().replace("-", "_"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,7 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="train one configuration and write a run directory")
     _add_run_flags(run)
-    run.add_argument("--out", help="run directory (default: runs/<dataset>-<method>-<time>)")
+    run.add_argument("--out", metavar="DIR",
+                     help="run directory (default: runs/<dataset>-<method>-<time>)")
     run.add_argument("--force", action="store_true", help="replace a non-empty --out")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--record-rounds", metavar="ROUNDS",
@@ -140,76 +170,76 @@ def config_from_args(args: argparse.Namespace):
 
     base = load_toml(args.config) if args.config else RunConfig()
     overrides = {key: getattr(args, key) for _, key, _, _ in RUN_FLAGS}
+    if overrides.get("privacy.clip") == "auto":
+        overrides.update({"privacy.clip": None, "privacy.clip_auto": True})
+    overrides.update({"record.rounds": getattr(args, "record_rounds", None),
+                      "record.clients": getattr(args, "record_clients", None)})
     return with_overrides(base, overrides).validate().resolved()
 
 
+def privacy_text(privacy: dict[str, Any] | None) -> str:
+    """One line on the privacy a run spent, for people: rounded, and honest about no DP."""
+    privacy = privacy or {}
+    mode = privacy.get("mode", "none")
+    if mode == "none":
+        return "privacy: none (no clipping, no noise: no privacy guarantee)"
+    eps = (privacy.get("epsilon") or {}).get("reported")
+    eps = None if eps is None else float(eps)
+    if eps is None or eps == float("inf"):
+        clip = privacy.get("clip")
+        return (f"privacy: {mode}  eps spent ∞ (no noise: no privacy guarantee)"
+                + (f"; clip {clip:.4g}" if clip is not None else ""))
+    text = f"privacy: {mode}  eps spent (worst client) {eps:.4g}"
+    if privacy.get("delta"):
+        text += f" at delta {privacy['delta']:g}"
+    if mode == "paper":
+        text += " (the FedEM paper's heuristic, not a DP guarantee)"
+    elif mode == "ldp-touched-rows":
+        text += " (INSECURE: the touched rows leak at any eps)"
+    auto = privacy.get("clip_auto")
+    if auto:
+        text += (f"; clip {auto['clip']:.4g} from --clip auto (DP warm-up, eps "
+                 f"{auto['epsilon']:.3g}, included)")
+    return text
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
-    from fedem_private.experiments.runner import execute
+    from fedem_private import api
 
-    cfg = config_from_args(args)
-    out = args.out or str(Path("runs") / (f"{cfg.data.dataset}-{cfg.federation.resolved_method}-"
-                                          f"{_dt.datetime.now():%Y%m%d-%H%M%S}"))
-    bar = None
-
-    def on_start(sim) -> None:
-        nonlocal bar
-        if not args.no_progress:
-            from tqdm import tqdm
-
-            bar = tqdm(total=cfg.train.rounds, desc=f"{cfg.federation.resolved_method} rounds",
-                       unit="round", file=sys.stderr, dynamic_ncols=True)
-
-    def on_round(stats) -> None:
-        if bar is None:
-            return
-        post = {}
-        if stats.metrics:
-            post["HR@10"] = f"{stats.metrics['full']['hr@10']:.4f}"
-            post["NDCG@10"] = f"{stats.metrics['full']['ndcg@10']:.4f}"
-        if "eps_spent" in stats.privacy:
-            post["eps"] = f"{stats.privacy['eps_spent']:.3g}"
-        bar.set_postfix(post, refresh=False)
-        bar.update(1)
-
-    setup = None
-    if args.record_rounds is not None:
-        from fedem_private.experiments.recording import RecordSpec, recording_setup
-
-        setup = recording_setup(RecordSpec.parse(args.record_rounds, args.record_clients))
-    elif args.record_clients is not None:
-        raise UserError("--record-clients needs --record-rounds")
-    try:
-        summary = execute(cfg, out, force=args.force, on_round=on_round, on_start=on_start,
-                          setup=setup)
-    finally:
-        if bar is not None:
-            bar.close()
+    cfg = config_from_args(args)  # validated before anything heavy is imported
+    out = args.out or str(api.default_out(cfg))
+    res = api.run(cfg, out, force=args.force, progress=not args.no_progress)
+    summary = res.summary
     m = summary["metrics"] or {}
     print(f"wrote {out}")
     for kind in ("full", "sampled"):
         if kind in m:
             print(f"{kind:>7}: HR@10 {m[kind]['hr@10']:.4f}  NDCG@10 {m[kind]['ndcg@10']:.4f}")
-    eps = (summary.get("privacy") or {}).get("epsilon")
-    if isinstance(eps, dict) and "reported" in eps:
-        print(f"privacy: {summary['privacy']['mode']}  eps spent (worst client) "
-              f"{eps['reported']}")
+    print(privacy_text(summary.get("privacy")))
+    warning = (summary.get("clipping") or {}).get("warning")
+    if warning:
+        print(f"{PROG}: warning: {warning}", file=sys.stderr)
     print(f"seconds per round: {summary['seconds_per_round']:.3f}")
     return 0
 
 
 def _cmd_attack(args: argparse.Namespace) -> int:
-    from attacks.run import DEFAULT_ATTACKS, format_table, parse_attacks, run_attacks
+    from fedem_private import api
 
-    names = parse_attacks(args.attacks) if args.attacks is not None else DEFAULT_ATTACKS
     rounds = None
     if args.rounds is not None:
         try:
             rounds = [int(r) for r in args.rounds.split(",") if r.strip()]
         except ValueError:
             raise UserError(f"--rounds: not a list of round numbers: {args.rounds!r}") from None
-    report = run_attacks(args.run_dir, names, seed=args.seed, rounds=rounds,
-                         known_fraction=args.known_fraction)
+    names = None
+    if args.attacks is not None:
+        names = tuple(dict.fromkeys(t.strip() for t in args.attacks.split(",") if t.strip()))
+    report = api.attack(args.run_dir, names, seed=args.seed, rounds=rounds,
+                        known_fraction=args.known_fraction)
     if not args.quiet:
+        from attacks.run import format_table
+
         print(format_table(report))
     print(f"wrote {report['path']}")
     return 0

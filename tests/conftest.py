@@ -1,4 +1,8 @@
-"""Shared fixtures: the reference datasets beside the project, when present."""
+"""Shared fixtures: the reference datasets beside the project or in the download cache.
+
+A real-data test whose dataset is in neither place is skipped, and the run
+ends with one section naming every such test and how to get the data.
+"""
 
 from __future__ import annotations
 
@@ -11,22 +15,42 @@ import torch
 torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
+SKIPPED: dict[str, list[str]] = {}  # dataset -> the real-data tests skipped for want of it
 
 
-def dataset_dir(name: str) -> Path:
-    """Path of a reference dataset, or skip the test with the reason."""
+def dataset_dir(name: str, test: str = "") -> Path:
+    """Path of a reference dataset (../shared/datasets, else the download cache), or skip."""
+    from fedem_private.data.download import cached_dir, default_cache_dir
+
     path = SHARED / name
-    if not path.is_dir():
-        pytest.skip(f"reference dataset {name} not found at {path} (../shared/datasets is "
-                    f"absent; these tests need it)")
-    return path
+    if path.is_dir():
+        return path
+    cached = cached_dir(name)
+    if cached is not None:
+        return cached
+    SKIPPED.setdefault(name, []).append(test or "?")
+    pytest.skip(f"real dataset {name} not found in {SHARED} nor in the cache "
+                f"{default_cache_dir() / name}")
 
 
 @pytest.fixture
-def ml100k_dir() -> Path:
-    return dataset_dir("ml-100k")
+def ml100k_dir(request) -> Path:
+    return dataset_dir("ml-100k", request.node.nodeid)
 
 
 @pytest.fixture
-def filmtrust_dir() -> Path:
-    return dataset_dir("filmtrust")
+def filmtrust_dir(request) -> Path:
+    return dataset_dir("filmtrust", request.node.nodeid)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Once per run: which real-data tests were skipped, and why."""
+    if not SKIPPED:
+        return
+    tr = terminalreporter
+    tr.section("real-data tests skipped")
+    for name, tests in sorted(SKIPPED.items()):
+        tr.write_line(f"{len(tests)} skipped: dataset {name} is not in {SHARED} nor in the "
+                      f"cache; `fedem-private datasets download {name}` fetches it:")
+        for test in tests:
+            tr.write_line(f"  {test}")

@@ -156,4 +156,4 @@ def test_cli_attack_rejects_unknown_attacks_and_unrecorded_runs(
     plain = tmp_path / "plain"
     plain.mkdir()
     assert main(["attack", str(plain)]) == 2
-    assert "was the run recorded" in capsys.readouterr().err
+    assert "not a run directory" in capsys.readouterr().err

@@ -185,7 +185,7 @@ def test_missing_attacks_rerun_only_the_attack_step(tmp_path, stub, monkeypatch)
     assert complete(root, name)
 
 
-def test_changed_config_is_rerun_not_skipped(tmp_path, stub):
+def test_changed_config_is_refused_then_rerun_with_force(tmp_path, stub):
     root = tmp_path / "out"
     spec = write_spec(tmp_path / "one.toml", 'methods = ["fedmf"]\nseeds = [0]')
     assert run_sweep(str(spec), str(root), jobs=1, progress=False) == 0
@@ -196,18 +196,24 @@ def test_changed_config_is_rerun_not_skipped(tmp_path, stub):
     write_spec(spec, 'methods = ["fedmf"]\nseeds = [0]',
                TINY_BASE.replace("[base.train]\n", "[base.train]\nlr = 0.05\n"))
     assert [p.name for p in grid(load_spec(spec))] == [name]  # same directory, new config
-    assert run_sweep(str(spec), str(root), jobs=1, progress=False) == 0
+    with pytest.raises(UserError, match="train.lr 0.1 -> 0.05"):
+        run_sweep(str(spec), str(root), jobs=1, progress=False)
+    assert (root / name / "summary.json").stat().st_mtime_ns == old
+    assert run_sweep(str(spec), str(root), jobs=1, force=True, progress=False) == 0
     assert (root / name / "summary.json").stat().st_mtime_ns != old
     assert "lr = 0.05" in (root / name / "config.toml").read_text()
     assert hidden(root) == []
 
 
-def test_foreign_run_directory_in_the_way_is_replaced(tmp_path, stub):
+def test_foreign_run_directory_in_the_way_is_replaced_only_with_force(tmp_path, stub):
     spec = write_spec(tmp_path / "one.toml", 'methods = ["fedmf"]\nseeds = [0]')
     root = tmp_path / "out"
     (point,) = grid(load_spec(spec))
     runner.execute(point.config, root / point.name)  # a plain run: no sweep_point.json
-    assert run_sweep(str(spec), str(root), jobs=1, progress=False) == 0
+    with pytest.raises(UserError, match="not written by a sweep"):
+        run_sweep(str(spec), str(root), jobs=1, progress=False)
+    assert not (root / point.name / POINT_FILE).exists()
+    assert run_sweep(str(spec), str(root), jobs=1, force=True, progress=False) == 0
     assert (root / point.name / POINT_FILE).is_file() and hidden(root) == []
 
 

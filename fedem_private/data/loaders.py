@@ -10,12 +10,15 @@ from __future__ import annotations
 import csv
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from ..errors import UserError
 from .interactions import Interactions, from_raw
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def _require_file(directory: Path, filename: str, dataset: str) -> Path:
@@ -35,10 +38,13 @@ def _read_table(path: Path, dataset: str, sep: str, names: list[str], numeric: l
                 header: int | None = None, usecols: list[int] | None = None,
                 min_cols: int | None = None) -> pd.DataFrame:
     """Read a delimited file; every row must have the expected numeric columns."""
+    import pandas as pd  # here, not at import: config validation must stay light
+
     try:
         engine = "c" if len(sep) == 1 else "python"
         df = pd.read_csv(path, sep=sep, header=header, names=None, engine=engine,
-                         dtype=str, skip_blank_lines=True, encoding="latin-1",
+                         dtype=str, keep_default_na=False, skip_blank_lines=True,
+                         encoding="latin-1",
                          quoting=csv.QUOTE_NONE)
     except pd.errors.EmptyDataError as exc:
         raise UserError(f"dataset {dataset}: file is empty: {path}") from exc
@@ -64,35 +70,58 @@ def _read_table(path: Path, dataset: str, sep: str, names: list[str], numeric: l
             line = row + 1 + (0 if header is None else header + 1)
             raise UserError(f"dataset {dataset}: malformed file {path}: line {line}: "
                             f"{col} is not a number: {df[col].iloc[row]!r}")
+        if col == "rating" and not np.isfinite(values.to_numpy(np.float64)).all():
+            row = int(np.flatnonzero(~np.isfinite(values.to_numpy(np.float64)))[0])
+            line = row + 1 + (0 if header is None else header + 1)
+            raise UserError(f"dataset {dataset}: malformed file {path}: line {line}: "
+                            f"rating is not a finite number: {df[col].iloc[row]!r}")
         df[col] = values
     return df
 
 
-def load_ml100k(directory: Path) -> Interactions:
+def _positives(df: pd.DataFrame, min_rating: float | None, dataset: str, path: Path
+               ) -> pd.DataFrame:
+    """The implicit positives: every row, or (``min_rating``) the rows rated at least that."""
+    if min_rating is None:
+        return df
+    if "rating" not in df.columns:
+        raise UserError(f"dataset {dataset}: --min-rating needs a rating column; {path} has "
+                        "only user,item")
+    kept = df[df["rating"] >= min_rating]
+    if kept.empty:
+        raise UserError(f"dataset {dataset}: no rating >= {min_rating:g} in {path} "
+                        f"(ratings range {df['rating'].min():g} to {df['rating'].max():g})")
+    return kept
+
+
+def load_ml100k(directory: Path, min_rating: float | None = None) -> Interactions:
     """MovieLens 100K: ``u.data`` (tab: user item rating timestamp), ``u.user`` (demographics)."""
     path = _require_file(directory, "u.data", "ml-100k")
     df = _read_table(path, "ml-100k", "\t", ["user", "item", "rating", "timestamp"],
                      ["user", "item", "rating", "timestamp"])
+    df = _positives(df, min_rating, "ml-100k", path)
     demo = _read_gender(directory / "u.user", "ml-100k", "|", gender_col=2)
     return from_raw("ml-100k", df["user"].to_numpy(np.int64), df["item"].to_numpy(np.int64),
                     df["timestamp"].to_numpy(np.float64), demo)
 
 
-def load_ml1m(directory: Path) -> Interactions:
+def load_ml1m(directory: Path, min_rating: float | None = None) -> Interactions:
     """MovieLens 1M: ``ratings.dat`` (UserID::MovieID::Rating::Timestamp), ``users.dat``."""
     path = _require_file(directory, "ratings.dat", "ml-1m")
     df = _read_table(path, "ml-1m", "::", ["user", "item", "rating", "timestamp"],
                      ["user", "item", "rating", "timestamp"])
+    df = _positives(df, min_rating, "ml-1m", path)
     demo = _read_gender(directory / "users.dat", "ml-1m", "::", gender_col=1)
     return from_raw("ml-1m", df["user"].to_numpy(np.int64), df["item"].to_numpy(np.int64),
                     df["timestamp"].to_numpy(np.float64), demo)
 
 
-def load_filmtrust(directory: Path) -> Interactions:
+def load_filmtrust(directory: Path, min_rating: float | None = None) -> Interactions:
     """FilmTrust: ``ratings.txt`` (user item rating, comma- or space-separated, no time)."""
     path = _require_file(directory, "ratings.txt", "filmtrust")
     df = _read_table(path, "filmtrust", r"[,\s]+", ["user", "item", "rating"],
                      ["user", "item", "rating"])
+    df = _positives(df, min_rating, "filmtrust", path)
     return from_raw("filmtrust", df["user"].to_numpy(np.int64), df["item"].to_numpy(np.int64))
 
 
@@ -104,10 +133,11 @@ def load_lastfm2k(directory: Path) -> Interactions:
     return from_raw("lastfm-2k", df["user"].to_numpy(np.int64), df["item"].to_numpy(np.int64))
 
 
-def load_csv(path: Path) -> Interactions:
+def load_csv(path: Path, min_rating: float | None = None) -> Interactions:
     """Any CSV of ``user,item[,rating][,timestamp]``; a header row is detected and skipped.
 
-    Ids may be strings. The fourth column, when present, is the timestamp.
+    Ids may be strings. The third column, when present, is the rating and must
+    be a number on every row; the fourth, when present, is the timestamp.
     """
     path = Path(path)
     if path.is_dir():
@@ -125,7 +155,8 @@ def load_csv(path: Path) -> Interactions:
     names = {"user", "user_id", "userid", "uid"}
     header = 0 if first and first[0].strip().lower() in names else None
     df = _read_table(path, "csv", ",", ["user", "item", "rating", "timestamp"],
-                     ["timestamp"], header=header, min_cols=2)
+                     ["rating", "timestamp"], header=header, min_cols=2)
+    df = _positives(df, min_rating, "csv", path)
     users = df["user"].str.strip().to_numpy()
     items = df["item"].str.strip().to_numpy()
     if (users == "").any() or (items == "").any():

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import rng
 from ..errors import UserError
 from .interactions import Interactions
 
@@ -47,6 +46,8 @@ def leave_one_out(data: Interactions, seed: int, min_interactions: int = 3) -> S
     seeded random order. Users with fewer than ``min_interactions``
     interactions are dropped and counted in ``dropped_users``.
     """
+    from .. import rng  # here, not at import: rng loads torch, and validation must not
+
     n = data.n_interactions
     tie = rng.uniform(rng.key(seed, rng.Stream.SPLIT, 0, data.users), np.arange(n))
     ts = data.timestamps if data.timestamps is not None else np.zeros(n)

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import rng
 from ..errors import UserError
 from .interactions import Interactions, from_raw
 
@@ -45,6 +44,8 @@ class SyntheticConfig:
 
 def generate(cfg: SyntheticConfig, seed: int) -> Interactions:
     """Draw the dataset; the same (cfg, seed) always gives the same interactions."""
+    from .. import rng  # here, not at import: rng loads torch, and validation must not
+
     cfg.validate()
     g = np.random.default_rng(int(rng.key(seed, rng.Stream.SYNTHETIC, 0, 0)))
     n, m, k, dim = cfg.n_users, cfg.n_items, cfg.n_clusters, cfg.latent_dim

@@ -15,19 +15,28 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
 
 from fedem_private.errors import UserError
-from fedem_private.experiments.naming import plural
-from fedem_private.experiments.results import BOUNDS, RESULTS_FILE, collect, combine, read_results
+from fedem_private.experiments.naming import check_report_sources, plural
+from fedem_private.experiments.results import (
+    BOUNDS,
+    CONFIG_PREFIX,
+    RESULTS_FILE,
+    collect,
+    combine,
+    read_results,
+)
 from fedem_private.experiments.rundir import write_text_atomic
 
 ERRORS_FILE = "sweep_errors.log"  # written by fedem_private.experiments.sweep
 KEYS = ["dataset", "protocol", "variant", "mode", "eps_target"]
 REPORT_FILE = "report.md"
+NONE_MARK = "\0none"  # a setting left at None (its default) in a run's resolved config
 
 
 def attack_names(frame: pd.DataFrame) -> list[str]:
@@ -49,11 +58,57 @@ def _audit(values: pd.Series) -> str:
     return "FAIL" if "FAIL" in vals else "pass"
 
 
+def _short(column: str) -> str:
+    return column.removeprefix(CONFIG_PREFIX).rsplit(".", 1)[-1]
+
+
+def _setting_text(value: object) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "?"  # a row of an older results.csv, whose config is not known
+    if value == NONE_MARK:
+        return "default"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def split_settings(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """Keep runs of different settings apart: the ``cfg.*`` columns that differ between
+    rows which would otherwise be averaged together.
+
+    Returns the frame with those settings appended to ``variant`` (e.g.
+    ``fedmf [rounds=12]``), so every table row and plot line is one setting,
+    and the names of the columns that differ. Raises :class:`UserError` when
+    two rows of one setting share a seed (they would be averaged as two seeds).
+    """
+    known = frame["config_id"].notna() if "config_id" in frame.columns else None
+    candidates = [c for c in frame.columns if c.startswith(CONFIG_PREFIX)]
+    work = frame.copy()
+    for c in candidates:
+        if known is not None:
+            # a row with a config_id and no value here had None (the default) in its config
+            work[c] = work[c].astype(object).where(work[c].notna() | ~known, NONE_MARK)
+    groups = work.groupby(KEYS, dropna=False, sort=False)
+    split = [c for c in candidates if groups[c].nunique(dropna=True).max() > 1]
+    out = frame.copy()
+    if split:
+        labels = [" [" + ", ".join(f"{_short(c)}={_setting_text(v)}" for c, v in
+                                   zip(split, values, strict=True)) + "]"
+                  for values in work[split].itertuples(index=False)]
+        out["variant"] = out["variant"].astype(str) + pd.Series(labels, index=out.index)
+    twice = out.groupby(KEYS, dropna=False)["seed"].apply(lambda s: s.duplicated().any())
+    if twice.any():
+        where = twice[twice].index[0]
+        raise UserError(f"report: two runs of {' / '.join(str(k) for k in where)} share a seed "
+                        "and are not told apart by their config (an older results.csv?); "
+                        "report them separately")
+    return out, split
+
+
 def aggregate(frame: pd.DataFrame) -> pd.DataFrame:
     """Mean and std over seeds of every numeric column, per KEYS; plus n_seeds and audit."""
     from fedem_private.experiments.report_plots import x_key
 
     numeric = [c for c in frame.columns if c not in KEYS and c not in ("seed", "rounds")
+               and not c.startswith(CONFIG_PREFIX)
                and pd.api.types.is_numeric_dtype(frame[c])
                and not pd.api.types.is_bool_dtype(frame[c])]
     groups = frame.groupby(KEYS, dropna=False, sort=True)
@@ -142,6 +197,30 @@ def accounting_table(agg: pd.DataFrame) -> str:
     return _table(header, rows)
 
 
+def clipping_notes(agg: pd.DataFrame) -> list[str]:
+    """Settings where most uploads were clipped, or almost none while noise is scaled to the
+    clip (last round, mean over seeds); thresholds as the runner's warning."""
+    from fedem_private.experiments.runner import MOSTLY_CLIPPED, RARELY_CLIPPED
+
+    if "frac_clipped_mean" not in agg.columns:
+        return []
+    notes = []
+    for _, r in _sort(agg).iterrows():
+        frac, noise = r["frac_clipped_mean"], r.get("noise_scale_mean", math.nan)
+        if isinstance(frac, float) and math.isnan(frac):
+            continue
+        what = f"{r['dataset']} / {r['protocol']} / {r['variant']} / {r['mode']} ε {_eps_label(r)}"
+        norm = _num(r.get("mean_pre_clip_norm_mean", math.nan))
+        if frac > MOSTLY_CLIPPED:
+            notes.append(f"{what}: {frac:.0%} of uploads clipped (pre-clip norm {norm}, clip "
+                         f"{_num(r['clip_mean'])}): clipping discards most of each update")
+        elif noise > 0 and frac < RARELY_CLIPPED:
+            notes.append(f"{what}: only {frac:.0%} of uploads clipped (pre-clip norm {norm}, "
+                         f"clip {_num(r['clip_mean'])}): the noise, scaled to the clip, is "
+                         "larger than the updates need")
+    return notes
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text)
 
@@ -178,12 +257,8 @@ def write_report(sources: str | Sequence[str], out_dir: str | None = None) -> li
     """
     from fedem_private.experiments import report_plots as rp
 
-    names = [sources] if isinstance(sources, str | Path) else list(sources)
-    if not names:
-        raise UserError("report: name at least one folder of runs or results.csv")
-    if out_dir is None and (len(names) > 1 or Path(names[0]).expanduser().is_file()):
-        raise UserError("report: give --out when combining several sources or reading a "
-                        "results.csv")
+    names = [str(n) for n in ([sources] if isinstance(sources, str | Path) else sources)]
+    check_report_sources(names, out_dir)
     frame, folders, replaced = load_sources(names)
     out = Path(out_dir if out_dir else names[0]).expanduser()
     try:
@@ -193,23 +268,38 @@ def write_report(sources: str | Sequence[str], out_dir: str | None = None) -> li
     if replaced:
         print(f"report: {plural(replaced, 'run')} found in several sources; kept the row "
               "from the last source naming each")
+    table, (frame, split) = frame, split_settings(frame)  # refuse before writing anything
     results = out / RESULTS_FILE
-    write_text_atomic(results, frame.to_csv(index=False))
+    write_text_atomic(results, table.to_csv(index=False))
     written = [results]
+    if split:
+        print(f"report: runs differ in {', '.join(_short(c) for c in split)}; each setting is "
+              "its own row and line (shown after the method)")
     agg = aggregate(frame)
     attacks = attack_names(frame)
     seeds = frame.groupby(KEYS, dropna=False)["seed"].nunique()
     n_seeds = str(seeds.min()) if seeds.min() == seeds.max() else f"{seeds.min()}-{seeds.max()}"
     md = ["# fedem-private report", "",
-          f"{len(frame)} runs from {', '.join(f'`{n}`' for n in names)}; values are "
+          f"{plural(len(frame), 'run')} from {', '.join(f'`{n}`' for n in names)}; values are "
           "mean ± std over seeds "
           f"({n_seeds} per setting). HR@10 / NDCG@10 of each client's own model on its "
           "held-out item; *full* ranks it against every item the client did not train on, "
           "*sampled* against 99 sampled negatives.", ""]
+    if split:
+        md += ["Runs differ in " + ", ".join(f"`{c.removeprefix(CONFIG_PREFIX)}`" for c in split)
+               + ": they are not averaged together; each setting is its own row and line, "
+               "labelled after the method (e.g. `[rounds=12]`).", ""]
     for folder in folders:
         if (folder / ERRORS_FILE).is_file():
             md += [f"**Some grid points failed in the last sweep** and are missing below; "
                    f"see `{(folder / ERRORS_FILE).as_posix()}`.", ""]
+    notes = clipping_notes(agg)
+    if notes:
+        print(f"report: warning: clipping looks mis-set in {plural(len(notes), 'setting')} "
+              f"(see {REPORT_FILE})", file=sys.stderr)
+        md += ["**Clipping looks mis-set** (last round, mean over seeds; choosing the clip "
+               "from these private norms is not itself private):", ""]
+        md += [f"- {n}" for n in notes] + [""]
     if not attacks:
         md += ["No attack scores found (no `attacks.json` in the run directories), so the "
                "attack plots are left out.", ""]

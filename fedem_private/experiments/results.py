@@ -7,11 +7,19 @@ recorded round (``<attack>_<metric>``, e.g. ``projection_auc``), the audit
 verdict and timings. ``guarantee`` is true only for a finite reported
 epsilon (a clip-only run, eps = inf, guarantees nothing). Works for sweep
 run directories and for single ``fedem-private run`` outputs alike.
+
+Each row also carries the run's resolved config: ``config_id`` (a digest of
+the whole resolved config, seed included; recording left out) and one
+``cfg.<section>.<key>`` column per setting not already named by the identity
+columns (``cfg.train.rounds``, ``cfg.privacy.clip``, ``cfg.data.synthetic.n_users``,
+...). Rows are the same run only when their ``config_id`` is the same; the
+report separates runs whose settings differ instead of averaging them.
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import math
 import re
@@ -24,7 +32,7 @@ from fedem_private.errors import UserError
 from fedem_private.experiments.attack_step import ATTACKS_FILE, read_records
 from fedem_private.experiments.rundir import write_text_atomic
 from fedem_private.experiments.sweep_spec import variant_label
-from fedem_private.simulation.config import load_toml
+from fedem_private.simulation.config import identity_dict, load_toml
 
 RESULTS_FILE = "results.csv"
 PRIMARY_RELATION = "positive_vs_sampled"
@@ -35,6 +43,13 @@ ID_COLUMNS = ["run", "dataset", "method", "variant", "backbone", "aggregation", 
               "eps_target", "seed"]
 METRIC_COLUMNS = ["hr10_full", "ndcg10_full", "hr10_sampled", "ndcg10_sampled"]
 EPS_COLUMNS = [f"eps_{b}" for b in BOUNDS]
+CONFIG_PREFIX = "cfg."
+# config keys the identity columns already name (dataset, protocol, variant, mode, eps, seed)
+NAMED_KEYS = {"data.dataset", "data.protocol", "federation.method", "federation.aggregation",
+              "federation.merge", "privacy.mode", "privacy.epsilon", "train.seed"}
+# rows of tables without config columns (results.csv of version 0.1.0) match on these
+LEGACY_KEYS = ["dataset", "method", "variant", "aggregation", "merge", "protocol", "mode",
+               "eps_target", "seed", "rounds", "clip", "n_users", "n_items"]
 TAIL_COLUMNS = ["guarantee", "clip", "noise_scale", "frac_clipped", "mean_pre_clip_norm",
                 "rho_mean", "rounds", "n_users", "n_items", "audit", "seconds_per_round",
                 "seconds_total"]
@@ -126,6 +141,27 @@ def attack_columns(records: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
     return out, verdict
 
 
+def _flat(values: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def config_columns(cfg: Any) -> dict[str, Any]:
+    """``config_id`` and the ``cfg.*`` setting columns of a resolved config."""
+    values = identity_dict(cfg)
+    blob = json.dumps(values, sort_keys=True, default=str)
+    out: dict[str, Any] = {"config_id": hashlib.sha256(blob.encode()).hexdigest()[:16]}
+    for key, value in sorted(_flat(values).items()):
+        if key not in NAMED_KEYS:
+            out[CONFIG_PREFIX + key] = value
+    return out
+
+
 def run_row(run: Path, root: Path) -> dict[str, Any]:
     """One results row for the run directory ``run``."""
     summary = json.loads((run / "summary.json").read_text())
@@ -178,6 +214,8 @@ def run_row(run: Path, root: Path) -> dict[str, Any]:
         "seconds_per_round": _number(summary.get("seconds_per_round")),
         "seconds_total": _number(summary.get("seconds_total")),
     })
+    if cfg is not None:
+        row.update(config_columns(cfg))
     row.update(attacks)
     return row
 
@@ -225,17 +263,30 @@ def read_results(path: str | Path) -> pd.DataFrame:
     return _ordered(frame)
 
 
+def same_run_key(frame: pd.DataFrame) -> list[str]:
+    """Columns that identify a run: ``config_id``, or (a table without it) :data:`LEGACY_KEYS`.
+
+    Never the ``run`` path: two sweeps may use the same relative paths for
+    different configs.
+    """
+    if "config_id" in frame.columns and frame["config_id"].notna().all():
+        return ["config_id"]
+    return [c for c in LEGACY_KEYS if c in frame.columns]
+
+
 def combine(frames: list[pd.DataFrame]) -> tuple[pd.DataFrame, int]:
-    """Stack results tables; a run named in several keeps its last one.
+    """Stack results tables; the same run (same resolved config) found twice keeps its last row.
 
     Returns the combined table and how many rows were replaced by a later
-    table's row for the same ``run``.
+    table's row for the same run (see :func:`same_run_key`).
     """
     parts = [f for f in frames if not f.empty]
     if not parts:
         return _ordered(pd.DataFrame(columns=ID_COLUMNS)), 0
     stacked = pd.concat(parts, ignore_index=True)
-    kept = stacked.drop_duplicates(subset="run", keep="last").reset_index(drop=True)
+    key = same_run_key(stacked)
+    kept = stacked.loc[~stacked[key].astype(str).duplicated(keep="last")]
+    kept = kept.reset_index(drop=True)
     return _ordered(kept), len(stacked) - len(kept)
 
 

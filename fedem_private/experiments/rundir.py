@@ -31,11 +31,29 @@ def json_safe(value: Any) -> Any:
     return value
 
 
+def current_umask() -> int:
+    """The process umask (read by setting it and putting it back at once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def umask_mode(path: str | Path, directory: bool = False) -> None:
+    """Give ``path`` the permissions a plain ``open`` / ``mkdir`` would have.
+
+    :func:`tempfile.mkstemp` creates 0600 files and :func:`tempfile.mkdtemp`
+    0700 folders whatever the umask; an output renamed into place from one of
+    them would keep that. This sets 0666 (files) or 0777 (folders) minus the umask.
+    """
+    os.chmod(path, (0o777 if directory else 0o666) & ~current_umask())
+
+
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write a file via a temporary sibling and a rename."""
+    """Write a file via a temporary sibling and a rename (permissions as the umask says)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
+        umask_mode(tmp)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
         os.replace(tmp, path)
@@ -60,6 +78,7 @@ class RunDir:
         except OSError as exc:
             raise UserError(f"cannot create output directory {parent}: {exc.strerror}") from None
         self.path = Path(tempfile.mkdtemp(dir=parent, prefix=f".{self.final.name}.tmp-"))
+        umask_mode(self.path, directory=True)
         self.committed = False
 
     def __enter__(self) -> RunDir:

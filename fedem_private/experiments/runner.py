@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fedem_private import __version__
+from fedem_private._version import __version__
 from fedem_private.data import leave_one_out, load_dataset
 from fedem_private.experiments.rundir import RunDir
 from fedem_private.simulation.config import RunConfig, to_dict, to_toml
@@ -18,15 +18,58 @@ def prepare(cfg: RunConfig) -> Simulation:
     """Validate the config, load and split the data, build the simulation."""
     cfg = cfg.validate().resolved()
     data = load_dataset(cfg.data.dataset, cfg.data.data_dir, seed=cfg.train.seed,
-                        synthetic=cfg.data.synthetic)
+                        synthetic=cfg.data.synthetic, min_rating=cfg.data.min_rating)
     split = leave_one_out(data, cfg.train.seed)
     demographics = {k: v[split.users] for k, v in data.demographics.items()}
     return Simulation(cfg, split, dataset_name=data.name, demographics=demographics)
 
 
+def recording_hook(cfg: RunConfig) -> Callable[[Simulation, Path], None] | None:
+    """A ``setup`` for :func:`execute` recording what ``cfg.record`` asks for, or None."""
+    rounds = cfg.record.parsed_rounds()
+    if not rounds:
+        return None
+    from fedem_private.experiments.recording import RecordSpec, recording_setup
+    from fedem_private.simulation.config import DEFAULT_RECORD_CLIENTS
+
+    return recording_setup(RecordSpec(rounds, cfg.record.clients or DEFAULT_RECORD_CLIENTS))
+
+
 def last_merge_rho(history: list[RoundStats]) -> float | None:
     """Mean weight on Q_g in the last round that merged (eq. 10); None without merging."""
     return next((h.merge["rho_mean"] for h in reversed(history) if h.merge), None)
+
+
+# clip warnings: most uploads clipped, or (with noise scaled to the clip) almost none
+MOSTLY_CLIPPED = 0.9
+RARELY_CLIPPED = 0.05
+
+
+def clipping_summary(history: list[RoundStats]) -> dict[str, Any] | None:
+    """Mean fraction of uploads clipped and mean pre-clip norm over the rounds, plus a
+    warning when most uploads were clipped or (noise being scaled to the clip) almost none.
+    None for modes that do not clip."""
+    rounds = [h.privacy for h in history if h.privacy.get("frac_clipped") is not None]
+    if not rounds:
+        return None
+    frac = sum(r["frac_clipped"] for r in rounds) / len(rounds)
+    norms = [r["mean_pre_clip_norm"] for r in rounds if r.get("mean_pre_clip_norm") is not None]
+    norm = sum(norms) / len(norms) if norms else float("nan")
+    clip = rounds[-1].get("clip")
+    noisy = any(r.get("noise_scale", 0) > 0 for r in rounds)
+    warning = None
+    if frac > MOSTLY_CLIPPED:
+        warning = (f"{frac:.0%} of uploads were clipped (mean pre-clip norm {norm:.4g}, clip "
+                   f"{clip:g}): clipping discarded most of each update; a clip near the "
+                   f"pre-clip norm keeps more of it (tuning it on these private norms is not "
+                   f"itself private)")
+    elif noisy and frac < RARELY_CLIPPED:
+        warning = (f"only {frac:.0%} of uploads were clipped (mean pre-clip norm {norm:.4g}, "
+                   f"clip {clip:g}): the noise is scaled to the clip, so a smaller clip "
+                   f"would give the same guarantee with less noise (tuning it on these private "
+                   f"norms is not itself private)")
+    return {"frac_clipped_mean": frac, "mean_pre_clip_norm": norm, "clip": clip,
+            "warning": warning}
 
 
 def summarise(sim: Simulation, history: list[RoundStats], wall: float) -> dict[str, Any]:
@@ -54,6 +97,7 @@ def summarise(sim: Simulation, history: list[RoundStats], wall: float) -> dict[s
         "seconds_total": wall,
         "metrics": last,
         "privacy": sim.privacy.summary(),
+        "clipping": clipping_summary(history),
         "version": __version__,
     }
 

@@ -4,10 +4,12 @@ A grid point is finished when its run directory holds ``summary.json`` (the
 runner commits the whole directory atomically, so it is all there or not at
 all), its ``sweep_point.json`` carries the digest of the same resolved config,
 and, when attacks were asked for, ``attacks.json`` covers them. A restarted
-sweep skips finished points, re-runs only the attack step where training is
-done but attacks are not, and re-runs points whose config changed. Ctrl-C
-stops the runs in flight; their temporary directories are removed and every
-finished run stays as it is.
+sweep skips finished points and re-runs only the attack step where training is
+done but attacks are not. When the sweep file changed so that a finished run
+directory now belongs to a different config (other rounds, clip, ...), the
+sweep stops before running anything, with one line naming what changed;
+``--force`` replaces such runs. Ctrl-C stops the runs in flight; their
+temporary directories are removed and every finished run stays as it is.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import traceback
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,7 @@ from fedem_private.experiments.attack_step import ATTACKS_FILE, AttackStep, read
 from fedem_private.experiments.naming import default_out, plural
 from fedem_private.experiments.rundir import json_safe, write_text_atomic
 from fedem_private.experiments.sweep_spec import QUICK_SPEC, GridPoint, grid, load_spec
+from fedem_private.simulation.config import RecordConfig
 
 POINT_FILE = "sweep_point.json"
 SPEC_FILE = "sweep.toml"
@@ -45,6 +48,7 @@ class Outcome:
     seconds: float = 0.0
     error: str | None = None
     detail: str | None = None  # traceback of an unexpected failure
+    result: str | None = None  # e.g. "HR@10 0.1234, eps 8" of a finished point
 
 
 # ------------------------------------------------------------------------ one point
@@ -74,6 +78,61 @@ def point_state(out: Path, digest: str, attacks: Sequence[str]) -> str:
     return "done"
 
 
+def _flat(values: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _recording_text(info: dict[str, Any] | None) -> str:
+    if not info or not info.get("recording"):
+        return "none"
+    rounds = ",".join(str(r) for r in info.get("record_rounds") or [])
+    return f"rounds {rounds} of {info.get('record_clients')} clients"
+
+
+def describe_change(out: Path, point: GridPoint, recording: bool) -> list[str]:
+    """What differs between the finished run in ``out`` and ``point`` (``key old -> new``)."""
+    from fedem_private.simulation.config import identity_dict, load_toml
+
+    try:
+        info = json.loads((out / POINT_FILE).read_text())
+    except (OSError, ValueError):
+        info = None
+    try:
+        old = _flat(identity_dict(load_toml(out / "config.toml")))
+    except (OSError, UserError):
+        return ["its config.toml is missing or unreadable"]
+    new = _flat(identity_dict(point.config))
+    changes = [f"{key} {old.get(key)} -> {new.get(key)}" for key in sorted({*old, *new})
+               if old.get(key) != new.get(key)]
+    if info is None:
+        changes.append("it was not written by a sweep (no sweep_point.json)")
+    else:
+        now = {"recording": recording, "record_rounds": list(point.record_rounds),
+               "record_clients": point.record_clients}
+        before, after = _recording_text(info), _recording_text(now)
+        if before != after:
+            changes.append(f"recording {before} -> {after}")
+    return changes or ["its identity digest differs (written by another version?)"]
+
+
+def changed_points(points: Sequence[GridPoint], root: Path, recording: bool
+                   ) -> dict[str, list[str]]:
+    """Finished run directories of ``points`` whose config is not the point's: name -> changes."""
+    out: dict[str, list[str]] = {}
+    for p in points:
+        rec = recording and bool(p.attacks)
+        state = point_state(root / p.name, p.digest(rec), p.attacks if rec else ())
+        if state == "stale" and (root / p.name / "summary.json").is_file():
+            out[p.name] = describe_change(root / p.name, p, rec)
+    return out
+
+
 def run_point(point: GridPoint, root: Path, step: AttackStep | None,
               force: bool = False) -> Outcome:
     """Bring one grid point to completion; failures are returned, Ctrl-C propagates."""
@@ -84,6 +143,9 @@ def run_point(point: GridPoint, root: Path, step: AttackStep | None,
         out, digest, point.attacks if recording else ())
     if state == "done":
         return Outcome(point.name, "done")
+    if state == "stale" and not force and (out / "summary.json").is_file():
+        return Outcome(point.name, "failed", error="a finished run with a different config is "
+                       "in the way; --force replaces it")
     t0 = time.perf_counter()
 
     def setup(sim: Any, path: Path) -> None:
@@ -97,9 +159,13 @@ def run_point(point: GridPoint, root: Path, step: AttackStep | None,
             assert step is not None
             step.record(sim, path, point.record_rounds, point.record_clients)
 
+    config = point.config
+    if recording:  # the written config.toml says what was recorded, so it re-creates the run
+        config = replace(config, record=RecordConfig(
+            ",".join(str(r) for r in point.record_rounds), point.record_clients))
     try:
         if state != "attack":
-            runner.execute(point.config, out, force=state == "stale", setup=setup)
+            runner.execute(config, out, force=state == "stale", setup=setup)
         if recording:
             assert step is not None
             step.attack(out, point.attacks)
@@ -109,7 +175,29 @@ def run_point(point: GridPoint, root: Path, step: AttackStep | None,
         return Outcome(point.name, "failed", time.perf_counter() - t0,
                        f"{type(exc).__name__}: {exc}", traceback.format_exc())
     status = "attacked" if state == "attack" else "ran"
-    return Outcome(point.name, status, time.perf_counter() - t0)
+    return Outcome(point.name, status, time.perf_counter() - t0, result=point_result(out))
+
+
+def point_result(out: Path) -> str | None:
+    """``HR@10 0.1234, eps 8`` (and a clipping warning) of a finished run, for the log."""
+    try:
+        summary = json.loads((out / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    full = (summary.get("metrics") or {}).get("full") or {}
+    privacy = summary.get("privacy") or {}
+    eps = (privacy.get("epsilon") or {}).get("reported")
+    if privacy.get("mode", "none") == "none":
+        eps_text = "no DP"
+    elif eps is None or float(eps) == float("inf"):
+        eps_text = "eps ∞ (no noise)"
+    else:
+        eps_text = f"eps {float(eps):.3g}"
+    text = (f"HR@10 {full['hr@10']:.4f}, " if "hr@10" in full else "") + eps_text
+    clip = summary.get("clipping") or {}
+    if clip.get("warning"):
+        text += f"; {clip['frac_clipped_mean']:.0%} of uploads clipped (see summary.json)"
+    return text
 
 
 def load_step(attacks: Sequence[str]) -> tuple[AttackStep | None, str | None]:
@@ -188,6 +276,9 @@ class _Progress:
             self.bar.update(1)
         if outcome.status == "failed":
             self.write(f"FAILED {outcome.name}: {outcome.error}")
+        elif outcome.status in ("ran", "attacked"):
+            self.write(f"done {outcome.name}: {outcome.result or 'finished'} "
+                       f"({outcome.seconds:.0f} s)")
 
     def write(self, text: str) -> None:
         if self.bar is not None:
@@ -283,6 +374,15 @@ def run_sweep(spec_path: str | None, out_dir: str | None, jobs: int = 1, force: 
     if force:
         todo = points
     else:
+        changed = changed_points(points, root, recording)
+        if changed:
+            kinds = sorted({c for cs in changed.values() for c in cs})
+            shown = "; ".join(kinds[:4]) + (f"; and {len(kinds) - 4} more" if len(kinds) > 4
+                                             else "")
+            raise UserError(f"{plural(len(changed), 'finished run')} in {root} "
+                            f"{'was' if len(changed) == 1 else 'were'} made with a different "
+                            f"config ({shown}); nothing was run: pass --force to replace "
+                            f"{'it' if len(changed) == 1 else 'them'}, or give another --out")
         todo = [p for p in points if point_state(
             root / p.name, p.digest(recording and bool(p.attacks)),
             p.attacks if recording else ()) != "done"]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 
-from fedem_private.experiments.naming import QUICK_OUT
+from fedem_private.experiments.naming import QUICK_OUT, check_report_sources
 
 SWEEP_HELP = "run a grid of runs (resumable), with attacks; no CONFIG: the quick sweep"
 SWEEP_DESCRIPTION = (
@@ -66,6 +66,9 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_sweep_from_args(args: argparse.Namespace) -> int:
     """Run the sweep of parsed :func:`add_sweep_arguments` arguments; the exit code."""
+    from fedem_private.experiments.sweep_spec import load_spec
+
+    load_spec(args.config)  # a bad sweep file fails here, before torch and pandas load
     from fedem_private.experiments.sweep import run_sweep
 
     return run_sweep(args.config, args.out, jobs=args.jobs, force=args.force,
@@ -80,6 +83,7 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_report_from_args(args: argparse.Namespace) -> int:
     """Write the report of parsed :func:`add_report_arguments` arguments; prints the files."""
+    check_report_sources(list(args.dir), args.out)  # before pandas and matplotlib load
     from fedem_private.experiments.report import write_report
 
     for path in write_report(args.dir, args.out):

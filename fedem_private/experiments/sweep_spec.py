@@ -61,6 +61,7 @@ from fedem_private.simulation.config import (
     FederationConfig,
     RunConfig,
     from_dict,
+    identity_dict,
     to_dict,
 )
 
@@ -135,7 +136,7 @@ class GridPoint:
     def digest(self, recording: bool) -> str:
         """SHA-256 over the resolved config and what is recorded (nothing, or which rounds)."""
         record = [list(self.record_rounds), self.record_clients] if recording else None
-        blob = json.dumps({"config": to_dict(self.config), "recording": record},
+        blob = json.dumps({"config": identity_dict(self.config), "recording": record},
                           sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()
 

@@ -72,6 +72,11 @@ class PrivacyConfig:
     paper_clip: float = 1.0
     paper_lambda: float = 0.1
     accountant: str = "pld"
+    # --clip auto: C from a DP warm-up round (see fedem_private.privacy.clip_auto)
+    clip_auto: bool = False
+    clip_auto_epsilon: float | None = None  # None: 10% of a total epsilon
+    clip_auto_min: float = 0.1
+    clip_auto_max: float = 1e5
 
     def __post_init__(self) -> None:
         self.validate()
@@ -103,6 +108,41 @@ class PrivacyConfig:
             if not 0 < value < math.inf:
                 raise UserError(f"privacy.{name} must be finite and > 0, got {value}")
         self._validate_budget()
+        self._validate_clip_auto()
+
+    def _validate_clip_auto(self) -> None:
+        if self.clip_auto_epsilon is not None:
+            eps_w = _number("clip_auto_epsilon", self.clip_auto_epsilon)
+            if not 0 < eps_w < math.inf:
+                raise UserError(f"privacy.clip_auto_epsilon must be finite and > 0, got {eps_w}")
+        low = _number("clip_auto_min", self.clip_auto_min)
+        high = _number("clip_auto_max", self.clip_auto_max)
+        if not 0 < low < high < math.inf:
+            raise UserError(f"privacy.clip_auto_min and clip_auto_max must satisfy "
+                            f"0 < min < max < inf, got {low:g} and {high:g}")
+        if not self.clip_auto:
+            return
+        if self.mode not in ("ldp-laplace", "ldp-gaussian"):
+            raise UserError(f"--clip auto (privacy.clip_auto) needs privacy mode ldp-laplace or "
+                            f"ldp-gaussian, not {self.mode!r}")
+        total = self.epsilon
+        if self.clip_auto_epsilon is None and (total is None):
+            raise UserError("--clip auto with a per-round budget needs "
+                            "privacy.clip_auto_epsilon (the warm-up's own epsilon)")
+        if total is not None and math.isfinite(total) and not self.warmup_epsilon < total:
+            raise UserError(f"privacy.clip_auto_epsilon ({self.warmup_epsilon:g}) must be below "
+                            f"the total epsilon ({total:g}): the warm-up is paid from it")
+
+    @property
+    def warmup_epsilon(self) -> float | None:
+        """eps_w of the --clip auto warm-up: given, else 10% of a finite total epsilon,
+        else 1 (a clip-only run: noised, but the run guarantees nothing anyway)."""
+        if not self.clip_auto:
+            return None
+        if self.clip_auto_epsilon is not None:
+            return float(self.clip_auto_epsilon)
+        assert self.epsilon is not None
+        return 0.1 * self.epsilon if math.isfinite(self.epsilon) else 1.0
 
     def _validate_budget(self) -> None:
         given = [n for n in ("epsilon", "epsilon_round", "noise_multiplier")

@@ -37,7 +37,34 @@ class PrivacyLayer:
         self.sizes = np.asarray(sizes, dtype=np.float64)
         self.params: MechanismParams = resolve_params(cfg, max(int(rounds), 1))
         self.ledger = PrivacyLedger(self.params)
+        self.auto_clip: dict[str, Any] | None = None
         self._reset_round()
+
+    def set_auto_clip(self, clip: float, clients: np.ndarray) -> None:
+        """Adopt the ``--clip auto`` estimate C and charge its warm-up (before round 1).
+
+        ``clients`` all released one warm-up value (see :mod:`.clip_auto`): each
+        is charged eps_w in round 0 of a fresh ledger, and a total epsilon is
+        re-calibrated for the rounds to ``epsilon - eps_w``.
+        """
+        from dataclasses import replace
+
+        from .clip_auto import RULE, WARMUP_ROUND, warmup_params
+
+        cfg = self.cfg
+        eps_w = cfg.warmup_epsilon
+        assert eps_w is not None and self.ledger.log == []
+        total = cfg.epsilon
+        rounds_eps = total - eps_w if total is not None and math.isfinite(total) else total
+        derived = replace(cfg, clip=float(clip), clip_auto=False, clip_auto_epsilon=None,
+                          epsilon=rounds_eps)
+        self.params = resolve_params(derived, max(int(self.rounds), 1))
+        self.ledger = PrivacyLedger(self.params)
+        self.ledger.record_round(WARMUP_ROUND, clients, params=warmup_params(
+            self.params, eps_w, cfg.clip_auto_min, cfg.clip_auto_max))
+        self.auto_clip = {"clip": float(clip), "epsilon": eps_w,
+                          "range": [cfg.clip_auto_min, cfg.clip_auto_max],
+                          "rounds_epsilon_target": rounds_eps, "rule": RULE}
 
     def _reset_round(self) -> None:
         self._n = 0
@@ -96,8 +123,12 @@ class PrivacyLayer:
         return out
 
     def summary(self) -> dict[str, Any]:
-        """The ledger's summary (worst client), JSON-ready."""
-        return self.ledger.summary()
+        """The ledger's summary (worst client), JSON-ready; plus the --clip auto estimate."""
+        out = self.ledger.summary()
+        if self.auto_clip is not None:
+            out["clip_auto"] = {k: (None if isinstance(v, float) and math.isinf(v) else v)
+                                for k, v in self.auto_clip.items()}
+        return out
 
     def ledger_dict(self) -> dict[str, Any]:
         """The whole ledger, JSON-ready (written as privacy_ledger.json)."""

@@ -1,9 +1,14 @@
 """Typed, validated run configuration: TOML files plus command-line overrides.
 
 A run is described by one :class:`RunConfig` with sections ``[data]``,
-``[data.synthetic]``, ``[train]``, ``[federation]`` and ``[privacy]``. Every
-value is checked before anything runs; a bad value is a :class:`UserError`
-with one line naming the key.
+``[data.synthetic]``, ``[train]``, ``[federation]``, ``[privacy]`` and
+``[record]`` (what is recorded for the attacks). Every value is checked before
+anything runs; a bad value is a :class:`UserError` with one line naming the key.
+The resolved config a run writes (``config.toml``) re-creates the run,
+recording included.
+
+Importing this module is light (no torch or pandas): the command line checks
+its arguments before the heavy libraries load.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, get_type_hints
 
-from fedem_private.data import DATASETS, PROTOCOLS, SyntheticConfig
+from fedem_private.data import DATASETS, PROTOCOLS, RATED_DATASETS, SyntheticConfig
 from fedem_private.errors import UserError
 from fedem_private.privacy.config import PrivacyConfig
 
@@ -50,11 +55,20 @@ class DataConfig:
     data_dir: str | None = None
     protocol: str = "strict"
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    # implicit positives: None keeps every rated pair; R keeps the pairs rated >= R
+    min_rating: float | None = None
 
     def validate(self) -> None:
         if self.dataset not in DATASETS:
             raise UserError(f"unknown dataset {self.dataset!r}; choose one of "
                             f"{', '.join(DATASETS)}")
+        if self.min_rating is not None:
+            if not math.isfinite(self.min_rating):
+                raise UserError(f"--min-rating (data.min_rating) must be a finite number, "
+                                f"got {self.min_rating}")
+            if self.dataset not in RATED_DATASETS:
+                raise UserError(f"--min-rating (data.min_rating): dataset {self.dataset} has no "
+                                f"ratings; it applies to {', '.join(RATED_DATASETS)}")
         if self.protocol not in PROTOCOLS:
             raise UserError(f"unknown protocol {self.protocol!r}; choose one of "
                             f"{', '.join(PROTOCOLS)}")
@@ -156,6 +170,60 @@ class FederationConfig:
                             "aggregation 'none' (local) sends no table; use --merge sr")
 
 
+DEFAULT_RECORD_CLIENTS = 100
+
+
+@dataclass(frozen=True)
+class RecordConfig:
+    """What the server saw, recorded for the attacks (``--record-rounds``, ``--record-clients``).
+
+    ``rounds``: comma-separated round numbers or ``last`` (e.g. ``"1,50,last"``;
+    a TOML list such as ``[1, "last"]`` is accepted too); None records nothing.
+    ``clients``: the first N client ids are recorded (100 when left out).
+    """
+
+    rounds: str | None = None
+    clients: int | None = None
+
+    def parsed_rounds(self) -> tuple[int | str, ...]:
+        """The rounds as ints and ``"last"``; () when nothing is recorded."""
+        if self.rounds is None:
+            return ()
+        items: list[int | str] = []
+        for part in str(self.rounds).split(","):
+            text = part.strip().lower()
+            if not text:
+                continue
+            if text == "last":
+                items.append("last")
+                continue
+            try:
+                value = int(text)
+            except ValueError:
+                raise UserError(f"--record-rounds: not a round number: {part.strip()!r}"
+                                ) from None
+            if value < 1:
+                raise UserError(f"--record-rounds: rounds are integers >= 1 or 'last', "
+                                f"got {value}")
+            items.append(value)
+        if not items:
+            raise UserError("--record-rounds needs at least one round")
+        return tuple(items)
+
+    def validate(self, total_rounds: int) -> None:
+        if self.rounds is None:
+            if self.clients is not None:
+                raise UserError("--record-clients needs --record-rounds (record.clients needs "
+                                "record.rounds)")
+            return
+        for r in self.parsed_rounds():
+            if r != "last" and int(r) > total_rounds:
+                raise UserError(f"--record-rounds: round {r} is beyond the run's "
+                                f"{total_rounds} rounds")
+        if self.clients is not None and self.clients < 1:
+            raise UserError(f"--record-clients must be a positive integer, got {self.clients}")
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Everything that defines one run."""
@@ -164,12 +232,14 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     federation: FederationConfig = field(default_factory=FederationConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    record: RecordConfig = field(default_factory=RecordConfig)
 
     def validate(self) -> RunConfig:
         self.data.validate()
         self.train.validate()
         self.federation.validate()
         self.privacy.validate()
+        self.record.validate(self.train.rounds)
         self.federation.check_composition()
         if self.federation.resolved_aggregation == "none" and self.privacy.mode != "none":
             raise UserError(f"privacy {self.privacy.mode!r} protects uploads, but aggregation "
@@ -182,7 +252,43 @@ class RunConfig:
                       backbone=self.federation.resolved_backbone,
                       aggregation=self.federation.resolved_aggregation,
                       merge=self.federation.resolved_merge)
-        return replace(self, federation=fed)
+        record = self.record
+        if record.rounds is not None:
+            rounds = ",".join(str(r) for r in record.parsed_rounds())
+            record = replace(record, rounds=rounds,
+                             clients=record.clients or DEFAULT_RECORD_CLIENTS)
+        return replace(self, federation=fed, record=record)
+
+
+# Fields added after version 0.1.0: they enter a config's identity only when set, so run
+# directories written before they existed keep their identity (see identity_dict).
+LATER_FIELDS: dict[tuple[str, ...], Any] = {
+    ("data", "min_rating"): None,
+    ("privacy", "clip_auto"): False,
+    ("privacy", "clip_auto_epsilon"): None,
+    ("privacy", "clip_auto_min"): 0.1,
+    ("privacy", "clip_auto_max"): 1e5,
+    ("federation", "backbone"): "mf",
+    ("federation", "codec"): "full",
+}
+
+
+def identity_dict(cfg: RunConfig) -> dict:
+    """What makes two runs the same: the resolved config without ``[record]``.
+
+    Recording does not change what is trained (it only writes what the server
+    saw); sweeps fold it into a point's identity themselves. Fields of
+    :data:`LATER_FIELDS` are left out while they hold their default.
+    """
+    values = to_dict(cfg)
+    values.pop("record", None)
+    for path, default in LATER_FIELDS.items():
+        node = values
+        for part in path[:-1]:
+            node = node[part]
+        if node.get(path[-1], default) == default:
+            node.pop(path[-1], None)
+    return values
 
 
 def _coerce(value: Any, typ: Any, where: str) -> Any:
@@ -237,6 +343,8 @@ def _build(cls: type, values: dict, where: str) -> Any:
             raise UserError(f"unknown key {key!r} in [{where}]; known keys: "
                             f"{', '.join(sorted(known))}")
         hint = hints[key]
+        if cls is RecordConfig and key == "rounds" and isinstance(value, list):
+            value = ",".join(str(v) for v in value)  # [1, "last"] -> "1,last"
         if dataclasses.is_dataclass(hint):
             if not isinstance(value, dict):
                 raise UserError(f"[{where}.{key}] must be a table")
@@ -316,7 +424,7 @@ def to_toml(values: dict, prefix: str = "") -> str:
     lines: list[str] = []
     scalars = {k: v for k, v in values.items() if not isinstance(v, dict)}
     tables = {k: v for k, v in values.items() if isinstance(v, dict)}
-    if prefix and scalars:
+    if prefix and any(v is not None for v in scalars.values()):
         lines.append(f"[{prefix}]")
     for key, value in scalars.items():
         if value is not None:

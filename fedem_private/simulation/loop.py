@@ -144,6 +144,39 @@ class Simulation:
         n_samples = split.train_counts * (1 + tr.num_negatives)
         self._workload = num_steps(n_samples, self.local_cfg)
         self.observers: list[Callable[[ChunkView], None]] = []
+        if self.cfg.privacy.clip_auto:
+            self._auto_clip()
+
+    def _auto_clip(self) -> None:
+        """``--clip auto``: the DP warm-up of :mod:`fedem_private.privacy.clip_auto`.
+
+        Every client trains once from the table it would be sent in round 1,
+        measures its delta's norm (L1, or L2 under ldp-gaussian) and releases
+        it noised; the state is left untouched (the trained tables are dropped).
+        """
+        from fedem_private.privacy.clip_auto import WARMUP_ROUND, estimate_clip, noisy_log_norms
+
+        pc = self.cfg.privacy
+        clients = np.arange(self.split.n_users)
+        norms = np.zeros(clients.shape[0], dtype=np.float64)
+        for chunk in self._chunks(clients):
+            idx = torch.from_numpy(chunk)
+            samples = draw_samples(self.seed, WARMUP_ROUND, chunk, self.split.train_indptr,
+                                   self.split.train_items, *self.excl, self.split.n_items,
+                                   self.local_cfg.num_negatives)
+            start = self._sent_params(idx)
+            new, _ = self.backbone.train_chunk(start, chunk, samples, self.local_cfg,
+                                               WARMUP_ROUND)
+            # the norm of the whole encoded upload's delta: what the mechanism clips
+            delta = (self.codec.encode(new.items, new.dense).double()
+                     - self.codec.encode(start.items, start.dense).double())
+            delta = delta.reshape(chunk.shape[0], -1)
+            norm = delta.norm(dim=1) if pc.mode == "ldp-gaussian" else delta.abs().sum(dim=1)
+            norms[chunk] = norm.numpy()
+        released = noisy_log_norms(norms, clients, pc.clip_auto_min, pc.clip_auto_max,
+                                   pc.warmup_epsilon, self.seed)
+        self.privacy.set_auto_clip(estimate_clip(released, pc.clip_auto_min, pc.clip_auto_max),
+                                   clients)
 
     # ------------------------------------------------------------------ state
     def _build_parts(self) -> None:
@@ -165,6 +198,16 @@ class Simulation:
                               self.aggregator.table)
 
     # ---------------------------------------------------------------- helpers
+    def _sent_params(self, idx: torch.Tensor) -> ClientParams:
+        """What clients idx start the round from before merging: the server's tables (or,
+        when it sends none, their own) and their own private groups."""
+        own = self.state.params(idx)
+        sent = self.aggregator.sent(idx)
+        if sent is None:  # nothing from the server: the client continues from its own
+            return own
+        dense_sent = self.dense.sent(idx.shape[0]) if self.dense is not None else {}
+        return ClientParams(sent, dense_sent, own.private)
+
     def participants(self, round_: int) -> np.ndarray:
         """Clients taking part in a round: all, or the ceil(q n) with the smallest draws."""
         n, q = self.split.n_users, self.cfg.train.client_fraction
@@ -210,20 +253,15 @@ class Simulation:
             samples = draw_samples(self.seed, t, chunk, self.split.train_indptr,
                                    self.split.train_items, *self.excl, self.split.n_items,
                                    self.local_cfg.num_negatives)
-            own = st.params(idx)
-            sent = self.aggregator.sent(idx)
-            if sent is None:  # nothing from the server: the client continues from its own
-                sent, dense_sent = own.items, own.dense
-            else:
-                dense_sent = self.dense.sent(len(chunk)) if self.dense is not None else {}
-            start = ClientParams(sent, dense_sent, own.private)
+            start = self._sent_params(idx)
+            own_items, sent, dense_sent = st.q_local.index_select(0, idx), start.items, start.dense
             if self.merger.merges and t > 1:
                 user_vecs, score = self.backbone.adapter_score(start)
                 steps = (adapter_batches(self.seed, t, chunk, samples, self.local_cfg.epochs,
                                          self.merge_cfg.adapter_epochs,
                                          self.local_cfg.batch_size)
                          if self.merger.learned else None)
-                start.items, rho = self.merger.start(idx, own.items, sent, user_vecs, score,
+                start.items, rho = self.merger.start(idx, own_items, sent, user_vecs, score,
                                                      steps)
                 rho_sum += float(rho.sum())
                 rho_n += rho.shape[0]

@@ -1,0 +1,213 @@
+"""The Python API, for notebooks and scripts; the ``fedem-private`` command is a thin layer over it.
+
+::
+
+    import fedem_private as fp
+
+    res = fp.run({"train": {"rounds": 5}, "federation": {"method": "fedem"}}, out="runs/nb")
+    res.metrics            # pandas DataFrame, one row per evaluated round
+    res.summary["metrics"]["full"]["hr@10"], res.ledger
+    fp.attack("runs/nb")   # needs a recorded run: {"record": {"rounds": "last"}}
+    table = fp.sweep("my-sweep.toml", out="runs/my-sweep", jobs=2)
+    fp.load_results("runs/my-sweep")    # or a results.csv
+
+Bad input raises :class:`fedem_private.errors.UserError` with the one-line
+message the command prints. Everything heavy (torch, pandas, ...) is imported
+inside the functions, so ``import fedem_private`` stays light.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fedem_private.errors import UserError
+from fedem_private.simulation.config import RunConfig, from_dict, load_toml, with_overrides
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["Result", "attack", "load_results", "load_run", "resolve_config", "run", "sweep"]
+
+
+@dataclass(frozen=True)
+class Result:
+    """A finished run: its directory, resolved config, per-round metrics, summary and ledger."""
+
+    run_dir: Path
+    config: RunConfig
+    metrics: pd.DataFrame  # metrics.csv: one row per evaluated round
+    summary: dict[str, Any]  # summary.json
+    ledger: dict[str, Any] | None  # privacy_ledger.json (None when the run wrote none)
+
+    @property
+    def hr10(self) -> float | None:
+        """Final HR@10 under full ranking (None when the run never evaluated)."""
+        full = (self.summary.get("metrics") or {}).get("full") or {}
+        return full.get("hr@10")
+
+
+def resolve_config(config: RunConfig | Mapping[str, Any] | str | Path | None = None,
+                   overrides: Mapping[str, Any] | None = None) -> RunConfig:
+    """A validated, resolved config from a :class:`RunConfig`, a nested dict (the TOML
+    layout), a TOML file path or None (the defaults), plus ``{"train.rounds": 5}`` overrides."""
+    if config is None:
+        cfg = RunConfig()
+    elif isinstance(config, RunConfig):
+        cfg = config
+    elif isinstance(config, Mapping):
+        cfg = from_dict(dict(config))
+    elif isinstance(config, str | Path):
+        cfg = load_toml(config)
+    else:
+        raise UserError(f"config must be a RunConfig, a dict or a TOML path, got "
+                        f"{type(config).__name__}")
+    return with_overrides(cfg, dict(overrides or {})).validate().resolved()
+
+
+def default_out(cfg: RunConfig) -> Path:
+    """``runs/<dataset>-<method>-<time>``: where a run goes without ``out``."""
+    return Path("runs") / (f"{cfg.data.dataset}-{cfg.federation.method}-"
+                           f"{_dt.datetime.now():%Y%m%d-%H%M%S}")
+
+
+def _progress_hooks(cfg: RunConfig) -> tuple[Callable, Callable, Callable]:
+    """on_start, on_round and close of a tqdm bar over the rounds (HR, NDCG, eps spent)."""
+    bar = None
+
+    def on_start(sim: Any) -> None:
+        nonlocal bar
+        from tqdm import tqdm
+
+        bar = tqdm(total=cfg.train.rounds, desc=f"{cfg.federation.method} rounds",
+                   unit="round", file=sys.stderr, dynamic_ncols=True)
+
+    def on_round(stats: Any) -> None:
+        if bar is None:
+            return
+        post = {}
+        if stats.metrics:
+            post["HR@10"] = f"{stats.metrics['full']['hr@10']:.4f}"
+            post["NDCG@10"] = f"{stats.metrics['full']['ndcg@10']:.4f}"
+        if stats.privacy.get("eps_spent") is not None:
+            post["eps"] = f"{stats.privacy['eps_spent']:.3g}"
+        bar.set_postfix(post, refresh=False)
+        bar.update(1)
+
+    def close() -> None:
+        if bar is not None:
+            bar.close()
+
+    return on_start, on_round, close
+
+
+def run(config: RunConfig | Mapping[str, Any] | str | Path | None = None,
+        out: str | Path | None = None, *, overrides: Mapping[str, Any] | None = None,
+        force: bool = False, progress: bool = False) -> Result:
+    """Train one configuration and write its run directory; returns the :class:`Result`.
+
+    ``config``: see :func:`resolve_config` (``{"record": {"rounds": "last"}}``
+    records what the server saw, so the run can be attacked). ``out``: the run
+    directory (default ``runs/<dataset>-<method>-<time>``); an existing
+    non-empty one is replaced only with ``force``. ``progress``: a bar on stderr.
+    """
+    cfg = resolve_config(config, overrides)
+    if cfg.data.data_dir is not None and not Path(cfg.data.data_dir).expanduser().exists():
+        what = "file" if cfg.data.dataset == "csv" else "directory"
+        raise UserError(f"dataset {cfg.data.dataset}: {what} not found: {cfg.data.data_dir}")
+    from fedem_private.experiments.runner import execute, recording_hook
+
+    path = Path(out) if out is not None else default_out(cfg)
+    on_start, on_round, close = _progress_hooks(cfg)
+    try:
+        execute(cfg, path, force=force, setup=recording_hook(cfg),
+                on_start=on_start if progress else None,
+                on_round=on_round if progress else None)
+    finally:
+        close()
+    return load_run(path)
+
+
+def load_run(run_dir: str | Path) -> Result:
+    """The :class:`Result` of a finished run directory."""
+    import pandas as pd
+
+    path = Path(run_dir).expanduser()
+    if not (path / "summary.json").is_file():
+        raise UserError(f"not a run directory: {path} (no summary.json)")
+    ledger_file = path / "privacy_ledger.json"
+    metrics_file = path / "metrics.csv"
+    return Result(
+        run_dir=path,
+        config=load_toml(path / "config.toml"),
+        metrics=pd.read_csv(metrics_file) if metrics_file.is_file() else pd.DataFrame(),
+        summary=json.loads((path / "summary.json").read_text()),
+        ledger=json.loads(ledger_file.read_text()) if ledger_file.is_file() else None,
+    )
+
+
+def sweep(spec: str | Path | None = None, out: str | Path | None = None, *, jobs: int = 1,
+          force: bool = False, progress: bool = False) -> pd.DataFrame:
+    """Run (or resume) a sweep file (None: the built-in quick sweep); returns its results table.
+
+    Same rules as ``fedem-private sweep``: finished points are skipped, a
+    finished run whose config changed is replaced only with ``force``. Failed
+    points are listed in ``<out>/sweep_errors.log`` and missing from the table.
+    """
+    from fedem_private.experiments.naming import default_out as sweep_out
+    from fedem_private.experiments.sweep_spec import load_spec
+
+    load_spec(None if spec is None else str(spec))
+    from fedem_private.experiments.sweep import run_sweep
+
+    root = Path(out) if out is not None else Path(sweep_out(None if spec is None else str(spec)))
+    run_sweep(None if spec is None else str(spec), str(root), jobs=jobs, force=force,
+              progress=progress)
+    return load_results(root)
+
+
+def attack(run_dir: str | Path, attacks: Sequence[str] | None = None, *, seed: int = 0,
+           rounds: Sequence[int] | None = None, known_fraction: float = 0.5) -> dict[str, Any]:
+    """Run, score and audit the attacks on a recorded run; writes and returns ``attacks.json``.
+
+    ``attacks``: names (default: support, projection, imia, attribute, canary).
+    """
+    from fedem_private.experiments.attack_step import ATTACK_NAMES
+
+    path = Path(run_dir).expanduser()
+    if not path.exists():
+        raise UserError(f"run directory not found: {path}")
+    if not path.is_dir() or not (path / "summary.json").is_file():
+        raise UserError(f"not a run directory: {path} (no summary.json; attack a directory "
+                        "written by `fedem-private run --record-rounds ...`)")
+    names = tuple(attacks) if attacks is not None else None
+    if names is not None:
+        if not names:
+            raise UserError("--attacks: no attack named")
+        unknown = [n for n in names if n not in ATTACK_NAMES]
+        if unknown:
+            raise UserError(f"unknown attack {unknown[0]!r}; known: {', '.join(ATTACK_NAMES)}")
+    if not 0.0 < known_fraction < 1.0:
+        raise UserError(f"--known-fraction must be in (0, 1), got {known_fraction}")
+    from attacks.run import DEFAULT_ATTACKS, run_attacks
+
+    return run_attacks(path, names or DEFAULT_ATTACKS, seed=seed,
+                       rounds=None if rounds is None else list(rounds),
+                       known_fraction=known_fraction)
+
+
+def load_results(path: str | Path) -> pd.DataFrame:
+    """One row per run: a ``results.csv``, or every run directory under a folder."""
+    from fedem_private.experiments.results import collect, read_results
+
+    p = Path(path).expanduser()
+    if p.is_file():
+        return read_results(p)
+    if not p.is_dir():
+        raise UserError(f"no such file or directory: {p}")
+    return collect(p)
