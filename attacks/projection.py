@@ -33,7 +33,8 @@ The rule can pick the wrong side for a client whose positives outnumber the
 distinct items its sampler could draw as negatives (e.g. a user who rated
 most of a small catalogue).
 
-Backbones that are not a dot product. PFedRec's score w_u . q_i + b_u is one
+Backbones that are not a dot product. PFedRec's score w_u . q_i + b_u is one, and so is
+FedRAP's w_u . (P_u[i] + C[i]) + b_u in the uploaded common row C[i] (GPFedRec's, an MLP, is not)
 (w_u plays p_u's part). FedNCF's is not: its score is an MLP over
 [p_u, q_i], so the gradient with respect to q_i is (sigmoid - y_i) J_i with
 J_i the MLP's input Jacobian at item i, which changes with i wherever a ReLU
@@ -53,7 +54,7 @@ from .base import DEFAULT_CHUNK, blank_nonparticipants, delta_chunks
 from .observations import Observation, PublicKnowledge
 
 #: backbones whose score is <vector, q_i> (+ a per-client constant): the case derived above
-DOT_PRODUCT_BACKBONES = ("mf", "pfedrec")
+DOT_PRODUCT_BACKBONES = ("mf", "pfedrec", "fedrap")
 
 
 def assumption_note(public: PublicKnowledge) -> str | None:

@@ -25,7 +25,7 @@ from fedem_private.simulation import reference
 from fedem_private.simulation.config import RunConfig, with_overrides
 from fedem_private.simulation.loop import Simulation
 
-BACKBONES = ("mf", "ncf", "pfedrec")
+BACKBONES = ("mf", "ncf", "pfedrec", "gpfedrec", "fedrap")
 
 
 @pytest.fixture(scope="module")
@@ -81,28 +81,48 @@ def test_local_training_equals_reference(small_split, backbone):
         assert (w - dense["w0"]).abs().max() > 0 and (w[0] - w[1]).abs().max() > 0
 
 
+@pytest.fixture(params=[torch.float32, torch.float64], ids=["float32", "float64"])
+def dtype(request):
+    """Run a test's tensors in float32 and in float64 (torch's default dtype, restored)."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(request.param)
+    yield request.param
+    torch.set_default_dtype(old)
+
+
 @pytest.mark.parametrize("backbone", BACKBONES)
-@pytest.mark.parametrize("method,merge", [("fedmf", "sr"), ("fedem", "em"), ("fedsim", "dm")])
-def test_round_equals_per_client_reference(small_split, backbone, method, merge):
-    """Rounds 1 and 2 (merging active in round 2) against the one-client-at-a-time loop."""
+@pytest.mark.parametrize("method,merge", [("fedmf", "sr"), ("fedem", "em"), ("fedsim", "dm"),
+                                          ("gpfedrec", "sr"), ("gpfedrec", "em")])
+def test_round_equals_per_client_reference(small_split, backbone, method, merge, dtype):
+    """Whole rounds against the one-client-at-a-time loop.
+
+    float32: round 1, < 1e-4 (the bar of the issue). float64: rounds 1 and 2
+    (merging active in round 2), < 1e-7 (cvxpy's solver tolerance in the similarity
+    weights leaves ~3e-9 in Q_g). Over several rounds float32 is not a
+    fair test: where a gradient is ~0 (a dead ReLU unit of a private MLP),
+    Adam's m / sqrt(v) turns rounding noise into O(lr) steps, so the two
+    float32 paths drift apart by ~1e-4 while agreeing to 1e-13 in float64.
+    """
+    tol, rounds = (1e-4, 1) if dtype == torch.float32 else (1e-7, 2)
     sim = Simulation(_cfg(**{"federation.method": method, "federation.merge": merge,
                              "federation.backbone": backbone}), small_split)
-    for _ in range(2):
+    for _ in range(rounds):
         ref = reference.simulation_round(sim)
         stats = sim.step()
-        assert (sim.state.q_local - ref["q_local"]).abs().max() < 1e-4
-        assert _max_diff(sim.state.private, ref["private"]) < 1e-4
-        assert _max_diff(sim.state.dense_local, ref["dense"]) < 1e-4
-        assert (sim.state.q_global - ref["q_global"]).abs().max() < 1e-4
+        assert sim.state.q_local.dtype == dtype
+        assert (sim.state.q_local - ref["q_local"]).abs().max() < tol
+        assert _max_diff(sim.state.private, ref["private"]) < tol
+        assert _max_diff(sim.state.dense_local, ref["dense"]) < tol
+        assert (sim.state.q_global - ref["q_global"]).abs().max() < tol
         if ref["dense_global"] is not None:
-            assert _max_diff(sim.dense.params, ref["dense_global"]) < 1e-4
+            assert _max_diff(sim.dense.params, ref["dense_global"]) < tol
         if ref["rho_mean"] is None:
             assert stats.merge == {}
         else:
-            assert stats.merge["rho_mean"] == pytest.approx(ref["rho_mean"], abs=1e-5)
+            assert stats.merge["rho_mean"] == pytest.approx(ref["rho_mean"], abs=tol)
 
 
-@pytest.mark.parametrize("backbone", ("ncf", "pfedrec"))
+@pytest.mark.parametrize("backbone", ("ncf", "pfedrec", "gpfedrec", "fedrap"))
 def test_backbone_learns_and_evaluates_its_own_model(small_split, backbone):
     sim = Simulation(_cfg(**{"federation.backbone": backbone, "train.rounds": 4}), small_split)
     first = sim.step()
@@ -185,7 +205,7 @@ PRIVACY_MODES = [
 ]
 
 
-@pytest.mark.parametrize("backbone", ("ncf", "pfedrec"))
+@pytest.mark.parametrize("backbone", ("ncf", "pfedrec", "gpfedrec", "fedrap"))
 @pytest.mark.parametrize("privacy", PRIVACY_MODES, ids=lambda p: p["privacy.mode"])
 def test_every_privacy_mode_runs_with_the_new_backbones(small_split, backbone, privacy):
     sim = Simulation(_cfg(**{"federation.backbone": backbone, **privacy}), small_split)
@@ -196,7 +216,8 @@ def test_every_privacy_mode_runs_with_the_new_backbones(small_split, backbone, p
         assert (sim.state.q_global - sim.backbone.init_items()).abs().min() > 0
 
 
-@pytest.mark.parametrize("backbone,dot", [("mf", True), ("ncf", False), ("pfedrec", True)])
+@pytest.mark.parametrize("backbone,dot", [("mf", True), ("ncf", False), ("pfedrec", True),
+                                          ("gpfedrec", False), ("fedrap", True)])
 def test_attacks_run_on_every_backbone_and_projection_says_when_it_assumes(tmp_path, backbone,
                                                                           dot):
     from recorded_runs import recorded_run
@@ -216,4 +237,49 @@ def test_attacks_run_on_every_backbone_and_projection_says_when_it_assumes(tmp_p
         assert note is None
     else:
         assert "not score by a dot product" in note and backbone in note
-        assert "note: backbone 'ncf'" in format_table(report)
+        assert f"note: backbone '{backbone}'" in format_table(report)
+
+
+@pytest.mark.parametrize("threshold,topk,layers", [(1.0, 0, 1), (1.0, 0, 2), (0.5, 0, 1),
+                                                  (1e6, 0, 1), (1.0, 3, 1), (1.0, 5, 2)])
+def test_graph_aggregator_equals_per_pair_reference(threshold, topk, layers):
+    from fedem_private.server.graph import graph_reference, graph_tables
+
+    g = torch.Generator().manual_seed(3)
+    base = torch.randn(4, 20, 6, generator=g)  # four taste clusters of users
+    tables = torch.cat([base[i % 4] + 0.3 * torch.randn(20, 6, generator=g)[None]
+                        for i in range(12)])
+    personal, glob = graph_tables(tables, threshold=threshold, topk=topk, layers=layers)
+    ref_personal, ref_glob = graph_reference(tables, threshold=threshold, topk=topk,
+                                             layers=layers)
+    assert (personal.double() - ref_personal).abs().max() < 1e-5
+    assert (glob.double() - ref_glob).abs().max() < 1e-5
+    if threshold == 1e6:  # nobody above the threshold: every user keeps its own table
+        assert torch.allclose(personal, tables)
+    if topk == 3 and layers == 1:  # each table is the mean of 3 tables of its own cluster
+        cluster_means = [tables[i::4].mean(0) for i in range(4)]
+        assert all(torch.allclose(personal[u], cluster_means[u % 4], atol=1e-5)
+                   for u in range(12))
+
+
+def test_gpfedrec_and_fedrap_presets_and_what_they_share(small_split):
+    fed = with_overrides(RunConfig(), {"federation.method": "gpfedrec"}).resolved().federation
+    assert (fed.backbone, fed.aggregation, fed.merge) == ("gpfedrec", "graph", "sr")
+    fed = with_overrides(RunConfig(), {"federation.backbone": "fedrap",
+                                       "federation.merge": "em"}).resolved().federation
+    assert (fed.method, fed.aggregation, fed.merge) == ("fedrap", "uniform", "em")
+    sim = Simulation(_cfg(**{"federation.method": "fedrap"}), small_split)
+    assert sim.dense is None and set(sim.state.private) == {"personal", "w", "b"}
+    personal0 = sim.state.private["personal"].clone()
+    sim.step()
+    assert (sim.state.private["personal"] - personal0).abs().max() > 0  # trained, kept home
+    sim = Simulation(_cfg(**{"federation.method": "gpfedrec"}), small_split)
+    assert sim.dense is None and {"p", "w0"} <= set(sim.state.private)  # the MLP is private
+    sim.step()  # round 1: start = anchor = the initial table, so only trained rows move
+    sent = sim.aggregator.sent(torch.arange(small_split.n_users))
+    sim.step()
+    # from round 2 the start (the global mean) differs from the anchor (the personalised
+    # table), and the regulariser between them moves every row of every upload
+    moved = (sim.state.q_local - sent).abs().sum(-1) > 0
+    assert moved.all()
+    assert (sim.aggregator.anchor(torch.arange(2)) - sim.state.q_global).abs().max() > 0

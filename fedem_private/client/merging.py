@@ -36,8 +36,9 @@ from fedem_private.optim import AdamConfig, MaskedAdam
 STRATEGIES = ("sr", "sm", "dm", "em")
 LEARNED = ("dm", "em")
 
-# logits (a, B) from the active rows (a,), their user vectors (a, d) and items (a, B, d)
-ScoreFn = Callable[[Tensor, Tensor, Tensor], Tensor]
+# logits (a, B) from the active rows (a,), their user vectors (a, d), item rows (a, B, d)
+# and item ids (a, B)
+ScoreFn = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
 @dataclass(frozen=True)
@@ -231,9 +232,10 @@ def merge_with_rho(cfg: MergeConfig, state: MergeState | None, q_local: Tensor,
 # ---------------------------------------------------------------- adapter training (eq. 11)
 
 
-def dot_scores(rows: Tensor, p_rows: Tensor, q_items: Tensor) -> Tensor:
+def dot_scores(rows: Tensor, p_rows: Tensor, q_items: Tensor,
+               items: Tensor | None = None) -> Tensor:
     """MF logits p_u . q_i: p_rows (a, d), q_items (a, B, d) -> (a, B)."""
-    del rows  # MF needs no per-client score head
+    del rows, items  # MF needs no per-client score head
     return torch.einsum("ad,abd->ab", p_rows, q_items)
 
 
@@ -275,7 +277,7 @@ def _client_losses(strategy: str, weights: tuple[Tensor, ...], biases: tuple[Ten
     qg_rows = q_global.index_select(0, rows) if needs_all else qg_items
     rho = _batch_rho(strategy, weights, biases, ql_rows, qg_rows, ql_items, qg_items)
     q_merged = torch.lerp(ql_items, qg_items, rho)
-    logits = score(rows, p_users.index_select(0, rows), q_merged)
+    logits = score(rows, p_users.index_select(0, rows), q_merged, items)
     bce = F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype), reduction="none")
     bce = torch.where(mask, bce, torch.zeros_like(bce))
     return bce.sum(dim=1) / mask.sum(dim=1).to(bce.dtype)
@@ -370,9 +372,10 @@ class Merger:
     through (equation 11), so merging never knows which backbone runs.
     """
 
-    def __init__(self, cfg: MergeConfig, n_clients: int, dim: int, seed: int) -> None:
+    def __init__(self, cfg: MergeConfig, n_clients: int, dim: int, seed: int,
+                 dtype: torch.dtype = torch.float32) -> None:
         self.cfg = cfg
-        self.state = init_merge_state(cfg, np.arange(n_clients), dim, seed)
+        self.state = init_merge_state(cfg, np.arange(n_clients), dim, seed, dtype)
 
     @property
     def merges(self) -> bool:

@@ -34,8 +34,9 @@ from fedem_private.data.negatives import sample_excluding
 
 SERVER = 1 << 40  # client id that keys the server's own random draws
 
-# logits (a, B) from the active rows (a,), their user-side vectors (a, d') and items (a, B, d)
-ScoreFn = Callable[[Tensor, Tensor, Tensor], Tensor]
+# logits (a, B) from the active rows (a,), their user-side vectors (a, d'), item rows
+# (a, B, d) and the item ids those rows belong to (a, B)
+ScoreFn = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,9 @@ class ClientParams:
     items: Tensor  # (k, m, d)
     dense: dict[str, Tensor] = field(default_factory=dict)  # shared, averaged, (k, ...)
     private: dict[str, Tensor] = field(default_factory=dict)  # never uploaded, (k, ...)
+    # a table the server sent as the target of the backbone's regulariser (GPFedRec's
+    # personalised table), (k, m, d); None when the aggregator sends none
+    anchor: Tensor | None = None
 
 
 def linear_init(fan_in: int, fan_out: int, gen: torch.Generator) -> tuple[Tensor, Tensor]:
@@ -195,8 +199,12 @@ class Plan:
 
 
 def make_plan(seed: int, round_: int, clients: np.ndarray, samples: ClientSamples,
-              cfg: LocalTrainConfig, dtype: torch.dtype) -> Plan:
-    """The :class:`Plan` of a chunk; raises if clients are not sorted by steps, descending."""
+              cfg: LocalTrainConfig, dtype: torch.dtype, n_items: int | None = None) -> Plan:
+    """The :class:`Plan` of a chunk; raises if clients are not sorted by steps, descending.
+
+    With ``n_items`` every client's "touched" rows are the whole catalogue, so
+    the compact table is the full table (for losses that move every row).
+    """
     k, bsz, epochs = clients.shape[0], cfg.batch_size, cfg.epochs
     lengths = np.diff(samples.indptr)
     steps = num_steps(lengths, cfg)
@@ -211,7 +219,10 @@ def make_plan(seed: int, round_: int, clients: np.ndarray, samples: ClientSample
     msk = np.zeros((k, epochs, nb_max * bsz), dtype=real)
     for j, c in enumerate(clients.tolist()):
         items, labels = samples.of(j)
-        uniq, inv = np.unique(items, return_inverse=True)
+        if n_items is None:
+            uniq, inv = np.unique(items, return_inverse=True)
+        else:
+            uniq, inv = np.arange(n_items), items
         touched.append(uniq)
         n = items.shape[0]
         if n == 0:
@@ -307,8 +318,9 @@ class Backbone(ABC):
     def adapter_score(self, params: ClientParams) -> tuple[Tensor, ScoreFn]:
         """(user-side vectors (k, d'), score function) for training the merge adapter.
 
-        The score function gets chunk rows, their user-side vectors and item
-        rows (a, B, d) and returns logits; everything in it is frozen.
+        The score function gets chunk rows, their user-side vectors, item rows
+        (a, B, d) and their item ids (a, B), and returns logits; everything in it
+        is frozen.
         """
 
     def memory_per_client(self) -> int:

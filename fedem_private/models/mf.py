@@ -76,9 +76,10 @@ def train_chunk(q_start: torch.Tensor, p: torch.Tensor, clients: np.ndarray,
     return q_local, pc, touched
 
 
-def dot_scores(rows: torch.Tensor, p_rows: torch.Tensor, q_items: torch.Tensor) -> torch.Tensor:
+def dot_scores(rows: torch.Tensor, p_rows: torch.Tensor, q_items: torch.Tensor,
+               items: torch.Tensor | None = None) -> torch.Tensor:
     """MF logits p_u . q_i: p_rows (a, d), q_items (a, B, d) -> (a, B)."""
-    del rows  # MF needs no per-client score head
+    del rows, items  # MF needs no per-client score head
     return torch.einsum("ad,abd->ab", p_rows, q_items)
 
 
@@ -116,7 +117,8 @@ class MFBackbone(Backbone):
                                       self.seed, round_, client)
         return ClientParams(q[None], {}, {"p": p[None]})
 
-    def reference_logits(self, params: ClientParams, q_items: torch.Tensor) -> torch.Tensor:
+    def reference_logits(self, params: ClientParams, q_items: torch.Tensor,
+                         items: torch.Tensor) -> torch.Tensor:
         """One client's logits for item rows (B, d), differentiable in q_items."""
         return q_items @ params.private["p"][0]
 

@@ -125,7 +125,7 @@ class NCFBackbone(Backbone):
     def adapter_score(self, params: ClientParams) -> tuple[Tensor, ScoreFn]:
         dense = params.dense
 
-        def score(rows: Tensor, p_rows: Tensor, q_items: Tensor) -> Tensor:
+        def score(rows: Tensor, p_rows: Tensor, q_items: Tensor, items: Tensor) -> Tensor:
             return self._logits({n: t.index_select(0, rows) for n, t in dense.items()},
                                 p_rows, q_items)
 
@@ -176,7 +176,7 @@ class NCFBackbone(Backbone):
             dense[f"b{j}"] = lin.bias.detach().clone()[None]
         return ClientParams(q.detach()[None], dense, {"p": p.detach()[None]})
 
-    def reference_logits(self, params: ClientParams, q_items: Tensor) -> Tensor:
+    def reference_logits(self, params: ClientParams, q_items: Tensor, items: Tensor) -> Tensor:
         """One client's logits for item rows (B, d), differentiable in q_items."""
         net = self.reference_net(params)
         p = params.private["p"][0]

@@ -99,7 +99,7 @@ class PFedRecBackbone(Backbone):
     def adapter_score(self, params: ClientParams) -> tuple[Tensor, ScoreFn]:
         bias = params.private["b"]
 
-        def score(rows: Tensor, w_rows: Tensor, q_items: Tensor) -> Tensor:
+        def score(rows: Tensor, w_rows: Tensor, q_items: Tensor, items: Tensor) -> Tensor:
             return torch.einsum("ad,abd->ab", w_rows, q_items) + bias.index_select(0, rows)[:, None]
 
         return params.private["w"], score
@@ -141,6 +141,6 @@ class PFedRecBackbone(Backbone):
                    "b": head.bias.detach().clone()}
         return ClientParams(q.detach()[None], {}, private)
 
-    def reference_logits(self, params: ClientParams, q_items: Tensor) -> Tensor:
+    def reference_logits(self, params: ClientParams, q_items: Tensor, items: Tensor) -> Tensor:
         """One client's logits for item rows (B, d), differentiable in q_items."""
         return q_items @ params.private["w"][0] + params.private["b"][0]

@@ -28,6 +28,7 @@ from fedem_private.server.aggregation import (
     similarity_aggregate,
     uniform_weights,
 )
+from fedem_private.server.graph import graph_tables
 
 
 class Aggregator(ABC):
@@ -63,6 +64,10 @@ class Aggregator(ABC):
         """The current global table: (m, d), (n, m, d) when personalised, None for none."""
         return None
 
+    def anchor(self, idx: Tensor) -> Tensor | None:
+        """A table (k, m, d) sent as the target of a backbone's regulariser; None: none."""
+        return None
+
 
 class _SumAggregator(Aggregator):
     """A weighted sum of the uploads, accumulated chunk by chunk in float64."""
@@ -90,7 +95,7 @@ class _SumAggregator(Aggregator):
 
     def end_round(self) -> None:
         assert self._acc is not None
-        self.global_table = self._acc.float()
+        self.global_table = self._acc.to(self.global_table.dtype)
         self._acc = None
 
     @property
@@ -156,6 +161,53 @@ class SimilarityAggregator(Aggregator):
         return self.global_tables
 
 
+class GraphAggregator(Aggregator):
+    """GPFedRec's graph (:mod:`fedem_private.server.graph`) over the round's uploads.
+
+    Sends every client the global table (the mean of the propagated tables) and,
+    as the anchor of GPFedRec's regulariser, its personalised table; a client
+    that did not take part keeps its last personalised table. Needs each
+    upload, like similarity aggregation. ``alias`` as for
+    :class:`SimilarityAggregator`.
+    """
+
+    name = "graph"
+    needs_each_upload = True
+
+    def __init__(self, sizes: Tensor, n_clients: int, q0: Tensor, *, threshold: float,
+                 topk: int, layers: int, alias: Tensor | None = None) -> None:
+        super().__init__(sizes, n_clients)
+        self.threshold, self.topk, self.layers = threshold, topk, layers
+        m, d = q0.shape
+        self.global_table = q0.clone()
+        self.personal = q0.expand(n_clients, m, d).clone()
+        self.last_upload = alias if alias is not None else q0.expand(n_clients, m, d).clone()
+        self.aliased = alias is not None
+
+    def sent(self, idx: Tensor) -> Tensor:
+        return self.global_table.expand(idx.shape[0], -1, -1).contiguous()
+
+    def anchor(self, idx: Tensor) -> Tensor:
+        return self.personal.index_select(0, idx)
+
+    def add(self, idx: Tensor, uploads: Tensor) -> None:
+        if not self.aliased:
+            self.last_upload[idx] = uploads
+
+    def end_round(self) -> None:
+        part = self.part_mask.nonzero().squeeze(1)
+        if part.numel() == 0:
+            return
+        personal, self.global_table = graph_tables(
+            self.last_upload.index_select(0, part), threshold=self.threshold, topk=self.topk,
+            layers=self.layers)
+        self.personal[part] = personal
+
+    @property
+    def table(self) -> Tensor:
+        return self.global_table
+
+
 class NoAggregator(Aggregator):
     """``local``: the server sends nothing; each client continues from its own table."""
 
@@ -171,11 +223,11 @@ class NoAggregator(Aggregator):
         return None
 
 
-AGGREGATORS = ("fedavg", "uniform", "similarity", "none")
+AGGREGATORS = ("fedavg", "uniform", "similarity", "graph", "none")
 
 
 def build(name: str, sizes: Tensor, q0: Tensor, *, alpha: float,
-          alias: Tensor | None = None) -> Aggregator:
+          alias: Tensor | None = None, graph: dict | None = None) -> Aggregator:
     """The aggregator called ``name`` (one of :data:`AGGREGATORS`)."""
     n = sizes.shape[0]
     if name == "fedavg":
@@ -184,6 +236,8 @@ def build(name: str, sizes: Tensor, q0: Tensor, *, alpha: float,
         return UniformAggregator(sizes, n, q0)
     if name == "similarity":
         return SimilarityAggregator(sizes, n, q0, alpha, alias)
+    if name == "graph":
+        return GraphAggregator(sizes, n, q0, alias=alias, **(graph or {}))
     if name == "none":
         return NoAggregator(sizes, n)
     raise ValueError(f"unknown aggregation {name!r}")
@@ -213,5 +267,5 @@ class DenseFedAvg:
             self._acc[n] += torch.tensordot(w, v.double(), dims=1)
 
     def end_round(self) -> None:
-        self.params = {n: v.float() for n, v in self._acc.items()}
+        self.params = {n: v.to(self.params[n].dtype) for n, v in self._acc.items()}
         self._acc = {}

@@ -24,10 +24,10 @@ from fedem_private.data import DATASETS, PROTOCOLS, RATED_DATASETS, SyntheticCon
 from fedem_private.errors import UserError
 from fedem_private.privacy.config import PrivacyConfig
 
-METHODS = ("fedmf", "fedsim", "fedem", "local", "fedncf", "pfedrec")
-BACKBONES = ("mf", "ncf", "pfedrec")
+METHODS = ("fedmf", "fedsim", "fedem", "local", "fedncf", "pfedrec", "gpfedrec", "fedrap")
+BACKBONES = ("mf", "ncf", "pfedrec", "gpfedrec", "fedrap")
 CODECS = ("full",)
-AGGREGATIONS = ("fedavg", "uniform", "similarity", "none")
+AGGREGATIONS = ("fedavg", "uniform", "similarity", "graph", "none")
 MERGES = ("sr", "sm", "dm", "em")
 # method (a preset) -> (aggregation, merge); FedSim is FedMF with similarity aggregation
 # (paper, Table 2). A preset's parts are defaults: --backbone, --merge, --aggregation and
@@ -39,12 +39,16 @@ METHOD_DEFAULTS = {
     "local": ("none", "sr"),
     "fedncf": ("fedavg", "sr"),
     "pfedrec": ("fedavg", "sr"),
+    "gpfedrec": ("graph", "sr"),
+    "fedrap": ("uniform", "sr"),  # the published plain mean of the common tables
 }
 # method -> its backbone (DESIGN section 10)
 METHOD_BACKBONE = {"fedmf": "mf", "fedsim": "mf", "fedem": "mf", "local": "mf",
-                   "fedncf": "ncf", "pfedrec": "pfedrec"}
+                   "fedncf": "ncf", "pfedrec": "pfedrec", "gpfedrec": "gpfedrec",
+                   "fedrap": "fedrap"}
 # backbone -> the preset named after it, used when --backbone is given without --method
-BACKBONE_METHOD = {"mf": "fedmf", "ncf": "fedncf", "pfedrec": "pfedrec"}
+BACKBONE_METHOD = {"mf": "fedmf", "ncf": "fedncf", "pfedrec": "pfedrec",
+                   "gpfedrec": "gpfedrec", "fedrap": "fedrap"}
 
 
 @dataclass(frozen=True)
@@ -119,6 +123,12 @@ class FederationConfig:
     aggregation: str | None = None  # None: the method's default
     merge: str | None = None  # None: the method's default
     codec: str = "full"
+    graph_threshold: float = 1.0  # graph: neighbours above this times the mean similarity
+    graph_topk: int = 0  # graph: k most similar users instead (0: threshold mode)
+    graph_layers: int = 1  # graph: propagation steps
+    gpfedrec_reg: float = 1.0  # GPFedRec: weight of the MSE toward the personalised table
+    fedrap_lambda: float = 0.1  # FedRAP: weight of -MSE(personal, common)
+    fedrap_mu: float = 0.1  # FedRAP: weight of the L1 sparsity of the common table
     alpha: float = 0.9
     rho: float = 0.5
     adapter_lr: float = 0.1
@@ -132,6 +142,12 @@ class FederationConfig:
                             f"{', '.join(BACKBONES)}")
         if self.codec not in CODECS:
             raise UserError(f"unknown codec {self.codec!r}; available: {', '.join(CODECS)}")
+        for name in ("graph_threshold", "gpfedrec_reg", "fedrap_lambda", "fedrap_mu"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise UserError(f"federation.{name} must be a number >= 0, got {value}")
+        if self.graph_topk < 0 or self.graph_layers < 1:
+            raise UserError("federation.graph_topk must be >= 0 and graph_layers >= 1")
         if self.aggregation is not None and self.aggregation not in AGGREGATIONS:
             raise UserError(f"unknown aggregation {self.aggregation!r}; choose one of "
                             f"{', '.join(AGGREGATIONS)}")
@@ -270,6 +286,12 @@ LATER_FIELDS: dict[tuple[str, ...], Any] = {
     ("privacy", "clip_auto_max"): 1e5,
     ("federation", "backbone"): "mf",
     ("federation", "codec"): "full",
+    ("federation", "graph_threshold"): 1.0,
+    ("federation", "graph_topk"): 0,
+    ("federation", "graph_layers"): 1,
+    ("federation", "gpfedrec_reg"): 1.0,
+    ("federation", "fedrap_lambda"): 0.1,
+    ("federation", "fedrap_mu"): 0.1,
 }
 
 

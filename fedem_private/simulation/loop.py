@@ -139,7 +139,9 @@ class Simulation:
         self.eval_sets: EvalSets = build_eval_sets(split, self.cfg.data.protocol, self.seed)
         self.sizes = torch.from_numpy(split.train_counts.astype(np.float64))
         self.backbone = models.build(fed.resolved_backbone, split.n_items, tr.dim, self.seed,
-                                     tr.init_std)
+                                     tr.init_std, options={"gpfedrec_reg": fed.gpfedrec_reg,
+                                                           "fedrap_lambda": fed.fedrap_lambda,
+                                                           "fedrap_mu": fed.fedrap_mu})
         self._build_parts()
         n_samples = split.train_counts * (1 + tr.num_negatives)
         self._workload = num_steps(n_samples, self.local_cfg)
@@ -187,12 +189,15 @@ class Simulation:
         # Without noise an upload equals the client's new table, so the server's copy of
         # each last upload can share storage with q_local (it changes only on upload).
         alias = q_local if not self.privacy.perturbs else None
-        self.aggregator = aggregators.build(self.aggregation, self.sizes, q0,
-                                            alpha=self.cfg.federation.alpha, alias=alias)
+        fed = self.cfg.federation
+        self.aggregator = aggregators.build(
+            self.aggregation, self.sizes, q0, alpha=fed.alpha, alias=alias,
+            graph={"threshold": fed.graph_threshold, "topk": fed.graph_topk,
+                   "layers": fed.graph_layers})
         self.dense = aggregators.DenseFedAvg(self.sizes, dense0) if dense0 else None
         self.codec = codecs.build(self.cfg.federation.codec, m, self.cfg.train.dim,
                                   {k: tuple(v.shape) for k, v in dense0.items()})
-        self.merger = Merger(self.merge_cfg, n, self.cfg.train.dim, self.seed)
+        self.merger = Merger(self.merge_cfg, n, self.cfg.train.dim, self.seed, q0.dtype)
         dense_local = {k: v.expand(n, *v.shape).clone() for k, v in dense0.items()}
         self.state = SimState(q_local, self.backbone.init_private(np.arange(n)), dense_local,
                               self.aggregator.table)
@@ -206,7 +211,7 @@ class Simulation:
         if sent is None:  # nothing from the server: the client continues from its own
             return own
         dense_sent = self.dense.sent(idx.shape[0]) if self.dense is not None else {}
-        return ClientParams(sent, dense_sent, own.private)
+        return ClientParams(sent, dense_sent, own.private, self.aggregator.anchor(idx))
 
     def participants(self, round_: int) -> np.ndarray:
         """Clients taking part in a round: all, or the ceil(q n) with the smallest draws."""

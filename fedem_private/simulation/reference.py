@@ -78,11 +78,12 @@ def adapter_net(weights: list[torch.Tensor], biases: list[torch.Tensor]) -> torc
 def train_adapter_client(net: torch.nn.Sequential, strategy: str, lr: float,
                          q_local: torch.Tensor, q_global: torch.Tensor, p_user: torch.Tensor | None,
                          batches: list[tuple[np.ndarray, np.ndarray]],
-                         logits_of: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+                         logits_of: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+                         | None = None) -> None:
     """Equation 11 for one client: Adam on the adapter only, everything else frozen.
 
-    ``logits_of`` maps merged item rows (B, d) to the backbone's logits; by
-    default the MF score q_i . p_user.
+    ``logits_of`` maps merged item rows (B, d) and their item ids (B,) to the
+    backbone's logits; by default the MF score q_i . p_user.
     """
     opt = torch.optim.Adam(net.parameters(), lr=lr)
     for items, labels in batches:
@@ -93,7 +94,7 @@ def train_adapter_client(net: torch.nn.Sequential, strategy: str, lr: float,
         else:
             rho = net(torch.cat([q_global - q_local, q_local], dim=1)).mean()
         merged = ql + rho * (qg - ql)
-        logits = merged @ p_user if logits_of is None else logits_of(merged)
+        logits = merged @ p_user if logits_of is None else logits_of(merged, it)
         loss = F.binary_cross_entropy_with_logits(logits, torch.from_numpy(labels))
         opt.zero_grad()
         loss.backward()
@@ -127,7 +128,7 @@ def similarity_tables(uploads: torch.Tensor, p: torch.Tensor, alpha: float) -> t
         acc = torch.zeros_like(uploads[0], dtype=torch.float64)
         for v in range(n):
             acc += w[u, v] * uploads[v].double()
-        out[u] = acc.float()
+        out[u] = acc.to(out.dtype)
     return out
 
 
@@ -162,7 +163,8 @@ def simulation_round(sim) -> dict[str, Any]:
             sent = st.q_global if st.q_global.dim() == 2 else st.q_global[u]
             dense_sent = ({k: v[None] for k, v in sim.dense.params.items()}
                           if sim.dense is not None else {})
-        start = ClientParams(sent[None].clone(), dense_sent, own.private)
+        anchor = sim.aggregator.anchor(torch.tensor([u])) if agg != "none" else None
+        start = ClientParams(sent[None].clone(), dense_sent, own.private, anchor)
         if strategy != "sr" and t > 1:
             net = None
             if strategy in ("dm", "em"):
@@ -173,9 +175,11 @@ def simulation_round(sim) -> dict[str, Any]:
                 batches = [(items[o[i: i + cfg.batch_size]], labels[o[i: i + cfg.batch_size]])
                            for o in orders[cfg.epochs:]
                            for i in range(0, items.shape[0], cfg.batch_size)]
+                def logits_of(q, i, start=start):
+                    return bb.reference_logits(start, q, i)
+
                 train_adapter_client(net, strategy, sim.merge_cfg.adapter_lr, st.q_local[u],
-                                     sent, None, batches,
-                                     logits_of=lambda q, start=start: bb.reference_logits(start, q))
+                                     sent, None, batches, logits_of=logits_of)
             merged, rho = merge_client(net, strategy, sim.merge_cfg.rho, st.q_local[u], sent)
             start.items = merged[None]
             rhos.append(rho)
@@ -188,14 +192,20 @@ def simulation_round(sim) -> dict[str, Any]:
         q_global = None
     elif agg == "similarity":
         q_global = similarity_tables(q_local, fedavg_weights(sizes), sim.cfg.federation.alpha)
+    elif agg == "graph":
+        from fedem_private.server.graph import graph_reference
+
+        fed = sim.cfg.federation
+        q_global = graph_reference(q_local, threshold=fed.graph_threshold, topk=fed.graph_topk,
+                                   layers=fed.graph_layers)[1].to(q_local.dtype)
     else:
         w = sizes / sizes.sum() if agg == "fedavg" else torch.full((n,), 1.0 / n,
                                                                      dtype=torch.float64)
-        q_global = sum(w[u] * q_local[u].double() for u in range(n)).float()
+        q_global = sum(w[u] * q_local[u].double() for u in range(n)).to(q_local.dtype)
     dense_global = None
     if dense and agg != "none":
         fw = sizes / sizes.sum()
-        dense_global = {k: sum(fw[u] * v[u].double() for u in range(n)).float()
+        dense_global = {k: sum(fw[u] * v[u].double() for u in range(n)).to(v.dtype)
                         for k, v in dense.items()}
     rho_mean = sum(rhos) / len(rhos) if rhos and strategy != "sr" else None
     return {"q_local": q_local, "p": private.get("p"), "private": private, "dense": dense,

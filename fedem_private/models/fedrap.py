@@ -1,0 +1,175 @@
+"""FedRAP's backbone (Li, Long and Zhou, "Federated recommendation with additive
+personalization", ICLR 2024).
+
+Each client u represents item i as the sum of a private personal row P_u[i]
+and a row C[i] of the shared common table, and scores it with a private head
+(w_u, b_u): logit = w_u . (P_u[i] + C[i]) + b_u (DESIGN section 10). Per
+batch it minimises
+
+    BCE - lambda * mean((P_u[i] - C[i])^2) + mu * mean(|C[i]|)
+
+with the means over the batch's entries and the d dimensions (the published
+code's MSE and L1 losses on the batch rows): the first regulariser pushes the
+personal and common parts apart, the second makes C sparse. One Adam state
+over head, P_u and C, fresh every round. Defaults lambda = mu = 0.1 as in the
+authors' code (whose lambda/mu schedule is computed but never reaches the
+loss, so the constants are what ran).
+
+Shared: only C, the "item table" of the other parts: the server averages it
+(the ``fedrap`` preset uses uniform weights, the published plain mean), and
+elastic merging merges the downloaded common table with the client's own
+copy of C from its last round; P_u and the head never leave the client. A
+client is evaluated with its own model: P_u, its head and its own C (the
+authors' code evaluates with the server's C instead).
+
+Only batch rows get gradients, so training runs on a compact table of the
+touched rows of P_u and C (see :class:`~fedem_private.models.base.Plan`); the
+gradients are written by hand, and
+:meth:`FedRAPBackbone.reference_train_client` is the obvious counterpart
+(``nn.Linear``, ``F.mse_loss``, ``F.l1_loss``, ``torch.optim.Adam``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from fedem_private import rng
+from fedem_private.models.base import (
+    Backbone,
+    ClientParams,
+    ClientSamples,
+    Compact,
+    LocalTrainConfig,
+    ScoreFn,
+    clip_rows_l2,
+    epoch_orders,
+    fused_adam,
+    linear_init,
+    make_plan,
+)
+
+
+class FedRAPBackbone(Backbone):
+    """FedRAP: private personal table and head, shared common table C (the item table)."""
+
+    name = "fedrap"
+    dot_product = True  # logit = w_u . (P_u[i] + C[i]) + b_u: linear in the uploaded C[i]
+
+    def __init__(self, n_items: int, dim: int, seed: int, init_std: float,
+                 lam: float = 0.1, mu: float = 0.1) -> None:
+        super().__init__(n_items, dim, seed, init_std)
+        self.lam, self.mu = float(lam), float(mu)
+
+    def init_private(self, clients: np.ndarray) -> dict[str, Tensor]:
+        """Personal tables N(0, init_std^2) and heads (nn.Linear's init), keyed by client."""
+        k = len(clients)
+        personal = torch.empty((k, self.n_items, self.dim))
+        w, b = torch.empty((k, self.dim)), torch.empty(k)
+        for j, u in enumerate(np.asarray(clients).tolist()):
+            g = rng.generator(self.seed, rng.Stream.MODEL_INIT, 0, u)
+            wj, bj = linear_init(self.dim, 1, g)
+            w[j], b[j] = wj[:, 0], bj[0]
+            personal[j] = torch.randn((self.n_items, self.dim), generator=g) * self.init_std
+        return {"personal": personal, "w": w, "b": b}
+
+    def memory_per_client(self) -> int:
+        return 4 * 4 * self.n_items * self.dim  # the personal table, its grad and moments
+
+    def train_chunk(self, start: ClientParams, clients: np.ndarray, samples: ClientSamples,
+                    cfg: LocalTrainConfig, round_: int) -> tuple[ClientParams, Tensor]:
+        c_start, p_start = start.items, start.private["personal"]
+        k, m, d = c_start.shape
+        plan = make_plan(self.seed, round_, clients, samples, cfg, c_start.dtype)
+        cc, pc_ = Compact.of(c_start, plan), Compact.of(p_start, plan)
+        c, p = cc.table, pc_.table
+        w = start.private["w"].clone().contiguous()
+        b = start.private["b"].clone().contiguous()
+        params = [c, p, w, b]
+        grads = [torch.zeros_like(t) for t in params]
+        m1 = [torch.zeros_like(t) for t in params]
+        m2 = [torch.zeros_like(t) for t in params]
+        gc, gp, gw, gb = grads
+        cflat, pflat = c.view(-1, d), p.view(-1, d)
+        gcflat, gpflat = gc.view(-1, d), gp.view(-1, d)
+        for s, a, flat, y, wgt in plan.schedule():
+            c_rows = cflat.index_select(0, flat).view(a, -1, d)
+            p_rows = pflat.index_select(0, flat).view(a, -1, d)
+            item = p_rows + c_rows
+            logits = torch.bmm(item, w[:a, :, None]).squeeze(2) + b[:a, None]
+            dz = (torch.sigmoid(logits) - y) * wgt  # d(batch-mean BCE)/d logit
+            gw[:a] = torch.bmm(dz[:, None, :], item).squeeze(1)
+            gb[:a] = dz.sum(dim=1)
+            per = (wgt / d)[:, :, None]  # d(mean over entries and dims)/d entry
+            score_grad = dz[:, :, None] * w[:a, None, :]
+            diff = 2.0 * self.lam * per * (p_rows - c_rows)
+            g_p = score_grad - diff
+            g_c = score_grad + diff + self.mu * per * torch.sign(c_rows)
+            gpflat.index_add_(0, flat, g_p.reshape(-1, d))
+            gcflat.index_add_(0, flat, g_c.reshape(-1, d))
+            if cfg.grad_clip is not None:  # paper mode: the uploaded table's gradient
+                clip_rows_l2(gc[:a], cfg.grad_clip)
+            fused_adam([t[:a] for t in params], [g[:a] for g in grads], [t[:a] for t in m1],
+                       [t[:a] for t in m2], s + 1, cfg)
+            gcflat.index_fill_(0, flat, 0.0)
+            gpflat.index_fill_(0, flat, 0.0)
+        c_local, touched = cc.scatter(c_start)
+        p_local, _ = pc_.scatter(p_start)
+        return ClientParams(c_local, {}, {"personal": p_local, "w": w, "b": b}), touched
+
+    def scores(self, params: ClientParams) -> Tensor:
+        item = params.private["personal"] + params.items
+        return (torch.bmm(item, params.private["w"][:, :, None]).squeeze(2)
+                + params.private["b"][:, None])
+
+    def adapter_score(self, params: ClientParams) -> tuple[Tensor, ScoreFn]:
+        """The merged rows stand for C[i]; P_u[i] is looked up by the batch's item ids."""
+        personal, bias = params.private["personal"], params.private["b"]
+
+        def score(rows: Tensor, w_rows: Tensor, c_items: Tensor, items: Tensor) -> Tensor:
+            p_items = personal[rows[:, None], items]
+            return (torch.einsum("ad,abd->ab", w_rows, p_items + c_items)
+                    + bias.index_select(0, rows)[:, None])
+
+        return params.private["w"], score
+
+    # ------------------------------------------------------------ reference
+    def reference_train_client(self, start: ClientParams, items: np.ndarray, labels: np.ndarray,
+                               cfg: LocalTrainConfig, round_: int,
+                               client: int) -> ClientParams:
+        """One client (k = 1): torch.optim.Adam on the head, P_u and C (full tables)."""
+        c = torch.nn.Parameter(start.items[0].detach().clone())
+        p = torch.nn.Parameter(start.private["personal"][0].detach().clone())
+        head = torch.nn.Linear(self.dim, 1)
+        with torch.no_grad():
+            head.weight.copy_(start.private["w"][0][None])
+            head.bias.copy_(start.private["b"][0][None])
+        opt = torch.optim.Adam([c, p, *head.parameters()], lr=cfg.lr, betas=cfg.betas,
+                               eps=cfg.eps)
+        n = items.shape[0]
+        orders = epoch_orders(self.seed, round_, client, n, cfg.epochs) if n else []
+        items_t, labels_t = torch.from_numpy(items), torch.from_numpy(labels).to(c.dtype)
+        for order in orders:
+            order = torch.from_numpy(order)
+            for a in range(0, n, cfg.batch_size):
+                sel = order[a: a + cfg.batch_size]
+                pi, ci = p[items_t[sel]], c[items_t[sel]]
+                logits = head(pi + ci).squeeze(1)
+                loss = (F.binary_cross_entropy_with_logits(logits, labels_t[sel])
+                        - self.lam * F.mse_loss(pi, ci)
+                        + self.mu * F.l1_loss(ci, torch.zeros_like(ci)))
+                opt.zero_grad()
+                loss.backward()
+                if cfg.grad_clip is not None and c.grad.norm() > cfg.grad_clip:
+                    c.grad.mul_(cfg.grad_clip / c.grad.norm())
+                opt.step()
+        private = {"personal": p.detach()[None].clone(), "w": head.weight.detach()[0][None].clone(),
+                   "b": head.bias.detach().clone()}
+        return ClientParams(c.detach()[None].clone(), {}, private)
+
+    def reference_logits(self, params: ClientParams, c_items: Tensor, items: Tensor) -> Tensor:
+        """One client's logits for common rows (B, d) of items ``items``, differentiable."""
+        p_items = params.private["personal"][0][items]
+        return (p_items + c_items) @ params.private["w"][0] + params.private["b"][0]

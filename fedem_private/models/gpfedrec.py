@@ -1,0 +1,160 @@
+"""GPFedRec's backbone (Zhang et al., "GPFedRec: graph-guided personalization for federated
+recommendation", KDD 2024).
+
+The client model is FedNCF's, score = MLP over [p_u, q_i] with layers
+[32, 16, 8, 1] (DESIGN section 10), but, as in the authors' code, the MLP is
+private: every client starts from the same initial MLP and keeps its own,
+with p_u, across rounds; only the item table is uploaded. The client starts
+each round from the table the server sends (the graph aggregator's global
+table) and adds a regulariser toward its personalised table Q_g[u] (the
+aggregator's *anchor*):
+
+    BCE + reg * mean_{i, k} (Q[i, k] - Q_g[u][i, k])^2      (reg = 1 by default)
+
+the published MSE over the whole m x d table. That term moves every row, so
+training runs on the full table (no compact touched-row table) and the whole
+table changes in every upload. With an aggregator that sends no anchor (any
+but ``graph``) the regulariser is off and only trained rows move.
+
+:meth:`GPFedRecBackbone.reference_train_client` is the obvious counterpart
+(``nn.Sequential``, ``F.mse_loss``, ``torch.optim.Adam``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from fedem_private.models.base import (
+    ClientParams,
+    ClientSamples,
+    Compact,
+    LocalTrainConfig,
+    ScoreFn,
+    clip_rows_l2,
+    epoch_orders,
+    fused_adam,
+    make_plan,
+)
+from fedem_private.models.ncf import NCFBackbone
+
+
+class GPFedRecBackbone(NCFBackbone):
+    """GPFedRec: NCF's score with a private MLP; regulariser toward the server's anchor."""
+
+    name = "gpfedrec"
+    dot_product = False
+
+    def __init__(self, n_items: int, dim: int, seed: int, init_std: float,
+                 reg: float = 1.0) -> None:
+        super().__init__(n_items, dim, seed, init_std)
+        self.reg = float(reg)
+
+    def init_dense(self) -> dict[str, Tensor]:
+        return {}  # nothing but the item table is shared
+
+    def init_private(self, clients: np.ndarray) -> dict[str, Tensor]:
+        """p_u keyed by client; every client's MLP a copy of one initial MLP."""
+        out = super().init_private(clients)
+        k = len(clients)
+        for name, value in NCFBackbone.init_dense(self).items():
+            out[name] = value.expand(k, *value.shape).clone()
+        return out
+
+    def memory_per_client(self) -> int:
+        return super().memory_per_client() + 4 * 4 * self.n_items * self.dim
+
+    @staticmethod
+    def _mlp(params: ClientParams) -> dict[str, Tensor]:
+        return {n: t for n, t in params.private.items() if n != "p"}
+
+    def train_chunk(self, start: ClientParams, clients: np.ndarray, samples: ClientSamples,
+                    cfg: LocalTrainConfig, round_: int) -> tuple[ClientParams, Tensor]:
+        q_start = start.items
+        k, m, d = q_start.shape
+        plan = make_plan(self.seed, round_, clients, samples, cfg, q_start.dtype, n_items=m)
+        compact = Compact.of(q_start, plan)
+        q = compact.table
+        anchor = start.anchor if self.reg > 0 else None
+        scale = 2.0 * self.reg / (m * d)  # d/dQ of reg * mean((Q - anchor)^2)
+        pc = start.private["p"].clone().contiguous()
+        mlp = {n: start.private[n].clone().contiguous() for n in self.names}
+        params = [q, pc, *(mlp[n] for n in self.names)]
+        grads = [torch.zeros_like(t) for t in params]
+        m1 = [torch.zeros_like(t) for t in params]
+        m2 = [torch.zeros_like(t) for t in params]
+        gq = grads[0]
+        qflat, gflat = q.view(-1, d), gq.view(-1, d)
+        for s, a, flat, y, w in plan.schedule():
+            q_rows = qflat.index_select(0, flat).view(a, -1, d).requires_grad_(True)
+            leaves = [t[:a].detach().requires_grad_(True) for t in params[1:]]
+            with torch.enable_grad():
+                logits = self._logits(dict(zip(self.names, leaves[1:], strict=True)),
+                                      leaves[0], q_rows)
+                bce = F.binary_cross_entropy_with_logits(logits, y, reduction="none")
+                g_all = torch.autograd.grad((bce * w).sum(), [q_rows, *leaves])
+            gq[:a].zero_()
+            gflat.index_add_(0, flat, g_all[0].reshape(-1, d))
+            if anchor is not None:
+                gq[:a].add_(q[:a] - anchor[:a], alpha=scale)
+            for gbuf, g in zip(grads[1:], g_all[1:], strict=True):
+                gbuf[:a] = g
+            if cfg.grad_clip is not None:
+                clip_rows_l2(gq[:a], cfg.grad_clip)
+            fused_adam([t[:a] for t in params], [g[:a] for g in grads], [t[:a] for t in m1],
+                       [t[:a] for t in m2], s + 1, cfg)
+        q_local, touched = compact.scatter(q_start)
+        if anchor is None:  # only trained rows moved
+            touched = torch.zeros((k, m), dtype=torch.bool)
+            for j in range(k):
+                items, _ = samples.of(j)
+                touched[j, torch.from_numpy(np.unique(items))] = True
+        return ClientParams(q_local, {}, {"p": pc, **mlp}), touched
+
+    def scores(self, params: ClientParams) -> Tensor:
+        return super().scores(ClientParams(params.items, self._mlp(params), params.private))
+
+    def adapter_score(self, params: ClientParams) -> tuple[Tensor, ScoreFn]:
+        return super().adapter_score(ClientParams(params.items, self._mlp(params),
+                                                  params.private))
+
+    # ------------------------------------------------------------ reference
+    def reference_train_client(self, start: ClientParams, items: np.ndarray, labels: np.ndarray,
+                               cfg: LocalTrainConfig, round_: int,
+                               client: int) -> ClientParams:
+        """One client (k = 1): Adam on q, p_u and its MLP; BCE + reg * MSE(q, anchor)."""
+        q = torch.nn.Parameter(start.items[0].detach().clone())
+        p = torch.nn.Parameter(start.private["p"][0].detach().clone())
+        net = self.reference_net(ClientParams(start.items, self._mlp(start), start.private))
+        anchor = start.anchor[0] if (start.anchor is not None and self.reg > 0) else None
+        opt = torch.optim.Adam([q, p, *net.parameters()], lr=cfg.lr, betas=cfg.betas,
+                               eps=cfg.eps)
+        n = items.shape[0]
+        orders = epoch_orders(self.seed, round_, client, n, cfg.epochs) if n else []
+        items_t, labels_t = torch.from_numpy(items), torch.from_numpy(labels).to(q.dtype)
+        for order in orders:
+            order = torch.from_numpy(order)
+            for a in range(0, n, cfg.batch_size):
+                batch = order[a: a + cfg.batch_size]
+                qi = q[items_t[batch]]
+                logits = net(torch.cat([p.expand(qi.shape[0], -1), qi], dim=1)).squeeze(1)
+                loss = F.binary_cross_entropy_with_logits(logits, labels_t[batch])
+                if anchor is not None:
+                    loss = loss + self.reg * F.mse_loss(q, anchor)
+                opt.zero_grad()
+                loss.backward()
+                if cfg.grad_clip is not None and q.grad.norm() > cfg.grad_clip:
+                    q.grad.mul_(cfg.grad_clip / q.grad.norm())
+                opt.step()
+        private: dict[str, Tensor] = {"p": p.detach()[None].clone()}
+        linears = [mod for mod in net if isinstance(mod, torch.nn.Linear)]
+        for j, lin in enumerate(linears):
+            private[f"w{j}"] = lin.weight.detach().T.clone()[None]
+            private[f"b{j}"] = lin.bias.detach().clone()[None]
+        return ClientParams(q.detach()[None], {}, private)
+
+    def reference_logits(self, params: ClientParams, q_items: Tensor, items: Tensor) -> Tensor:
+        mlp_params = ClientParams(params.items, self._mlp(params), params.private)
+        return super().reference_logits(mlp_params, q_items, items)
