@@ -271,6 +271,23 @@ class Compact:
         return q_local, touched
 
 
+def adam_buffers(params: list[Tensor]) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
+    """Zeroed (gradients, first moments, second moments) shaped like ``params``."""
+    return ([torch.zeros_like(t) for t in params], [torch.zeros_like(t) for t in params],
+            [torch.zeros_like(t) for t in params])
+
+
+def reference_batches(seed: int, round_: int, client: int, n: int,
+                      cfg: LocalTrainConfig) -> Iterator[Tensor]:
+    """One client's batches (sample positions), epoch by epoch, in the vectorised order."""
+    if n == 0:
+        return
+    for order in epoch_orders(seed, round_, client, n, cfg.epochs):
+        order_t = torch.from_numpy(order)
+        for a in range(0, n, cfg.batch_size):
+            yield order_t[a: a + cfg.batch_size]
+
+
 def fused_adam(params: list[Tensor], grads: list[Tensor], exp_avg: list[Tensor],
                exp_avg_sq: list[Tensor], step: int, cfg: LocalTrainConfig) -> None:
     """One Adam step (torch.optim.Adam's update) on every tensor, all at step count ``step``."""

@@ -44,11 +44,12 @@ from fedem_private.models.base import (
     Compact,
     LocalTrainConfig,
     ScoreFn,
+    adam_buffers,
     clip_rows_l2,
-    epoch_orders,
     fused_adam,
     linear_init,
     make_plan,
+    reference_batches,
 )
 
 
@@ -88,9 +89,7 @@ class FedRAPBackbone(Backbone):
         w = start.private["w"].clone().contiguous()
         b = start.private["b"].clone().contiguous()
         params = [c, p, w, b]
-        grads = [torch.zeros_like(t) for t in params]
-        m1 = [torch.zeros_like(t) for t in params]
-        m2 = [torch.zeros_like(t) for t in params]
+        grads, m1, m2 = adam_buffers(params)
         gc, gp, gw, gb = grads
         cflat, pflat = c.view(-1, d), p.view(-1, d)
         gcflat, gpflat = gc.view(-1, d), gp.view(-1, d)
@@ -148,23 +147,18 @@ class FedRAPBackbone(Backbone):
             head.bias.copy_(start.private["b"][0][None])
         opt = torch.optim.Adam([c, p, *head.parameters()], lr=cfg.lr, betas=cfg.betas,
                                eps=cfg.eps)
-        n = items.shape[0]
-        orders = epoch_orders(self.seed, round_, client, n, cfg.epochs) if n else []
         items_t, labels_t = torch.from_numpy(items), torch.from_numpy(labels).to(c.dtype)
-        for order in orders:
-            order = torch.from_numpy(order)
-            for a in range(0, n, cfg.batch_size):
-                sel = order[a: a + cfg.batch_size]
-                pi, ci = p[items_t[sel]], c[items_t[sel]]
-                logits = head(pi + ci).squeeze(1)
-                loss = (F.binary_cross_entropy_with_logits(logits, labels_t[sel])
-                        - self.lam * F.mse_loss(pi, ci)
-                        + self.mu * F.l1_loss(ci, torch.zeros_like(ci)))
-                opt.zero_grad()
-                loss.backward()
-                if cfg.grad_clip is not None and c.grad.norm() > cfg.grad_clip:
-                    c.grad.mul_(cfg.grad_clip / c.grad.norm())
-                opt.step()
+        for sel in reference_batches(self.seed, round_, client, items.shape[0], cfg):
+            pi, ci = p[items_t[sel]], c[items_t[sel]]
+            logits = head(pi + ci).squeeze(1)
+            loss = (F.binary_cross_entropy_with_logits(logits, labels_t[sel])
+                    - self.lam * F.mse_loss(pi, ci)
+                    + self.mu * F.l1_loss(ci, torch.zeros_like(ci)))
+            opt.zero_grad()
+            loss.backward()
+            if cfg.grad_clip is not None and c.grad.norm() > cfg.grad_clip:
+                c.grad.mul_(cfg.grad_clip / c.grad.norm())
+            opt.step()
         private = {"personal": p.detach()[None].clone(), "w": head.weight.detach()[0][None].clone(),
                    "b": head.bias.detach().clone()}
         return ClientParams(c.detach()[None].clone(), {}, private)

@@ -33,10 +33,11 @@ from fedem_private.models.base import (
     Compact,
     LocalTrainConfig,
     ScoreFn,
+    adam_buffers,
     clip_rows_l2,
-    epoch_orders,
     fused_adam,
     make_plan,
+    reference_batches,
 )
 from fedem_private.models.ncf import NCFBackbone
 
@@ -82,25 +83,14 @@ class GPFedRecBackbone(NCFBackbone):
         pc = start.private["p"].clone().contiguous()
         mlp = {n: start.private[n].clone().contiguous() for n in self.names}
         params = [q, pc, *(mlp[n] for n in self.names)]
-        grads = [torch.zeros_like(t) for t in params]
-        m1 = [torch.zeros_like(t) for t in params]
-        m2 = [torch.zeros_like(t) for t in params]
+        grads, m1, m2 = adam_buffers(params)
         gq = grads[0]
         qflat, gflat = q.view(-1, d), gq.view(-1, d)
         for s, a, flat, y, w in plan.schedule():
-            q_rows = qflat.index_select(0, flat).view(a, -1, d).requires_grad_(True)
-            leaves = [t[:a].detach().requires_grad_(True) for t in params[1:]]
-            with torch.enable_grad():
-                logits = self._logits(dict(zip(self.names, leaves[1:], strict=True)),
-                                      leaves[0], q_rows)
-                bce = F.binary_cross_entropy_with_logits(logits, y, reduction="none")
-                g_all = torch.autograd.grad((bce * w).sum(), [q_rows, *leaves])
             gq[:a].zero_()
-            gflat.index_add_(0, flat, g_all[0].reshape(-1, d))
+            self._mlp_step(params, grads, qflat, gflat, a, flat, y, w)
             if anchor is not None:
                 gq[:a].add_(q[:a] - anchor[:a], alpha=scale)
-            for gbuf, g in zip(grads[1:], g_all[1:], strict=True):
-                gbuf[:a] = g
             if cfg.grad_clip is not None:
                 clip_rows_l2(gq[:a], cfg.grad_clip)
             fused_adam([t[:a] for t in params], [g[:a] for g in grads], [t[:a] for t in m1],
@@ -131,23 +121,18 @@ class GPFedRecBackbone(NCFBackbone):
         anchor = start.anchor[0] if (start.anchor is not None and self.reg > 0) else None
         opt = torch.optim.Adam([q, p, *net.parameters()], lr=cfg.lr, betas=cfg.betas,
                                eps=cfg.eps)
-        n = items.shape[0]
-        orders = epoch_orders(self.seed, round_, client, n, cfg.epochs) if n else []
         items_t, labels_t = torch.from_numpy(items), torch.from_numpy(labels).to(q.dtype)
-        for order in orders:
-            order = torch.from_numpy(order)
-            for a in range(0, n, cfg.batch_size):
-                batch = order[a: a + cfg.batch_size]
-                qi = q[items_t[batch]]
-                logits = net(torch.cat([p.expand(qi.shape[0], -1), qi], dim=1)).squeeze(1)
-                loss = F.binary_cross_entropy_with_logits(logits, labels_t[batch])
-                if anchor is not None:
-                    loss = loss + self.reg * F.mse_loss(q, anchor)
-                opt.zero_grad()
-                loss.backward()
-                if cfg.grad_clip is not None and q.grad.norm() > cfg.grad_clip:
-                    q.grad.mul_(cfg.grad_clip / q.grad.norm())
-                opt.step()
+        for batch in reference_batches(self.seed, round_, client, items.shape[0], cfg):
+            qi = q[items_t[batch]]
+            logits = net(torch.cat([p.expand(qi.shape[0], -1), qi], dim=1)).squeeze(1)
+            loss = F.binary_cross_entropy_with_logits(logits, labels_t[batch])
+            if anchor is not None:
+                loss = loss + self.reg * F.mse_loss(q, anchor)
+            opt.zero_grad()
+            loss.backward()
+            if cfg.grad_clip is not None and q.grad.norm() > cfg.grad_clip:
+                q.grad.mul_(cfg.grad_clip / q.grad.norm())
+            opt.step()
         private: dict[str, Tensor] = {"p": p.detach()[None].clone()}
         linears = [mod for mod in net if isinstance(mod, torch.nn.Linear)]
         for j, lin in enumerate(linears):

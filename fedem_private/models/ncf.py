@@ -30,13 +30,14 @@ from fedem_private.models.base import (
     Compact,
     LocalTrainConfig,
     ScoreFn,
+    adam_buffers,
     clip_rows_l2,
     dense_names,
-    epoch_orders,
     fused_adam,
     linear_init,
     make_plan,
     mlp_forward,
+    reference_batches,
 )
 
 LAYERS = (32, 16, 8, 1)
@@ -88,23 +89,11 @@ class NCFBackbone(Backbone):
         pc = start.private["p"].clone().contiguous()
         dense = {n: start.dense[n].clone().contiguous() for n in self.names}
         params = [qc, pc, *(dense[n] for n in self.names)]
-        grads = [torch.zeros_like(t) for t in params]
-        m1 = [torch.zeros_like(t) for t in params]
-        m2 = [torch.zeros_like(t) for t in params]
+        grads, m1, m2 = adam_buffers(params)
         gq = grads[0]
         qflat, gflat = qc.view(-1, d), gq.view(-1, d)
         for s, a, flat, y, w in plan.schedule():
-            q_rows = qflat.index_select(0, flat).view(a, -1, d).requires_grad_(True)
-            leaves = [t[:a].detach().requires_grad_(True) for t in params[1:]]
-            with torch.enable_grad():
-                dense_a = dict(zip(self.names, leaves[1:], strict=True))
-                logits = self._logits(dense_a, leaves[0], q_rows)
-                bce = F.binary_cross_entropy_with_logits(logits, y, reduction="none")
-                loss = (bce * w).sum()  # sum over clients of each client's batch mean
-                g_all = torch.autograd.grad(loss, [q_rows, *leaves])
-            gflat.index_add_(0, flat, g_all[0].reshape(-1, d))
-            for gbuf, g in zip(grads[1:], g_all[1:], strict=True):
-                gbuf[:a] = g
+            self._mlp_step(params, grads, qflat, gflat, a, flat, y, w)
             if cfg.grad_clip is not None:
                 clip_rows_l2(gq[:a], cfg.grad_clip)
             fused_adam([t[:a] for t in params], [g[:a] for g in grads], [t[:a] for t in m1],
@@ -112,6 +101,23 @@ class NCFBackbone(Backbone):
             gflat.index_fill_(0, flat, 0.0)
         q_local, touched = compact.scatter(q_start)
         return ClientParams(q_local, dense, {"p": pc}), touched
+
+    def _mlp_step(self, params: list[Tensor], grads: list[Tensor], qflat: Tensor, gflat: Tensor,
+                  a: int, flat: Tensor, y: Tensor, w: Tensor) -> None:
+        """The batch-mean BCE gradients of the first a clients: item rows scattered into
+        ``gflat``, then p_u's and the MLP's into ``grads[1:]`` (``params`` = [table, p, MLP])."""
+        d = qflat.shape[1]
+        q_rows = qflat.index_select(0, flat).view(a, -1, d).requires_grad_(True)
+        leaves = [t[:a].detach().requires_grad_(True) for t in params[1:]]
+        with torch.enable_grad():
+            mlp = dict(zip(self.names, leaves[1:], strict=True))
+            bce = F.binary_cross_entropy_with_logits(self._logits(mlp, leaves[0], q_rows), y,
+                                                     reduction="none")
+            # sum over clients of each client's batch mean
+            g_all = torch.autograd.grad((bce * w).sum(), [q_rows, *leaves])
+        gflat.index_add_(0, flat, g_all[0].reshape(-1, d))
+        for gbuf, g in zip(grads[1:], g_all[1:], strict=True):
+            gbuf[:a] = g
 
     def scores(self, params: ClientParams) -> Tensor:
         k, m, _ = params.items.shape
@@ -154,21 +160,16 @@ class NCFBackbone(Backbone):
         net = self.reference_net(start)
         opt = torch.optim.Adam([q, p, *net.parameters()], lr=cfg.lr, betas=cfg.betas,
                                eps=cfg.eps)
-        n = items.shape[0]
-        orders = epoch_orders(self.seed, round_, client, n, cfg.epochs) if n else []
         items_t, labels_t = torch.from_numpy(items), torch.from_numpy(labels).to(q.dtype)
-        for order in orders:
-            order = torch.from_numpy(order)
-            for a in range(0, n, cfg.batch_size):
-                batch = order[a: a + cfg.batch_size]
-                qi = q[items_t[batch]]
-                logits = net(torch.cat([p.expand(qi.shape[0], -1), qi], dim=1)).squeeze(1)
-                loss = F.binary_cross_entropy_with_logits(logits, labels_t[batch])
-                opt.zero_grad()
-                loss.backward()
-                if cfg.grad_clip is not None and q.grad.norm() > cfg.grad_clip:
-                    q.grad.mul_(cfg.grad_clip / q.grad.norm())
-                opt.step()
+        for batch in reference_batches(self.seed, round_, client, items.shape[0], cfg):
+            qi = q[items_t[batch]]
+            logits = net(torch.cat([p.expand(qi.shape[0], -1), qi], dim=1)).squeeze(1)
+            loss = F.binary_cross_entropy_with_logits(logits, labels_t[batch])
+            opt.zero_grad()
+            loss.backward()
+            if cfg.grad_clip is not None and q.grad.norm() > cfg.grad_clip:
+                q.grad.mul_(cfg.grad_clip / q.grad.norm())
+            opt.step()
         dense: dict[str, Tensor] = {}
         linears = [mod for mod in net if isinstance(mod, torch.nn.Linear)]
         for j, lin in enumerate(linears):

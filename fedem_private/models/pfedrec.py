@@ -33,10 +33,10 @@ from fedem_private.models.base import (
     LocalTrainConfig,
     ScoreFn,
     clip_rows_l2,
-    epoch_orders,
     fused_adam,
     linear_init,
     make_plan,
+    reference_batches,
 )
 
 
@@ -120,23 +120,18 @@ class PFedRecBackbone(Backbone):
         head = self._head(start)
         opt_head = torch.optim.Adam(head.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
         opt_items = torch.optim.Adam([q], lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
-        n = items.shape[0]
-        orders = epoch_orders(self.seed, round_, client, n, cfg.epochs) if n else []
         items_t, labels_t = torch.from_numpy(items), torch.from_numpy(labels).to(q.dtype)
-        for order in orders:
-            order = torch.from_numpy(order)
-            for a in range(0, n, cfg.batch_size):
-                batch = order[a: a + cfg.batch_size]
-                for opt in (opt_head, opt_items):
-                    logits = head(q[items_t[batch]]).squeeze(1)
-                    loss = F.binary_cross_entropy_with_logits(logits, labels_t[batch])
-                    opt_head.zero_grad()
-                    opt_items.zero_grad()
-                    loss.backward()
-                    if (opt is opt_items and cfg.grad_clip is not None
-                            and q.grad.norm() > cfg.grad_clip):
-                        q.grad.mul_(cfg.grad_clip / q.grad.norm())
-                    opt.step()
+        for batch in reference_batches(self.seed, round_, client, items.shape[0], cfg):
+            for opt in (opt_head, opt_items):
+                logits = head(q[items_t[batch]]).squeeze(1)
+                loss = F.binary_cross_entropy_with_logits(logits, labels_t[batch])
+                opt_head.zero_grad()
+                opt_items.zero_grad()
+                loss.backward()
+                if (opt is opt_items and cfg.grad_clip is not None
+                        and q.grad.norm() > cfg.grad_clip):
+                    q.grad.mul_(cfg.grad_clip / q.grad.norm())
+                opt.step()
         private = {"w": head.weight.detach()[0].clone()[None],
                    "b": head.bias.detach().clone()}
         return ClientParams(q.detach()[None], {}, private)
