@@ -10,6 +10,9 @@ fresh subprocess so its peak RSS is its own):
   FedEM;
 - backbones: the same for the FedNCF and PFedRec backbones with static
   replacement and with elastic merging (each preset keeps its FedAvg);
+- graph: GPFedRec's graph aggregation (cosine Gram matrix, neighbours,
+  propagation) on real ML-100K uploads (943 clients) and on random tables of
+  ML-1M size (6,040 x 3,706 x 16);
 - aggregation: similarity weights (equation 13) at ML-100K size, closed form
   vs cvxpy per client;
 - scaling: FedMF round time on synthetic data as clients grow (1k to 20k) and
@@ -91,6 +94,28 @@ def aggregation(n_clients: int | None = None) -> dict[str, Any]:
             "speedup": t_ref / t_fast, "max_abs_diff": float((w_fast - w_ref).abs().max())}
 
 
+def graph(sizes: list[tuple[int, int]]) -> list[dict[str, Any]]:
+    """Seconds of one graph aggregation: ML-100K uploads after a round, then random tables."""
+    from fedem_private.server.graph import graph_tables
+
+    cfg = run_config("ml-100k", **{"federation.method": "gpfedrec", "train.rounds": 2,
+                                   "train.eval_every": 10_000})
+    sim = prepare(cfg)
+    sim.step()
+    rows = []
+    inputs = [("ml-100k uploads", sim.state.q_local)]
+    g = torch.Generator().manual_seed(0)
+    inputs += [(f"random {n}x{m}", torch.randn(n, m, 16, generator=g) * 0.1) for n, m in sizes]
+    for what, tables in inputs:
+        t0 = time.perf_counter()
+        graph_tables(tables)
+        rows.append({"what": what, "clients": int(tables.shape[0]),
+                     "items": int(tables.shape[1]), "seconds": time.perf_counter() - t0})
+        print(f"  graph: {rows[-1]}", flush=True)
+        del tables
+    return rows
+
+
 def scaling(clients: list[int], items: list[int]) -> list[dict[str, Any]]:
     """FedMF seconds per round on synthetic data of growing size (mean of rounds 2-3)."""
     rows = []
@@ -131,7 +156,10 @@ def memory(method: str) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--parts", default="engine,backbones,aggregation,scaling,memory")
+    ap.add_argument("--parts", default="engine,backbones,graph,aggregation,scaling,memory")
+    ap.add_argument("--backbones", default="fedncf,pfedrec,gpfedrec,fedrap",
+                    help="presets timed by the backbones part")
+    ap.add_argument("--no-em", action="store_true", help="backbones part: skip the +EM rounds")
     ap.add_argument("--quick", action="store_true", help="smaller scaling grid, no memory part")
     ap.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -147,12 +175,15 @@ def main() -> None:
                   f"reference {row['reference_s']:.1f} s/round, {row['speedup']:.1f}x",
                   flush=True)
     if "backbones" in parts:
-        result["backbones"] = [engine(m, merge=g) for m in ("fedncf", "pfedrec")
-                               for g in (None, "em")]
+        names = args.backbones.split(",")
+        result["backbones"] = [engine(m, merge=g) for m in names for g in (None, "em")
+                               if not (args.no_em and g)]
         for row in result["backbones"]:
             print(f"backbone {row['backbone']:8} {row['method']:11}: vectorised "
                   f"{row['vectorised_s']:.2f} s/round, reference {row['reference_s']:.1f} "
                   f"s/round, {row['speedup']:.1f}x", flush=True)
+    if "graph" in parts:
+        result["graph"] = graph([(6040, 3706)])
     if "aggregation" in parts:
         agg = aggregation()
         result["aggregation"] = agg
