@@ -283,3 +283,20 @@ def test_gpfedrec_and_fedrap_presets_and_what_they_share(small_split):
     moved = (sim.state.q_local - sent).abs().sum(-1) > 0
     assert moved.all()
     assert (sim.aggregator.anchor(torch.arange(2)) - sim.state.q_global).abs().max() > 0
+
+
+def test_report_says_when_an_attack_does_not_model_the_backbone(tmp_path):
+    from recorded_runs import recorded_run
+
+    from attacks.run import run_attacks
+    from fedem_private.experiments.report import write_report
+
+    for backbone in ("mf", "ncf"):
+        run = recorded_run(tmp_path / "runs" / backbone, rounds="last", clients=20,
+                           federation__backbone=backbone, train__seed=0)
+        run_attacks(run, ["projection"])
+    write_report([str(tmp_path / "runs" / "mf")], str(tmp_path / "mf-only"))
+    assert "heuristic on backbone" not in (tmp_path / "mf-only" / "report.md").read_text()
+    write_report([str(tmp_path / "runs")], str(tmp_path / "both"))
+    text = (tmp_path / "both" / "report.md").read_text()
+    assert "**`projection` is a heuristic on backbone ncf**" in text

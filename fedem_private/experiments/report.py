@@ -197,6 +197,31 @@ def accounting_table(agg: pd.DataFrame) -> str:
     return _table(header, rows)
 
 
+# attack -> backbones whose score it models exactly (attacks.projection / attacks.imia)
+ATTACK_MODELS = {"projection": ("mf", "pfedrec", "fedrap"), "imia": ("mf",)}
+
+
+def attack_assumption_notes(frame: pd.DataFrame, attacks: list[str]) -> list[str]:
+    """Markdown lines for attacks scored on runs whose backbone they do not model."""
+    if "backbone" not in frame.columns:
+        return []
+    out = []
+    for attack in attacks:
+        modelled = ATTACK_MODELS.get(attack)
+        if modelled is None or f"{attack}_auc" not in frame.columns:
+            continue
+        scored = frame[frame[f"{attack}_auc"].notna()]
+        other = sorted(set(scored["backbone"].dropna()) - set(modelled))
+        if other:
+            out += [f"**`{attack}` is a heuristic on backbone {', '.join(other)}**: it assumes "
+                    + ("a dot-product score (rank-one deltas); an MLP score breaks that"
+                       if attack == "projection" else
+                       "an MF client for its shadow training")
+                    + ", so its AUC there is an empirical finding, not a property "
+                    "(see `attacks.json`, field `assumption`).", ""]
+    return out
+
+
 def clipping_notes(agg: pd.DataFrame) -> list[str]:
     """Settings where most uploads were clipped, or almost none while noise is scaled to the
     clip (last round, mean over seeds); thresholds as the runner's warning."""
@@ -300,6 +325,7 @@ def write_report(sources: str | Sequence[str], out_dir: str | None = None) -> li
         md += ["**Clipping looks mis-set** (last round, mean over seeds; choosing the clip "
                "from these private norms is not itself private):", ""]
         md += [f"- {n}" for n in notes] + [""]
+    md += attack_assumption_notes(frame, attacks)
     if not attacks:
         md += ["No attack scores found (no `attacks.json` in the run directories), so the "
                "attack plots are left out.", ""]
