@@ -300,3 +300,22 @@ def test_report_says_when_an_attack_does_not_model_the_backbone(tmp_path):
     write_report([str(tmp_path / "runs")], str(tmp_path / "both"))
     text = (tmp_path / "both" / "report.md").read_text()
     assert "**`projection` is a heuristic on backbone ncf**" in text
+
+
+@pytest.mark.parametrize("backbone", ("ncf", "gpfedrec", "fedrap"))
+def test_partial_participation_and_clip_auto_on_the_new_backbones(small_split, backbone):
+    """Half the clients per round, Laplace LDP with the clip from the DP warm-up."""
+    method = {"gpfedrec": "gpfedrec"}.get(backbone)
+    over = {"federation.backbone": backbone, "train.client_fraction": 0.5,
+            "privacy.mode": "ldp-laplace", "privacy.epsilon": 8.0, "privacy.clip_auto": True}
+    if method:
+        over["federation.method"] = method
+    sim = Simulation(_cfg(**over), small_split)
+    assert sim.privacy.params.clip is not None and sim.privacy.params.clip > 0
+    before = sim.state.q_local.clone()
+    stats = sim.step()
+    assert stats.participants == 15
+    moved = (sim.state.q_local - before).abs().sum(dim=(1, 2)) > 0
+    assert moved.sum() == 15  # only the round's participants trained
+    assert torch.isfinite(sim.state.q_global).all()
+    assert stats.privacy["eps_spent"] <= 8.0 + 1e-6
