@@ -38,6 +38,7 @@ import numpy as np
 from attacks.ground_truth import save_demographics, save_ground_truth
 from attacks.observations import Observation, PublicKnowledge, save_observation, save_public
 from fedem_private.errors import UserError
+from fedem_private.simulation.config import RecordConfig
 from fedem_private.simulation.loop import ChunkView, Simulation
 
 STORE_DTYPE = "float32"
@@ -63,19 +64,8 @@ class RecordSpec:
     @classmethod
     def parse(cls, rounds: str, clients: int | None) -> RecordSpec:
         """From the command line: ``"1,50,last"`` and N (default 100)."""
-        items: list[int | str] = []
-        for part in str(rounds).split(","):
-            text = part.strip().lower()
-            if not text:
-                continue
-            if text == "last":
-                items.append("last")
-                continue
-            try:
-                items.append(int(text))
-            except ValueError:
-                raise UserError(f"--record-rounds: not a round number: {part.strip()!r}") from None
-        return cls(tuple(items), 100 if clients is None else int(clients))
+        return cls(RecordConfig(rounds=str(rounds)).parsed_rounds(),
+                   100 if clients is None else int(clients))
 
     def resolve(self, total_rounds: int) -> tuple[int, ...]:
         """The recorded round numbers for a run of ``total_rounds`` rounds, sorted."""

@@ -32,7 +32,7 @@ from fedem_private.errors import UserError
 from fedem_private.experiments.attack_step import ATTACKS_FILE, read_records
 from fedem_private.experiments.rundir import write_text_atomic
 from fedem_private.experiments.sweep_spec import variant_label
-from fedem_private.simulation.config import identity_dict, load_toml
+from fedem_private.simulation.config import flatten, identity_dict, load_toml
 
 RESULTS_FILE = "results.csv"
 PRIMARY_RELATION = "positive_vs_sampled"
@@ -141,22 +141,12 @@ def attack_columns(records: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
     return out, verdict
 
 
-def _flat(values: dict, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in values.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def config_columns(cfg: Any) -> dict[str, Any]:
     """``config_id`` and the ``cfg.*`` setting columns of a resolved config."""
     values = identity_dict(cfg)
     blob = json.dumps(values, sort_keys=True, default=str)
     out: dict[str, Any] = {"config_id": hashlib.sha256(blob.encode()).hexdigest()[:16]}
-    for key, value in sorted(_flat(values).items()):
+    for key, value in sorted(flatten(values).items()):
         if key not in NAMED_KEYS:
             out[CONFIG_PREFIX + key] = value
     return out

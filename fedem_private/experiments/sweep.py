@@ -34,7 +34,7 @@ from fedem_private.experiments.attack_step import ATTACKS_FILE, AttackStep, read
 from fedem_private.experiments.naming import default_out, plural
 from fedem_private.experiments.rundir import json_safe, write_text_atomic
 from fedem_private.experiments.sweep_spec import QUICK_SPEC, GridPoint, grid, load_spec
-from fedem_private.simulation.config import RecordConfig
+from fedem_private.simulation.config import RecordConfig, flatten
 
 POINT_FILE = "sweep_point.json"
 SPEC_FILE = "sweep.toml"
@@ -78,16 +78,6 @@ def point_state(out: Path, digest: str, attacks: Sequence[str]) -> str:
     return "done"
 
 
-def _flat(values: dict, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in values.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def _recording_text(info: dict[str, Any] | None) -> str:
     if not info or not info.get("recording"):
         return "none"
@@ -104,10 +94,10 @@ def describe_change(out: Path, point: GridPoint, recording: bool) -> list[str]:
     except (OSError, ValueError):
         info = None
     try:
-        old = _flat(identity_dict(load_toml(out / "config.toml")))
+        old = flatten(identity_dict(load_toml(out / "config.toml")))
     except (OSError, UserError):
         return ["its config.toml is missing or unreadable"]
-    new = _flat(identity_dict(point.config))
+    new = flatten(identity_dict(point.config))
     changes = [f"{key} {old.get(key)} -> {new.get(key)}" for key in sorted({*old, *new})
                if old.get(key) != new.get(key)]
     if info is None:

@@ -412,6 +412,18 @@ def to_dict(cfg: Any) -> dict:
     return dataclasses.asdict(cfg)
 
 
+def flatten(values: dict, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as one level with dotted keys: ``{"train": {"rounds": 5}}`` ->
+    ``{"train.rounds": 5}``."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def with_overrides(cfg: RunConfig, overrides: dict[str, Any]) -> RunConfig:
     """Apply ``{"train.rounds": 5, "data.synthetic.n_users": 100}``-style overrides."""
     values = to_dict(cfg)
