@@ -160,13 +160,20 @@ def adapter_input(q_local: Tensor, q_global: Tensor) -> Tensor:
     return torch.cat((q_global - q_local, q_local), dim=-1)
 
 
-def adapter_forward(weights: tuple[Tensor, ...], biases: tuple[Tensor, ...], x: Tensor) -> Tensor:
-    """Equation 9 for k clients at once: x (k, r, 2d) -> rho (k, r) in [0, 1]."""
+def adapter_forward(weights: tuple[Tensor, ...], biases: tuple[Tensor, ...], x: Tensor,
+                    inplace: bool = False) -> Tensor:
+    """Equation 9 for k clients at once: x (k, r, 2d) -> rho (k, r) in [0, 1].
+
+    ``inplace`` applies the activations in place (same values; only without autograd).
+    """
     h = x
     last = len(weights) - 1
     for j, (w, b) in enumerate(zip(weights, biases, strict=True)):
         h = torch.baddbmm(b.unsqueeze(1), h, w)
-        h = torch.sigmoid(h) if j == last else torch.relu(h)
+        if inplace:
+            h = h.sigmoid_() if j == last else h.relu_()
+        else:
+            h = torch.sigmoid(h) if j == last else torch.relu(h)
     return h.squeeze(-1)
 
 
@@ -190,7 +197,8 @@ def compute_rho(cfg: MergeConfig, state: MergeState | None, q_local: Tensor,
         return torch.tensor(cfg.rho, dtype=q_local.dtype, device=q_local.device)
     adapters = _require_state(cfg, state, q_local.shape[0])
     with torch.no_grad():
-        rho = adapter_forward(adapters.weights, adapters.biases, adapter_input(q_local, q_global))
+        rho = adapter_forward(adapters.weights, adapters.biases, adapter_input(q_local, q_global),
+                              inplace=True)
     return rho.mean(dim=1, keepdim=True) if cfg.strategy == "dm" else rho
 
 
@@ -225,7 +233,7 @@ def merge_with_rho(cfg: MergeConfig, state: MergeState | None, q_local: Tensor,
         return q_global.clone(), torch.ones(k, dtype=torch.float64)
     rho = compute_rho(cfg, state, q_local, q_global)
     per_client = (rho.double().expand(k) if rho.dim() == 0
-                  else rho.double().reshape(k, -1).mean(dim=1))
+                  else rho.reshape(k, -1).mean(dim=1, dtype=torch.float64))
     return merge_tables(q_local, q_global, rho), per_client
 
 
@@ -334,8 +342,6 @@ def adapter_batches(seed: int, round_: int, clients: np.ndarray, samples: object
     adapter never reuses the order of a training epoch. ``samples`` is the
     round's :class:`~fedem_private.models.base.ClientSamples` for ``clients``.
     """
-    from fedem_private.models.base import epoch_orders
-
     e0, extra, bsz = local_epochs, extra_epochs, batch_size
     k = clients.shape[0]
     lengths = np.diff(samples.indptr)
@@ -349,7 +355,7 @@ def adapter_batches(seed: int, round_: int, clients: np.ndarray, samples: object
     for j, c in enumerate(clients.tolist()):
         items, labels = samples.of(j)
         n = items.shape[0]
-        orders = epoch_orders(seed, round_, c, n, e0 + extra)[e0:]
+        orders = samples.orders(j, seed, round_, c, e0 + extra)[e0:]
         its[j, :, :n] = items[orders]
         labs[j, :, :n] = labels[orders]
         msks[j, :, :n] = True

@@ -62,9 +62,27 @@ class ClientSamples:
     negatives_indptr: np.ndarray
     negatives: np.ndarray
 
+    # memo of each client's epoch orders this round: j -> (epochs, n) array
+    _orders: dict[int, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
+
     def of(self, j: int) -> tuple[np.ndarray, np.ndarray]:
         a, b = self.indptr[j], self.indptr[j + 1]
         return self.items[a:b], self.labels[a:b]
+
+    def orders(self, j: int, seed: int, round_: int, client: int, epochs: int) -> np.ndarray:
+        """:func:`epoch_orders` of row j (client ``client``), its first ``epochs`` orders.
+
+        Memoised per row: the adapter of elastic merging needs orders E .. E + e - 1
+        of the same stream the training uses (0 .. E - 1), so drawing them once
+        serves both. The orders drawn are those of :func:`epoch_orders` exactly
+        (a stream's first orders do not depend on how many follow).
+        """
+        have = self._orders.get(j)
+        if have is None or have.shape[0] < epochs:
+            n = int(self.indptr[j + 1] - self.indptr[j])
+            have = epoch_orders(seed, round_, client, n, epochs)
+            self._orders[j] = have
+        return have[:epochs]
 
 
 def draw_samples(seed: int, round_: int, clients: np.ndarray, train_indptr: np.ndarray,
@@ -227,7 +245,7 @@ def make_plan(seed: int, round_: int, clients: np.ndarray, samples: ClientSample
         n = items.shape[0]
         if n == 0:
             continue
-        order = epoch_orders(seed, round_, c, n, epochs)
+        order = samples.orders(j, seed, round_, c, epochs)
         loc[j, :, :n] = inv[order]
         lab[j, :, :n] = labels[order]
         msk[j, :, :n] = 1.0
@@ -257,13 +275,23 @@ class Compact:
         for j, t in enumerate(plan.touched):
             gather[j, : t.shape[0]] = torch.from_numpy(t)
             valid[j, : t.shape[0]] = True
+        if plan.rows == q_start.shape[1] and all(t.shape[0] == plan.rows for t in plan.touched):
+            # every client touches the whole catalogue (make_plan with n_items): the
+            # compact table is the table, rows in order; no gather needed
+            return cls(q_start.clone(memory_format=torch.contiguous_format), gather, valid)
         table = torch.gather(q_start, 1, gather[:, :, None].expand(k, plan.rows, d)).contiguous()
         return cls(table, gather, valid)
 
-    def scatter(self, q_start: Tensor) -> tuple[Tensor, Tensor]:
-        """(q_start with the trained rows written back, touched (k, m) bool)."""
+    def scatter(self, q_start: Tensor, inplace: bool = False) -> tuple[Tensor, Tensor]:
+        """(q_start with the trained rows written back, touched (k, m) bool).
+
+        ``inplace`` writes into q_start itself (for a caller that owns it) instead of a copy.
+        """
         k, m, d = q_start.shape
-        q_local = q_start.clone()
+        if self.table.shape == q_start.shape and bool(self.valid.all()):
+            # the whole table was trained (see :meth:`of`): it is the result
+            return self.table, torch.ones((k, m), dtype=torch.bool)
+        q_local = q_start if inplace else q_start.clone()
         dest = (self.gather + torch.arange(k)[:, None] * m)[self.valid]
         q_local.view(-1, d)[dest] = self.table[self.valid]
         touched = torch.zeros((k, m), dtype=torch.bool)

@@ -84,18 +84,21 @@ class FedRAPBackbone(Backbone):
         c_start, p_start = start.items, start.private["personal"]
         k, m, d = c_start.shape
         plan = make_plan(self.seed, round_, clients, samples, cfg, c_start.dtype)
-        cc, pc_ = Compact.of(c_start, plan), Compact.of(p_start, plan)
-        c, p = cc.table, pc_.table
+        # C and P_u side by side in one compact table (k, rows, 2d): each step gathers,
+        # accumulates and clears both with one indexed operation each (same values as
+        # two tables: every element sees the same additions in the same order)
+        cp_start = torch.cat((c_start, p_start), dim=2)
+        both = Compact.of(cp_start, plan)
+        cp = both.table
         w = start.private["w"].clone().contiguous()
         b = start.private["b"].clone().contiguous()
-        params = [c, p, w, b]
+        params = [cp, w, b]
         grads, m1, m2 = adam_buffers(params)
-        gc, gp, gw, gb = grads
-        cflat, pflat = c.view(-1, d), p.view(-1, d)
-        gcflat, gpflat = gc.view(-1, d), gp.view(-1, d)
+        gcp, gw, gb = grads
+        cpflat, gcpflat = cp.view(-1, 2 * d), gcp.view(-1, 2 * d)
         for s, a, flat, y, wgt in plan.schedule():
-            c_rows = cflat.index_select(0, flat).view(a, -1, d)
-            p_rows = pflat.index_select(0, flat).view(a, -1, d)
+            rows = cpflat.index_select(0, flat).view(a, -1, 2 * d)
+            c_rows, p_rows = rows[..., :d], rows[..., d:]
             item = p_rows + c_rows
             logits = torch.bmm(item, w[:a, :, None]).squeeze(2) + b[:a, None]
             dz = (torch.sigmoid(logits) - y) * wgt  # d(batch-mean BCE)/d logit
@@ -106,16 +109,14 @@ class FedRAPBackbone(Backbone):
             diff = 2.0 * self.lam * per * (p_rows - c_rows)
             g_p = score_grad - diff
             g_c = score_grad + diff + self.mu * per * torch.sign(c_rows)
-            gpflat.index_add_(0, flat, g_p.reshape(-1, d))
-            gcflat.index_add_(0, flat, g_c.reshape(-1, d))
+            gcpflat.index_add_(0, flat, torch.cat((g_c, g_p), dim=2).reshape(-1, 2 * d))
             if cfg.grad_clip is not None:  # paper mode: the uploaded table's gradient
-                clip_rows_l2(gc[:a], cfg.grad_clip)
+                clip_rows_l2(gcp[:a, :, :d], cfg.grad_clip)
             fused_adam([t[:a] for t in params], [g[:a] for g in grads], [t[:a] for t in m1],
                        [t[:a] for t in m2], s + 1, cfg)
-            gcflat.index_fill_(0, flat, 0.0)
-            gpflat.index_fill_(0, flat, 0.0)
-        c_local, touched = cc.scatter(c_start)
-        p_local, _ = pc_.scatter(p_start)
+            gcpflat.index_fill_(0, flat, 0.0)
+        cp_local, touched = both.scatter(cp_start, inplace=True)  # cp_start is ours
+        c_local, p_local = cp_local[..., :d].contiguous(), cp_local[..., d:].contiguous()
         return ClientParams(c_local, {}, {"personal": p_local, "w": w, "b": b}), touched
 
     def scores(self, params: ClientParams) -> Tensor:

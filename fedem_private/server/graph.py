@@ -31,14 +31,22 @@ CHUNK = 256
 
 
 def cosine_similarity_matrix(tables: Tensor) -> Tensor:
-    """(n, n) float64 cosine similarities of the flattened tables (n, ...)."""
+    """(n, n) float64 cosine similarities of the flattened tables (n, ...).
+
+    The Gram matrix is symmetric, so only its blocks on and above the diagonal
+    are multiplied; each block below is the transpose of its mirror (half the
+    multiply-adds, and S exactly symmetric).
+    """
     n = tables.shape[0]
     flat = tables.reshape(n, -1)
     gram = torch.empty((n, n), dtype=torch.float64)
     for a in range(0, n, CHUNK):
         block = flat[a:a + CHUNK].double()
-        for b in range(0, n, CHUNK):
-            gram[a:a + CHUNK, b:b + CHUNK] = block @ flat[b:b + CHUNK].double().T
+        for b in range(a, n, CHUNK):
+            part = block @ flat[b:b + CHUNK].double().T
+            gram[a:a + CHUNK, b:b + CHUNK] = part
+            if b != a:
+                gram[b:b + CHUNK, a:a + CHUNK] = part.T
     norms = torch.sqrt(torch.clamp(torch.diagonal(gram), min=1e-300))
     return gram / norms[:, None] / norms[None, :]
 
