@@ -278,8 +278,10 @@ def _client_losses(strategy: str, weights: tuple[Tensor, ...], biases: tuple[Ten
     """Mean BCE-with-logits of each active client over its valid entries: (a,)."""
     q_local, q_global, p_users = tables
     rows, items, labels, mask = batch
-    ql_items = q_local[rows[:, None], items]
-    qg_items = q_global[rows[:, None], items]
+    k, m, d = q_local.shape
+    flat = (rows[:, None] * m + items).reshape(-1)  # row-major (client, item) positions
+    ql_items = q_local.reshape(k * m, d).index_select(0, flat).view(*items.shape, d)
+    qg_items = q_global.reshape(k * m, d).index_select(0, flat).view(*items.shape, d)
     needs_all = strategy == "dm"
     ql_rows = q_local.index_select(0, rows) if needs_all else ql_items
     qg_rows = q_global.index_select(0, rows) if needs_all else qg_items

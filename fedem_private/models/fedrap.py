@@ -129,7 +129,9 @@ class FedRAPBackbone(Backbone):
         personal, bias = params.private["personal"], params.private["b"]
 
         def score(rows: Tensor, w_rows: Tensor, c_items: Tensor, items: Tensor) -> Tensor:
-            p_items = personal[rows[:, None], items]
+            k, m, d = personal.shape
+            flat = (rows[:, None] * m + items).reshape(-1)
+            p_items = personal.reshape(k * m, d).index_select(0, flat).view(*items.shape, d)
             return (torch.einsum("ad,abd->ab", w_rows, p_items + c_items)
                     + bias.index_select(0, rows)[:, None])
 
