@@ -319,3 +319,67 @@ def test_partial_participation_and_clip_auto_on_the_new_backbones(small_split, b
     assert moved.sum() == 15  # only the round's participants trained
     assert torch.isfinite(sim.state.q_global).all()
     assert stats.privacy["eps_spent"] <= 8.0 + 1e-6
+
+
+# ---------------------------------------------------------------- fast paths of the plan
+
+
+def test_memoised_epoch_orders_are_the_streams_first_orders(small_split):
+    """ClientSamples.orders draws once per client and round; the adapter's extra epoch
+    and the training epochs come from the same stream as epoch_orders itself."""
+    from fedem_private.models.base import epoch_orders
+
+    sp = small_split
+    ex_ptr, ex_items = exclusion_csr(sp, "paper")
+    clients = np.arange(6)
+    samples = draw_samples(3, 2, clients, sp.train_indptr, sp.train_items, ex_ptr, ex_items,
+                           sp.n_items, 4)
+    for j, c in enumerate(clients.tolist()):
+        n = int(samples.indptr[j + 1] - samples.indptr[j])
+        longer = samples.orders(j, 3, 2, c, 5)  # drawn first (the adapter's call)
+        shorter = samples.orders(j, 3, 2, c, 3)  # served from the memo (training's call)
+        assert np.array_equal(longer, epoch_orders(3, 2, c, n, 5))
+        assert np.array_equal(shorter, epoch_orders(3, 2, c, n, 3))
+        assert np.array_equal(samples.orders(j, 3, 2, c, 6), epoch_orders(3, 2, c, n, 6))
+    # a different round draws different orders
+    other = draw_samples(3, 3, clients, sp.train_indptr, sp.train_items, ex_ptr, ex_items,
+                         sp.n_items, 4)
+    assert not np.array_equal(other.orders(0, 3, 3, 0, 2), samples.orders(0, 3, 2, 0, 2))
+
+
+def test_full_table_plan_skips_the_gather_but_gives_the_same_tables(small_split):
+    """With every row trained (make_plan's n_items), Compact.of copies the table and
+    scatter returns it; the result equals the gather/scatter path's."""
+    from fedem_private.models.base import Compact, make_plan
+
+    sp = small_split
+    ex_ptr, ex_items = exclusion_csr(sp, "paper")
+    cfg = LocalTrainConfig(epochs=2, batch_size=16)
+    counts = np.diff(sp.train_indptr)
+    clients = np.argsort(-counts, kind="stable")[:5]
+    samples = draw_samples(0, 1, clients, sp.train_indptr, sp.train_items, ex_ptr, ex_items,
+                           sp.n_items, 4)
+    plan = make_plan(0, 1, clients, samples, cfg, torch.float32, n_items=sp.n_items)
+    q = torch.randn(5, sp.n_items, 4)
+    q_before = q.clone()
+    compact = Compact.of(q, plan)
+    assert compact.table.data_ptr() != q.data_ptr() and torch.equal(compact.table, q)
+    compact.table.add_(1.0)  # "training"
+    out, touched = compact.scatter(q)
+    assert torch.equal(out, q + 1.0) and bool(touched.all())
+    assert torch.equal(q, q_before)  # the start table was not written
+    # the general path on the same rows gives the same result
+    gathered = torch.gather(q, 1, compact.gather[:, :, None].expand(5, sp.n_items, 4))
+    assert torch.equal(gathered, q)
+
+
+def test_cosine_gram_by_upper_blocks_is_symmetric_and_exact():
+    from fedem_private.server import graph
+
+    gen = torch.Generator().manual_seed(0)
+    tables = torch.randn(300, 7, 3, generator=gen)  # more than one CHUNK of rows
+    sim = graph.cosine_similarity_matrix(tables)
+    assert torch.allclose(sim, sim.T, atol=1e-15, rtol=0)
+    flat = tables.reshape(300, -1).double()
+    ref = (flat @ flat.T) / (flat.norm(dim=1)[:, None] * flat.norm(dim=1)[None, :])
+    assert torch.allclose(sim, ref, atol=1e-12, rtol=0)

@@ -35,7 +35,7 @@ def cosine_similarity_matrix(tables: Tensor) -> Tensor:
 
     The Gram matrix is symmetric, so only its blocks on and above the diagonal
     are multiplied; each block below is the transpose of its mirror (half the
-    multiply-adds, and S exactly symmetric).
+    multiply-adds; the Gram matrix is exactly symmetric).
     """
     n = tables.shape[0]
     flat = tables.reshape(n, -1)
