@@ -135,6 +135,36 @@ def _residual_pass(uploads: Tensor, w: Tensor, tables: Tensor,
     return obj, wtr, gr
 
 
+def logit_step(logits: Tensor, gr: Tensor, gram: Tensor, rate: float) -> Tensor:
+    """One gradient step on every client's logits (n_t, K) for fixed tables, with backtracking.
+
+    ``gr`` (n_t, K) holds <G_k, R_u> and ``gram`` (K, K) H = [<G_k, G_j>]. The
+    gradient of client u's term of (12.2) w.r.t. w_u is g_u = -2 gr_u, and
+    w.r.t. a_u it is w_u * (g_u - <w_u, g_u>); the step is ``rate`` times that,
+    halved for a client (at most :data:`MAX_HALVINGS` times, after which it
+    keeps its logits) while its term would rise. The change of the term is
+    exact for a quadratic: 2 delta . (H w_u - b_u) + delta^T H delta with
+    delta the change of w_u and H w_u - b_u = -gr_u.
+    """
+    w = torch.softmax(logits, dim=1)
+    grad_w = -2.0 * gr
+    grad_a = w * (grad_w - (w * grad_w).sum(dim=1, keepdim=True))
+    step = torch.full((logits.shape[0], 1), rate, dtype=torch.float64)
+    pending = torch.ones(logits.shape[0], dtype=torch.bool)
+    out = logits.clone()
+    for _ in range(MAX_HALVINGS + 1):
+        trial = logits - step * grad_a
+        delta = torch.softmax(trial, dim=1) - w
+        change = -2.0 * (delta * gr).sum(dim=1) + ((delta @ gram) * delta).sum(dim=1)
+        ok = pending & (change <= 0)
+        out[ok] = trial[ok]
+        pending &= ~ok
+        if not bool(pending.any()):
+            break
+        step[pending] *= 0.5
+    return out
+
+
 def fit(uploads: Tensor, tables: Tensor, logits: Tensor, cfg: FitConfig,
         chunk: int = CHUNK) -> FitResult:
     """Fit G and a to the uploads (n_t, m, d) by ``cfg.steps`` steps on (12.2), batched.
@@ -160,24 +190,7 @@ def fit(uploads: Tensor, tables: Tensor, logits: Tensor, cfg: FitConfig,
         h = flat @ flat.T
         la = 2.0 * _lambda_max(_centred(h)) if k > 1 else 0.0
         if la > 0:
-            grad_w = -2.0 * gr  # (n_t, K): d(12.2)/dw_u
-            grad_a = w * (grad_w - (w * grad_w).sum(dim=1, keepdim=True))
-            step = torch.full((a.shape[0], 1), cfg.lr / la, dtype=torch.float64)
-            pending = torch.ones(a.shape[0], dtype=torch.bool)
-            new_a = a.clone()
-            for _ in range(MAX_HALVINGS + 1):
-                trial = a - step * grad_a
-                delta = torch.softmax(trial, dim=1) - w
-                # change of client u's term: 2 delta . (H w - b) + delta^T H delta,
-                # with H w - b = -[<G_k, R_u>]
-                change = -2.0 * (delta * gr).sum(dim=1) + ((delta @ h) * delta).sum(dim=1)
-                ok = pending & (change <= 0)
-                new_a[ok] = trial[ok]
-                pending &= ~ok
-                if not bool(pending.any()):
-                    break
-                step[pending] *= 0.5
-            a = new_a
+            a = logit_step(a, gr, h, cfg.lr / la)
     w = torch.softmax(a, dim=1)
     trace.append(_residual_pass(uploads, w, g, chunk)[0])
     return FitResult(g, a, trace)
