@@ -118,20 +118,23 @@ def _centred(h: Tensor) -> Tensor:
     return p @ h @ p
 
 
-def _residual_pass(uploads: Tensor, w: Tensor, tables: Tensor,
-                   chunk: int) -> tuple[float, Tensor, Tensor]:
-    """One pass over the uploads: F, W^T R (K, m, d) and [<G_k, R_u>] (n_t, K)."""
+def _residual_pass(uploads: Tensor, w: Tensor, tables: Tensor, chunk: int, *,
+                   want_wtr: bool = False,
+                   want_gr: bool = False) -> tuple[float, Tensor | None, Tensor | None]:
+    """One pass over the uploads: F, and on request W^T R (K, m, d) and [<G_k, R_u>] (n_t, K)."""
     n = uploads.shape[0]
     k = tables.shape[0]
     obj = 0.0
-    wtr = torch.zeros_like(tables)
-    gr = torch.empty((n, k), dtype=torch.float64)
+    wtr = torch.zeros_like(tables) if want_wtr else None
+    gr = torch.empty((n, k), dtype=torch.float64) if want_gr else None
     for a in range(0, n, chunk):
         wc = w[a:a + chunk]
         r = uploads[a:a + chunk].double() - torch.einsum("uk,kmd->umd", wc, tables)
         obj += float((r * r).sum())
-        wtr += torch.einsum("uk,umd->kmd", wc, r)
-        gr[a:a + chunk] = torch.einsum("kmd,umd->uk", tables, r)
+        if wtr is not None:
+            wtr += torch.einsum("uk,umd->kmd", wc, r)
+        if gr is not None:
+            gr[a:a + chunk] = torch.einsum("kmd,umd->uk", tables, r)
     return obj, wtr, gr
 
 
@@ -179,17 +182,18 @@ def fit(uploads: Tensor, tables: Tensor, logits: Tensor, cfg: FitConfig,
     trace: list[float] = []
     for _ in range(cfg.steps):
         w = torch.softmax(a, dim=1)
-        obj, wtr, _ = _residual_pass(uploads, w, g, chunk)
+        obj, wtr, _ = _residual_pass(uploads, w, g, chunk, want_wtr=True)
         trace.append(obj)
         lam = _lambda_max(w.T @ w)
         if lam > 0:
+            assert wtr is not None
             g = g + (cfg.lr / lam) * wtr
-        obj, _, gr = _residual_pass(uploads, w, g, chunk)
+        obj, _, gr = _residual_pass(uploads, w, g, chunk, want_gr=k > 1)
         trace.append(obj)
         flat = g.reshape(k, -1)
         h = flat @ flat.T
         la = 2.0 * _lambda_max(_centred(h)) if k > 1 else 0.0
-        if la > 0:
+        if la > 0 and gr is not None:
             a = logit_step(a, gr, h, cfg.lr / la)
     w = torch.softmax(a, dim=1)
     trace.append(_residual_pass(uploads, w, g, chunk)[0])
