@@ -53,12 +53,12 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
      "positives are the pairs rated >= this (default: every rated pair; datasets with "
      "ratings only)"),
     ("--method", "federation.method", str,
-     "preset: fedmf, fedsim, fedem, local, fedncf, pfedrec, gpfedrec or fedrap (default: the "
-     "backbone's own)"),
+     "preset: fedmf, fedsim, fedem, local, fedncf, pfedrec, gpfedrec, fedrap or fedmerge "
+     "(default: the backbone's own)"),
     ("--backbone", "federation.backbone", str,
      "score model: mf, ncf, pfedrec, gpfedrec or fedrap"),
     ("--aggregation", "federation.aggregation", str,
-     "fedavg, uniform, similarity, graph or none"),
+     "fedavg, uniform, similarity, graph, fedmerge or none"),
     ("--merge", "federation.merge", str, "sr, sm, dm or em"),
     ("--codec", "federation.codec", str, "upload codec: full"),
     ("--alpha", "federation.alpha", _number, "similarity weight alpha (equation 13)"),
@@ -74,6 +74,11 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--fedrap-lambda", "federation.fedrap_lambda", _number,
      "FedRAP: weight of -MSE(personal, common)"),
     ("--fedrap-mu", "federation.fedrap_mu", _number, "FedRAP: L1 weight on the common table"),
+    ("--merge-k", "federation.merge_k", _integer, "fedmerge: number K of global item tables"),
+    ("--fedmerge-steps", "federation.fedmerge_steps", _integer,
+     "fedmerge: gradient steps of the server's fit per round"),
+    ("--fedmerge-lr", "federation.fedmerge_lr", _number,
+     "fedmerge: the fit's step in (0, 1], in units of 1/L (1: K = 1 is exact averaging)"),
     ("--rounds", "train.rounds", _integer, "federated rounds"),
     ("--local-epochs", "train.local_epochs", _integer, "local epochs per round"),
     ("--lr", "train.lr", _number, "local learning rate (Adam)"),

@@ -41,6 +41,7 @@ class Stream(IntEnum):
     SYNTHETIC = 9
     ATTACK = 10
     MODEL_INIT = 11  # backbone parts beyond p_u and the item table (MLP, score head)
+    FEDMERGE_INIT = 12  # FedMerge's K initial table perturbations (server)
 
 
 def _mix(x: np.ndarray) -> np.ndarray:

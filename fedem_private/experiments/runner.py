@@ -87,6 +87,8 @@ def summarise(sim: Simulation, history: list[RoundStats], wall: float) -> dict[s
         "merge": cfg.federation.resolved_merge,
         # mean weight on Q_g in the last round's merge (eq. 10); None without merging
         "merge_rho_mean": rho,
+        # the aggregator's figures of the last round (FedMerge: weight entropy, fit MSE)
+        "server_stats": next((h.server for h in reversed(history) if h.server), None),
         "protocol": cfg.data.protocol,
         "rounds": sim.state.round,
         "seed": cfg.train.seed,

@@ -308,7 +308,8 @@ def variant_label(fed: FederationConfig) -> str:
     """fedmf, fedsim, fedem-em, fedncf-em, fedmf-uniform, fedem-em+ncf: method and what differs.
 
     A backbone other than the preset's own is appended after ``+``; a codec
-    other than ``full`` after ``~``.
+    other than ``full`` after ``~``; FedMerge's K, when not the default 4,
+    after ``-k`` (``fedmerge-k8``, ``fedmerge-em-k2``).
     """
     method = fed.resolved_method
     default_agg, default_merge = METHOD_DEFAULTS[method]
@@ -317,6 +318,8 @@ def variant_label(fed: FederationConfig) -> str:
         label += f"-{fed.resolved_merge}"
     if fed.resolved_aggregation != default_agg:
         label += f"-{fed.resolved_aggregation}"
+    if fed.resolved_aggregation == "fedmerge" and fed.merge_k != FederationConfig.merge_k:
+        label += f"-k{fed.merge_k}"
     if fed.resolved_backbone != METHOD_BACKBONE[method]:
         label += f"+{fed.resolved_backbone}"
     if fed.codec != "full":

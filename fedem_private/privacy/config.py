@@ -26,6 +26,8 @@ from fedem_private.errors import UserError
 
 MODES: tuple[str, ...] = ("none", "ldp-laplace", "ldp-gaussian", "paper", "ldp-touched-rows")
 LDP_MODES: tuple[str, ...] = ("ldp-laplace", "ldp-gaussian", "ldp-touched-rows")
+# modes that noise the aggregate on the server (cdp-*); none exists yet (DESIGN section 5)
+CENTRAL_MODES: tuple[str, ...] = ()
 ACCOUNTANTS: tuple[str, ...] = ("basic", "advanced", "rdp", "pld")
 
 MODE_DESCRIPTIONS: dict[str, str] = {

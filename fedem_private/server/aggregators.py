@@ -10,9 +10,13 @@ round loop, which never branches on their names:
 - :meth:`Aggregator.end_round`: form the next round's table(s).
 
 ``fedavg`` (weights |D_v| / sum |D| over the round's participants),
-``uniform`` (1/n) and ``similarity`` (equation 13, personalised per client)
-live here; ``none`` is the ``local`` baseline. Non-item shared groups (an MLP)
-are always averaged with FedAvg weights by :class:`DenseFedAvg`.
+``uniform`` (1/n), ``similarity`` (equation 13, personalised per client),
+``graph`` (GPFedRec) and ``fedmerge`` (K global tables merged per client,
+DESIGN section 12) live here; ``none`` is the ``local`` baseline. An
+aggregator may report per-round figures (:meth:`Aggregator.round_stats`),
+which the loop writes into metrics.csv without knowing what they are.
+Non-item shared groups (an MLP) are always averaged with FedAvg weights by
+:class:`DenseFedAvg`.
 """
 
 from __future__ import annotations
@@ -27,6 +31,13 @@ from fedem_private.server.aggregation import (
     fedavg_weights,
     similarity_aggregate,
     uniform_weights,
+)
+from fedem_private.server.fedmerge import (
+    FitConfig,
+    fit,
+    initial_tables,
+    merged_tables,
+    weight_entropy,
 )
 from fedem_private.server.graph import graph_tables
 
@@ -67,6 +78,10 @@ class Aggregator(ABC):
     def anchor(self, idx: Tensor) -> Tensor | None:
         """A table (k, m, d) sent as the target of a backbone's regulariser; None: none."""
         return None
+
+    def round_stats(self) -> dict[str, float]:
+        """Figures of the last :meth:`end_round` for metrics.csv (column name -> value)."""
+        return {}
 
 
 class _SumAggregator(Aggregator):
@@ -208,6 +223,73 @@ class GraphAggregator(Aggregator):
         return self.global_table
 
 
+class FedMergeAggregator(Aggregator):
+    """FedMerge (DESIGN section 12): K global tables, one merged table per client.
+
+    Sends client u Q_sent[u] = sum_k softmax(a_u)_k G_k (12.1), also as the
+    anchor of a backbone's regulariser; after the round fits the tables and
+    the participants' logits to their uploads by :func:`~fedem_private.server.
+    fedmerge.fit` on (12.2), warm-started from the last round. A client that
+    did not take part keeps its logits (its merged table still follows the
+    refitted tables). Needs each upload; ``alias`` as for
+    :class:`SimilarityAggregator`.
+    """
+
+    name = "fedmerge"
+    needs_each_upload = True
+
+    def __init__(self, sizes: Tensor, n_clients: int, q0: Tensor, *, k: int, fit_cfg: FitConfig,
+                 seed: int, alias: Tensor | None = None) -> None:
+        super().__init__(sizes, n_clients)
+        m, d = q0.shape
+        self.fit_cfg = fit_cfg
+        self.dtype = q0.dtype
+        self.tables = initial_tables(q0, k, seed)  # (K, m, d) float64
+        self.logits = torch.zeros((n_clients, k), dtype=torch.float64)
+        self.personal = merged_tables(self.logits, self.tables).to(q0.dtype)
+        self.last_upload = alias if alias is not None else q0.expand(n_clients, m, d).clone()
+        self.aliased = alias is not None
+        self.objective: list[float] = []
+        self._stats: dict[str, float] = {}
+
+    @property
+    def weights(self) -> Tensor:
+        """Every client's merge weights softmax(a_u): (n, K), on the simplex."""
+        return torch.softmax(self.logits, dim=1)
+
+    def sent(self, idx: Tensor) -> Tensor:
+        return self.personal.index_select(0, idx)
+
+    def anchor(self, idx: Tensor) -> Tensor:
+        return self.personal.index_select(0, idx)
+
+    def add(self, idx: Tensor, uploads: Tensor) -> None:
+        if not self.aliased:
+            self.last_upload[idx] = uploads
+
+    def end_round(self) -> None:
+        part = self.part_mask.nonzero().squeeze(1)
+        if part.numel() == 0:
+            return
+        uploads = (self.last_upload if part.numel() == self.n
+                   else self.last_upload.index_select(0, part))
+        res = fit(uploads, self.tables, self.logits.index_select(0, part), self.fit_cfg)
+        self.tables = res.tables
+        self.logits[part] = res.logits
+        self.objective = res.objective
+        self.personal = merged_tables(self.logits, self.tables).to(self.dtype)
+        entries = part.numel() * self.tables[0].numel()
+        self._stats = {"fedmerge_entropy": float(weight_entropy(self.logits).mean()),
+                       "fedmerge_fit_mse": res.objective[-1] / entries}
+
+    def round_stats(self) -> dict[str, float]:
+        return dict(self._stats)
+
+    @property
+    def table(self) -> Tensor:
+        return self.personal
+
+
 class NoAggregator(Aggregator):
     """``local``: the server sends nothing; each client continues from its own table."""
 
@@ -223,12 +305,17 @@ class NoAggregator(Aggregator):
         return None
 
 
-AGGREGATORS = ("fedavg", "uniform", "similarity", "graph", "none")
+AGGREGATORS = ("fedavg", "uniform", "similarity", "graph", "fedmerge", "none")
 
 
 def build(name: str, sizes: Tensor, q0: Tensor, *, alpha: float,
-          alias: Tensor | None = None, graph: dict | None = None) -> Aggregator:
-    """The aggregator called ``name`` (one of :data:`AGGREGATORS`)."""
+          alias: Tensor | None = None, graph: dict | None = None,
+          fedmerge: dict | None = None, seed: int = 0) -> Aggregator:
+    """The aggregator called ``name`` (one of :data:`AGGREGATORS`).
+
+    ``graph``: GPFedRec's threshold, topk, layers; ``fedmerge``: ``k``,
+    ``steps``, ``lr`` of FedMerge (its initial tables are keyed by ``seed``).
+    """
     n = sizes.shape[0]
     if name == "fedavg":
         return FedAvgAggregator(sizes, n, q0)
@@ -238,6 +325,11 @@ def build(name: str, sizes: Tensor, q0: Tensor, *, alpha: float,
         return SimilarityAggregator(sizes, n, q0, alpha, alias)
     if name == "graph":
         return GraphAggregator(sizes, n, q0, alias=alias, **(graph or {}))
+    if name == "fedmerge":
+        opts = dict(fedmerge or {})
+        k = int(opts.pop("k", 4))
+        return FedMergeAggregator(sizes, n, q0, k=k, fit_cfg=FitConfig(**opts), seed=seed,
+                                  alias=alias)
     if name == "none":
         return NoAggregator(sizes, n)
     raise ValueError(f"unknown aggregation {name!r}")

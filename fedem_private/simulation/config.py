@@ -22,12 +22,15 @@ from typing import Any, get_type_hints
 
 from fedem_private.data import DATASETS, PROTOCOLS, RATED_DATASETS, SyntheticConfig
 from fedem_private.errors import UserError
-from fedem_private.privacy.config import PrivacyConfig
+from fedem_private.privacy.config import CENTRAL_MODES, PrivacyConfig
 
-METHODS = ("fedmf", "fedsim", "fedem", "local", "fedncf", "pfedrec", "gpfedrec", "fedrap")
+METHODS = ("fedmf", "fedsim", "fedem", "local", "fedncf", "pfedrec", "gpfedrec", "fedrap",
+           "fedmerge")
 BACKBONES = ("mf", "ncf", "pfedrec", "gpfedrec", "fedrap")
 CODECS = ("full",)
-AGGREGATIONS = ("fedavg", "uniform", "similarity", "graph", "none")
+AGGREGATIONS = ("fedavg", "uniform", "similarity", "graph", "fedmerge", "none")
+# aggregations that need each client's upload, not only a sum: refused under central DP
+EACH_UPLOAD_AGGREGATIONS = ("similarity", "graph", "fedmerge")
 MERGES = ("sr", "sm", "dm", "em")
 # method (a preset) -> (aggregation, merge); FedSim is FedMF with similarity aggregation
 # (paper, Table 2). A preset's parts are defaults: --backbone, --merge, --aggregation and
@@ -41,11 +44,12 @@ METHOD_DEFAULTS = {
     "pfedrec": ("fedavg", "sr"),
     "gpfedrec": ("graph", "sr"),
     "fedrap": ("uniform", "sr"),  # the published plain mean of the common tables
+    "fedmerge": ("fedmerge", "sr"),  # K global tables merged per client (DESIGN section 12)
 }
 # method -> its backbone (DESIGN section 10)
 METHOD_BACKBONE = {"fedmf": "mf", "fedsim": "mf", "fedem": "mf", "local": "mf",
                    "fedncf": "ncf", "pfedrec": "pfedrec", "gpfedrec": "gpfedrec",
-                   "fedrap": "fedrap"}
+                   "fedrap": "fedrap", "fedmerge": "mf"}
 # backbone -> the preset named after it, used when --backbone is given without --method
 BACKBONE_METHOD = {"mf": "fedmf", "ncf": "fedncf", "pfedrec": "pfedrec",
                    "gpfedrec": "gpfedrec", "fedrap": "fedrap"}
@@ -129,6 +133,9 @@ class FederationConfig:
     gpfedrec_reg: float = 1.0  # GPFedRec: weight of the MSE toward the personalised table
     fedrap_lambda: float = 0.1  # FedRAP: weight of -MSE(personal, common)
     fedrap_mu: float = 0.1  # FedRAP: weight of the L1 sparsity of the common table
+    merge_k: int = 4  # fedmerge: number K of global item tables
+    fedmerge_steps: int = 10  # fedmerge: gradient steps of the server fit per round
+    fedmerge_lr: float = 1.0  # fedmerge: the fit's step, in units of 1/L (section 12)
     alpha: float = 0.9
     rho: float = 0.5
     adapter_lr: float = 0.1
@@ -148,6 +155,15 @@ class FederationConfig:
                 raise UserError(f"federation.{name} must be a number >= 0, got {value}")
         if self.graph_topk < 0 or self.graph_layers < 1:
             raise UserError("federation.graph_topk must be >= 0 and graph_layers >= 1")
+        if self.merge_k < 1:
+            raise UserError(f"--merge-k (federation.merge_k) must be a positive integer, "
+                            f"got {self.merge_k}")
+        if self.fedmerge_steps < 1:
+            raise UserError(f"--fedmerge-steps (federation.fedmerge_steps) must be a positive "
+                            f"integer, got {self.fedmerge_steps}")
+        if not (math.isfinite(self.fedmerge_lr) and 0 < self.fedmerge_lr <= 1):
+            raise UserError(f"--fedmerge-lr (federation.fedmerge_lr) must be in (0, 1] (the "
+                            f"step in units of 1/L), got {self.fedmerge_lr}")
         if self.aggregation is not None and self.aggregation not in AGGREGATIONS:
             raise UserError(f"unknown aggregation {self.aggregation!r}; choose one of "
                             f"{', '.join(AGGREGATIONS)}")
@@ -184,6 +200,20 @@ class FederationConfig:
         if agg == "none" and merge != "sr":
             raise UserError(f"merge {merge!r} merges the server's table into the client's, but "
                             "aggregation 'none' (local) sends no table; use --merge sr")
+
+
+def refuse_central(aggregation: str, mode: str,
+                   central_modes: tuple[str, ...] = CENTRAL_MODES) -> None:
+    """Refuse, in one line, an aggregation that needs each upload under a central mechanism.
+
+    Similarity, graph and FedMerge (section 12) aggregation read every
+    client's upload, which a central mechanism (noise on the aggregate) never
+    releases. No central mode exists yet (``central_modes`` is empty).
+    """
+    if aggregation in EACH_UPLOAD_AGGREGATIONS and mode in central_modes:
+        raise UserError(f"aggregation {aggregation!r} needs each client's upload, but privacy "
+                        f"{mode!r} is central (noise on the aggregate only); use a local "
+                        f"(ldp-*) mode")
 
 
 DEFAULT_RECORD_CLIENTS = 100
@@ -260,6 +290,7 @@ class RunConfig:
         if self.federation.resolved_aggregation == "none" and self.privacy.mode != "none":
             raise UserError(f"privacy {self.privacy.mode!r} protects uploads, but aggregation "
                             "'none' (local) uploads nothing; use --privacy none")
+        refuse_central(self.federation.resolved_aggregation, self.privacy.mode)
         return self
 
     def resolved(self) -> RunConfig:
@@ -292,6 +323,9 @@ LATER_FIELDS: dict[tuple[str, ...], Any] = {
     ("federation", "gpfedrec_reg"): 1.0,
     ("federation", "fedrap_lambda"): 0.1,
     ("federation", "fedrap_mu"): 0.1,
+    ("federation", "merge_k"): 4,
+    ("federation", "fedmerge_steps"): 10,
+    ("federation", "fedmerge_lr"): 1.0,
 }
 
 

@@ -80,6 +80,8 @@ class RoundStats:
     privacy: dict[str, float] = field(default_factory=dict)
     # rho_mean: mean over merging clients (and items) of the weight on Q_g (eq. 10)
     merge: dict[str, float] = field(default_factory=dict)
+    # the aggregator's own figures (Aggregator.round_stats), e.g. FedMerge's weight entropy
+    server: dict[str, float] = field(default_factory=dict)
 
     def row(self) -> dict[str, float | int | str]:
         out: dict[str, float | int | str] = {"round": self.round, "seconds": self.seconds,
@@ -89,6 +91,7 @@ class RoundStats:
                 out[f"{kind}_{name}"] = value
         out.update(self.privacy)
         out.update(self.merge)
+        out.update(self.server)
         return out
 
 
@@ -193,7 +196,9 @@ class Simulation:
         self.aggregator = aggregators.build(
             self.aggregation, self.sizes, q0, alpha=fed.alpha, alias=alias,
             graph={"threshold": fed.graph_threshold, "topk": fed.graph_topk,
-                   "layers": fed.graph_layers})
+                   "layers": fed.graph_layers},
+            fedmerge={"k": fed.merge_k, "steps": fed.fedmerge_steps, "lr": fed.fedmerge_lr},
+            seed=self.seed)
         self.dense = aggregators.DenseFedAvg(self.sizes, dense0) if dense0 else None
         self.codec = codecs.build(self.cfg.federation.codec, m, self.cfg.train.dim,
                                   {k: tuple(v.shape) for k, v in dense0.items()})
@@ -292,7 +297,8 @@ class Simulation:
         privacy_stats = self.privacy.end_round(clients)
         st.round = t
         seconds = time.perf_counter() - t0
-        stats = RoundStats(t, seconds, int(clients.shape[0]), privacy=privacy_stats)
+        stats = RoundStats(t, seconds, int(clients.shape[0]), privacy=privacy_stats,
+                           server=self.aggregator.round_stats())
         if rho_n and self.merger.merges:
             stats.merge = {"rho_mean": rho_sum / rho_n}
         if t % self.cfg.train.eval_every == 0 or t == self.cfg.train.rounds:

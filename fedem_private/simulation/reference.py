@@ -137,7 +137,8 @@ def simulation_round(sim) -> dict[str, Any]:
 
     Reads the simulation's configuration and state without changing them and
     returns the new ``q_local``, private groups (``p`` when the backbone has
-    user vectors), ``dense`` groups, ``q_global`` and ``dense_global``.
+    user vectors), ``dense`` groups, ``q_global``, ``dense_global`` and
+    ``server`` (FedMerge: its refitted ``tables`` and ``logits``).
     Supports every backbone, merge and aggregation with full participation
     and no privacy noise; each client trains through its backbone's
     ``reference_train_client`` (torch.optim, obvious code). Used by tests and
@@ -188,6 +189,7 @@ def simulation_round(sim) -> dict[str, Any]:
     private = {k: torch.cat([p.private[k] for p in new_params]) for k in new_params[0].private}
     dense = {k: torch.cat([p.dense[k] for p in new_params]) for k in new_params[0].dense}
     sizes = torch.from_numpy(split.train_counts.astype(np.float64))
+    server: dict[str, torch.Tensor] = {}  # an aggregator's own state where it keeps one
     if agg == "none":
         q_global = None
     elif agg == "similarity":
@@ -198,6 +200,17 @@ def simulation_round(sim) -> dict[str, Any]:
         fed = sim.cfg.federation
         q_global = graph_reference(q_local, threshold=fed.graph_threshold, topk=fed.graph_topk,
                                    layers=fed.graph_layers)[1].to(q_local.dtype)
+    elif agg == "fedmerge":
+        from fedem_private.server.fedmerge import fit_reference
+
+        ag = sim.aggregator
+        fitted = fit_reference(q_local, ag.tables, ag.logits, ag.fit_cfg)
+        merged = []
+        for u in range(n):
+            w_u = torch.softmax(fitted.logits[u], dim=0)
+            merged.append(sum(w_u[k] * fitted.tables[k] for k in range(w_u.shape[0])))
+        q_global = torch.stack(merged).to(q_local.dtype)
+        server = {"tables": fitted.tables, "logits": fitted.logits}
     else:
         w = sizes / sizes.sum() if agg == "fedavg" else torch.full((n,), 1.0 / n,
                                                                      dtype=torch.float64)
@@ -209,4 +222,5 @@ def simulation_round(sim) -> dict[str, Any]:
                         for k, v in dense.items()}
     rho_mean = sum(rhos) / len(rhos) if rhos and strategy != "sr" else None
     return {"q_local": q_local, "p": private.get("p"), "private": private, "dense": dense,
-            "q_global": q_global, "dense_global": dense_global, "rho_mean": rho_mean}
+            "q_global": q_global, "dense_global": dense_global, "rho_mean": rho_mean,
+            "server": server}

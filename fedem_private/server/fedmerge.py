@@ -1,0 +1,268 @@
+"""FedMerge on the server: K global item tables merged per client (DESIGN section 12).
+
+The server keeps K global item tables G_1..G_K and per-client logits a_u with
+weights w_u = softmax(a_u). It sends client u one table,
+
+    Q_sent[u] = sum_k w_uk G_k                                         (12.1)
+
+and after the round fits the tables and the participants' logits to their
+uploads U_u by minimising
+
+    F(G, a) = sum_{u in round} || U_u - sum_k w_uk G_k ||_F^2          (12.2)
+
+warm-started from the last round. Each of the fit's ``steps`` is one
+gradient step on each block, with the step scaled to the block's curvature
+so that ``lr`` has the same meaning on every dataset:
+
+1. tables, for fixed weights (F is quadratic in G with Hessian
+   2 (W^T W) (x) I, W the (n_t, K) weights of the participants):
+
+       G <- G + lr * W^T R / lambda_max(W^T W),   R_u = U_u - sum_k w_uk G_k
+
+   i.e. the step lr / L with L = 2 lambda_max(W^T W), the gradient's
+   Lipschitz constant: F never increases for 0 < lr <= 1. With K = 1 (w = 1,
+   W^T W = n_t) and lr = 1 the first step lands on G = (1/n_t) sum_u U_u, the
+   exact minimiser, and every later step stays there: K = 1 is uniform
+   averaging;
+2. logits, for fixed tables (per client a quadratic in w_u with Gram matrix
+   H = [<G_k, G_j>]; gradient of (12.2) w.r.t. w_u: g_u = -2 [<G_k, R_u>]_k,
+   and through the softmax, d/da_u = w_u * (g_u - <w_u, g_u>)):
+
+       a_u <- a_u - s_u * lr * d/da_u / L_a,   L_a = 2 lambda_max(P H P)
+
+   with P = I - 11^T / K (the curvature of (12.2) along the simplex); s_u
+   starts at 1 and is halved (at most :data:`MAX_HALVINGS` times) while the
+   step would raise client u's term, so F never increases. Only the
+   participants' logits move.
+
+The simplex constraint holds by construction (softmax). :func:`fit` batches
+every pass over clients (chunks of :data:`CHUNK`) and K in float64;
+:func:`fit_reference` is the plain loop over clients and tables (autograd for
+the logits' gradient) the tests compare it with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from fedem_private import rng
+
+CHUNK = 128  # clients per float64 pass over the uploads
+MAX_HALVINGS = 30  # backtracking of a client's logit step
+PERTURBATION = 0.1  # std of the initial perturbations, relative to the initial table's std
+
+
+@dataclass(frozen=True)
+class FitConfig:
+    """The server fit of (12.2): ``steps`` gradient steps per round at rate ``lr`` (in 1/L)."""
+
+    steps: int = 10
+    lr: float = 1.0
+
+
+@dataclass
+class FitResult:
+    """The fitted tables (K, m, d) and logits (n_t, K), and F along the fit.
+
+    ``objective`` holds F at the start, after each step's table update and
+    after each step's logit update: 2 * steps + 1 values, never increasing.
+    """
+
+    tables: Tensor
+    logits: Tensor
+    objective: list[float]
+
+
+def initial_tables(q0: Tensor, k: int, seed: int) -> Tensor:
+    """G_1..G_K (K, m, d) float64: the initial table plus K centred small perturbations.
+
+    Perturbation k is Gaussian with std :data:`PERTURBATION` times the std of
+    ``q0``, drawn from the run's counter-based generator keyed by
+    (seed, FEDMERGE_INIT, 0, k); the K perturbations are centred (their mean
+    is subtracted), so uniform weights send exactly ``q0`` (12.1) and K = 1
+    starts from ``q0`` itself.
+    """
+    base = q0.double()
+    scale = PERTURBATION * float(base.std()) if base.numel() > 1 else 0.0
+    noise = torch.empty((k, *q0.shape), dtype=torch.float64)
+    for j in range(k):
+        noise[j].normal_(0.0, 1.0, generator=rng.generator(seed, rng.Stream.FEDMERGE_INIT, 0, j))
+    noise -= noise.mean(dim=0, keepdim=True)
+    return base.unsqueeze(0) + scale * noise
+
+
+def merged_tables(logits: Tensor, tables: Tensor) -> Tensor:
+    """Q_sent (12.1) for every row of ``logits`` (c, K): (c, m, d) float64."""
+    w = torch.softmax(logits.double(), dim=1)
+    return torch.einsum("uk,kmd->umd", w, tables.double())
+
+
+def weight_entropy(logits: Tensor) -> Tensor:
+    """Entropy (nats) of each client's weights softmax(a_u): (n,); log K is uniform, 0 one table."""
+    logp = torch.log_softmax(logits.double(), dim=1)
+    return -(logp.exp() * logp).sum(dim=1)
+
+
+def _lambda_max(sym: Tensor) -> float:
+    """The largest eigenvalue of a small symmetric matrix (float64)."""
+    return float(torch.linalg.eigvalsh(sym)[-1])
+
+
+def _centred(h: Tensor) -> Tensor:
+    """P H P with P = I - 11^T / K."""
+    k = h.shape[0]
+    p = torch.eye(k, dtype=torch.float64) - 1.0 / k
+    return p @ h @ p
+
+
+def _residual_pass(uploads: Tensor, w: Tensor, tables: Tensor, chunk: int, *,
+                   want_wtr: bool = False,
+                   want_gr: bool = False) -> tuple[float, Tensor | None, Tensor | None]:
+    """One pass over the uploads: F, and on request W^T R (K, m, d) and [<G_k, R_u>] (n_t, K)."""
+    n = uploads.shape[0]
+    k = tables.shape[0]
+    obj = 0.0
+    wtr = torch.zeros_like(tables) if want_wtr else None
+    gr = torch.empty((n, k), dtype=torch.float64) if want_gr else None
+    for a in range(0, n, chunk):
+        wc = w[a:a + chunk]
+        r = uploads[a:a + chunk].double() - torch.einsum("uk,kmd->umd", wc, tables)
+        obj += float((r * r).sum())
+        if wtr is not None:
+            wtr += torch.einsum("uk,umd->kmd", wc, r)
+        if gr is not None:
+            gr[a:a + chunk] = torch.einsum("kmd,umd->uk", tables, r)
+    return obj, wtr, gr
+
+
+def logit_step(logits: Tensor, gr: Tensor, gram: Tensor, rate: float) -> Tensor:
+    """One gradient step on every client's logits (n_t, K) for fixed tables, with backtracking.
+
+    ``gr`` (n_t, K) holds <G_k, R_u> and ``gram`` (K, K) H = [<G_k, G_j>]. The
+    gradient of client u's term of (12.2) w.r.t. w_u is g_u = -2 gr_u, and
+    w.r.t. a_u it is w_u * (g_u - <w_u, g_u>); the step is ``rate`` times that,
+    halved for a client (at most :data:`MAX_HALVINGS` times, after which it
+    keeps its logits) while its term would rise. The change of the term is
+    exact for a quadratic: 2 delta . (H w_u - b_u) + delta^T H delta with
+    delta the change of w_u and H w_u - b_u = -gr_u.
+    """
+    w = torch.softmax(logits, dim=1)
+    grad_w = -2.0 * gr
+    grad_a = w * (grad_w - (w * grad_w).sum(dim=1, keepdim=True))
+    step = torch.full((logits.shape[0], 1), rate, dtype=torch.float64)
+    pending = torch.ones(logits.shape[0], dtype=torch.bool)
+    out = logits.clone()
+    for _ in range(MAX_HALVINGS + 1):
+        trial = logits - step * grad_a
+        delta = torch.softmax(trial, dim=1) - w
+        change = -2.0 * (delta * gr).sum(dim=1) + ((delta @ gram) * delta).sum(dim=1)
+        ok = pending & (change <= 0)
+        out[ok] = trial[ok]
+        pending &= ~ok
+        if not bool(pending.any()):
+            break
+        step[pending] *= 0.5
+    return out
+
+
+def fit(uploads: Tensor, tables: Tensor, logits: Tensor, cfg: FitConfig,
+        chunk: int = CHUNK) -> FitResult:
+    """Fit G and a to the uploads (n_t, m, d) by ``cfg.steps`` steps on (12.2), batched.
+
+    ``tables`` (K, m, d) and ``logits`` (n_t, K) are the warm start (not
+    modified). Steps as in the module docstring; every pass over the uploads
+    is a float64 einsum over a chunk of clients and all K tables.
+    """
+    g = tables.double().clone()
+    a = logits.double().clone()
+    k = g.shape[0]
+    trace: list[float] = []
+    for _ in range(cfg.steps):
+        w = torch.softmax(a, dim=1)
+        obj, wtr, _ = _residual_pass(uploads, w, g, chunk, want_wtr=True)
+        trace.append(obj)
+        lam = _lambda_max(w.T @ w)
+        if lam > 0:
+            assert wtr is not None
+            g = g + (cfg.lr / lam) * wtr
+        obj, _, gr = _residual_pass(uploads, w, g, chunk, want_gr=k > 1)
+        trace.append(obj)
+        flat = g.reshape(k, -1)
+        h = flat @ flat.T
+        la = 2.0 * _lambda_max(_centred(h)) if k > 1 else 0.0
+        if la > 0 and gr is not None:
+            a = logit_step(a, gr, h, cfg.lr / la)
+    w = torch.softmax(a, dim=1)
+    trace.append(_residual_pass(uploads, w, g, chunk)[0])
+    return FitResult(g, a, trace)
+
+
+def fit_reference(uploads: Tensor, tables: Tensor, logits: Tensor,
+                  cfg: FitConfig) -> FitResult:
+    """The same fit, one client and one table at a time in float64 (slow; for tests).
+
+    The logits' gradient comes from autograd on client u's own term of (12.2);
+    a step is accepted when that term, computed afresh, does not increase.
+    """
+    n, k = logits.shape
+    g = [tables[j].double().clone() for j in range(k)]
+    a = [logits[u].double().clone() for u in range(n)]
+    ups = [uploads[u].double() for u in range(n)]
+
+    def merged(au: Tensor) -> Tensor:
+        wu = torch.softmax(au, dim=0)
+        out = torch.zeros_like(g[0])
+        for j in range(k):
+            out = out + wu[j] * g[j]
+        return out
+
+    def term(u: int, au: Tensor) -> Tensor:
+        return ((ups[u] - merged(au)) ** 2).sum()
+
+    def objective() -> float:
+        return float(sum(float(term(u, a[u])) for u in range(n)))
+
+    trace: list[float] = []
+    for _ in range(cfg.steps):
+        trace.append(objective())
+        w = [torch.softmax(a[u], dim=0) for u in range(n)]
+        res = [ups[u] - merged(a[u]) for u in range(n)]
+        wtw = torch.zeros((k, k), dtype=torch.float64)
+        for u in range(n):
+            for i in range(k):
+                for j in range(k):
+                    wtw[i, j] += w[u][i] * w[u][j]
+        lam = float(torch.linalg.eigvalsh(wtw)[-1])
+        if lam > 0:
+            for j in range(k):
+                grad = torch.zeros_like(g[j])
+                for u in range(n):
+                    grad = grad - 2.0 * w[u][j] * res[u]  # d(12.2)/dG_j
+                g[j] = g[j] - (cfg.lr / (2.0 * lam)) * grad
+        trace.append(objective())
+        if k == 1:
+            continue
+        h = torch.zeros((k, k), dtype=torch.float64)
+        for i in range(k):
+            for j in range(k):
+                h[i, j] = (g[i] * g[j]).sum()
+        p = torch.eye(k, dtype=torch.float64) - 1.0 / k
+        la = 2.0 * float(torch.linalg.eigvalsh(p @ h @ p)[-1])
+        if la <= 0:
+            continue
+        for u in range(n):
+            au = a[u].clone().requires_grad_(True)
+            before = term(u, au)
+            (grad_a,) = torch.autograd.grad(before, au)
+            step = cfg.lr / la
+            for _ in range(MAX_HALVINGS + 1):
+                trial = a[u] - step * grad_a
+                if float(term(u, trial)) <= float(before.detach()):
+                    a[u] = trial
+                    break
+                step *= 0.5
+    trace.append(objective())
+    return FitResult(torch.stack(g), torch.stack(a), trace)
