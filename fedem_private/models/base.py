@@ -299,6 +299,19 @@ class Compact:
         return q_local, touched
 
 
+def clear_grad(grad: Tensor, a: int, flat: Tensor, plan: Plan) -> None:
+    """Zero the rows of a compact gradient (k, rows, d') that step ``flat`` wrote.
+
+    Only the first ``a`` clients can hold anything. Zeroing their whole block
+    (a memset) is several times faster than an indexed fill of the batch rows
+    unless the compact table is much taller than a batch; both give zeros.
+    """
+    if plan.rows <= 8 * max(flat.numel() // max(a, 1), 1):
+        grad[:a].zero_()
+    else:
+        grad.view(-1, grad.shape[-1]).index_fill_(0, flat, 0.0)
+
+
 def adam_buffers(params: list[Tensor]) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
     """Zeroed (gradients, first moments, second moments) shaped like ``params``."""
     return ([torch.zeros_like(t) for t in params], [torch.zeros_like(t) for t in params],

@@ -45,6 +45,7 @@ from fedem_private.models.base import (
     LocalTrainConfig,
     ScoreFn,
     adam_buffers,
+    clear_grad,
     clip_rows_l2,
     fused_adam,
     linear_init,
@@ -107,14 +108,16 @@ class FedRAPBackbone(Backbone):
             per = (wgt / d)[:, :, None]  # d(mean over entries and dims)/d entry
             score_grad = dz[:, :, None] * w[:a, None, :]
             diff = 2.0 * self.lam * per * (p_rows - c_rows)
-            g_p = score_grad - diff
-            g_c = score_grad + diff + self.mu * per * torch.sign(c_rows)
-            gcpflat.index_add_(0, flat, torch.cat((g_c, g_p), dim=2).reshape(-1, 2 * d))
+            g = torch.empty_like(rows)  # [d/dC | d/dP_u] of the batch entries
+            torch.add(score_grad, diff, out=g[..., :d])
+            g[..., :d].addcmul_(per, torch.sign(c_rows), value=self.mu)  # mu * per * sign(C)
+            torch.sub(score_grad, diff, out=g[..., d:])
+            gcpflat.index_add_(0, flat, g.view(-1, 2 * d))
             if cfg.grad_clip is not None:  # paper mode: the uploaded table's gradient
                 clip_rows_l2(gcp[:a, :, :d], cfg.grad_clip)
             fused_adam([t[:a] for t in params], [g[:a] for g in grads], [t[:a] for t in m1],
                        [t[:a] for t in m2], s + 1, cfg)
-            gcpflat.index_fill_(0, flat, 0.0)
+            clear_grad(gcp, a, flat, plan)
         cp_local, touched = both.scatter(cp_start, inplace=True)  # cp_start is ours
         c_local, p_local = cp_local[..., :d].contiguous(), cp_local[..., d:].contiguous()
         return ClientParams(c_local, {}, {"personal": p_local, "w": w, "b": b}), touched

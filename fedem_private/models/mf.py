@@ -26,6 +26,7 @@ from fedem_private.models.base import (
     Compact,
     LocalTrainConfig,
     ScoreFn,
+    clear_grad,
     clip_rows_l2,
     draw_samples,
     epoch_orders,
@@ -71,7 +72,7 @@ def train_chunk(q_start: torch.Tensor, p: torch.Tensor, clients: np.ndarray,
             clip_rows_l2(gq[:a], cfg.grad_clip)
         fused_adam([qc[:a], pc[:a]], [gq[:a], gp[:a]], [mq[:a], mp[:a]], [vq[:a], vp[:a]],
                    s + 1, cfg)
-        gflat.index_fill_(0, flat, 0.0)
+        clear_grad(gq, a, flat, plan)
     q_local, touched = compact.scatter(q_start)
     return q_local, pc, touched
 

@@ -31,6 +31,7 @@ from fedem_private.models.base import (
     LocalTrainConfig,
     ScoreFn,
     adam_buffers,
+    clear_grad,
     clip_rows_l2,
     dense_names,
     fused_adam,
@@ -98,7 +99,7 @@ class NCFBackbone(Backbone):
                 clip_rows_l2(gq[:a], cfg.grad_clip)
             fused_adam([t[:a] for t in params], [g[:a] for g in grads], [t[:a] for t in m1],
                        [t[:a] for t in m2], s + 1, cfg)
-            gflat.index_fill_(0, flat, 0.0)
+            clear_grad(gq, a, flat, plan)
         q_local, touched = compact.scatter(q_start)
         return ClientParams(q_local, dense, {"p": pc}), touched
 

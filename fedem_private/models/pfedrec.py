@@ -32,6 +32,7 @@ from fedem_private.models.base import (
     Compact,
     LocalTrainConfig,
     ScoreFn,
+    clear_grad,
     clip_rows_l2,
     fused_adam,
     linear_init,
@@ -88,7 +89,7 @@ class PFedRecBackbone(Backbone):
             if cfg.grad_clip is not None:
                 clip_rows_l2(gq[:a], cfg.grad_clip)
             fused_adam([qc[:a]], [gq[:a]], [mq[:a]], [vq[:a]], s + 1, cfg)
-            gflat.index_fill_(0, flat, 0.0)
+            clear_grad(gq, a, flat, plan)
         q_local, touched = compact.scatter(q_start)
         return ClientParams(q_local, {}, {"w": w, "b": b}), touched
 
