@@ -413,6 +413,13 @@ def test_end_to_end_cdp_run_records_both_guarantees(tmp_path):
     assert counts == expected
     assert all(float(r["participants_expected"]) == pytest.approx(18.0) for r in rows)
     assert float(rows[-1]["eps_spent_observer"]) == pytest.approx(p["epsilon"]["reported"])
+    # results.csv: eps_* are the observer's, eps_aggregator the aggregator's
+    from fedem_private.experiments.results import collect
+
+    table = collect(tmp_path)
+    assert table["eps_reported"].iloc[0] == pytest.approx(p["epsilon"]["reported"])
+    assert table["eps_aggregator"].iloc[0] == pytest.approx(p["epsilon_aggregator"]["reported"])
+    assert table["sample_rate"].iloc[0] == 0.3
 
 
 def test_cli_line_states_both_guarantees():
@@ -423,3 +430,25 @@ def test_cli_line_states_both_guarantees():
                          "worst_client_rounds": 6, "delta": 1e-5})
     assert "observers" in text and "aggregator" in text and "no amplification" in text
     assert "\n" not in text
+
+
+def test_a_sweep_runs_cdp_at_each_epsilon_and_others_without_sampling():
+    import tomllib
+
+    from fedem_private.experiments.sweep_spec import grid, parse_spec
+
+    spec = parse_spec(tomllib.loads("""
+[sweep]
+privacy = ["none", "ldp-laplace", "cdp-gaussian"]
+epsilons = [1, 4]
+[base.privacy]
+mode = "cdp-gaussian"
+epsilon = 1.0
+sample_rate = 0.2
+"""), "test")
+    points = {p.name.split("/")[2]: p.config.privacy for p in grid(spec)}
+    assert set(points) == {"none", "ldp-laplace-eps1", "ldp-laplace-eps4",
+                           "cdp-gaussian-q0.2-eps1", "cdp-gaussian-q0.2-eps4"}
+    assert points["cdp-gaussian-q0.2-eps4"].epsilon == 4.0
+    assert points["cdp-gaussian-q0.2-eps4"].sample_rate == 0.2
+    assert points["none"].sample_rate == 1.0 and points["ldp-laplace-eps1"].sample_rate == 1.0
