@@ -452,3 +452,20 @@ sample_rate = 0.2
     assert points["cdp-gaussian-q0.2-eps4"].epsilon == 4.0
     assert points["cdp-gaussian-q0.2-eps4"].sample_rate == 0.2
     assert points["none"].sample_rate == 1.0 and points["ldp-laplace-eps1"].sample_rate == 1.0
+
+
+def test_a_round_without_participants_still_releases_a_noisy_global(small_split):
+    q = 0.01  # 40 clients: P(no participant in a round) = 0.99^40 = 0.67
+    empty = next(t for t in range(1, 50)
+                 if poisson_participants(0, t, small_split.n_users, q).size == 0)
+    sim = Simulation(_cfg(**{"privacy.mode": "cdp-gaussian", "privacy.noise_multiplier": 1.0,
+                             "privacy.clip": 0.3, "privacy.sample_rate": q,
+                             "train.rounds": empty}), small_split)
+    for _ in range(empty - 1):
+        sim.step()
+    before = sim.aggregator.table.clone()
+    stats = sim.step()
+    assert stats.participants == 0
+    noise = sim.aggregator.table.double() - before.double()
+    assert bool((noise != 0).all())  # noise on every entry even with nobody in the sum
+    assert float(noise.std()) == pytest.approx(1.0 * 0.3 / (q * small_split.n_users), rel=0.1)

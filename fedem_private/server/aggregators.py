@@ -121,7 +121,9 @@ class _SumAggregator(Aggregator):
 
     def begin_round(self, part_mask: Tensor) -> None:
         super().begin_round(part_mask)
-        self._weights = self._round_weights(part_mask)
+        # a Poisson-sampled round (cdp-gaussian) may have no participant: no weights then
+        self._weights = (self._round_weights(part_mask) if bool(part_mask.any())
+                         else torch.zeros(self.n, dtype=torch.float64))
         self._acc = torch.zeros_like(self.global_table, dtype=torch.float64)
 
     def add(self, idx: Tensor, uploads: Tensor) -> None:
@@ -379,7 +381,8 @@ class DenseFedAvg:
         return {n: v.expand(k, *v.shape).contiguous() for n, v in self.params.items()}
 
     def begin_round(self, part_mask: Tensor) -> None:
-        self._weights = fedavg_weights(self.sizes, part_mask)
+        self._weights = (fedavg_weights(self.sizes, part_mask) if bool(part_mask.any())
+                         else torch.zeros_like(self.sizes, dtype=torch.float64))
         self._acc = {n: torch.zeros_like(v, dtype=torch.float64) for n, v in self.params.items()}
 
     def add(self, idx: Tensor, uploads: dict[str, Tensor]) -> None:
