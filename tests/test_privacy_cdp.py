@@ -469,3 +469,19 @@ def test_a_round_without_participants_still_releases_a_noisy_global(small_split)
     noise = sim.aggregator.table.double() - before.double()
     assert bool((noise != 0).all())  # noise on every entry even with nobody in the sum
     assert float(noise.std()) == pytest.approx(1.0 * 0.3 / (q * small_split.n_users), rel=0.1)
+
+
+@pytest.mark.parametrize("method", ["fedmf", "fedncf"])
+def test_cdp_runs_repeat_and_noise_every_shared_group(small_split, method):
+    """Same seed, same released tables; the dense groups (FedNCF's MLP) are noised too."""
+    over = {"federation.method": method, "privacy.mode": "cdp-gaussian",
+            "privacy.noise_multiplier": 0.8, "privacy.clip": 0.5, "privacy.sample_rate": 0.4}
+    a, b = Simulation(_cfg(**over), small_split), Simulation(_cfg(**over), small_split)
+    dense0 = {} if a.dense is None else {k: v.clone() for k, v in a.dense.params.items()}
+    for _ in range(2):
+        assert a.step().participants == b.step().participants
+    assert torch.equal(a.aggregator.table, b.aggregator.table)
+    for name, value in dense0.items():
+        assert torch.equal(a.dense.params[name], b.dense.params[name])
+        assert bool((a.dense.params[name] != value).all())  # noise reached every entry
+    assert (method == "fedncf") == bool(dense0)
