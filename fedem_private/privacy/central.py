@@ -122,6 +122,14 @@ class CentralRoundStats:
 class SecureSum:
     """One round's secure aggregation of clipped deltas: only the noisy sum leaves it.
 
+    Mechanism cdp-gaussian (see the module docstring). Neighbouring relation:
+    user-level add/remove of one client's whole data. Trust model: the sum is
+    formed under secure aggregation (or by a trusted server). Sensitivity:
+    each term is clipped to L2 norm C, so the sum's L2 sensitivity is C and
+    the noise N(0, z^2 C^2) on every entry makes one round the Gaussian
+    mechanism with multiplier z (amplified by Poisson sampling only for
+    observers who do not know who took part).
+
     ``add`` takes a chunk of clients' encoded (sent, local) uploads and adds
     their clipped deltas to a float64 sum; ``release`` adds the noise once and
     returns the new encoded global S + noisy mean delta. Between the two no
