@@ -94,7 +94,10 @@ def _progress_hooks(cfg: RunConfig) -> tuple[Callable, Callable, Callable]:
         if stats.metrics:
             post["HR@10"] = f"{stats.metrics['full']['hr@10']:.4f}"
             post["NDCG@10"] = f"{stats.metrics['full']['ndcg@10']:.4f}"
-        if stats.privacy.get("eps_spent") is not None:
+        if stats.privacy.get("eps_spent_observer") is not None:  # cdp-gaussian: both views
+            post["eps"] = f"{stats.privacy['eps_spent_observer']:.3g}"
+            post["eps_aggregator"] = f"{stats.privacy['eps_spent']:.3g}"
+        elif stats.privacy.get("eps_spent") is not None:
             post["eps"] = f"{stats.privacy['eps_spent']:.3g}"
         bar.set_postfix(post, refresh=False)
         bar.update(1)

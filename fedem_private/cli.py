@@ -90,7 +90,10 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--seed", "train.seed", _integer, "random seed"),
     ("--memory-budget-mb", "train.memory_budget_mb", _integer, "memory budget for chunks"),
     ("--privacy", "privacy.mode", str,
-     "none, ldp-laplace, ldp-gaussian, paper, ldp-touched-rows (INSECURE)"),
+     "none, ldp-laplace, ldp-gaussian, paper, ldp-touched-rows (INSECURE), cdp-gaussian "
+     "(central DP-FedAvg under secure aggregation)"),
+    ("--sample-rate", "privacy.sample_rate", _number,
+     "cdp-gaussian: each client takes part in a round with this probability (Poisson)"),
     ("--epsilon", "privacy.epsilon", _number, "total epsilon target over the rounds (inf ok)"),
     ("--epsilon-round", "privacy.epsilon_round", _number, "per-round epsilon"),
     ("--delta", "privacy.delta", _number, "delta for accounting"),
@@ -207,6 +210,8 @@ def privacy_text(privacy: dict[str, Any] | None) -> str:
         clip = privacy.get("clip")
         return (f"privacy: {mode}  eps spent ∞ (no noise: no privacy guarantee)"
                 + (f"; clip {clip:.4g}" if clip is not None else ""))
+    if mode == "cdp-gaussian":
+        return _central_text(privacy, eps)
     text = f"privacy: {mode}  eps spent (worst client) {eps:.4g}"
     if privacy.get("delta"):
         text += f" at delta {privacy['delta']:g}"
@@ -219,6 +224,17 @@ def privacy_text(privacy: dict[str, Any] | None) -> str:
         text += (f"; clip {auto['clip']:.4g} from --clip auto (DP warm-up, eps "
                  f"{auto['epsilon']:.3g}, included)")
     return text
+
+
+def _central_text(privacy: dict[str, Any], eps: float) -> str:
+    """cdp-gaussian's line: both guarantees (DESIGN section 5), each with what it assumes."""
+    agg = (privacy.get("epsilon_aggregator") or {}).get("reported")
+    agg_text = "∞" if agg is None else f"{float(agg):.4g}"
+    return (f"privacy: cdp-gaussian (user-level central DP, secure aggregation)  eps {eps:.4g} "
+            f"against observers of the released models (Poisson sampling, q = "
+            f"{privacy.get('sample_rate'):g}); eps {agg_text} against the aggregator (no "
+            f"amplification, worst client's {privacy.get('worst_client_rounds')} rounds); "
+            f"delta {privacy.get('delta'):g}")
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

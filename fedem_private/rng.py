@@ -42,6 +42,8 @@ class Stream(IntEnum):
     ATTACK = 10
     MODEL_INIT = 11  # backbone parts beyond p_u and the item table (MLP, score head)
     FEDMERGE_INIT = 12  # FedMerge's K initial table perturbations (server)
+    POISSON = 13  # cdp-gaussian's Poisson client sampling
+    CENTRAL_NOISE = 14  # cdp-gaussian's one noise draw on the aggregate per round
 
 
 def _mix(x: np.ndarray) -> np.ndarray:

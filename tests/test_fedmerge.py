@@ -280,13 +280,13 @@ def test_bad_values_are_refused(over, needle):
 
 
 def test_central_mechanisms_are_refused_in_one_line():
-    """No central mode exists yet; once one does, each-upload aggregations refuse it."""
-    refuse_central("fedmerge", "cdp-gaussian")  # not central today: nothing to refuse
+    """Each-upload aggregations refuse a central mode (cdp-gaussian) in one line."""
+    refuse_central("fedmerge", "ldp-gaussian")  # a local mode: nothing to refuse
     with pytest.raises(UserError) as exc:
-        refuse_central("fedmerge", "cdp-gaussian", central_modes=("cdp-gaussian",))
+        refuse_central("fedmerge", "cdp-gaussian")
     text = str(exc.value)
     assert "\n" not in text and "needs each client's upload" in text and "fedmerge" in text
-    refuse_central("fedavg", "cdp-gaussian", central_modes=("cdp-gaussian",))  # sums are fine
+    refuse_central("fedavg", "cdp-gaussian")  # sums are fine
 
 
 def test_refused_combination_on_the_command_line_is_one_line_exit_2(tmp_path):

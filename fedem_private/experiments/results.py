@@ -187,6 +187,12 @@ def run_row(run: Path, root: Path) -> dict[str, Any]:
         value = _number(eps.get(bound))
         # without noise there is no finite guarantee, whatever the summary writes (null)
         row[f"eps_{bound}"] = math.inf if no_noise and math.isnan(value) else value
+    if isinstance(privacy.get("epsilon_aggregator"), dict):
+        # cdp-gaussian: eps_* above are against observers of the released models (amplified
+        # by sampling); this is against the aggregator (no amplification, worst client)
+        agg = _number(privacy["epsilon_aggregator"].get("reported"))
+        row["eps_aggregator"] = math.inf if no_noise and math.isnan(agg) else agg
+        row["sample_rate"] = _number(privacy.get("sample_rate"))
     last = _last_row(run / "metrics.csv")
     attacks, verdict = attack_columns(read_records(run / ATTACKS_FILE) or [])
     row.update({

@@ -51,7 +51,7 @@ from typing import Any
 
 from fedem_private.data import DATASETS, PROTOCOLS
 from fedem_private.errors import UserError
-from fedem_private.privacy.config import LDP_MODES, MODES, PrivacyConfig
+from fedem_private.privacy.config import CENTRAL_MODES, LDP_MODES, MODES, PrivacyConfig
 from fedem_private.simulation.config import (
     AGGREGATIONS,
     MERGES,
@@ -65,6 +65,8 @@ from fedem_private.simulation.config import (
     to_dict,
 )
 
+# modes that take a budget (epsilon); the sweep's epsilons axis applies to them
+BUDGET_MODES = LDP_MODES + CENTRAL_MODES
 AXES = ("datasets", "methods", "merges", "variants", "aggregations", "privacy", "epsilons",
         "seeds", "protocols", "attacks")
 SPEC_KEYS = (*AXES, "data_dirs", "record_rounds", "record_clients")
@@ -257,9 +259,9 @@ def parse_spec(data: dict[str, Any], source: str) -> SweepSpec:
     privacy = _choice("privacy", axis("privacy", base.privacy.mode), MODES)
     epsilons: tuple[float | None, ...] = (None,)
     if "epsilons" in sweep:
-        if not any(m in LDP_MODES for m in privacy):
-            raise UserError(f"{source}: [sweep] epsilons needs an ldp privacy mode "
-                            f"({', '.join(LDP_MODES)}) in privacy")
+        if not any(m in BUDGET_MODES for m in privacy):
+            raise UserError(f"{source}: [sweep] epsilons needs an ldp privacy mode or a "
+                            f"central one ({', '.join(BUDGET_MODES)}) in privacy")
         epsilons = _epsilons(_as_list("epsilons", sweep["epsilons"]))
     if "variants" in sweep and ("methods" in sweep or "merges" in sweep):
         raise UserError(f"{source}: [sweep] variants replaces methods and merges; give "
@@ -333,6 +335,10 @@ def privacy_label(p: PrivacyConfig) -> str:
         return "none"
     if p.mode == "paper":
         return f"paper-lambda{fmt_number(p.paper_lambda)}"
+    if p.mode in CENTRAL_MODES:
+        budget = (f"eps{fmt_number(p.epsilon)}" if p.epsilon is not None
+                  else f"z{fmt_number(p.noise_multiplier or 0.0)}")
+        return f"{p.mode}-q{fmt_number(p.sample_rate)}-{budget}"
     if p.epsilon is not None:
         return f"{p.mode}-eps{fmt_number(p.epsilon)}"
     if p.epsilon_round is not None:
@@ -341,10 +347,12 @@ def privacy_label(p: PrivacyConfig) -> str:
 
 
 def _privacy(base: PrivacyConfig, mode: str, eps: float | None) -> PrivacyConfig:
-    if mode not in LDP_MODES:
+    if mode not in CENTRAL_MODES:  # the Poisson rate is cdp-gaussian's alone
+        base = replace(base, sample_rate=1.0)
+    if mode not in BUDGET_MODES:
         return replace(base, mode=mode, epsilon=None, epsilon_round=None, noise_multiplier=None)
     if eps is None:  # keep the base budget (an ldp base mode always has one)
-        if base.mode in LDP_MODES:
+        if base.mode in BUDGET_MODES:
             return replace(base, mode=mode)
         raise UserError(f"privacy mode {mode!r} needs a budget: give [sweep] epsilons or "
                         f"[base.privacy] epsilon")
@@ -362,7 +370,7 @@ def grid(spec: SweepSpec) -> list[GridPoint]:
     for seed, dataset, protocol, (method, merge), agg, mode in product(
             spec.seeds, spec.datasets, spec.protocols, spec.method_merges(),
             spec.aggregations, spec.privacy):
-        for eps in (spec.epsilons if mode in LDP_MODES else (None,)):
+        for eps in (spec.epsilons if mode in BUDGET_MODES else (None,)):
             base = spec.base
             data_dir = dirs.get(dataset, base.data.data_dir if dataset == base.data.dataset
                                 else None)

@@ -4,7 +4,8 @@ Modules: ``config`` (PrivacyConfig), ``clipping`` (float64 per-client L1/L2
 clipping), ``params`` (config -> per-round parameters), ``mechanisms`` (one
 release function per mode), ``accounting`` (composition bounds),
 ``calibration`` (total budget -> per-round noise), ``ledger`` (per-client
-rounds and eps spent).
+rounds and eps spent), ``central`` (cdp-gaussian: Poisson sampling, clipped
+sum, one noise draw on the aggregate).
 
 Names below are imported lazily, so ``import fedem_private.privacy.config``
 does not pull in dp-accounting (slow to import); opacus is only imported by

@@ -32,8 +32,10 @@ from scipy import optimize
 from fedem_private.errors import UserError
 from fedem_private.privacy.accounting import (
     BOUND_FUNCTIONS,
+    CENTRAL_BOUND_FUNCTIONS,
     PLD_MAX_ROUND_EPS,
     RoundMechanism,
+    dpfedavg_event,
     gaussian_exact_epsilon,
     pld_interval,
     repeated,
@@ -187,3 +189,49 @@ def gaussian_noise_multiplier(epsilon: float, delta: float, rounds: int, account
     ``accountant`` may also be "exact" (the analytic Gaussian curve).
     """
     return noise_multiplier_for("gaussian", epsilon, delta, rounds, accountant)
+
+
+def dpfedavg_noise_multiplier(epsilon: float, delta: float, sample_rate: float, rounds: int,
+                              accountant: str = "pld") -> float:
+    """Smallest z (sigma = z C) whose T rounds of DP-FedAvg are (epsilon, delta)-DP.
+
+    The mechanism is :func:`~fedem_private.privacy.accounting.dpfedavg_event`:
+    Poisson sampling at rate q = ``sample_rate``, L2 sensitivity C of the sum
+    under add/remove of one client's data, Gaussian noise z C once per round.
+    The target is the guarantee against observers of the released models
+    (amplified by sampling); ``accountant`` is "pld" or "rdp". Found by
+    dp-accounting's ``calibrate_dp_mechanism`` in log z on an explicit bracket,
+    then nudged up until the accountant's eps at z is <= epsilon.
+    ``epsilon = inf`` gives z = 0 (clip only, no guarantee).
+    """
+    epsilon, delta, q = float(epsilon), float(delta), float(sample_rate)
+    if accountant not in CENTRAL_BOUND_FUNCTIONS:
+        raise UserError(f"DP-FedAvg calibration needs accountant pld or rdp, not {accountant!r}")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise UserError(f"number of rounds to calibrate for must be an integer >= 1, got {rounds}")
+    if not epsilon > 0:
+        raise UserError(f"target epsilon must be > 0, got {epsilon}")
+    if not 0 < delta < 1:
+        raise UserError(f"target delta must be in (0, 1) for Gaussian noise, got {delta}")
+    if not 0 < q <= 1:
+        raise UserError(f"sample rate must be in (0, 1], got {q}")
+    if math.isinf(epsilon):
+        return 0.0
+    bound = CENTRAL_BOUND_FUNCTIONS[accountant]
+
+    def eps_fn(z: float) -> float:
+        return bound(q, z, rounds, delta)
+
+    describe = (f"eps={epsilon:g} at delta={delta:g} over {rounds} rounds at sample rate "
+                f"{q:g} ({accountant})")
+    lo, hi = _bracket(eps_fn, epsilon, 1.0, describe)
+    log_z = mc.calibrate_dp_mechanism(
+        make_fresh_accountant=_accountant_factory(
+            accountant, pld_interval(repeated(RoundMechanism("gaussian", hi), rounds))),
+        make_event_from_param=lambda p: dpfedavg_event(q, math.exp(p), rounds),
+        target_epsilon=epsilon,
+        target_delta=delta,
+        bracket_interval=mc.ExplicitBracketInterval(math.log(lo), math.log(hi)),
+        tol=_LOG_TOL,
+    )
+    return _nudge_up(eps_fn, epsilon, math.exp(log_z))

@@ -14,6 +14,13 @@ Budget fields, at most one of which may be set (an ldp mode needs one):
 ``epsilon = inf`` or ``epsilon_round = inf`` (or ``noise_multiplier = 0``)
 means: clip the update but add no noise. The clipped upload then has no
 finite privacy guarantee and every accountant reports eps = inf.
+
+``cdp-gaussian`` (user-level central DP, DESIGN section 5) differs: the
+sensitivity of one client's clipped delta in the sum is C (add/remove one
+client), so ``noise_multiplier`` is z = sigma / C; ``epsilon`` is the total
+against observers of the released models, calibrated for T rounds of the
+Poisson-subsampled Gaussian at ``sample_rate`` q with ``accountant`` (pld or
+rdp); ``epsilon_round`` is refused. ``sample_rate`` applies to it only.
 """
 
 from __future__ import annotations
@@ -24,11 +31,14 @@ from typing import Any
 
 from fedem_private.errors import UserError
 
-MODES: tuple[str, ...] = ("none", "ldp-laplace", "ldp-gaussian", "paper", "ldp-touched-rows")
+MODES: tuple[str, ...] = ("none", "ldp-laplace", "ldp-gaussian", "paper", "ldp-touched-rows",
+                          "cdp-gaussian")
 LDP_MODES: tuple[str, ...] = ("ldp-laplace", "ldp-gaussian", "ldp-touched-rows")
-# modes that noise the aggregate on the server (cdp-*); none exists yet (DESIGN section 5)
-CENTRAL_MODES: tuple[str, ...] = ()
+# modes that noise the aggregate on the server, not each upload (DESIGN section 5)
+CENTRAL_MODES: tuple[str, ...] = ("cdp-gaussian",)
 ACCOUNTANTS: tuple[str, ...] = ("basic", "advanced", "rdp", "pld")
+# accountants that handle Poisson subsampling (cdp-gaussian's calibration)
+CENTRAL_ACCOUNTANTS: tuple[str, ...] = ("rdp", "pld")
 
 MODE_DESCRIPTIONS: dict[str, str] = {
     "none": "no clipping, no noise: no privacy guarantee",
@@ -47,6 +57,12 @@ MODE_DESCRIPTIONS: dict[str, str] = {
     "ldp-touched-rows": (
         "INSECURE: like ldp-laplace but noise only on touched rows; the set of touched "
         "rows leaks, so there is no DP guarantee at any noise level"
+    ),
+    "cdp-gaussian": (
+        "user-level central DP (DP-FedAvg, add/remove one client's data): Poisson sampling at "
+        "rate q, L2-clip each delta to C, N(0, z^2 C^2) added once to the sum under secure "
+        "aggregation, divided by q n; amplified eps for observers of the released models, "
+        "unamplified eps for the aggregator"
     ),
 }
 
@@ -79,6 +95,8 @@ class PrivacyConfig:
     clip_auto_epsilon: float | None = None  # None: 10% of a total epsilon
     clip_auto_min: float = 0.1
     clip_auto_max: float = 1e5
+    # cdp-gaussian: each client takes part in a round independently with probability q
+    sample_rate: float = 1.0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -111,6 +129,30 @@ class PrivacyConfig:
                 raise UserError(f"privacy.{name} must be finite and > 0, got {value}")
         self._validate_budget()
         self._validate_clip_auto()
+        self._validate_central()
+
+    def _validate_central(self) -> None:
+        q = _number("sample_rate", self.sample_rate)
+        if not 0 < q <= 1:
+            raise UserError(f"--sample-rate (privacy.sample_rate) must be in (0, 1], got {q}")
+        if self.mode not in CENTRAL_MODES:
+            if q != 1:
+                raise UserError(f"--sample-rate (privacy.sample_rate) is the Poisson rate of "
+                                f"cdp-gaussian; privacy {self.mode!r} does not sample (use "
+                                f"--client-fraction)")
+            return
+        if self.epsilon_round is not None:
+            raise UserError(f"privacy {self.mode!r} is calibrated from a total budget: give "
+                            "privacy.epsilon or privacy.noise_multiplier, not epsilon_round")
+        if self.epsilon is None and self.noise_multiplier is None:
+            raise UserError(f"privacy mode {self.mode!r} needs a budget: set privacy.epsilon "
+                            "or privacy.noise_multiplier")
+        if not self.delta > 0:
+            raise UserError(f"privacy mode {self.mode!r} needs delta > 0 (Gaussian noise gives "
+                            "no pure DP)")
+        if self.accountant not in CENTRAL_ACCOUNTANTS:
+            raise UserError(f"privacy mode {self.mode!r} accounts Poisson subsampling with "
+                            f"{' or '.join(CENTRAL_ACCOUNTANTS)}, not {self.accountant!r}")
 
     def _validate_clip_auto(self) -> None:
         if self.clip_auto_epsilon is not None:
@@ -181,7 +223,7 @@ class PrivacyConfig:
         """True when the mode adds noise (an ldp mode with a finite budget, or paper)."""
         if self.mode == "paper":
             return True
-        if self.mode not in LDP_MODES:
+        if self.mode not in LDP_MODES + CENTRAL_MODES:
             return False
         if self.noise_multiplier is not None:
             return self.noise_multiplier > 0
@@ -193,7 +235,7 @@ class PrivacyConfig:
         """"laplace", "gaussian" or None (mode none)."""
         if self.mode == "none":
             return None
-        return "gaussian" if self.mode == "ldp-gaussian" else "laplace"
+        return "gaussian" if self.mode in ("ldp-gaussian", "cdp-gaussian") else "laplace"
 
     @property
     def description(self) -> str:

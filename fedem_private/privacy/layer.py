@@ -3,6 +3,13 @@
 One object per run. Per round: ``begin_round(t)``, then ``release`` for each
 chunk of participating clients, then ``end_round(clients)``, which charges
 exactly those clients in the ledger and returns the round's log fields.
+
+Under a central mechanism (``central`` True: cdp-gaussian, DESIGN section 5)
+the layer also picks the round's participants (:meth:`participants`,
+Poisson sampling), and instead of ``release`` takes each chunk's encoded
+(sent, local) tables through :meth:`contribute` into a secure sum that no
+one reads; :meth:`release_aggregate` then gives the ONE noisy aggregate of
+the round, the only thing the server's aggregator receives.
 """
 
 from __future__ import annotations
@@ -13,6 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .accounting import CentralBounds, RoundMechanism, compose, dpfedavg_bounds
+from .central import SecureSum, poisson_participants
 from .config import PrivacyConfig
 from .ledger import PrivacyLedger
 from .mechanisms import release
@@ -38,7 +47,26 @@ class PrivacyLayer:
         self.params: MechanismParams = resolve_params(cfg, max(int(rounds), 1))
         self.ledger = PrivacyLedger(self.params)
         self.auto_clip: dict[str, Any] | None = None
+        self.n_clients = int(n_clients)
+        self.rounds_released = 0
+        self.secure: SecureSum | None = None
+        if self.params.central:
+            assert self.params.clip is not None and self.params.sample_rate is not None
+            assert self.params.noise_multiplier is not None
+            self.secure = SecureSum(self.params.clip, self.params.noise_multiplier,
+                                    self.expected_count, self.seed)
         self._reset_round()
+
+    @property
+    def central(self) -> bool:
+        """Whether the mechanism acts on the aggregate (cdp-gaussian), not on each upload."""
+        return self.params.central
+
+    @property
+    def expected_count(self) -> float:
+        """q n, the divisor of the central mean (cdp-gaussian); n without sampling."""
+        q = self.params.sample_rate if self.params.sample_rate is not None else 1.0
+        return q * self.n_clients
 
     def set_auto_clip(self, clip: float, clients: np.ndarray) -> None:
         """Adopt the ``--clip auto`` estimate C and charge its warm-up (before round 1).
@@ -85,10 +113,40 @@ class PrivacyLayer:
     def begin_round(self, round_: int) -> None:
         self.round = round_
         self._reset_round()
+        if self.secure is not None:
+            self.secure.begin_round(round_)
+
+    def participants(self, round_: int) -> np.ndarray | None:
+        """cdp-gaussian: the round's clients by Poisson sampling at q (see :mod:`.central`);
+        None for the other modes (the loop picks the participants itself)."""
+        if not self.central:
+            return None
+        assert self.params.sample_rate is not None
+        return poisson_participants(self.seed, round_, self.n_clients, self.params.sample_rate)
+
+    def contribute(self, sent: torch.Tensor, local: torch.Tensor, clients: np.ndarray) -> None:
+        """cdp-gaussian: add one chunk's clipped deltas (encoded tables (k, ...)) to the
+        round's secure sum; nothing is returned (no per-client value leaves)."""
+        assert self.secure is not None, "contribute() is for central mechanisms"
+        if np.asarray(clients).shape != (local.shape[0],):
+            raise ValueError("clients must align with the tables' leading axis")
+        self.secure.add(sent, local)
+
+    def release_aggregate(self, base: torch.Tensor) -> torch.Tensor:
+        """cdp-gaussian: the round's new encoded global, ``base`` (the encoded table every
+        client was sent) + (sum of clipped deltas + N(0, z^2 C^2)) / (q n)."""
+        assert self.secure is not None, "release_aggregate() is for central mechanisms"
+        stats = self.secure.stats
+        self._n, self._n_clipped, self._norm_sum = (stats.n_clients, stats.n_clipped,
+                                                    stats.norm_sum)
+        self._noised = 1.0 if self.params.noise_scale > 0 else 0.0
+        return self.secure.release(base)
 
     def release(self, sent: torch.Tensor, local: torch.Tensor, clients: np.ndarray,
                 touched: torch.Tensor | None) -> torch.Tensor:
-        """The uploads of one chunk of clients (see :mod:`mechanisms`)."""
+        """The uploads of one chunk of clients (see :mod:`mechanisms`); local modes only."""
+        if self.central:
+            raise RuntimeError("a central mechanism releases no upload: use contribute()")
         out, stats = release(self.params, sent, local, seed=self.seed, round_=self.round,
                              clients=clients, touched=touched)
         k = stats.n_clients
@@ -115,16 +173,83 @@ class PrivacyLayer:
             out["clip"] = float(self.params.clip)
             out["frac_clipped"] = self._n_clipped / n
             out["mean_pre_clip_norm"] = self._norm_sum / n if self._n else math.nan
+        self.rounds_released += 1
         if self.perturbs:
             reported = entry["epsilon"]["reported"]
             out["eps_spent"] = math.inf if reported is None else float(reported)
+        if self.central:
+            out["participants_expected"] = self.expected_count
+            out["eps_spent_observer"] = self._observer_bounds().reported
         if heuristic is not None:
             out["paper_heuristic_eps_max"] = float(heuristic.max()) if heuristic.size else 0.0
         return out
 
+    def _observer_bounds(self) -> CentralBounds:
+        """DP-FedAvg's amplified eps over the rounds released so far (cdp-gaussian)."""
+        p = self.params
+        assert p.sample_rate is not None and p.noise_multiplier is not None
+        return dpfedavg_bounds(p.sample_rate, p.noise_multiplier, self.rounds_released, p.delta)
+
+    def _central_summary(self, out: dict[str, Any]) -> dict[str, Any]:
+        """cdp-gaussian: both guarantees of DESIGN section 5, and what each assumes.
+
+        ``epsilon`` (what tables read) is the observer's, amplified by Poisson
+        sampling; ``epsilon_aggregator`` is the per-client ledger's worst
+        client, unamplified, over the rounds it actually took part in.
+        """
+        p = self.params
+        assert p.noise_multiplier is not None
+        rounds = self.rounds_released
+        observer = self._observer_bounds().as_dict()
+        every = (compose(RoundMechanism("gaussian", p.noise_multiplier), rounds, p.delta)
+                 .as_dict() if p.noise_multiplier > 0 else {"reported": None})
+        aggregator = out["epsilon"]
+        neighbouring = "user-level: add/remove one client's whole data"
+        out.update({
+            "epsilon": observer,
+            "epsilon_view": "observer",
+            "epsilon_aggregator": aggregator,
+            "sample_rate": p.sample_rate,
+            "expected_participants": self.expected_count,
+            "neighbouring": neighbouring,
+            "trust_model": ("central: clipped deltas summed under secure aggregation (or by a "
+                            "trusted server), Gaussian noise added once to the sum"),
+            "amplification": ("Poisson sampling at rate q, claimed only against observers of "
+                              "the released models; none against the aggregator"),
+            "aggregation_weights": ("uniform: sum of clipped deltas over the expected count "
+                                    "q n (FedAvg's data-size weights are not used: they would "
+                                    "raise the sensitivity)"),
+            "guarantees": {
+                "observer": {
+                    "against": "observers of the released global models, not told who took part",
+                    "neighbouring": neighbouring,
+                    "amplification": f"Poisson subsampling, q = {p.sample_rate:g}",
+                    "rounds": rounds,
+                    "accountant": "dp-accounting PLD (pessimistic) and RDP; reported = min",
+                    "epsilon": observer,
+                },
+                "aggregator": {
+                    "against": ("the aggregator under secure aggregation: sees only the noisy "
+                                "sums, knows who took part"),
+                    "neighbouring": neighbouring,
+                    "amplification": "none",
+                    "rounds": ("the rounds each client actually took part in (ledger); the "
+                               "worst client's figure"),
+                    "worst_client_rounds": out.get("worst_client_rounds"),
+                    "epsilon": aggregator,
+                    "epsilon_if_every_round": every,
+                },
+            },
+        })
+        return out
+
     def summary(self) -> dict[str, Any]:
-        """The ledger's summary (worst client), JSON-ready; plus the --clip auto estimate."""
+        """The ledger's summary (worst client), JSON-ready; plus the --clip auto estimate.
+
+        Under cdp-gaussian both guarantees, see :meth:`_central_summary`."""
         out = self.ledger.summary()
+        if self.central:
+            out = self._central_summary(out)
         if self.auto_clip is not None:
             out["clip_auto"] = {k: (None if isinstance(v, float) and math.isinf(v) else v)
                                 for k, v in self.auto_clip.items()}

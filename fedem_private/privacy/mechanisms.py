@@ -13,6 +13,9 @@ float64 (:mod:`clipping`), then noise for all k clients is drawn in one call
 of ``rng.client_noise`` keyed by (seed, round, client), added, and the sum
 cast to float32 (post-processing).
 
+The central mode cdp-gaussian releases no upload at all; its clipping and
+its one noise draw on the sum live in :mod:`central`.
+
 What the guarantees do not cover: they are for the idealised real-valued
 mechanism. Noise comes from a seeded statistical PRNG and is added in
 floating point (no snapping, cf. Mironov 2012), which is fine for a

@@ -12,7 +12,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedem_private.privacy.accounting import RoundMechanism, gaussian_epsilon
-from fedem_private.privacy.calibration import gaussian_noise_multiplier, laplace_epsilon_round
+from fedem_private.privacy.calibration import (
+    dpfedavg_noise_multiplier,
+    gaussian_noise_multiplier,
+    laplace_epsilon_round,
+)
 from fedem_private.privacy.config import MODE_DESCRIPTIONS, PrivacyConfig
 
 
@@ -33,6 +37,13 @@ class MechanismParams:
     - ``nominal_epsilon_round``: ldp-touched-rows only: the eps its noise would
       give if the set of touched rows were public. It is NOT a guarantee.
     - ``paper_clip``: Z for mode paper (gradient clip inside local training).
+    - ``sample_rate``: cdp-gaussian only: the Poisson rate q of client sampling.
+
+    cdp-gaussian (user-level central DP, add/remove one client's data): the
+    sensitivity of the SUM of clipped deltas is C (not 2C: one client's
+    clipped delta is present or absent), noise_scale = sigma = z C is added
+    once to the sum, and ``epsilon_round`` is ONE round WITHOUT amplification
+    (the aggregator's view, which knows who took part).
     """
 
     mode: str
@@ -46,14 +57,22 @@ class MechanismParams:
     epsilon_round: float
     nominal_epsilon_round: float | None = None
     paper_clip: float | None = None
+    sample_rate: float | None = None
+
+    @property
+    def central(self) -> bool:
+        """True for a mechanism on the aggregate (cdp-*), not on each upload."""
+        return self.mode == "cdp-gaussian"
 
     @property
     def guarantee(self) -> bool:
-        """True only when a DP guarantee holds: ldp-laplace or ldp-gaussian WITH noise.
+        """True only when a DP guarantee holds: ldp-laplace, ldp-gaussian or cdp-gaussian
+        WITH noise.
 
         Clip-only runs (epsilon = inf, noise 0) give no finite guarantee.
         """
-        return self.mode in ("ldp-laplace", "ldp-gaussian") and math.isfinite(self.epsilon_round)
+        return (self.mode in ("ldp-laplace", "ldp-gaussian", "cdp-gaussian")
+                and math.isfinite(self.epsilon_round))
 
     @property
     def description(self) -> str:
@@ -92,6 +111,7 @@ class MechanismParams:
             "epsilon_round": num(self.epsilon_round),
             "nominal_epsilon_round": num(self.nominal_epsilon_round),
             "paper_clip": self.paper_clip,
+            "sample_rate": self.sample_rate,
         }
 
 
@@ -132,6 +152,8 @@ def resolve_params(cfg: PrivacyConfig, rounds: int) -> MechanismParams:
             noise_kind="laplace", noise_scale=float(cfg.paper_lambda), noise_multiplier=None,
             epsilon_round=math.inf, paper_clip=float(cfg.paper_clip),
         )
+    if cfg.mode == "cdp-gaussian":
+        return _central_params(cfg, rounds)
     sensitivity = 2.0 * float(cfg.clip)
     if cfg.mode == "ldp-gaussian":
         z = _gaussian_noise_multiplier(cfg, rounds)
@@ -149,6 +171,28 @@ def resolve_params(cfg: PrivacyConfig, rounds: int) -> MechanismParams:
         sensitivity=sensitivity, noise_kind="laplace", noise_scale=z * sensitivity,
         noise_multiplier=z, epsilon_round=eps_round if secure else math.inf,
         nominal_epsilon_round=None if secure else eps_round,
+    )
+
+
+def _central_params(cfg: PrivacyConfig, rounds: int) -> MechanismParams:
+    """cdp-gaussian (DESIGN section 5): sigma = z C on the sum of the clipped deltas.
+
+    z is given, or calibrated so that ``rounds`` rounds of the
+    Poisson-subsampled Gaussian at q = ``cfg.sample_rate`` are
+    (cfg.epsilon, cfg.delta)-DP for observers of the released models
+    (:func:`~fedem_private.privacy.calibration.dpfedavg_noise_multiplier`).
+    """
+    clip, q = float(cfg.clip), float(cfg.sample_rate)
+    if cfg.noise_multiplier is not None:
+        z = float(cfg.noise_multiplier)
+    else:
+        assert cfg.epsilon is not None
+        z = dpfedavg_noise_multiplier(cfg.epsilon, cfg.delta, q, rounds, cfg.accountant)
+    eps_round = math.inf if z == 0 else gaussian_epsilon(1.0 / z, cfg.delta)
+    return MechanismParams(
+        mode=cfg.mode, delta=cfg.delta, norm="l2", clip=clip, sensitivity=clip,
+        noise_kind="gaussian", noise_scale=z * clip, noise_multiplier=z,
+        epsilon_round=eps_round, sample_rate=q,
     )
 
 

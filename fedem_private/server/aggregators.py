@@ -12,7 +12,10 @@ round loop, which never branches on their names:
 ``fedavg`` (weights |D_v| / sum |D| over the round's participants),
 ``uniform`` (1/n), ``similarity`` (equation 13, personalised per client),
 ``graph`` (GPFedRec) and ``fedmerge`` (K global tables merged per client,
-DESIGN section 12) live here; ``none`` is the ``local`` baseline. An
+DESIGN section 12) live here; ``none`` is the ``local`` baseline. Under a central
+mechanism (cdp-gaussian) no upload reaches the aggregator: a sum-based one
+(:attr:`Aggregator.takes_aggregate`) is handed the round's noisy aggregate
+by :meth:`Aggregator.take_aggregate` instead. An
 aggregator may report per-round figures (:meth:`Aggregator.round_stats`),
 which the loop writes into metrics.csv without knowing what they are.
 Non-item shared groups (an MLP) are always averaged with FedAvg weights by
@@ -48,6 +51,8 @@ class Aggregator(ABC):
     name: ClassVar[str]
     #: whether it needs each client's upload (not only their sum): similarity does
     needs_each_upload: ClassVar[bool] = False
+    #: whether it can adopt an aggregate formed elsewhere (central DP): the sums can
+    takes_aggregate: ClassVar[bool] = False
 
     def __init__(self, sizes: Tensor, n_clients: int) -> None:
         self.sizes = sizes  # (n,) float64 training-set sizes |D_u|
@@ -70,6 +75,12 @@ class Aggregator(ABC):
     def end_round(self) -> None:
         """Form the tables sent next round."""
 
+    def take_aggregate(self, table: Tensor) -> None:
+        """Adopt ``table`` (m, d), the round's aggregate formed under central DP, as the
+        next global table (instead of :meth:`add`); only sum-based aggregators can."""
+        raise TypeError(f"aggregation {self.name!r} needs each client's upload and cannot "
+                        "take a central aggregate")
+
     @property
     def table(self) -> Tensor | None:
         """The current global table: (m, d), (n, m, d) when personalised, None for none."""
@@ -85,13 +96,22 @@ class Aggregator(ABC):
 
 
 class _SumAggregator(Aggregator):
-    """A weighted sum of the uploads, accumulated chunk by chunk in float64."""
+    """A weighted sum of the uploads, accumulated chunk by chunk in float64.
+
+    Under cdp-gaussian it takes the round's noisy aggregate instead
+    (:meth:`take_aggregate`): the UNWEIGHTED mean of clipped deltas over the
+    expected count (DESIGN section 5), so fedavg's data-size weights are not
+    used there (they would raise the sensitivity).
+    """
+
+    takes_aggregate = True
 
     def __init__(self, sizes: Tensor, n_clients: int, q0: Tensor) -> None:
         super().__init__(sizes, n_clients)
         self.global_table = q0.clone()
         self._acc: Tensor | None = None
         self._weights: Tensor | None = None
+        self._aggregate: Tensor | None = None
 
     def _round_weights(self, part_mask: Tensor) -> Tensor:
         raise NotImplementedError
@@ -101,14 +121,26 @@ class _SumAggregator(Aggregator):
 
     def begin_round(self, part_mask: Tensor) -> None:
         super().begin_round(part_mask)
-        self._weights = self._round_weights(part_mask)
+        # a Poisson-sampled round (cdp-gaussian) may have no participant: no weights then
+        self._weights = (self._round_weights(part_mask) if bool(part_mask.any())
+                         else torch.zeros(self.n, dtype=torch.float64))
         self._acc = torch.zeros_like(self.global_table, dtype=torch.float64)
 
     def add(self, idx: Tensor, uploads: Tensor) -> None:
         assert self._acc is not None and self._weights is not None
         self._acc += torch.einsum("k,kmd->md", self._weights[idx], uploads.double())
 
+    def take_aggregate(self, table: Tensor) -> None:
+        if tuple(table.shape) != tuple(self.global_table.shape):
+            raise ValueError(f"aggregate {tuple(table.shape)} does not match the global table "
+                             f"{tuple(self.global_table.shape)}")
+        self._aggregate = table
+
     def end_round(self) -> None:
+        if self._aggregate is not None:
+            self.global_table = self._aggregate.to(self.global_table.dtype)
+            self._aggregate, self._acc = None, None
+            return
         assert self._acc is not None
         self.global_table = self._acc.to(self.global_table.dtype)
         self._acc = None
@@ -349,7 +381,8 @@ class DenseFedAvg:
         return {n: v.expand(k, *v.shape).contiguous() for n, v in self.params.items()}
 
     def begin_round(self, part_mask: Tensor) -> None:
-        self._weights = fedavg_weights(self.sizes, part_mask)
+        self._weights = (fedavg_weights(self.sizes, part_mask) if bool(part_mask.any())
+                         else torch.zeros_like(self.sizes, dtype=torch.float64))
         self._acc = {n: torch.zeros_like(v, dtype=torch.float64) for n, v in self.params.items()}
 
     def add(self, idx: Tensor, uploads: dict[str, Tensor]) -> None:
@@ -357,6 +390,10 @@ class DenseFedAvg:
         w = self._weights[idx]
         for n, v in uploads.items():
             self._acc[n] += torch.tensordot(w, v.double(), dims=1)
+
+    def take_aggregate(self, groups: dict[str, Tensor]) -> None:
+        """Adopt the round's central aggregate of the groups (cdp-gaussian: unweighted)."""
+        self._acc = {n: groups[n] for n in self.params}
 
     def end_round(self) -> None:
         self.params = {n: v.to(self.params[n].dtype) for n, v in self._acc.items()}

@@ -207,8 +207,8 @@ def refuse_central(aggregation: str, mode: str,
     """Refuse, in one line, an aggregation that needs each upload under a central mechanism.
 
     Similarity, graph and FedMerge (section 12) aggregation read every
-    client's upload, which a central mechanism (noise on the aggregate) never
-    releases. No central mode exists yet (``central_modes`` is empty).
+    client's upload, which a central mechanism (cdp-gaussian: noise on the
+    aggregate, under secure aggregation) never releases.
     """
     if aggregation in EACH_UPLOAD_AGGREGATIONS and mode in central_modes:
         raise UserError(f"aggregation {aggregation!r} needs each client's upload, but privacy "
@@ -291,6 +291,15 @@ class RunConfig:
             raise UserError(f"privacy {self.privacy.mode!r} protects uploads, but aggregation "
                             "'none' (local) uploads nothing; use --privacy none")
         refuse_central(self.federation.resolved_aggregation, self.privacy.mode)
+        if self.privacy.mode in CENTRAL_MODES:
+            if self.train.client_fraction != 1:
+                raise UserError(f"privacy {self.privacy.mode!r} samples clients itself (Poisson, "
+                                f"--sample-rate); leave --client-fraction at 1, got "
+                                f"{self.train.client_fraction:g}")
+            if self.record.rounds is not None:
+                raise UserError(f"recording under privacy {self.privacy.mode!r} (the noisy "
+                                f"aggregates, DESIGN section 6) is not built yet; drop "
+                                f"--record-rounds")
         return self
 
     def resolved(self) -> RunConfig:
@@ -315,6 +324,7 @@ LATER_FIELDS: dict[tuple[str, ...], Any] = {
     ("privacy", "clip_auto_epsilon"): None,
     ("privacy", "clip_auto_min"): 0.1,
     ("privacy", "clip_auto_max"): 1e5,
+    ("privacy", "sample_rate"): 1.0,
     ("federation", "backbone"): "mf",
     ("federation", "codec"): "full",
     ("federation", "graph_threshold"): 1.0,

@@ -21,6 +21,13 @@ Round t, for the clients taking part (all unless a client fraction is set):
    that leaves it;
 5. the server decodes and aggregates the uploads.
 
+Under a central mechanism (cdp-gaussian, DESIGN section 5) the privacy
+layer picks the participants (Poisson sampling) and steps 4 and 5 change:
+each client's encoded (sent, trained) pair goes into the layer's secure sum
+(:meth:`~fedem_private.privacy.layer.PrivacyLayer.contribute`), no upload is
+decoded or observed, and after the last chunk the layer releases ONE noisy
+aggregate, which the (sum-based) aggregator adopts as the next global table.
+
 Clients are processed in chunks sorted by workload; every random draw is keyed
 by (seed, round, client), so chunking never changes results.
 """
@@ -219,7 +226,11 @@ class Simulation:
         return ClientParams(sent, dense_sent, own.private, self.aggregator.anchor(idx))
 
     def participants(self, round_: int) -> np.ndarray:
-        """Clients taking part in a round: all, or the ceil(q n) with the smallest draws."""
+        """Clients taking part in a round: the privacy layer's Poisson sample (cdp-gaussian),
+        else all, or the ceil(q n) with the smallest draws (``client_fraction`` q)."""
+        sampled = self.privacy.participants(round_)
+        if sampled is not None:
+            return sampled
         n, q = self.split.n_users, self.cfg.train.client_fraction
         if q >= 1.0:
             return np.arange(n)
@@ -257,6 +268,7 @@ class Simulation:
         if self.dense is not None:
             self.dense.begin_round(part_mask)
         self.privacy.begin_round(t)
+        central = self.privacy.central
         rho_sum, rho_n = 0.0, 0
         for chunk in self._chunks(clients):
             idx = torch.from_numpy(chunk)
@@ -276,20 +288,26 @@ class Simulation:
                 rho_sum += float(rho.sum())
                 rho_n += rho.shape[0]
             new, touched = self.backbone.train_chunk(start, chunk, samples, self.local_cfg, t)
-            released = self.privacy.release(self.codec.encode(sent, dense_sent),
-                                            self.codec.encode(new.items, new.dense), chunk,
-                                            self.codec.touched(touched))
-            upload, dense_upload = self.codec.decode(released)
             st.q_local[idx] = new.items
             for name, value in new.private.items():
                 st.private[name][idx] = value
             for name, value in new.dense.items():
                 st.dense_local[name][idx] = value
+            if central:  # into the secure sum: no upload is released or observed
+                self.privacy.contribute(self.codec.encode(sent, dense_sent),
+                                        self.codec.encode(new.items, new.dense), chunk)
+                continue
+            released = self.privacy.release(self.codec.encode(sent, dense_sent),
+                                            self.codec.encode(new.items, new.dense), chunk,
+                                            self.codec.touched(touched))
+            upload, dense_upload = self.codec.decode(released)
             self.aggregator.add(idx, upload)
             if self.dense is not None:
                 self.dense.add(idx, dense_upload)
             for observe in self.observers:
                 observe(ChunkView(t, chunk, sent, upload, samples))
+        if central:
+            self._take_central_aggregate()
         self.aggregator.end_round()
         if self.dense is not None:
             self.dense.end_round()
@@ -304,6 +322,20 @@ class Simulation:
         if t % self.cfg.train.eval_every == 0 or t == self.cfg.train.rounds:
             stats.metrics = self.evaluate()
         return stats
+
+    def _take_central_aggregate(self) -> None:
+        """The round's one noisy aggregate (cdp-gaussian) to the aggregator and dense groups.
+
+        ``base`` is the encoded table every client was sent this round (a sum
+        aggregator sends all the same global table and dense groups).
+        """
+        one = torch.zeros(1, dtype=torch.long)
+        sent = self._sent_params(one)
+        base = self.codec.encode(sent.items, sent.dense)
+        items, dense = self.codec.decode(self.privacy.release_aggregate(base))
+        self.aggregator.take_aggregate(items[0])
+        if self.dense is not None:
+            self.dense.take_aggregate({name: value[0] for name, value in dense.items()})
 
     def evaluate(self) -> dict[str, dict[str, float]]:
         """HR/NDCG of every client's own current model (its Q_l and private groups)."""

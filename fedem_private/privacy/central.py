@@ -1,0 +1,181 @@
+"""cdp-gaussian: user-level central DP on the aggregate (DP-FedAvg; DESIGN section 5).
+
+McMahan, Ramage, Talwar and Zhang, "Learning differentially private
+recurrent language models" (ICLR 2018), with fixed clipping. One round t:
+
+1. every client u is included independently with probability q (Poisson
+   sampling, :func:`poisson_participants`, keyed by (seed, round, client));
+2. each included client's delta Delta_u = U_u - S, its whole encoded upload
+   (item table and dense groups as the codec packs them) minus what it was
+   sent, is L2-clipped to C in float64: clip_2(Delta_u, C);
+3. the clipped deltas are SUMMED (under secure aggregation: no one sees a
+   single one), N(0, z^2 C^2) is added ONCE to the sum, on every entry;
+4. the sum is divided by the EXPECTED count q n (not the realised count,
+   which depends on who took part), and the new global is S + that mean.
+
+Neighbouring relation: user-level add/remove, one client's whole data (hence
+its clipped delta) present or absent. Sensitivity: the sum's L2
+sensitivity is C. Weights are uniform: FedAvg's data-size weights |D_u| are
+NOT used (a weight that depends on the client's data would raise the
+sensitivity above C), so under cdp-gaussian ``fedavg`` and ``uniform`` both
+form this unweighted mean over the expected count.
+
+Trust model and guarantees (two, both user-level):
+
+- observers of the released global models who do not know who took part:
+  T rounds of the Poisson-subsampled Gaussian, amplified by sampling
+  (:func:`~fedem_private.privacy.accounting.dpfedavg_event`);
+- the aggregator under secure aggregation (or a trusted server), which
+  sees only the noisy sums but knows who took part: NO amplification; each
+  round a client took part in is the plain Gaussian mechanism with
+  multiplier z, composed over the rounds it actually took part in (the
+  per-client ledger). Participation itself is data-independent (Poisson)
+  and is not protected against the aggregator.
+
+As for the local modes, the guarantees are for the idealised real-valued
+mechanism: noise comes from a seeded statistical PRNG in floating point.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fedem_private import rng
+from fedem_private.errors import UserError
+from fedem_private.finite import finite_rows
+from fedem_private.privacy.clipping import ClipStats, clip_rows
+
+# the client id that keys the server's one noise draw per round (no real client has it)
+AGGREGATE_KEY = 1 << 41
+
+
+def poisson_participants(seed: int, round_: int, n_clients: int, sample_rate: float
+                         ) -> np.ndarray:
+    """Clients taking part in ``round_``: each independently with probability q (sorted ids).
+
+    Client u is in iff its uniform draw keyed by (seed, POISSON, round, u) is
+    below q, so the count is Binomial(n, q) (mean q n) and runs repeat.
+    """
+    ids = np.arange(int(n_clients))
+    if sample_rate >= 1.0:
+        return ids
+    u = rng.uniform(rng.key(seed, rng.Stream.POISSON, round_, ids), 0)
+    return ids[u < sample_rate]
+
+
+def clipped_deltas(sent: torch.Tensor, local: torch.Tensor, clip: float
+                   ) -> tuple[torch.Tensor, ClipStats]:
+    """clip_2(local - sent, C) per client (leading axis), in float64.
+
+    Raises UserError when a client's table holds NaN or Inf. Every returned
+    row has float64 L2 norm <= C (:mod:`clipping`).
+    """
+    if sent.shape != local.shape or local.dim() < 2:
+        raise ValueError(f"sent {tuple(sent.shape)} and local {tuple(local.shape)} must match")
+    finite = finite_rows(local)
+    if not bool(finite.all()):
+        rows = (~finite).nonzero().squeeze(1).tolist()
+        raise UserError(f"non-finite value (NaN or Inf) in the upload of chunk row(s) "
+                        f"{rows[:10]}")
+    delta = local.detach().to(torch.float64, copy=True)
+    delta.sub_(sent.detach())
+    return clip_rows(delta, clip, "l2")
+
+
+def aggregate_noise(shape: tuple[int, ...] | torch.Size, scale: float, *, seed: int,
+                    round_: int) -> torch.Tensor:
+    """N(0, scale^2) float64 noise of ``shape``, one draw per round keyed by (seed, round)."""
+    n = math.prod(shape)
+    noise = rng.client_noise(seed, round_, np.array([AGGREGATE_KEY]), n, "gaussian",
+                             scale, stream=rng.Stream.CENTRAL_NOISE)
+    return noise.reshape(tuple(shape))
+
+
+def noisy_mean_delta(delta_sum: torch.Tensor, *, clip: float, noise_multiplier: float,
+                     expected_count: float, seed: int, round_: int) -> torch.Tensor:
+    """(sum_u clip_2(Delta_u, C) + N(0, z^2 C^2)) / (q n), float64 (DESIGN section 5).
+
+    ``expected_count`` is q n, a public constant (dividing by the realised
+    count would make the divisor depend on who took part). z = 0: no noise.
+    """
+    if not expected_count > 0:
+        raise ValueError(f"expected count must be > 0, got {expected_count}")
+    out = delta_sum.detach().to(torch.float64, copy=True)
+    if noise_multiplier > 0:
+        out.add_(aggregate_noise(out.shape, noise_multiplier * clip, seed=seed, round_=round_))
+    return out.div_(expected_count)
+
+
+@dataclass
+class CentralRoundStats:
+    """Clipping figures of one round's contributions (for the per-round log)."""
+
+    n_clients: int = 0
+    n_clipped: float = 0.0
+    norm_sum: float = 0.0
+
+
+class SecureSum:
+    """One round's secure aggregation of clipped deltas: only the noisy sum leaves it.
+
+    Mechanism cdp-gaussian (see the module docstring). Neighbouring relation:
+    user-level add/remove of one client's whole data. Trust model: the sum is
+    formed under secure aggregation (or by a trusted server). Sensitivity:
+    each term is clipped to L2 norm C, so the sum's L2 sensitivity is C and
+    the noise N(0, z^2 C^2) on every entry makes one round the Gaussian
+    mechanism with multiplier z (amplified by Poisson sampling only for
+    observers who do not know who took part).
+
+    ``add`` takes a chunk of clients' encoded (sent, local) uploads and adds
+    their clipped deltas to a float64 sum; ``release`` adds the noise once and
+    returns the new encoded global S + noisy mean delta. Between the two no
+    per-client value is exposed.
+    """
+
+    def __init__(self, clip: float, noise_multiplier: float, expected_count: float,
+                 seed: int) -> None:
+        self.clip = float(clip)
+        self.noise_multiplier = float(noise_multiplier)
+        self.expected_count = float(expected_count)
+        self.seed = int(seed)
+        self.round = 0
+        self._sum: torch.Tensor | None = None
+        self.stats = CentralRoundStats()
+
+    def begin_round(self, round_: int) -> None:
+        self.round = int(round_)
+        self._sum = None
+        self.stats = CentralRoundStats()
+
+    def add(self, sent: torch.Tensor, local: torch.Tensor) -> ClipStats:
+        """Add the clipped deltas of k clients ((k, ...) encoded tables) to the round's sum."""
+        clipped, stats = clipped_deltas(sent, local, self.clip)
+        part = clipped.sum(dim=0, keepdim=True)  # (1, ...): shaped like one upload
+        self._sum = part if self._sum is None else self._sum.add_(part)
+        k = int(clipped.shape[0])
+        self.stats.n_clients += k
+        self.stats.n_clipped += stats.fraction_clipped * k
+        if k:
+            self.stats.norm_sum += stats.mean_norm * k
+        return stats
+
+    def release(self, base: torch.Tensor) -> torch.Tensor:
+        """The new encoded global: ``base`` (what every client was sent) + noisy mean delta.
+
+        With no participant the sum is zero and the noise is still added.
+        Returned in ``base``'s dtype (the cast is post-processing).
+        """
+        delta_sum = self._sum if self._sum is not None else torch.zeros_like(
+            base, dtype=torch.float64)
+        if delta_sum.shape != base.shape:
+            raise ValueError(f"sum {tuple(delta_sum.shape)} and base {tuple(base.shape)} differ")
+        mean = noisy_mean_delta(delta_sum, clip=self.clip,
+                                noise_multiplier=self.noise_multiplier,
+                                expected_count=self.expected_count, seed=self.seed,
+                                round_=self.round)
+        self._sum = None
+        return (base.detach().to(torch.float64) + mean).to(base.dtype)
