@@ -168,16 +168,34 @@ class UniformAggregator(_SumAggregator):
         return uniform_weights(self.sizes, part_mask)
 
 
-class SimilarityAggregator(Aggregator):
+class _PerUploadAggregator(Aggregator):
+    """An aggregator that keeps the server's copy of each client's last upload (n, m, d).
+
+    ``alias``: when uploads always equal the clients' trained tables (no
+    privacy noise), the caller may pass that (n, m, d) tensor and the copy
+    shares its storage (nothing is copied on upload).
+    """
+
+    needs_each_upload = True
+
+    def _keep_uploads(self, q0: Tensor, alias: Tensor | None) -> None:
+        m, d = q0.shape
+        self.last_upload = alias if alias is not None else q0.expand(self.n, m, d).clone()
+        self.aliased = alias is not None
+
+    def add(self, idx: Tensor, uploads: Tensor) -> None:
+        if not self.aliased:
+            self.last_upload[idx] = uploads
+
+
+class SimilarityAggregator(_PerUploadAggregator):
     """FedEM's personalised tables, equation 13: Q_g[u] = sum_v w_uv U_v.
 
-    Keeps the server's copy of each client's last upload. ``alias``: when
-    uploads always equal the clients' trained tables (no privacy noise), the
-    caller may pass that (n, m, d) tensor and the copy shares its storage.
+    Keeps the server's copy of each client's last upload (``alias`` as in
+    :class:`_PerUploadAggregator`).
     """
 
     name = "similarity"
-    needs_each_upload = True
 
     def __init__(self, sizes: Tensor, n_clients: int, q0: Tensor, alpha: float,
                  alias: Tensor | None = None) -> None:
@@ -185,16 +203,11 @@ class SimilarityAggregator(Aggregator):
         self.alpha = alpha
         m, d = q0.shape
         self.global_tables = q0.expand(n_clients, m, d).clone()
-        self.last_upload = alias if alias is not None else q0.expand(n_clients, m, d).clone()
-        self.aliased = alias is not None
+        self._keep_uploads(q0, alias)
         self.uploaded = torch.zeros(n_clients, dtype=torch.bool)
 
     def sent(self, idx: Tensor) -> Tensor:
         return self.global_tables.index_select(0, idx)
-
-    def add(self, idx: Tensor, uploads: Tensor) -> None:
-        if not self.aliased:
-            self.last_upload[idx] = uploads
 
     def end_round(self) -> None:
         self.uploaded |= self.part_mask
@@ -208,18 +221,17 @@ class SimilarityAggregator(Aggregator):
         return self.global_tables
 
 
-class GraphAggregator(Aggregator):
+class GraphAggregator(_PerUploadAggregator):
     """GPFedRec's graph (:mod:`fedem_private.server.graph`) over the round's uploads.
 
     Sends every client the global table (the mean of the propagated tables) and,
     as the anchor of GPFedRec's regulariser, its personalised table; a client
     that did not take part keeps its last personalised table. Needs each
     upload, like similarity aggregation. ``alias`` as for
-    :class:`SimilarityAggregator`.
+    :class:`_PerUploadAggregator`.
     """
 
     name = "graph"
-    needs_each_upload = True
 
     def __init__(self, sizes: Tensor, n_clients: int, q0: Tensor, *, threshold: float,
                  topk: int, layers: int, alias: Tensor | None = None) -> None:
@@ -228,18 +240,13 @@ class GraphAggregator(Aggregator):
         m, d = q0.shape
         self.global_table = q0.clone()
         self.personal = q0.expand(n_clients, m, d).clone()
-        self.last_upload = alias if alias is not None else q0.expand(n_clients, m, d).clone()
-        self.aliased = alias is not None
+        self._keep_uploads(q0, alias)
 
     def sent(self, idx: Tensor) -> Tensor:
         return self.global_table.expand(idx.shape[0], -1, -1).contiguous()
 
     def anchor(self, idx: Tensor) -> Tensor:
         return self.personal.index_select(0, idx)
-
-    def add(self, idx: Tensor, uploads: Tensor) -> None:
-        if not self.aliased:
-            self.last_upload[idx] = uploads
 
     def end_round(self) -> None:
         part = self.part_mask.nonzero().squeeze(1)
@@ -255,7 +262,7 @@ class GraphAggregator(Aggregator):
         return self.global_table
 
 
-class FedMergeAggregator(Aggregator):
+class FedMergeAggregator(_PerUploadAggregator):
     """FedMerge (DESIGN section 12): K global tables, one merged table per client.
 
     Sends client u Q_sent[u] = sum_k softmax(a_u)_k G_k (12.1), also as the
@@ -264,23 +271,20 @@ class FedMergeAggregator(Aggregator):
     fedmerge.fit` on (12.2), warm-started from the last round. A client that
     did not take part keeps its logits (its merged table still follows the
     refitted tables). Needs each upload; ``alias`` as for
-    :class:`SimilarityAggregator`.
+    :class:`_PerUploadAggregator`.
     """
 
     name = "fedmerge"
-    needs_each_upload = True
 
     def __init__(self, sizes: Tensor, n_clients: int, q0: Tensor, *, k: int, fit_cfg: FitConfig,
                  seed: int, alias: Tensor | None = None) -> None:
         super().__init__(sizes, n_clients)
-        m, d = q0.shape
         self.fit_cfg = fit_cfg
         self.dtype = q0.dtype
         self.tables = initial_tables(q0, k, seed)  # (K, m, d) float64
         self.logits = torch.zeros((n_clients, k), dtype=torch.float64)
         self.personal = merged_tables(self.logits, self.tables).to(q0.dtype)
-        self.last_upload = alias if alias is not None else q0.expand(n_clients, m, d).clone()
-        self.aliased = alias is not None
+        self._keep_uploads(q0, alias)
         self.objective: list[float] = []
         self._stats: dict[str, float] = {}
 
@@ -294,10 +298,6 @@ class FedMergeAggregator(Aggregator):
 
     def anchor(self, idx: Tensor) -> Tensor:
         return self.personal.index_select(0, idx)
-
-    def add(self, idx: Tensor, uploads: Tensor) -> None:
-        if not self.aliased:
-            self.last_upload[idx] = uploads
 
     def end_round(self) -> None:
         part = self.part_mask.nonzero().squeeze(1)
