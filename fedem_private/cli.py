@@ -213,6 +213,9 @@ def privacy_text(privacy: dict[str, Any] | None) -> str:
     if mode == "cdp-gaussian":
         return _central_text(privacy, eps)
     text = f"privacy: {mode}  eps spent (worst client) {eps:.4g}"
+    if mode in ("ldp-laplace", "ldp-gaussian"):
+        text = (f"privacy: {mode} (user-level local DP, replace-one; no amplification "
+                f"claimed)  eps spent (worst client) {eps:.4g}")
     if privacy.get("delta"):
         text += f" at delta {privacy['delta']:g}"
     if mode == "paper":

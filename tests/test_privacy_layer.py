@@ -71,3 +71,35 @@ def test_clip_only_claims_no_guarantee() -> None:
     summary = layer.summary()
     assert summary["guarantee"] is False
     assert summary["epsilon"]["reported"] is None and math.isinf(log["eps_spent"])
+
+
+@pytest.mark.parametrize("mode, relation, trust", [
+    ("none", "no guarantee", "sees every upload"),
+    ("ldp-laplace", "replace-one", "local"),
+    ("ldp-gaussian", "replace-one", "local"),
+    ("paper", "not a DP guarantee", "local"),
+    ("ldp-touched-rows", "INSECURE", "local"),
+])
+def test_every_run_states_its_neighbouring_relation_trust_model_and_amplification(
+        tmp_path, mode, relation, trust):
+    """summary.json and results.csv carry the mode's threat model (DESIGN section 5)."""
+    from fedem_private.experiments.results import collect
+    from fedem_private.experiments.runner import execute
+    from fedem_private.simulation.config import RunConfig, with_overrides
+
+    over = {"data.dataset": "synthetic", "data.synthetic.n_users": 30,
+            "data.synthetic.n_items": 40, "train.rounds": 1, "train.local_epochs": 1,
+            "train.dim": 4, "privacy.mode": mode}
+    if mode != "none":
+        over.update({"privacy.epsilon": 8.0, "privacy.clip": 1.0})
+    if mode == "paper":
+        over = {k: v for k, v in over.items() if k not in ("privacy.epsilon", "privacy.clip")}
+    if mode in ("ldp-gaussian",):
+        over["privacy.delta"] = 1e-5
+    summary = execute(with_overrides(RunConfig(), over), tmp_path / "run")
+    p = summary["privacy"]
+    assert relation in p["neighbouring"] and trust in p["trust_model"]
+    assert p["amplification"].startswith("none")
+    frame = collect(tmp_path)
+    assert frame.loc[0, "neighbouring"] == p["neighbouring"]
+    assert frame.loc[0, "trust_model"] == p["trust_model"]

@@ -51,8 +51,8 @@ NAMED_KEYS = {"data.dataset", "data.protocol", "federation.method", "federation.
 LEGACY_KEYS = ["dataset", "method", "variant", "aggregation", "merge", "protocol", "mode",
                "eps_target", "seed", "rounds", "clip", "n_users", "n_items"]
 TAIL_COLUMNS = ["guarantee", "clip", "noise_scale", "frac_clipped", "mean_pre_clip_norm",
-                "rho_mean", "rounds", "n_users", "n_items", "audit", "seconds_per_round",
-                "seconds_total"]
+                "rho_mean", "rounds", "n_users", "n_items", "audit", "neighbouring",
+                "trust_model", "amplification", "seconds_per_round", "seconds_total"]
 
 
 def find_runs(root: str | Path) -> list[Path]:
@@ -207,6 +207,9 @@ def run_row(run: Path, root: Path) -> dict[str, Any]:
         "n_users": summary.get("n_users"),
         "n_items": summary.get("n_items"),
         "audit": verdict,
+        "neighbouring": privacy.get("neighbouring"),
+        "trust_model": privacy.get("trust_model"),
+        "amplification": privacy.get("amplification"),
         "seconds_per_round": _number(summary.get("seconds_per_round")),
         "seconds_total": _number(summary.get("seconds_total")),
     })

@@ -36,6 +36,49 @@ MODES: tuple[str, ...] = ("none", "ldp-laplace", "ldp-gaussian", "paper", "ldp-t
 LDP_MODES: tuple[str, ...] = ("ldp-laplace", "ldp-gaussian", "ldp-touched-rows")
 # modes that noise the aggregate on the server, not each upload (DESIGN section 5)
 CENTRAL_MODES: tuple[str, ...] = ("cdp-gaussian",)
+
+
+# What each mode protects, against whom, and what it claims (DESIGN sections 5-6): the
+# neighbouring relation, the trust model and the amplification. Every run writes its
+# mode's entry into summary.json and results.csv.
+THREAT_MODELS: dict[str, dict[str, str]] = {
+    "none": {
+        "neighbouring": "none: no mechanism, no guarantee",
+        "trust_model": "none: the server sees every upload exactly",
+        "amplification": "none",
+    },
+    "ldp-laplace": {
+        "neighbouring": "user-level, replace-one: the client's whole dataset replaced by any other",
+        "trust_model": "local: each client clips (L1) and noises its whole upload; the server "
+                       "is not trusted",
+        "amplification": "none: the server sees who took part",
+    },
+    "ldp-gaussian": {
+        "neighbouring": "user-level, replace-one: the client's whole dataset replaced by any other",
+        "trust_model": "local: each client clips (L2) and noises its whole upload; the server "
+                       "is not trusted",
+        "amplification": "none: the server sees who took part",
+    },
+    "paper": {
+        "neighbouring": "none: the FedEM paper's heuristic eps bounds one SGD step, not a "
+                        "client's E epochs; not a DP guarantee",
+        "trust_model": "local: gradient clipping in training, Laplace noise on the upload",
+        "amplification": "none",
+    },
+    "ldp-touched-rows": {
+        "neighbouring": "none: INSECURE, the set of rows a client trained on is released in "
+                        "the clear; no DP guarantee",
+        "trust_model": "local: noise only on the rows the client trained",
+        "amplification": "none",
+    },
+    "cdp-gaussian": {
+        "neighbouring": "user-level: add/remove one client's whole data",
+        "trust_model": "central: clipped deltas summed under secure aggregation (or by a "
+                       "trusted server), Gaussian noise added once to the sum",
+        "amplification": "Poisson sampling at rate q, claimed only against observers of the "
+                         "released models; none against the aggregator",
+    },
+}
 ACCOUNTANTS: tuple[str, ...] = ("basic", "advanced", "rdp", "pld")
 # accountants that handle Poisson subsampling (cdp-gaussian's calibration)
 CENTRAL_ACCOUNTANTS: tuple[str, ...] = ("rdp", "pld")

@@ -22,7 +22,7 @@ import torch
 
 from .accounting import CentralBounds, RoundMechanism, compose, dpfedavg_bounds
 from .central import SecureSum, poisson_participants
-from .config import PrivacyConfig
+from .config import THREAT_MODELS, PrivacyConfig
 from .ledger import PrivacyLedger
 from .mechanisms import release
 from .params import MechanismParams, paper_heuristic_epsilon, resolve_params
@@ -204,18 +204,13 @@ class PrivacyLayer:
         every = (compose(RoundMechanism("gaussian", p.noise_multiplier), rounds, p.delta)
                  .as_dict() if p.noise_multiplier > 0 else {"reported": None})
         aggregator = out["epsilon"]
-        neighbouring = "user-level: add/remove one client's whole data"
+        neighbouring = THREAT_MODELS["cdp-gaussian"]["neighbouring"]
         out.update({
             "epsilon": observer,
             "epsilon_view": "observer",
             "epsilon_aggregator": aggregator,
             "sample_rate": p.sample_rate,
             "expected_participants": self.expected_count,
-            "neighbouring": neighbouring,
-            "trust_model": ("central: clipped deltas summed under secure aggregation (or by a "
-                            "trusted server), Gaussian noise added once to the sum"),
-            "amplification": ("Poisson sampling at rate q, claimed only against observers of "
-                              "the released models; none against the aggregator"),
             "aggregation_weights": ("uniform: sum of clipped deltas over the expected count "
                                     "q n (FedAvg's data-size weights are not used: they would "
                                     "raise the sensitivity)"),
@@ -248,6 +243,7 @@ class PrivacyLayer:
 
         Under cdp-gaussian both guarantees, see :meth:`_central_summary`."""
         out = self.ledger.summary()
+        out.update(THREAT_MODELS[self.cfg.mode])
         if self.central:
             out = self._central_summary(out)
         if self.auto_clip is not None:
