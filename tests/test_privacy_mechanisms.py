@@ -163,3 +163,48 @@ def test_non_finite_upload_is_a_user_error() -> None:
     local[2, 0, 0] = math.inf
     with pytest.raises(UserError, match=r"client\(s\) \[12\]"):
         _release(cfg, sent, local, clients=np.arange(10, 10 + K))
+
+
+def test_noise_to_signal_statistics():
+    """noise_std per kind, and the mean |delta| on trained rows (clients with none left out)."""
+    import math as _math
+
+    import torch as _torch
+
+    from fedem_private.privacy.mechanisms import mean_abs_trained, noise_std
+
+    class P:  # the two fields of MechanismParams that noise_std reads
+        def __init__(self, kind, scale):
+            self.noise_kind, self.noise_scale = kind, scale
+
+    assert noise_std(P("laplace", 2.0)) == 2.0 * _math.sqrt(2.0)
+    assert noise_std(P("gaussian", 3.0)) == 3.0
+    assert noise_std(P(None, 0.0)) == 0.0
+    delta = _torch.zeros(3, 4, 2)
+    delta[0, 1] = _torch.tensor([1.0, -3.0])  # client 0 trained row 1: mean |.| 2
+    delta[0, 2] = 5.0  # untrained row: ignored
+    delta[1, 0] = _torch.tensor([-4.0, 4.0])  # client 1 trained rows 0 and 3: (8 + 0) / 4
+    touched = _torch.zeros(3, 4, dtype=_torch.bool)
+    touched[0, 1] = True
+    touched[1, 0] = touched[1, 3] = True  # client 2 trained nothing: left out
+    assert mean_abs_trained(delta, touched) == (2.0 + 2.0) / 2
+    assert mean_abs_trained(delta, None) is None
+    assert mean_abs_trained(delta, _torch.zeros(3, 4, dtype=_torch.bool)) is None
+
+
+def test_ldp_run_reports_noise_to_signal(tmp_path):
+    from fedem_private.experiments.runner import execute
+    from fedem_private.simulation.config import RunConfig, with_overrides
+
+    cfg = with_overrides(RunConfig(), {
+        "data.dataset": "synthetic", "data.synthetic.n_users": 30, "data.synthetic.n_items": 40,
+        "train.rounds": 2, "train.local_epochs": 1, "train.dim": 4,
+        "privacy.mode": "ldp-laplace", "privacy.epsilon": 4.0, "privacy.clip": 1.0})
+    p = execute(cfg, tmp_path / "run")["privacy"]
+    nsr = p["noise_to_signal"]
+    # b = 2C / eps_round = 2 * 1 / 2 = 1, std sqrt(2); the clipped L1 norm is <= 1 over at
+    # least d = 4 trained entries, so the mean |delta| per trained entry is <= 1/4
+    assert nsr["last_round"] >= 4 * math.sqrt(2.0) * 0.999
+    assert nsr["mean_over_rounds"] > 0
+    header = (tmp_path / "run" / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert "noise_to_signal" in header

@@ -50,9 +50,10 @@ NAMED_KEYS = {"data.dataset", "data.protocol", "federation.method", "federation.
 # rows of tables without config columns (results.csv of version 0.1.0) match on these
 LEGACY_KEYS = ["dataset", "method", "variant", "aggregation", "merge", "protocol", "mode",
                "eps_target", "seed", "rounds", "clip", "n_users", "n_items"]
-TAIL_COLUMNS = ["guarantee", "clip", "noise_scale", "frac_clipped", "mean_pre_clip_norm",
-                "rho_mean", "rounds", "n_users", "n_items", "audit", "neighbouring",
-                "trust_model", "amplification", "seconds_per_round", "seconds_total"]
+TAIL_COLUMNS = ["guarantee", "clip", "noise_scale", "noise_to_signal", "frac_clipped",
+                "mean_pre_clip_norm", "rho_mean", "rounds", "n_users", "n_items", "audit",
+                "neighbouring", "trust_model", "amplification", "seconds_per_round",
+                "seconds_total"]
 
 
 def find_runs(root: str | Path) -> list[Path]:
@@ -200,6 +201,7 @@ def run_row(run: Path, root: Path) -> dict[str, Any]:
         and math.isfinite(row["eps_reported"]),
         "clip": _number(privacy.get("clip")),
         "noise_scale": _number(privacy.get("noise_scale")),
+        "noise_to_signal": _number((privacy.get("noise_to_signal") or {}).get("mean_over_rounds")),
         "frac_clipped": _number(last.get("frac_clipped")),
         "mean_pre_clip_norm": _number(last.get("mean_pre_clip_norm")),
         "rho_mean": _number(summary.get("merge_rho_mean")),

@@ -24,7 +24,7 @@ from .accounting import CentralBounds, RoundMechanism, compose, dpfedavg_bounds
 from .central import SecureSum, poisson_participants
 from .config import THREAT_MODELS, PrivacyConfig
 from .ledger import PrivacyLedger
-from .mechanisms import release
+from .mechanisms import noise_std, release
 from .params import MechanismParams, paper_heuristic_epsilon, resolve_params
 
 
@@ -49,6 +49,7 @@ class PrivacyLayer:
         self.auto_clip: dict[str, Any] | None = None
         self.n_clients = int(n_clients)
         self.rounds_released = 0
+        self._nsr: list[float] = []  # noise-to-signal per round (LDP modes with noise)
         self.secure: SecureSum | None = None
         if self.params.central:
             assert self.params.clip is not None and self.params.sample_rate is not None
@@ -99,6 +100,8 @@ class PrivacyLayer:
         self._n_clipped = 0.0
         self._norm_sum = 0.0
         self._noised = 0.0
+        self._signal_sum = 0.0
+        self._signal_n = 0
 
     @property
     def perturbs(self) -> bool:
@@ -155,6 +158,9 @@ class PrivacyLayer:
         if stats.fraction_clipped is not None and stats.mean_pre_clip_norm is not None and k:
             self._n_clipped += stats.fraction_clipped * k
             self._norm_sum += stats.mean_pre_clip_norm * k
+        if stats.mean_abs_delta_trained is not None and k:
+            self._signal_sum += stats.mean_abs_delta_trained * k
+            self._signal_n += k
         return out
 
     def end_round(self, clients: np.ndarray) -> dict[str, float]:
@@ -173,6 +179,13 @@ class PrivacyLayer:
             out["clip"] = float(self.params.clip)
             out["frac_clipped"] = self._n_clipped / n
             out["mean_pre_clip_norm"] = self._norm_sum / n if self._n else math.nan
+        if self._signal_n and noise_std(self.params) > 0:
+            # LDP (DESIGN section 5): noise std per entry over the mean |clipped delta| on
+            # the entries of the rows the clients trained; >> 1 explains a flat curve
+            signal = self._signal_sum / self._signal_n
+            out["noise_to_signal"] = (noise_std(self.params) / signal if signal > 0
+                                      else math.inf)
+            self._nsr.append(out["noise_to_signal"])
         self.rounds_released += 1
         if self.perturbs:
             reported = entry["epsilon"]["reported"]
@@ -246,6 +259,11 @@ class PrivacyLayer:
         out.update(THREAT_MODELS[self.cfg.mode])
         if self.central:
             out = self._central_summary(out)
+        if self._nsr:
+            out["noise_to_signal"] = {"mean_over_rounds": float(np.mean(self._nsr)),
+                                      "last_round": self._nsr[-1],
+                                      "definition": ("noise std per entry / mean |clipped "
+                                                     "delta| on the entries of trained rows")}
         if self.auto_clip is not None:
             out["clip_auto"] = {k: (None if isinstance(v, float) and math.isinf(v) else v)
                                 for k, v in self.auto_clip.items()}

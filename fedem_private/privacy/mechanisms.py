@@ -58,6 +58,10 @@ class RoundPrivacyStats:
     noise_scale: float
     noised_fraction: float
     clip_stats: ClipStats | None = None
+    # mean over the round's clients of the mean |clipped delta| on the entries of the
+    # rows each client trained (the signal the noise has to leave readable); None
+    # where the mode does not clip a delta or no row was trained
+    mean_abs_delta_trained: float | None = None
 
     def as_log(self) -> dict[str, object]:
         """JSON-ready dict (non-finite numbers written as None)."""
@@ -120,8 +124,33 @@ def draw_noise(params: MechanismParams, shape: torch.Size, *, seed: int, round_:
     return noise.reshape(shape)
 
 
+def noise_std(params: MechanismParams) -> float:
+    """Standard deviation of one entry's noise: b sqrt(2) (Laplace), sigma (Gaussian), 0."""
+    if params.noise_scale <= 0 or params.noise_kind is None:
+        return 0.0
+    return params.noise_scale * (math.sqrt(2.0) if params.noise_kind == "laplace" else 1.0)
+
+
+def mean_abs_trained(delta: torch.Tensor, touched: torch.Tensor | None) -> float | None:
+    """Mean over clients of the mean |delta| on the entries of its trained rows.
+
+    delta (k, m, d); touched (k, m) bool. Clients that trained no row are left
+    out; None if no client trained one (or ``touched`` is not given).
+    """
+    if touched is None or delta.shape[0] == 0:
+        return None
+    rows = touched.to(torch.float64)
+    n_rows = rows.sum(dim=1)
+    keep = n_rows > 0
+    if not bool(keep.any()):
+        return None
+    per_row = delta.abs().to(torch.float64).sum(dim=2)  # (k, m)
+    per_client = (per_row * rows).sum(dim=1)[keep] / (n_rows[keep] * delta.shape[2])
+    return float(per_client.mean())
+
+
 def _stats(params: MechanismParams, k: int, clip: ClipStats | None,
-           noised_fraction: float) -> RoundPrivacyStats:
+           noised_fraction: float, signal: float | None = None) -> RoundPrivacyStats:
     return RoundPrivacyStats(
         mode=params.mode,
         n_clients=k,
@@ -133,6 +162,7 @@ def _stats(params: MechanismParams, k: int, clip: ClipStats | None,
         noise_scale=params.noise_scale,
         noised_fraction=noised_fraction,
         clip_stats=clip,
+        mean_abs_delta_trained=signal,
     )
 
 
@@ -146,9 +176,15 @@ def release_none(params: MechanismParams, sent: torch.Tensor, local: torch.Tenso
 
 def _clip_and_noise(params: MechanismParams, sent: torch.Tensor, local: torch.Tensor,
                     seed: int, round_: int, clients: np.ndarray,
-                    mask: torch.Tensor | None) -> tuple[torch.Tensor, RoundPrivacyStats]:
-    """sent + clip(local - sent, C) + noise (noise times ``mask`` if one is given)."""
+                    mask: torch.Tensor | None, touched: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, RoundPrivacyStats]:
+    """sent + clip(local - sent, C) + noise (noise times ``mask`` if one is given).
+
+    ``touched`` (k, m) bool, when given, only feeds the noise-to-signal
+    statistic (:func:`mean_abs_trained`); it never changes the release.
+    """
     out, clip = clipped_delta(params, sent, local)
+    signal = mean_abs_trained(out, touched)
     out.add_(sent.detach())
     noise = draw_noise(params, out.shape, seed=seed, round_=round_, clients=clients)
     noised = 0.0
@@ -159,7 +195,7 @@ def _clip_and_noise(params: MechanismParams, sent: torch.Tensor, local: torch.Te
             noise.mul_(mask.unsqueeze(-1))
             noised = float(mask.double().mean()) if mask.numel() else 0.0
         out.add_(noise)
-    return out.to(torch.float32), _stats(params, out.shape[0], clip, noised)
+    return out.to(torch.float32), _stats(params, out.shape[0], clip, noised, signal)
 
 
 def release_ldp_laplace(params: MechanismParams, sent: torch.Tensor, local: torch.Tensor, *,
@@ -174,10 +210,10 @@ def release_ldp_laplace(params: MechanismParams, sent: torch.Tensor, local: torc
     release covers everything private that shaped the delta (the merge with
     the client's previous model, its adapter). With b = 2C / eps_round each
     round is eps_round-DP (pure). b = 0 (eps = inf): clipped, no noise, no
-    guarantee. ``touched`` is ignored.
+    guarantee. ``touched`` only feeds the noise-to-signal statistic.
     """
     _check_inputs(sent, local, clients, touched, need_touched=False)
-    return _clip_and_noise(params, sent, local, seed, round_, clients, None)
+    return _clip_and_noise(params, sent, local, seed, round_, clients, None, touched)
 
 
 def release_ldp_gaussian(params: MechanismParams, sent: torch.Tensor, local: torch.Tensor, *,
@@ -192,7 +228,7 @@ def release_ldp_gaussian(params: MechanismParams, sent: torch.Tensor, local: tor
     round being the Gaussian mechanism with mu = 1/z.
     """
     _check_inputs(sent, local, clients, touched, need_touched=False)
-    return _clip_and_noise(params, sent, local, seed, round_, clients, None)
+    return _clip_and_noise(params, sent, local, seed, round_, clients, None, touched)
 
 
 def release_touched_rows(params: MechanismParams, sent: torch.Tensor, local: torch.Tensor, *,
@@ -209,7 +245,8 @@ def release_touched_rows(params: MechanismParams, sent: torch.Tensor, local: tor
     """
     _check_inputs(sent, local, clients, touched, need_touched=True)
     assert touched is not None
-    return _clip_and_noise(params, sent, local, seed, round_, clients, touched.to(torch.float64))
+    return _clip_and_noise(params, sent, local, seed, round_, clients, touched.to(torch.float64),
+                           touched)
 
 
 def release_paper(params: MechanismParams, sent: torch.Tensor, local: torch.Tensor, *,
