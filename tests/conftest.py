@@ -43,6 +43,17 @@ def filmtrust_dir(request) -> Path:
     return dataset_dir("filmtrust", request.node.nodeid)
 
 
+@pytest.fixture(scope="module")
+def small_split():
+    """A small synthetic leave-one-out split (30 users, 100 items); a test module may
+    define its own ``small_split`` of another size, which takes precedence."""
+    from fedem_private.data import SyntheticConfig, generate, leave_one_out
+
+    data = generate(SyntheticConfig(n_users=30, n_items=100, mean_activity=25,
+                                    activity_sigma=1.0), seed=5)
+    return leave_one_out(data, 5)
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
     """Once per run: which real-data tests were skipped, and why."""
     if not SKIPPED:

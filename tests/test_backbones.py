@@ -12,7 +12,6 @@ import torch
 
 from fedem_private import models
 from fedem_private.client.codecs import FullCodec
-from fedem_private.data import SyntheticConfig, generate, leave_one_out
 from fedem_private.data.split import exclusion_csr
 from fedem_private.errors import UserError
 from fedem_private.models.base import (
@@ -26,13 +25,6 @@ from fedem_private.simulation.config import RunConfig, with_overrides
 from fedem_private.simulation.loop import Simulation
 
 BACKBONES = ("mf", "ncf", "pfedrec", "gpfedrec", "fedrap")
-
-
-@pytest.fixture(scope="module")
-def small_split():
-    data = generate(SyntheticConfig(n_users=30, n_items=100, mean_activity=25,
-                                    activity_sigma=1.0), seed=5)
-    return leave_one_out(data, 5)
 
 
 def _cfg(**over):

@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 import torch
 
-from fedem_private.data import SyntheticConfig, generate, leave_one_out
 from fedem_private.errors import UserError
 from fedem_private.server.aggregators import FedMergeAggregator, UniformAggregator
 from fedem_private.server.fedmerge import (
@@ -164,11 +163,6 @@ def test_initial_tables_are_seeded_centred_perturbations():
 
 
 # ---------------------------------------------------------------------- in the round loop
-@pytest.fixture(scope="module")
-def small_split():
-    data = generate(SyntheticConfig(n_users=30, n_items=100, mean_activity=25,
-                                    activity_sigma=1.0), seed=5)
-    return leave_one_out(data, 5)
 
 
 def _cfg(**over):

@@ -187,6 +187,18 @@ class _PerUploadAggregator(Aggregator):
         if not self.aliased:
             self.last_upload[idx] = uploads
 
+    def _round_uploads(self) -> tuple[Tensor, Tensor] | None:
+        """(participant ids, their last uploads) of the round; None if nobody took part.
+
+        With full participation the stored uploads are returned without a copy.
+        """
+        part = self.part_mask.nonzero().squeeze(1)
+        if part.numel() == 0:
+            return None
+        uploads = (self.last_upload if part.numel() == self.n
+                   else self.last_upload.index_select(0, part))
+        return part, uploads
+
 
 class SimilarityAggregator(_PerUploadAggregator):
     """FedEM's personalised tables, equation 13: Q_g[u] = sum_v w_uv U_v.
@@ -249,12 +261,12 @@ class GraphAggregator(_PerUploadAggregator):
         return self.personal.index_select(0, idx)
 
     def end_round(self) -> None:
-        part = self.part_mask.nonzero().squeeze(1)
-        if part.numel() == 0:
+        round_uploads = self._round_uploads()
+        if round_uploads is None:
             return
-        personal, self.global_table = graph_tables(
-            self.last_upload.index_select(0, part), threshold=self.threshold, topk=self.topk,
-            layers=self.layers)
+        part, uploads = round_uploads
+        personal, self.global_table = graph_tables(uploads, threshold=self.threshold,
+                                                   topk=self.topk, layers=self.layers)
         self.personal[part] = personal
 
     @property
@@ -300,11 +312,10 @@ class FedMergeAggregator(_PerUploadAggregator):
         return self.personal.index_select(0, idx)
 
     def end_round(self) -> None:
-        part = self.part_mask.nonzero().squeeze(1)
-        if part.numel() == 0:
+        round_uploads = self._round_uploads()
+        if round_uploads is None:
             return
-        uploads = (self.last_upload if part.numel() == self.n
-                   else self.last_upload.index_select(0, part))
+        part, uploads = round_uploads
         res = fit(uploads, self.tables, self.logits.index_select(0, part), self.fit_cfg)
         self.tables = res.tables
         self.logits[part] = res.logits
