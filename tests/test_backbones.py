@@ -143,7 +143,8 @@ def test_presets_and_composition_resolve():
     ({"federation.method": "local", "federation.merge": "em"}, "aggregation 'none'"),
     ({"federation.method": "local", "privacy.mode": "ldp-laplace", "privacy.epsilon": 1.0},
      "uploads nothing"),
-    ({"federation.codec": "lora"}, "unknown codec"),
+    ({"federation.codec": "zip"}, "unknown codec"),
+    ({"federation.codec": "lora", "federation.method": "gpfedrec"}, "backbone 'gpfedrec'"),
     ({"federation.backbone": "gru"}, "unknown backbone"),
 ])
 def test_refused_combinations(over, needle):
@@ -154,7 +155,8 @@ def test_refused_combinations(over, needle):
 @pytest.mark.parametrize("args,needle", [
     (["--method", "local", "--merge", "em"], "aggregation 'none'"),
     (["--backbone", "gru"], "unknown backbone"),
-    (["--codec", "hash"], "unknown codec"),
+    (["--codec", "zip"], "unknown codec"),
+    (["--codec", "hash", "--method", "fedem"], "aggregation 'similarity'"),
 ])
 def test_refused_combinations_on_the_command_line(tmp_path, args, needle):
     proc = subprocess.run([sys.executable, "-m", "fedem_private", "run", "--rounds", "1",

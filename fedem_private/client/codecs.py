@@ -10,22 +10,46 @@ is covered; aggregation and the attacks see the decoded item table.
 ``full``: the item table itself, with the dense groups flattened and
 zero-padded into extra rows of width d below it. With no dense groups the
 upload *is* the item table (no copy).
+
+FedPEFT's codecs (DESIGN section 11; FedPEFT paper, equations 1, 2, 5-6 and
+11) train and upload a small set of parameters theta instead of the table.
+After W warm-up rounds of ``full`` training the server's global table becomes
+the frozen base E0, and every item vector is E0[i] + f_theta(i):
+
+- ``lora``: theta = (A (m, k_L), B (d, k_L)), f(i) = B a_i; A ~ N(0, s^2), B = 0
+  at the start (equations 1-2);
+- ``hash``: theta = H (d_H, d), f(i) = mean_j H[h_j(i)] over h universal hash
+  functions h_j(i) = ((a_j i + b_j) mod p) mod d_H chosen by the server
+  (equations 3-5, mean pooling);
+- ``rqvae``: theta = codebooks C_0..C_{l-1} (d_R, d each), f(i) =
+  sum_j C_j[c_ij], the codes c_i fixed on the server by residual k-means
+  of E0 (equation 11; k-means stands in for a trained RQ-VAE).
+
+The ``c-`` variants drop E0 from the item vector (compressed only; the
+warm-up table is then used only to derive the codes). See
+:class:`PeftCodec` for how a client trains theta and what the server decodes.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
-CODECS = ("full",)
+from fedem_private.models.base import ItemRows, LocalTrainConfig, Plan, adam_buffers, fused_adam
+
+CODECS = ("full", "lora", "hash", "rqvae", "c-lora", "c-hash", "c-rqvae")
 
 
 class FullCodec:
     """The whole item table (and dense groups as extra rows) is uploaded."""
 
     name = "full"
+    peft = False
 
     def __init__(self, n_items: int, dim: int, dense_shapes: dict[str, tuple[int, ...]]) -> None:
         self.m, self.d = n_items, dim
@@ -75,9 +99,374 @@ class FullCodec:
         return torch.cat([touched_items, ones], dim=1)
 
 
-def build(name: str, n_items: int, dim: int,
-          dense_shapes: dict[str, tuple[int, ...]]) -> FullCodec:
+PEFT_CODECS = CODECS[1:]
+#: the prime p of the universal hash family (2^31 - 1); a_j i + b_j stays below 2^62
+HASH_PRIME = 2_147_483_647
+
+
+@dataclass(frozen=True)
+class PeftConfig:
+    """FedPEFT's hyper-parameters, with the paper's defaults (k_L 4; d_H 512, h 2; l 3, d_R 128)."""
+
+    warmup: int = 2  # W rounds of full-table training before E0 is frozen
+    lora_rank: int = 4  # k_L
+    hash_size: int = 512  # d_H
+    hash_functions: int = 2  # h
+    rq_levels: int = 3  # l
+    rq_codebook: int = 128  # d_R
+
+
+class PeftCodec:
+    """A FedPEFT codec: frozen base E0, trainable parameters theta, item i = E0[i] + f_theta(i).
+
+    Life cycle. :meth:`prepare` (called by the round loop once, after the
+    warm-up, with the server's global table) fixes E0, the codes or hash
+    functions, and returns the initial theta (no client axis). In each later
+    round a client is sent theta; it starts from a frozen base table ``base``
+    (E0 under static replacement; under a merge, the merged table minus
+    f_theta_sent, so that the starting item vectors ARE the merged table and
+    the merge's offset is the client's own, never uploaded) and trains theta
+    alone through :class:`PeftRows` (the backbone never knows). The upload is
+    theta (and the dense groups) encoded as rows of width d; the privacy layer
+    clips and noises that encoded upload, so the sensitivity is over theta:
+    an L1 / L2 clip at C of the encoded delta, whatever its length. The server
+    decodes each released theta to the table E0 + f_theta it implies
+    (:meth:`table`): that is what the attacks and the recording see.
+    """
+
+    peft = True
+
+    def __init__(self, name: str, n_items: int, dim: int,
+                 dense_shapes: dict[str, tuple[int, ...]], cfg: PeftConfig) -> None:
+        self.name, self.m, self.d, self.cfg = name, n_items, dim, cfg
+        self.with_base = not name.startswith("c-")
+        self.kind = name.removeprefix("c-")
+        self.dense_shapes = dict(dense_shapes)
+        if self.kind == "lora":
+            self.shapes = {"A": (n_items, cfg.lora_rank), "B": (dim, cfg.lora_rank)}
+        elif self.kind == "hash":
+            self.shapes = {"H": (cfg.hash_size, dim)}
+        elif self.kind == "rqvae":
+            self.shapes = {"C": (cfg.rq_levels * cfg.rq_codebook, dim)}
+        else:
+            raise ValueError(f"unknown codec {name!r}")
+        self.all_shapes = {**self.shapes, **self.dense_shapes}
+        self.sizes = {n: math.prod(s) for n, s in self.all_shapes.items()}
+        self.rows = -(-sum(self.sizes.values()) // dim)
+        self.e0: Tensor | None = None
+        self.codes: Tensor | None = None  # (m, nb) bucket rows of each item (hash, rqvae)
+        self.code_weights: Tensor | None = None  # (nb,) weight of each bucket row
+        self.hash_ab: Tensor | None = None  # (h, 2) the hash functions' (a, b)
+
+    # ------------------------------------------------------------ server side
+    def prepare(self, e0: Tensor, seed: int, init_std: float) -> dict[str, Tensor]:
+        """Fix E0 (zeros for a ``c-`` codec), the codes or hashes; the initial theta."""
+        from fedem_private import rng
+
+        self.e0 = (e0.detach().clone() if self.with_base
+                   else torch.zeros_like(e0))
+        gen = rng.generator(seed, rng.Stream.INIT, 0, (1 << 40) + 11)
+        if self.kind == "hash":
+            self.hash_ab, self.codes = hash_codes(self.m, self.cfg.hash_functions,
+                                                  self.cfg.hash_size, gen)
+            self.code_weights = torch.full((self.cfg.hash_functions,),
+                                           1.0 / self.cfg.hash_functions, dtype=e0.dtype)
+        elif self.kind == "rqvae":
+            codes = residual_kmeans(e0.detach().double().numpy(), self.cfg.rq_levels,
+                                    self.cfg.rq_codebook, seed)
+            offsets = np.arange(self.cfg.rq_levels) * self.cfg.rq_codebook
+            self.codes = torch.from_numpy(codes + offsets[None, :]).long()
+            self.code_weights = torch.ones(self.cfg.rq_levels, dtype=e0.dtype)
+        theta = {n: torch.randn(s, generator=gen, dtype=e0.dtype) * init_std
+                 for n, s in self.shapes.items()}
+        if self.kind == "lora":
+            theta["B"].zero_()  # B = 0 at the start (paper, section "LoRA")
+        return theta
+
+    def one_time_bytes(self) -> int:
+        """Bytes each client downloads once, when the codec starts: E0, codes, hash (a, b)."""
+        out = 0
+        if self.with_base:
+            assert self.e0 is not None
+            out += self.e0.numel() * self.e0.element_size()
+        if self.kind == "rqvae":
+            out += self.m * self.cfg.rq_levels * code_itemsize(self.cfg.rq_codebook)
+        if self.kind == "hash":
+            out += self.cfg.hash_functions * 2 * 8
+        return out
+
+    # ----------------------------------------------------------------- decode
+    def delta(self, theta: dict[str, Tensor]) -> Tensor:
+        """f_theta for every item: theta with a client axis (k, ...) -> (k, m, d)."""
+        if self.kind == "lora":
+            return torch.bmm(theta["A"], theta["B"].transpose(1, 2))
+        table = theta["H" if self.kind == "hash" else "C"]  # (k, R, d)
+        assert self.codes is not None and self.code_weights is not None
+        k = table.shape[0]
+        out = torch.zeros((k, self.m, self.d), dtype=table.dtype)
+        for j in range(self.codes.shape[1]):
+            out.add_(table.index_select(1, self.codes[:, j]), alpha=float(self.code_weights[j]))
+        return out
+
+    def table(self, theta: dict[str, Tensor]) -> Tensor:
+        """The item tables E0 + f_theta (k, m, d) the parameters imply (section 11)."""
+        assert self.e0 is not None, "prepare() first"
+        return self.delta(theta).add_(self.e0)
+
+    # ------------------------------------------------------------------- wire
+    def upload_bytes(self, itemsize: int = 4) -> int:
+        """Bytes of theta and the dense groups (unpadded), per client."""
+        return itemsize * sum(self.sizes.values())
+
+    def encode(self, theta: dict[str, Tensor], dense: dict[str, Tensor]) -> Tensor:
+        """theta and dense groups (k, ...) -> one upload (k, rows, d), zero-padded."""
+        groups = {**theta, **dense}
+        k = next(iter(groups.values())).shape[0]
+        flat = torch.cat([groups[n].reshape(k, -1) for n in self.all_shapes], dim=1)
+        flat = torch.nn.functional.pad(flat, (0, self.rows * self.d - flat.shape[1]))
+        return flat.view(k, self.rows, self.d)
+
+    def decode(self, upload: Tensor) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """One upload (k, rows, d) -> (theta, dense groups), each (k, ...)."""
+        k = upload.shape[0]
+        flat = upload.reshape(k, -1)
+        theta, dense, a = {}, {}, 0
+        for n, shape in self.all_shapes.items():
+            (theta if n in self.shapes else dense)[n] = flat[:, a: a + self.sizes[n]].reshape(
+                k, *shape)
+            a += self.sizes[n]
+        return theta, dense
+
+    def touched(self, k: int) -> Tensor:
+        """Every upload row counts as trained: theta is dense (k, rows)."""
+        return torch.ones((k, self.rows), dtype=torch.bool)
+
+    # ------------------------------------------------------------------ train
+    def trainer(self, theta: dict[str, Tensor], base: Tensor | None = None) -> PeftRows:
+        """The :class:`~fedem_private.models.base.ItemRows` factory of one chunk, starting
+        from ``theta`` (k, ...); ``base`` (m, d) the frozen table (None: the starting
+        table minus f_theta, see the class docstring). Read ``.theta`` after training."""
+        return PeftRows(self, theta, base)
+
+
+class PeftRows:
+    """Trains a chunk's theta in place of its item table (an ItemRows factory and the rows).
+
+    Item vector of compact row r of client j (item i): base_j[i] + f_theta_j(i).
+    The backbone's row gradients g are mapped to theta by the chain rule
+    (LoRA: dA_i = B^T g_i, dB = sum g_i a_i^T; bucket codecs: each bucket row
+    gets w_j g_i), then one Adam step on theta (a fresh state each round, like
+    the table's). A paper-mode gradient clip applies to theta's joint gradient.
+    """
+
+    def __init__(self, codec: PeftCodec, theta: dict[str, Tensor], base: Tensor | None) -> None:
+        self.codec, self.base = codec, base
+        self.theta = {n: theta[n].clone().contiguous() for n in codec.shapes}
+
+    def __call__(self, q_start: Tensor, plan: Plan) -> _PeftItemRows:
+        self.rows = _PeftItemRows(self.codec, self.theta, self.base, q_start, plan)
+        return self.rows
+
+
+class _PeftItemRows(ItemRows):
+    def __init__(self, codec: PeftCodec, theta: dict[str, Tensor], base: Tensor | None,
+                 q_start: Tensor, plan: Plan) -> None:
+        self.codec, self.theta, self.plan = codec, theta, plan
+        k, m, d = q_start.shape
+        self.k, self.m, self.d = k, m, d
+        self.bsz = plan.lab.shape[1]
+        ids = torch.zeros((k, plan.rows), dtype=torch.long)
+        for j, t in enumerate(plan.touched):
+            ids[j, : t.shape[0]] = torch.from_numpy(t)
+        self.ids = ids.view(-1)  # compact row -> item id
+        self.owner = torch.arange(k).repeat_interleave(plan.rows)  # compact row -> client
+        if base is None:  # the starting table minus f_theta_start: the client's frozen base
+            self.base_full = q_start - codec.delta(theta)
+        else:
+            self.base_full = base.expand(k, m, d)
+        self.base_rows = self.base_full.reshape(-1, d).index_select(
+            0, self.owner * m + self.ids)
+        self.names = list(codec.shapes)
+        params = [theta[n] for n in self.names]
+        self.grads, self.m1, self.m2 = adam_buffers(params)
+        self.g = dict(zip(self.names, self.grads, strict=True))
+
+    def _lookup(self, flat: Tensor) -> tuple[Tensor, Tensor]:
+        return self.owner.index_select(0, flat), self.ids.index_select(0, flat)
+
+    def _part(self, flat: Tensor) -> tuple[Tensor, Tensor]:
+        """(f_theta rows (n, d), the per-row operand the gradient needs)."""
+        owner, item = self._lookup(flat)
+        n = flat.shape[0]
+        if self.codec.kind == "lora":
+            kl = self.theta["A"].shape[-1]
+            a_rows = self.theta["A"].reshape(-1, kl).index_select(0, owner * self.m + item)
+            act = n // self.bsz
+            part = torch.bmm(a_rows.view(act, self.bsz, kl),
+                             self.theta["B"][:act].transpose(1, 2)).reshape(n, self.d)
+            return part, a_rows
+        assert self.codec.code_weights is not None
+        table = self.theta[self.names[0]]
+        idx = self._bucket_idx(flat)  # (n, nb)
+        rows = table.reshape(-1, self.d).index_select(0, idx.reshape(-1)).view(n, -1, self.d)
+        part = torch.einsum("nbd,b->nd", rows, self.codec.code_weights)
+        return part, idx
+
+    def gather(self, flat: Tensor) -> Tensor:
+        part, _ = self._part(flat)
+        return part.add_(self.base_rows.index_select(0, flat))
+
+    def add_grad(self, flat: Tensor, grad_rows: Tensor) -> None:
+        n = flat.shape[0]
+        if self.codec.kind == "lora":
+            owner, item = self._lookup(flat)
+            kl = self.theta["A"].shape[-1]
+            a_rows = self.theta["A"].reshape(-1, kl).index_select(0, owner * self.m + item)
+            act = n // self.bsz
+            g3 = grad_rows.view(act, self.bsz, self.d)
+            self.g["A"].view(-1, kl).index_add_(
+                0, owner * self.m + item,
+                torch.bmm(g3, self.theta["B"][:act]).reshape(n, kl))
+            self.g["B"][:act] += torch.bmm(g3.transpose(1, 2), a_rows.view(act, self.bsz, kl))
+            return
+        idx = self._bucket_idx(flat)
+        assert self.codec.code_weights is not None
+        w = self.codec.code_weights
+        contrib = (grad_rows[:, None, :] * w[None, :, None]).reshape(-1, self.d)
+        self.grads[0].view(-1, self.d).index_add_(0, idx.reshape(-1), contrib)
+
+    def _bucket_idx(self, flat: Tensor) -> Tensor:
+        owner, item = self._lookup(flat)
+        assert self.codec.codes is not None
+        r = self.theta[self.names[0]].shape[1]
+        return self.codec.codes.index_select(0, item) + (owner * r)[:, None]
+
+    def step(self, a: int, flat: Tensor, s: int, cfg: LocalTrainConfig) -> None:
+        grads = [g[:a] for g in self.grads]
+        if cfg.grad_clip is not None:  # L2 clip of each client's joint theta gradient
+            norms = torch.sqrt(sum(g.reshape(a, -1).double().pow(2).sum(dim=1) for g in grads))
+            scale = torch.clamp(cfg.grad_clip / norms.clamp(min=1e-300), max=1.0)
+            for g in grads:
+                g.mul_(scale.to(g.dtype).reshape((a,) + (1,) * (g.dim() - 1)))
+        fused_adam([self.theta[n][:a] for n in self.names], grads, [t[:a] for t in self.m1],
+                   [t[:a] for t in self.m2], s + 1, cfg)
+        for g in grads:
+            g.zero_()
+
+    def close(self) -> tuple[Tensor, Tensor]:
+        q_local = self.codec.delta(self.theta).add_(self.base_full)
+        touched = torch.zeros((self.k, self.m), dtype=torch.bool)
+        valid = torch.zeros((self.k, self.plan.rows), dtype=torch.bool)
+        for j, t in enumerate(self.plan.touched):
+            valid[j, : t.shape[0]] = True
+        touched.view(-1)[(self.owner * self.m + self.ids)[valid.view(-1)]] = True
+        return q_local, touched
+
+
+def code_itemsize(codebook: int) -> int:
+    """Bytes of one code: the smallest unsigned integer holding ``codebook`` values."""
+    return 1 if codebook <= 256 else 2 if codebook <= 65536 else 4
+
+
+def hash_codes(m: int, h: int, size: int, gen: torch.Generator) -> tuple[Tensor, Tensor]:
+    """h universal hash functions ((a i + b) mod p) mod size over items 0..m-1.
+
+    FedPEFT paper, equation 3 (after Zhang et al. 2025): a != 0, a != b,
+    p = :data:`HASH_PRIME`. Returns ((h, 2) the (a, b), (m, h) the bucket rows).
+    """
+    ab = torch.empty((h, 2), dtype=torch.long)
+    for j in range(h):
+        while True:
+            a = int(torch.randint(1, HASH_PRIME, (1,), generator=gen))
+            b = int(torch.randint(0, HASH_PRIME, (1,), generator=gen))
+            if a != b:
+                break
+        ab[j, 0], ab[j, 1] = a, b
+    items = torch.arange(m, dtype=torch.long)
+    codes = torch.stack([((ab[j, 0] * items + ab[j, 1]) % HASH_PRIME) % size
+                         for j in range(h)], dim=1)
+    return ab, codes
+
+
+def residual_kmeans(x: np.ndarray, levels: int, codebook: int, seed: int) -> np.ndarray:
+    """Semantic codes (m, levels) by residual quantisation: k-means per level on the residual.
+
+    Level j clusters r_j (r_0 = x) into ``codebook`` centroids o_j; c_j is the
+    nearest centroid and r_{j+1} = r_j - o_{j, c_j} (FedPEFT paper, equations
+    7-9, with k-means in place of RQ-VAE training, as its codebooks are
+    initialised). With fewer items than ``codebook`` each item gets its own code.
+    """
+    from sklearn.cluster import KMeans
+
+    m = x.shape[0]
+    codes = np.zeros((m, levels), dtype=np.int64)
+    r = x.copy()
+    for j in range(levels):
+        k = min(codebook, m)
+        km = KMeans(n_clusters=k, n_init=1, random_state=seed + j).fit(r)
+        codes[:, j] = km.labels_
+        r = r - km.cluster_centers_[km.labels_]
+    return codes
+
+
+Codec = FullCodec | PeftCodec
+
+
+def build(name: str, n_items: int, dim: int, dense_shapes: dict[str, tuple[int, ...]],
+          peft: PeftConfig | None = None) -> Codec:
     """The codec called ``name`` (one of :data:`CODECS`)."""
     if name == "full":
         return FullCodec(n_items, dim, dense_shapes)
+    if name in PEFT_CODECS:
+        return PeftCodec(name, n_items, dim, dense_shapes, peft or PeftConfig())
     raise ValueError(f"unknown codec {name!r}")
+
+
+LogitsFn = Callable[[dict[str, Tensor], Tensor, Tensor], Tensor]
+
+
+def reference_train_client(codec: PeftCodec, logits_fn: LogitsFn,
+                           params: dict[str, Tensor], theta: dict[str, Tensor], base: Tensor,
+                           items: np.ndarray, labels: np.ndarray, cfg: LocalTrainConfig,
+                           seed: int, round_: int, client: int,
+                           groups: list[tuple[str, ...]]) -> tuple[dict[str, Tensor],
+                                                                   dict[str, Tensor]]:
+    """The obvious counterpart of :class:`PeftRows`: decode, then the full-table path.
+
+    One client. Per batch the whole table base + f_theta (m, d) is decoded with
+    autograd, ``logits_fn(params, rows, items)`` scores the batch's rows, and
+    each group of ``groups`` (names from ``params`` and ``"theta"``) takes its
+    own ``torch.optim.Adam`` step on the batch-mean BCE, in order (PFedRec:
+    the head, then theta; MF and NCF: everything at once). A gradient clip
+    (``cfg.grad_clip``) applies to theta's joint gradient. Returns the
+    trained (params, theta).
+    """
+    import torch.nn.functional as F
+
+    from fedem_private.models.base import reference_batches
+
+    ps = {n: torch.nn.Parameter(v.detach().clone()) for n, v in params.items()}
+    th = {n: torch.nn.Parameter(v.detach().clone()) for n, v in theta.items()}
+    opts = []
+    for group in groups:
+        tensors = [t for n in group if n != "theta" for t in [ps[n]]]
+        if "theta" in group:
+            tensors += list(th.values())
+        opts.append((group, torch.optim.Adam(tensors, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)))
+    items_t = torch.from_numpy(items)
+    labels_t = torch.from_numpy(labels).to(base.dtype)
+    for batch in reference_batches(seed, round_, client, items.shape[0], cfg):
+        for group, opt in opts:
+            table = base + codec.delta({n: v[None] for n, v in th.items()})[0]
+            logits = logits_fn(ps, table[items_t[batch]], items_t[batch])
+            loss = F.binary_cross_entropy_with_logits(logits, labels_t[batch])
+            for _, o in opts:
+                o.zero_grad()
+            loss.backward()
+            if "theta" in group and cfg.grad_clip is not None:
+                norm = torch.sqrt(sum(v.grad.double().pow(2).sum() for v in th.values()))
+                if norm > cfg.grad_clip:
+                    for v in th.values():
+                        v.grad.mul_(float(cfg.grad_clip / norm))
+            opt.step()
+    return ({n: v.detach() for n, v in ps.items()}, {n: v.detach() for n, v in th.items()})

@@ -50,7 +50,9 @@ NAMED_KEYS = {"data.dataset", "data.protocol", "federation.method", "federation.
 # rows of tables without config columns (results.csv of version 0.1.0) match on these
 LEGACY_KEYS = ["dataset", "method", "variant", "aggregation", "merge", "protocol", "mode",
                "eps_target", "seed", "rounds", "clip", "n_users", "n_items"]
-TAIL_COLUMNS = ["guarantee", "clip", "noise_scale", "noise_to_signal", "frac_clipped",
+TAIL_COLUMNS = ["codec", "bytes_up", "bytes_down", "bytes_up_last", "bytes_total",
+                "guarantee", "clip",
+                "noise_scale", "noise_to_signal", "frac_clipped",
                 "mean_pre_clip_norm", "rho_mean", "rounds", "n_users", "n_items", "audit",
                 "neighbouring", "trust_model", "amplification", "seconds_per_round",
                 "seconds_total"]
@@ -196,7 +198,15 @@ def run_row(run: Path, root: Path) -> dict[str, Any]:
         row["sample_rate"] = _number(privacy.get("sample_rate"))
     last = _last_row(run / "metrics.csv")
     attacks, verdict = attack_columns(read_records(run / ATTACKS_FILE) or [])
+    comm = summary.get("communication") or {}
     row.update({
+        "codec": summary.get("codec") or "full",
+        # mean bytes per client per round, up and down; all bytes moved, setup included
+        "bytes_up": _number(comm.get("bytes_up_per_client_round")),
+        "bytes_down": _number(comm.get("bytes_down_per_client_round")),
+        "bytes_up_last": _number(comm.get("bytes_up_last_round")),
+        "bytes_total": (_number(comm.get("bytes_up_total")) + _number(comm.get("bytes_down_total"))
+                        + _number(comm.get("bytes_setup_total"))),
         "guarantee": bool(privacy.get("guarantee", False))
         and math.isfinite(row["eps_reported"]),
         "clip": _number(privacy.get("clip")),

@@ -100,7 +100,33 @@ def summarise(sim: Simulation, history: list[RoundStats], wall: float) -> dict[s
         "metrics": last,
         "privacy": sim.privacy.summary(),
         "clipping": clipping_summary(history),
+        "communication": communication_summary(history),
         "version": __version__,
+    }
+
+
+def communication_summary(history: list[RoundStats]) -> dict[str, float]:
+    """Bytes moved (DESIGN section 11), from each round's counts of the tensors sent.
+
+    ``*_per_client_round``: mean over rounds of the mean per participant (a
+    codec's warm-up rounds included); ``*_last_round``: the last round's;
+    ``*_total``: over all participants and rounds; ``setup_total``: one-time
+    downloads (a FedPEFT codec's E0, codes and hash functions, to every client).
+    """
+    rounds = [h for h in history if h.comm]
+    n = max(len(rounds), 1)
+    up = [h.comm["bytes_up"] for h in rounds]
+    down = [h.comm["bytes_down"] for h in rounds]
+    setup = sum(h.comm.get("bytes_setup", 0.0) for h in rounds)
+    return {
+        "bytes_up_per_client_round": sum(up) / n,
+        "bytes_down_per_client_round": sum(down) / n,
+        # the last round's: a FedPEFT codec's steady state, after its warm-up
+        "bytes_up_last_round": up[-1] if up else 0.0,
+        "bytes_down_last_round": down[-1] if down else 0.0,
+        "bytes_up_total": sum(u * h.participants for u, h in zip(up, rounds, strict=True)),
+        "bytes_down_total": sum(d * h.participants for d, h in zip(down, rounds, strict=True)),
+        "bytes_setup_total": setup,
     }
 
 

@@ -23,6 +23,8 @@ Two more axes cross with ``methods``: ``merges`` (sr, sm, dm, em) and
 ``aggregations`` (fedavg, uniform, similarity, none), each also accepting
 ``"default"`` (the method's own); e.g. ``methods = ["fedem"]`` with
 ``merges = ["sr", "sm", "dm", "em"]`` gives the four FedEM merge variants.
+``codecs = ["full", "lora", "hash", "rqvae", "c-lora"]`` crosses the upload
+codecs (DESIGN section 11) with every method.
 
 To run chosen method / merge pairs instead of the full cross product, list
 them as ``variants = ["fedmf", "fedsim", "fedem-sm", "fedem-dm", "fedem-em"]``
@@ -54,6 +56,7 @@ from fedem_private.errors import UserError
 from fedem_private.privacy.config import CENTRAL_MODES, LDP_MODES, MODES, PrivacyConfig
 from fedem_private.simulation.config import (
     AGGREGATIONS,
+    CODECS,
     MERGES,
     METHOD_BACKBONE,
     METHOD_DEFAULTS,
@@ -67,8 +70,8 @@ from fedem_private.simulation.config import (
 
 # modes that take a budget (epsilon); the sweep's epsilons axis applies to them
 BUDGET_MODES = LDP_MODES + CENTRAL_MODES
-AXES = ("datasets", "methods", "merges", "variants", "aggregations", "privacy", "epsilons",
-        "seeds", "protocols", "attacks")
+AXES = ("datasets", "methods", "merges", "variants", "aggregations", "codecs", "privacy",
+        "epsilons", "seeds", "protocols", "attacks")
 SPEC_KEYS = (*AXES, "data_dirs", "record_rounds", "record_clients")
 DEFAULT = "default"  # merges / aggregations: the method's own choice
 
@@ -118,6 +121,7 @@ class SweepSpec:
     record_clients: int = 100
     source: str = "built-in quick sweep"
     variants: tuple[tuple[str, str | None], ...] = ()  # (method, merge) pairs; () = product
+    codecs: tuple[str, ...] = ("full",)  # upload codecs (DESIGN section 11)
 
     def method_merges(self) -> list[tuple[str, str | None]]:
         """The (method, merge) pairs of the grid: ``variants``, else methods x merges."""
@@ -286,6 +290,7 @@ def parse_spec(data: dict[str, Any], source: str) -> SweepSpec:
         record_clients=_record_clients(sweep.get("record_clients", 100)),
         source=source,
         variants=variants,
+        codecs=_choice("codecs", axis("codecs", base.federation.codec), CODECS),
     )
     grid(spec)  # every point must be a valid config
     return spec
@@ -367,9 +372,9 @@ def grid(spec: SweepSpec) -> list[GridPoint]:
     """All grid points in a fixed order (seed outermost, so a first pass covers the grid)."""
     dirs = dict(spec.data_dirs)
     points: dict[str, GridPoint] = {}
-    for seed, dataset, protocol, (method, merge), agg, mode in product(
+    for seed, dataset, protocol, (method, merge), agg, codec, mode in product(
             spec.seeds, spec.datasets, spec.protocols, spec.method_merges(),
-            spec.aggregations, spec.privacy):
+            spec.aggregations, spec.codecs, spec.privacy):
         for eps in (spec.epsilons if mode in BUDGET_MODES else (None,)):
             base = spec.base
             data_dir = dirs.get(dataset, base.data.data_dir if dataset == base.data.dataset
@@ -380,7 +385,7 @@ def grid(spec: SweepSpec) -> list[GridPoint]:
                                  data_dir=data_dir),
                     train=replace(base.train, seed=seed),
                     federation=replace(base.federation, method=method, merge=merge,
-                                       aggregation=agg),
+                                       aggregation=agg, codec=codec),
                     privacy=_privacy(base.privacy, mode, eps),
                 ).validate().resolved()
             except UserError as exc:

@@ -299,6 +299,70 @@ class Compact:
         return q_local, touched
 
 
+class ItemRows(ABC):
+    """A chunk's trainable item rows during local training (DESIGN sections 9 and 11).
+
+    A backbone reads the item vectors of a step's batch with :meth:`gather`,
+    hands back d loss / d (those vectors) with :meth:`add_grad`, and calls
+    :meth:`step` once per step; :meth:`close` gives the trained tables. What
+    lies behind the rows is not the backbone's business: the default
+    :class:`CompactRows` trains the touched rows of the table itself, and an
+    upload codec (FedPEFT's LoRA, hash, RQ-VAE) trains its own parameters and
+    derives the item vectors from them. ``flat`` always indexes the chunk's
+    compact rows (client j's row r is j * plan.rows + r).
+    """
+
+    @abstractmethod
+    def gather(self, flat: Tensor) -> Tensor:
+        """The item vectors of compact rows ``flat`` (n,) -> (n, d)."""
+
+    @abstractmethod
+    def add_grad(self, flat: Tensor, grad_rows: Tensor) -> None:
+        """Accumulate d loss / d (item vectors of rows ``flat``), (n, d), for this step."""
+
+    @abstractmethod
+    def step(self, a: int, flat: Tensor, s: int, cfg: LocalTrainConfig) -> None:
+        """Step s (0-based) for the first ``a`` clients: clip each client's gradient at
+        ``cfg.grad_clip`` (L2, when set), one Adam step, clear the gradient."""
+
+    @abstractmethod
+    def close(self) -> tuple[Tensor, Tensor]:
+        """(each client's trained item table (k, m, d), rows it trained on (k, m) bool)."""
+
+
+class CompactRows(ItemRows):
+    """The item table's own touched rows, trained with Adam in a compact table (exact; see
+    :class:`Plan`). The default :class:`ItemRows`."""
+
+    def __init__(self, q_start: Tensor, plan: Plan) -> None:
+        self.q_start, self.plan = q_start, plan
+        self.compact = Compact.of(q_start, plan)
+        self.table = self.compact.table
+        d = self.table.shape[-1]
+        self.grad, self.m1, self.m2 = adam_buffers([self.table])
+        self.grad, self.m1, self.m2 = self.grad[0], self.m1[0], self.m2[0]
+        self.flat_table, self.flat_grad = self.table.view(-1, d), self.grad.view(-1, d)
+
+    def gather(self, flat: Tensor) -> Tensor:
+        return self.flat_table.index_select(0, flat)
+
+    def add_grad(self, flat: Tensor, grad_rows: Tensor) -> None:
+        self.flat_grad.index_add_(0, flat, grad_rows)
+
+    def step(self, a: int, flat: Tensor, s: int, cfg: LocalTrainConfig) -> None:
+        if cfg.grad_clip is not None:
+            clip_rows_l2(self.grad[:a], cfg.grad_clip)
+        fused_adam([self.table[:a]], [self.grad[:a]], [self.m1[:a]], [self.m2[:a]], s + 1, cfg)
+        clear_grad(self.grad, a, flat, self.plan)
+
+    def close(self) -> tuple[Tensor, Tensor]:
+        return self.compact.scatter(self.q_start)
+
+
+#: builds the :class:`ItemRows` of a chunk from its starting tables (k, m, d) and plan
+RowsFactory = Callable[[Tensor, "Plan"], ItemRows]
+
+
 def clear_grad(grad: Tensor, a: int, flat: Tensor, plan: Plan) -> None:
     """Zero the rows of a compact gradient (k, rows, d') that step ``flat`` wrote.
 
@@ -346,6 +410,9 @@ class Backbone(ABC):
     #: whether score(u, i) = <user-side vector, q_i> (+ a per-client constant), which the
     #: projection attack assumes; False for an MLP score.
     dot_product: ClassVar[bool]
+    #: whether local training goes through :class:`ItemRows` (``rows=``), so an upload
+    #: codec can train its own parameters in place of the item table (DESIGN section 11)
+    trains_item_rows: ClassVar[bool] = False
 
     def __init__(self, n_items: int, dim: int, seed: int, init_std: float) -> None:
         self.n_items, self.dim, self.seed, self.init_std = n_items, dim, seed, init_std
@@ -365,8 +432,13 @@ class Backbone(ABC):
 
     @abstractmethod
     def train_chunk(self, start: ClientParams, clients: np.ndarray, samples: ClientSamples,
-                    cfg: LocalTrainConfig, round_: int) -> tuple[ClientParams, Tensor]:
-        """E local epochs for a chunk sorted by steps (descending); (trained, touched (k, m))."""
+                    cfg: LocalTrainConfig, round_: int,
+                    rows: RowsFactory | None = None) -> tuple[ClientParams, Tensor]:
+        """E local epochs for a chunk sorted by steps (descending); (trained, touched (k, m)).
+
+        ``rows`` (only where :attr:`trains_item_rows`) builds what the item vectors
+        are trained through; None means :class:`CompactRows`, the table itself.
+        """
 
     @abstractmethod
     def scores(self, params: ClientParams) -> Tensor:

@@ -43,6 +43,7 @@ from fedem_private.models.base import (
     ClientSamples,
     Compact,
     LocalTrainConfig,
+    RowsFactory,
     ScoreFn,
     adam_buffers,
     clear_grad,
@@ -58,6 +59,7 @@ class FedRAPBackbone(Backbone):
     """FedRAP: private personal table and head, shared common table C (the item table)."""
 
     name = "fedrap"
+    trains_item_rows = False
     dot_product = True  # logit = w_u . (P_u[i] + C[i]) + b_u: linear in the uploaded C[i]
 
     def __init__(self, n_items: int, dim: int, seed: int, init_std: float,
@@ -81,7 +83,10 @@ class FedRAPBackbone(Backbone):
         return 4 * 4 * self.n_items * self.dim  # the personal table, its grad and moments
 
     def train_chunk(self, start: ClientParams, clients: np.ndarray, samples: ClientSamples,
-                    cfg: LocalTrainConfig, round_: int) -> tuple[ClientParams, Tensor]:
+                    cfg: LocalTrainConfig, round_: int,
+                    rows: RowsFactory | None = None) -> tuple[ClientParams, Tensor]:
+        if rows is not None:  # its loss regularises whole tables; see trains_item_rows
+            raise ValueError(f"{self.name} trains its item table itself (no ItemRows)")
         c_start, p_start = start.items, start.private["personal"]
         k, m, d = c_start.shape
         plan = make_plan(self.seed, round_, clients, samples, cfg, c_start.dtype)

@@ -32,6 +32,7 @@ from fedem_private.models.base import (
     ClientSamples,
     Compact,
     LocalTrainConfig,
+    RowsFactory,
     ScoreFn,
     adam_buffers,
     clip_rows_l2,
@@ -46,6 +47,7 @@ class GPFedRecBackbone(NCFBackbone):
     """GPFedRec: NCF's score with a private MLP; regulariser toward the server's anchor."""
 
     name = "gpfedrec"
+    trains_item_rows = False
     dot_product = False
 
     def __init__(self, n_items: int, dim: int, seed: int, init_std: float,
@@ -72,7 +74,10 @@ class GPFedRecBackbone(NCFBackbone):
         return {n: t for n, t in params.private.items() if n != "p"}
 
     def train_chunk(self, start: ClientParams, clients: np.ndarray, samples: ClientSamples,
-                    cfg: LocalTrainConfig, round_: int) -> tuple[ClientParams, Tensor]:
+                    cfg: LocalTrainConfig, round_: int,
+                    rows: RowsFactory | None = None) -> tuple[ClientParams, Tensor]:
+        if rows is not None:  # its loss regularises whole tables; see trains_item_rows
+            raise ValueError(f"{self.name} trains its item table itself (no ItemRows)")
         q_start = start.items
         k, m, d = q_start.shape
         plan = make_plan(self.seed, round_, clients, samples, cfg, q_start.dtype, n_items=m)

@@ -23,11 +23,10 @@ from fedem_private.models.base import (
     Backbone,
     ClientParams,
     ClientSamples,
-    Compact,
+    CompactRows,
     LocalTrainConfig,
+    RowsFactory,
     ScoreFn,
-    clear_grad,
-    clip_rows_l2,
     draw_samples,
     epoch_orders,
     fused_adam,
@@ -40,8 +39,9 @@ __all__ = ["MFBackbone", "ClientSamples", "LocalTrainConfig", "draw_samples", "e
 
 
 def train_chunk(q_start: torch.Tensor, p: torch.Tensor, clients: np.ndarray,
-                samples: ClientSamples, cfg: LocalTrainConfig, seed: int,
-                round_: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                samples: ClientSamples, cfg: LocalTrainConfig, seed: int, round_: int,
+                rows: RowsFactory | None = None,
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Train a chunk of clients; return (q_local (k,m,d), p_new (k,d), touched (k,m) bool).
 
     ``clients`` must be sorted by number of steps, descending (see
@@ -49,31 +49,27 @@ def train_chunk(q_start: torch.Tensor, p: torch.Tensor, clients: np.ndarray,
     prefix of the chunk. ``q_start`` is each client's starting item table (the
     server's table under static replacement, the merged table under FedEM).
     Gradients are written by hand: d BCE / d logit = (sigmoid - y) / B, times
-    p_u for q_i and q_i for p_u (equation 12).
+    p_u for q_i and q_i for p_u (equation 12). The item vectors are trained
+    through ``rows`` (:class:`~fedem_private.models.base.ItemRows`; default the
+    table's own touched rows).
     """
     k, m, d = q_start.shape
     if k == 0:
         return q_start.clone(), p.clone(), torch.zeros((0, m), dtype=torch.bool)
     plan = make_plan(seed, round_, clients, samples, cfg, q_start.dtype)
-    compact = Compact.of(q_start, plan)
-    qc = compact.table
+    items = (rows or CompactRows)(q_start, plan)
     pc = p.clone().contiguous()
-    gq, mq, vq = torch.zeros_like(qc), torch.zeros_like(qc), torch.zeros_like(qc)
     gp, mp, vp = torch.zeros_like(pc), torch.zeros_like(pc), torch.zeros_like(pc)
-    qflat, gflat = qc.view(-1, d), gq.view(-1, d)
     for s, a, flat, y, w in plan.schedule():
-        q_rows = qflat.index_select(0, flat).view(a, -1, d)
+        q_rows = items.gather(flat).view(a, -1, d)
         pa = pc[:a]
         logits = torch.bmm(q_rows, pa[:, :, None]).squeeze(2)
         dlogit = (torch.sigmoid(logits) - y) * w  # d(mean BCE over the batch)/d logit
-        gflat.index_add_(0, flat, (dlogit[:, :, None] * pa[:, None, :]).reshape(-1, d))
+        items.add_grad(flat, (dlogit[:, :, None] * pa[:, None, :]).reshape(-1, d))
         gp[:a] = torch.bmm(dlogit[:, None, :], q_rows).squeeze(1)
-        if cfg.grad_clip is not None:
-            clip_rows_l2(gq[:a], cfg.grad_clip)
-        fused_adam([qc[:a], pc[:a]], [gq[:a], gp[:a]], [mq[:a], mp[:a]], [vq[:a], vp[:a]],
-                   s + 1, cfg)
-        clear_grad(gq, a, flat, plan)
-    q_local, touched = compact.scatter(q_start)
+        items.step(a, flat, s, cfg)
+        fused_adam([pc[:a]], [gp[:a]], [mp[:a]], [vp[:a]], s + 1, cfg)
+    q_local, touched = items.close()
     return q_local, pc, touched
 
 
@@ -89,6 +85,7 @@ class MFBackbone(Backbone):
 
     name = "mf"
     dot_product = True
+    trains_item_rows = True
 
     def init_private(self, clients: np.ndarray) -> dict[str, torch.Tensor]:
         p = torch.empty((len(clients), self.dim))
@@ -98,9 +95,10 @@ class MFBackbone(Backbone):
         return {"p": p}
 
     def train_chunk(self, start: ClientParams, clients: np.ndarray, samples: ClientSamples,
-                    cfg: LocalTrainConfig, round_: int) -> tuple[ClientParams, torch.Tensor]:
+                    cfg: LocalTrainConfig, round_: int,
+                    rows: RowsFactory | None = None) -> tuple[ClientParams, torch.Tensor]:
         q, p, touched = train_chunk(start.items, start.private["p"], clients, samples, cfg,
-                                    self.seed, round_)
+                                    self.seed, round_, rows)
         return ClientParams(q, {}, {"p": p}), touched
 
     def scores(self, params: ClientParams) -> torch.Tensor:

@@ -27,12 +27,11 @@ from fedem_private.models.base import (
     Backbone,
     ClientParams,
     ClientSamples,
-    Compact,
+    CompactRows,
     LocalTrainConfig,
+    RowsFactory,
     ScoreFn,
     adam_buffers,
-    clear_grad,
-    clip_rows_l2,
     dense_names,
     fused_adam,
     linear_init,
@@ -49,6 +48,7 @@ class NCFBackbone(Backbone):
 
     name = "ncf"
     dot_product = False
+    trains_item_rows = True
 
     def __init__(self, n_items: int, dim: int, seed: int, init_std: float,
                  layers: tuple[int, ...] = LAYERS) -> None:
@@ -81,44 +81,49 @@ class NCFBackbone(Backbone):
         return mlp_forward(dense, x, len(self.shapes))
 
     def train_chunk(self, start: ClientParams, clients: np.ndarray, samples: ClientSamples,
-                    cfg: LocalTrainConfig, round_: int) -> tuple[ClientParams, Tensor]:
+                    cfg: LocalTrainConfig, round_: int,
+                    rows: RowsFactory | None = None) -> tuple[ClientParams, Tensor]:
         q_start = start.items
         k, m, d = q_start.shape
         plan = make_plan(self.seed, round_, clients, samples, cfg, q_start.dtype)
-        compact = Compact.of(q_start, plan)
-        qc = compact.table
+        items = (rows or CompactRows)(q_start, plan)
         pc = start.private["p"].clone().contiguous()
         dense = {n: start.dense[n].clone().contiguous() for n in self.names}
-        params = [qc, pc, *(dense[n] for n in self.names)]
+        params = [pc, *(dense[n] for n in self.names)]
         grads, m1, m2 = adam_buffers(params)
-        gq = grads[0]
-        qflat, gflat = qc.view(-1, d), gq.view(-1, d)
         for s, a, flat, y, w in plan.schedule():
-            self._mlp_step(params, grads, qflat, gflat, a, flat, y, w)
-            if cfg.grad_clip is not None:
-                clip_rows_l2(gq[:a], cfg.grad_clip)
+            q_rows = items.gather(flat).view(a, -1, d)
+            items.add_grad(flat, self._mlp_grads(params, grads, q_rows, a, y, w).reshape(-1, d))
+            items.step(a, flat, s, cfg)
             fused_adam([t[:a] for t in params], [g[:a] for g in grads], [t[:a] for t in m1],
                        [t[:a] for t in m2], s + 1, cfg)
-            clear_grad(gq, a, flat, plan)
-        q_local, touched = compact.scatter(q_start)
+        q_local, touched = items.close()
         return ClientParams(q_local, dense, {"p": pc}), touched
 
-    def _mlp_step(self, params: list[Tensor], grads: list[Tensor], qflat: Tensor, gflat: Tensor,
-                  a: int, flat: Tensor, y: Tensor, w: Tensor) -> None:
-        """The batch-mean BCE gradients of the first a clients: item rows scattered into
-        ``gflat``, then p_u's and the MLP's into ``grads[1:]`` (``params`` = [table, p, MLP])."""
-        d = qflat.shape[1]
-        q_rows = qflat.index_select(0, flat).view(a, -1, d).requires_grad_(True)
-        leaves = [t[:a].detach().requires_grad_(True) for t in params[1:]]
+    def _mlp_grads(self, params: list[Tensor], grads: list[Tensor], q_rows: Tensor, a: int,
+                   y: Tensor, w: Tensor) -> Tensor:
+        """The batch-mean BCE gradients of the first a clients: p_u's and the MLP's into
+        ``grads`` (``params`` = [p, MLP]); returns the item rows' (a, B, d)."""
+        q_rows = q_rows.detach().requires_grad_(True)
+        leaves = [t[:a].detach().requires_grad_(True) for t in params]
         with torch.enable_grad():
             mlp = dict(zip(self.names, leaves[1:], strict=True))
             bce = F.binary_cross_entropy_with_logits(self._logits(mlp, leaves[0], q_rows), y,
                                                      reduction="none")
             # sum over clients of each client's batch mean
             g_all = torch.autograd.grad((bce * w).sum(), [q_rows, *leaves])
-        gflat.index_add_(0, flat, g_all[0].reshape(-1, d))
-        for gbuf, g in zip(grads[1:], g_all[1:], strict=True):
+        for gbuf, g in zip(grads, g_all[1:], strict=True):
             gbuf[:a] = g
+        return g_all[0]
+
+    def _mlp_step(self, params: list[Tensor], grads: list[Tensor], qflat: Tensor, gflat: Tensor,
+                  a: int, flat: Tensor, y: Tensor, w: Tensor) -> None:
+        """:meth:`_mlp_grads` with ``params`` = [table, p, MLP]: the item rows' gradient
+        scattered into ``gflat``, the others into ``grads[1:]``."""
+        d = qflat.shape[1]
+        q_rows = qflat.index_select(0, flat).view(a, -1, d)
+        gflat.index_add_(0, flat, self._mlp_grads(params[1:], grads[1:], q_rows, a, y,
+                                                  w).reshape(-1, d))
 
     def scores(self, params: ClientParams) -> Tensor:
         k, m, _ = params.items.shape

@@ -29,11 +29,10 @@ from fedem_private.models.base import (
     Backbone,
     ClientParams,
     ClientSamples,
-    Compact,
+    CompactRows,
     LocalTrainConfig,
+    RowsFactory,
     ScoreFn,
-    clear_grad,
-    clip_rows_l2,
     fused_adam,
     linear_init,
     make_plan,
@@ -46,6 +45,7 @@ class PFedRecBackbone(Backbone):
 
     name = "pfedrec"
     dot_product = True  # logit = w_u . q_i + b_u: a dot product with w_u, plus a constant
+    trains_item_rows = True
 
     def init_private(self, clients: np.ndarray) -> dict[str, Tensor]:
         """Each client's head, nn.Linear(d, 1)'s init keyed by (seed, client)."""
@@ -61,20 +61,18 @@ class PFedRecBackbone(Backbone):
         return 4 * 4 * (self.dim + 1)
 
     def train_chunk(self, start: ClientParams, clients: np.ndarray, samples: ClientSamples,
-                    cfg: LocalTrainConfig, round_: int) -> tuple[ClientParams, Tensor]:
+                    cfg: LocalTrainConfig, round_: int,
+                    rows: RowsFactory | None = None) -> tuple[ClientParams, Tensor]:
         q_start = start.items
         k, m, d = q_start.shape
         plan = make_plan(self.seed, round_, clients, samples, cfg, q_start.dtype)
-        compact = Compact.of(q_start, plan)
-        qc = compact.table
+        items = (rows or CompactRows)(q_start, plan)
         w = start.private["w"].clone().contiguous()
         b = start.private["b"].clone().contiguous()
-        gq, mq, vq = torch.zeros_like(qc), torch.zeros_like(qc), torch.zeros_like(qc)
         gw, mw, vw = torch.zeros_like(w), torch.zeros_like(w), torch.zeros_like(w)
         gb, mb, vb = torch.zeros_like(b), torch.zeros_like(b), torch.zeros_like(b)
-        qflat, gflat = qc.view(-1, d), gq.view(-1, d)
         for s, a, flat, y, wgt in plan.schedule():
-            q_rows = qflat.index_select(0, flat).view(a, -1, d)
+            q_rows = items.gather(flat).view(a, -1, d)
             # 1. head step, item table frozen
             logits = torch.bmm(q_rows, w[:a, :, None]).squeeze(2) + b[:a, None]
             dlogit = (torch.sigmoid(logits) - y) * wgt
@@ -85,12 +83,9 @@ class PFedRecBackbone(Backbone):
             # 2. item-table step with the updated head frozen
             logits = torch.bmm(q_rows, w[:a, :, None]).squeeze(2) + b[:a, None]
             dlogit = (torch.sigmoid(logits) - y) * wgt
-            gflat.index_add_(0, flat, (dlogit[:, :, None] * w[:a, None, :]).reshape(-1, d))
-            if cfg.grad_clip is not None:
-                clip_rows_l2(gq[:a], cfg.grad_clip)
-            fused_adam([qc[:a]], [gq[:a]], [mq[:a]], [vq[:a]], s + 1, cfg)
-            clear_grad(gq, a, flat, plan)
-        q_local, touched = compact.scatter(q_start)
+            items.add_grad(flat, (dlogit[:, :, None] * w[:a, None, :]).reshape(-1, d))
+            items.step(a, flat, s, cfg)
+        q_local, touched = items.close()
         return ClientParams(q_local, {}, {"w": w, "b": b}), touched
 
     def scores(self, params: ClientParams) -> Tensor:

@@ -53,6 +53,8 @@ class Aggregator(ABC):
     needs_each_upload: ClassVar[bool] = False
     #: whether it can adopt an aggregate formed elsewhere (central DP): the sums can
     takes_aggregate: ClassVar[bool] = False
+    #: whether it sends clients a table at all (the local baseline sends none)
+    sends_table: ClassVar[bool] = True
 
     def __init__(self, sizes: Tensor, n_clients: int) -> None:
         self.sizes = sizes  # (n,) float64 training-set sizes |D_u|
@@ -135,6 +137,14 @@ class _SumAggregator(Aggregator):
             raise ValueError(f"aggregate {tuple(table.shape)} does not match the global table "
                              f"{tuple(self.global_table.shape)}")
         self._aggregate = table
+
+    def adopt(self, table: Tensor) -> None:
+        """Replace the global table between rounds (m, d): the table a FedPEFT codec's
+        starting parameters decode to (DESIGN section 11)."""
+        if tuple(table.shape) != tuple(self.global_table.shape):
+            raise ValueError(f"table {tuple(table.shape)} does not match the global table "
+                             f"{tuple(self.global_table.shape)}")
+        self.global_table = table.to(self.global_table.dtype).clone()
 
     def end_round(self) -> None:
         if self._aggregate is not None:
@@ -337,6 +347,7 @@ class NoAggregator(Aggregator):
     """``local``: the server sends nothing; each client continues from its own table."""
 
     name = "none"
+    sends_table = False
 
     def sent(self, idx: Tensor) -> None:
         return None
@@ -379,10 +390,12 @@ def build(name: str, sizes: Tensor, q0: Tensor, *, alpha: float,
 
 
 class DenseFedAvg:
-    """Non-item shared groups (an MLP), averaged with FedAvg weights over the participants."""
+    """Non-item shared groups (an MLP, a FedPEFT codec's parameters), averaged over the
+    participants with FedAvg weights (``uniform``: 1 / n_t each)."""
 
-    def __init__(self, sizes: Tensor, init: dict[str, Tensor]) -> None:
+    def __init__(self, sizes: Tensor, init: dict[str, Tensor], uniform: bool = False) -> None:
         self.sizes = sizes
+        self.uniform = uniform
         self.params = {k: v.clone() for k, v in init.items()}
         self._acc: dict[str, Tensor] = {}
         self._weights: Tensor | None = None
@@ -392,7 +405,8 @@ class DenseFedAvg:
         return {n: v.expand(k, *v.shape).contiguous() for n, v in self.params.items()}
 
     def begin_round(self, part_mask: Tensor) -> None:
-        self._weights = (fedavg_weights(self.sizes, part_mask) if bool(part_mask.any())
+        weights = uniform_weights if self.uniform else fedavg_weights
+        self._weights = (weights(self.sizes, part_mask) if bool(part_mask.any())
                          else torch.zeros_like(self.sizes, dtype=torch.float64))
         self._acc = {n: torch.zeros_like(v, dtype=torch.float64) for n, v in self.params.items()}
 

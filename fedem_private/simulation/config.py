@@ -27,7 +27,12 @@ from fedem_private.privacy.config import CENTRAL_MODES, PrivacyConfig
 METHODS = ("fedmf", "fedsim", "fedem", "local", "fedncf", "pfedrec", "gpfedrec", "fedrap",
            "fedmerge")
 BACKBONES = ("mf", "ncf", "pfedrec", "gpfedrec", "fedrap")
-CODECS = ("full",)
+CODECS = ("full", "lora", "hash", "rqvae", "c-lora", "c-hash", "c-rqvae")
+# backbones whose local training goes through ItemRows (Backbone.trains_item_rows), so a
+# FedPEFT codec can train its parameters in place of the item table (DESIGN section 11)
+PEFT_BACKBONES = ("mf", "ncf", "pfedrec")
+# aggregations with one global table that a codec's averaged parameters decode to
+PEFT_AGGREGATIONS = ("fedavg", "uniform")
 AGGREGATIONS = ("fedavg", "uniform", "similarity", "graph", "fedmerge", "none")
 # aggregations that need each client's upload, not only a sum: refused under central DP
 EACH_UPLOAD_AGGREGATIONS = ("similarity", "graph", "fedmerge")
@@ -136,6 +141,12 @@ class FederationConfig:
     merge_k: int = 4  # fedmerge: number K of global item tables
     fedmerge_steps: int = 10  # fedmerge: gradient steps of the server fit per round
     fedmerge_lr: float = 1.0  # fedmerge: the fit's step, in units of 1/L (section 12)
+    peft_warmup: int = 2  # FedPEFT: W rounds of full-table training before E0 freezes
+    lora_rank: int = 4  # lora: k_L
+    hash_size: int = 512  # hash: d_H
+    hash_functions: int = 2  # hash: h
+    rq_levels: int = 3  # rqvae: l
+    rq_codebook: int = 128  # rqvae: d_R
     alpha: float = 0.9
     rho: float = 0.5
     adapter_lr: float = 0.1
@@ -153,6 +164,13 @@ class FederationConfig:
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise UserError(f"federation.{name} must be a number >= 0, got {value}")
+        if self.peft_warmup < 0:
+            raise UserError(f"--peft-warmup (federation.peft_warmup) must be >= 0, "
+                            f"got {self.peft_warmup}")
+        for name in ("lora_rank", "hash_size", "hash_functions", "rq_levels", "rq_codebook"):
+            if getattr(self, name) < 1:
+                raise UserError(f"--{name.replace('_', '-')} (federation.{name}) must be a "
+                                f"positive integer, got {getattr(self, name)}")
         if self.graph_topk < 0 or self.graph_layers < 1:
             raise UserError("federation.graph_topk must be >= 0 and graph_layers >= 1")
         if self.merge_k < 1:
@@ -200,6 +218,16 @@ class FederationConfig:
         if agg == "none" and merge != "sr":
             raise UserError(f"merge {merge!r} merges the server's table into the client's, but "
                             "aggregation 'none' (local) sends no table; use --merge sr")
+        if self.codec != "full":
+            if self.resolved_backbone not in PEFT_BACKBONES:
+                raise UserError(f"codec {self.codec!r} trains its own parameters in place of "
+                                f"the item table, which backbone {self.resolved_backbone!r} "
+                                f"regularises as a whole; use one of "
+                                f"{', '.join(PEFT_BACKBONES)}")
+            if agg not in PEFT_AGGREGATIONS:
+                raise UserError(f"codec {self.codec!r} uploads parameters the server averages "
+                                f"into one global table; aggregation {agg!r} keeps per-client "
+                                f"tables; use fedavg or uniform")
 
 
 def refuse_central(aggregation: str, mode: str,
@@ -291,6 +319,9 @@ class RunConfig:
             raise UserError(f"privacy {self.privacy.mode!r} protects uploads, but aggregation "
                             "'none' (local) uploads nothing; use --privacy none")
         refuse_central(self.federation.resolved_aggregation, self.privacy.mode)
+        if self.federation.codec != "full" and self.privacy.clip_auto:
+            raise UserError(f"--clip auto measures full-table deltas before round 1, not codec "
+                            f"{self.federation.codec!r}'s parameters; give --clip a number")
         if self.privacy.mode in CENTRAL_MODES:
             if self.train.client_fraction != 1:
                 raise UserError(f"privacy {self.privacy.mode!r} samples clients itself (Poisson, "
@@ -336,6 +367,12 @@ LATER_FIELDS: dict[tuple[str, ...], Any] = {
     ("federation", "merge_k"): 4,
     ("federation", "fedmerge_steps"): 10,
     ("federation", "fedmerge_lr"): 1.0,
+    ("federation", "peft_warmup"): 2,
+    ("federation", "lora_rank"): 4,
+    ("federation", "hash_size"): 512,
+    ("federation", "hash_functions"): 2,
+    ("federation", "rq_levels"): 3,
+    ("federation", "rq_codebook"): 128,
 }
 
 

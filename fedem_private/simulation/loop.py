@@ -28,6 +28,20 @@ each client's encoded (sent, trained) pair goes into the layer's secure sum
 decoded or observed, and after the last chunk the layer releases ONE noisy
 aggregate, which the (sum-based) aggregator adopts as the next global table.
 
+Under a FedPEFT codec (``lora``, ``hash``, ``rqvae`` and their ``c-``
+variants; DESIGN section 11) the first W rounds are ordinary full-table
+rounds; then the server freezes its global table as E0 and from round W + 1
+sends, trains and averages only the codec's parameters theta: the backbone
+trains theta through the codec's item rows (it never knows), the privacy
+layer releases the encoded theta, the server averages theta (the
+aggregator's weights) and hands the aggregator the table E0 + f_theta it
+decodes to, which is what clients are sent and the attacks see. A merge
+(EM) merges decoded tables, the client's own and the sent one; the merge's
+offset from the sent table stays on the client as part of its frozen base.
+
+Communication (bytes per client per round, up and down) is counted from the
+tensors each client sends and receives.
+
 Clients are processed in chunks sorted by workload; every random draw is keyed
 by (seed, round, client), so chunking never changes results.
 """
@@ -89,6 +103,9 @@ class RoundStats:
     merge: dict[str, float] = field(default_factory=dict)
     # the aggregator's own figures (Aggregator.round_stats), e.g. FedMerge's weight entropy
     server: dict[str, float] = field(default_factory=dict)
+    # bytes_up / bytes_down: mean bytes per participant this round; bytes_setup: one-time
+    # downloads of the round (a FedPEFT codec's E0 and codes, to every client)
+    comm: dict[str, float] = field(default_factory=dict)
 
     def row(self) -> dict[str, float | int | str]:
         out: dict[str, float | int | str] = {"round": self.round, "seconds": self.seconds,
@@ -99,6 +116,7 @@ class RoundStats:
         out.update(self.privacy)
         out.update(self.merge)
         out.update(self.server)
+        out.update(self.comm)
         return out
 
 
@@ -122,6 +140,18 @@ class SimState:
         return ClientParams(self.q_local.index_select(0, idx),
                             {n: t.index_select(0, idx) for n, t in self.dense_local.items()},
                             {n: t.index_select(0, idx) for n, t in self.private.items()})
+
+
+def wire_bytes(groups: dict[str, torch.Tensor] | tuple[object, ...]) -> int:
+    """Bytes one client sends or receives: the sizes of its tensors (client axis first).
+
+    ``groups`` is a dict of (k, ...) tensors, or a codec's decoded upload (a
+    table and / or dicts of them).
+    """
+    if isinstance(groups, tuple):
+        return sum(wire_bytes(g if isinstance(g, dict) else {"t": g})  # type: ignore[arg-type]
+                   for g in groups)
+    return sum(int(t[0].numel()) * t.element_size() for t in groups.values())
 
 
 class Simulation:
@@ -180,8 +210,8 @@ class Simulation:
             new, _ = self.backbone.train_chunk(start, chunk, samples, self.local_cfg,
                                                WARMUP_ROUND)
             # the norm of the whole encoded upload's delta: what the mechanism clips
-            delta = (self.codec.encode(new.items, new.dense).double()
-                     - self.codec.encode(start.items, start.dense).double())
+            delta = (self.full_codec.encode(new.items, new.dense).double()
+                     - self.full_codec.encode(start.items, start.dense).double())
             delta = delta.reshape(chunk.shape[0], -1)
             norm = delta.norm(dim=1) if pc.mode == "ldp-gaussian" else delta.abs().sum(dim=1)
             norms[chunk] = norm.numpy()
@@ -207,14 +237,40 @@ class Simulation:
             fedmerge={"k": fed.merge_k, "steps": fed.fedmerge_steps, "lr": fed.fedmerge_lr},
             seed=self.seed)
         self.dense = aggregators.DenseFedAvg(self.sizes, dense0) if dense0 else None
-        self.codec = codecs.build(self.cfg.federation.codec, m, self.cfg.train.dim,
-                                  {k: tuple(v.shape) for k, v in dense0.items()})
+        peft = codecs.PeftConfig(warmup=fed.peft_warmup, lora_rank=fed.lora_rank,
+                                 hash_size=fed.hash_size, hash_functions=fed.hash_functions,
+                                 rq_levels=fed.rq_levels, rq_codebook=fed.rq_codebook)
+        self.codec = codecs.build(fed.codec, m, self.cfg.train.dim,
+                                  {k: tuple(v.shape) for k, v in dense0.items()}, peft)
+        # a FedPEFT codec's global parameters theta, once it has started (after the warm-up)
+        self.codec_server: aggregators.DenseFedAvg | None = None
+        # the wire format of full-table rounds (every round, or a FedPEFT codec's warm-up)
+        self.full_codec = (self.codec if isinstance(self.codec, codecs.FullCodec) else
+                           codecs.FullCodec(m, self.cfg.train.dim,
+                                            {k: tuple(v.shape) for k, v in dense0.items()}))
         self.merger = Merger(self.merge_cfg, n, self.cfg.train.dim, self.seed, q0.dtype)
         dense_local = {k: v.expand(n, *v.shape).clone() for k, v in dense0.items()}
         self.state = SimState(q_local, self.backbone.init_private(np.arange(n)), dense_local,
                               self.aggregator.table)
 
     # ---------------------------------------------------------------- helpers
+    def _peft_round(self, t: int) -> bool:
+        """Whether round t trains and uploads a FedPEFT codec's parameters (after warm-up)."""
+        return bool(self.codec.peft) and t > self.codec.cfg.warmup
+
+    def _start_codec(self) -> int:
+        """Freeze the server's global table as E0, fix codes / hashes, start theta.
+
+        Returns the one-time bytes every client downloads (E0, codes, hash (a, b)).
+        """
+        codec = self.codec
+        assert isinstance(codec, codecs.PeftCodec)
+        theta0 = codec.prepare(self.aggregator.table, self.seed, self.cfg.train.init_std)
+        self.codec_server = aggregators.DenseFedAvg(self.sizes, theta0,
+                                                    uniform=self.aggregation == "uniform")
+        self.aggregator.adopt(codec.table({n: v[None] for n, v in theta0.items()})[0])
+        return self.split.n_users * codec.one_time_bytes()
+
     def _sent_params(self, idx: torch.Tensor) -> ClientParams:
         """What clients idx start the round from before merging: the server's tables (or,
         when it sends none, their own) and their own private groups."""
@@ -269,14 +325,21 @@ class Simulation:
             self.dense.begin_round(part_mask)
         self.privacy.begin_round(t)
         central = self.privacy.central
+        peft = self._peft_round(t)
+        setup_bytes = self._start_codec() if peft and self.codec_server is None else 0
+        if self.codec_server is not None:
+            self.codec_server.begin_round(part_mask)
         rho_sum, rho_n = 0.0, 0
+        up_bytes = down_bytes = 0
         for chunk in self._chunks(clients):
             idx = torch.from_numpy(chunk)
+            k = chunk.shape[0]
             samples = draw_samples(self.seed, t, chunk, self.split.train_indptr,
                                    self.split.train_items, *self.excl, self.split.n_items,
                                    self.local_cfg.num_negatives)
             start = self._sent_params(idx)
             own_items, sent, dense_sent = st.q_local.index_select(0, idx), start.items, start.dense
+            merged = False
             if self.merger.merges and t > 1:
                 user_vecs, score = self.backbone.adapter_score(start)
                 steps = (adapter_batches(self.seed, t, chunk, samples, self.local_cfg.epochs,
@@ -287,27 +350,57 @@ class Simulation:
                                                      steps)
                 rho_sum += float(rho.sum())
                 rho_n += rho.shape[0]
-            new, touched = self.backbone.train_chunk(start, chunk, samples, self.local_cfg, t)
+                merged = True
+            rows = None
+            if peft:
+                assert self.codec_server is not None and isinstance(self.codec, codecs.PeftCodec)
+                theta_sent = self.codec_server.sent(k)
+                rows = self.codec.trainer(theta_sent, base=None if merged else self.codec.e0)
+                down_bytes += k * wire_bytes({**theta_sent, **dense_sent})
+            elif self.aggregator.sends_table:
+                down_bytes += k * wire_bytes({"items": sent, **dense_sent})
+            new, touched = self.backbone.train_chunk(start, chunk, samples, self.local_cfg, t,
+                                                     rows=rows)
             st.q_local[idx] = new.items
             for name, value in new.private.items():
                 st.private[name][idx] = value
             for name, value in new.dense.items():
                 st.dense_local[name][idx] = value
+            if rows is not None:
+                enc_sent = self.codec.encode(theta_sent, dense_sent)
+                enc_new = self.codec.encode(rows.theta, new.dense)
+                touched_rows = self.codec.touched(k)
+            else:
+                enc_sent = self.full_codec.encode(sent, dense_sent)
+                enc_new = self.full_codec.encode(new.items, new.dense)
+                touched_rows = self.full_codec.touched(touched)
+            wire = self.codec if rows is not None else self.full_codec
             if central:  # into the secure sum: no upload is released or observed
-                self.privacy.contribute(self.codec.encode(sent, dense_sent),
-                                        self.codec.encode(new.items, new.dense), chunk)
+                self.privacy.contribute(enc_sent, enc_new, chunk)
+                up_bytes += k * wire_bytes(wire.decode(enc_new[:1]))
                 continue
-            released = self.privacy.release(self.codec.encode(sent, dense_sent),
-                                            self.codec.encode(new.items, new.dense), chunk,
-                                            self.codec.touched(touched))
-            upload, dense_upload = self.codec.decode(released)
-            self.aggregator.add(idx, upload)
+            released = self.privacy.release(enc_sent, enc_new, chunk, touched_rows)
+            decoded = wire.decode(released)
+            up_bytes += k * wire_bytes(decoded)
+            if rows is not None:
+                assert self.codec_server is not None
+                theta_up, dense_upload = decoded
+                self.codec_server.add(idx, theta_up)
+                upload = self.codec.table(theta_up)  # what the server decodes (E0 + f_theta)
+            else:
+                upload, dense_upload = decoded
+                self.aggregator.add(idx, upload)
             if self.dense is not None:
                 self.dense.add(idx, dense_upload)
             for observe in self.observers:
                 observe(ChunkView(t, chunk, sent, upload, samples))
         if central:
-            self._take_central_aggregate()
+            self._take_central_aggregate(peft)
+        if peft:
+            assert self.codec_server is not None
+            self.codec_server.end_round()
+            theta = {n: v[None] for n, v in self.codec_server.params.items()}
+            self.aggregator.take_aggregate(self.codec.table(theta)[0])
         self.aggregator.end_round()
         if self.dense is not None:
             self.dense.end_round()
@@ -317,23 +410,32 @@ class Simulation:
         seconds = time.perf_counter() - t0
         stats = RoundStats(t, seconds, int(clients.shape[0]), privacy=privacy_stats,
                            server=self.aggregator.round_stats())
+        n_part = max(int(clients.shape[0]), 1)
+        stats.comm = {"bytes_up": up_bytes / n_part, "bytes_down": down_bytes / n_part,
+                      "bytes_setup": float(setup_bytes)}
         if rho_n and self.merger.merges:
             stats.merge = {"rho_mean": rho_sum / rho_n}
         if t % self.cfg.train.eval_every == 0 or t == self.cfg.train.rounds:
             stats.metrics = self.evaluate()
         return stats
 
-    def _take_central_aggregate(self) -> None:
+    def _take_central_aggregate(self, peft: bool) -> None:
         """The round's one noisy aggregate (cdp-gaussian) to the aggregator and dense groups.
 
-        ``base`` is the encoded table every client was sent this round (a sum
-        aggregator sends all the same global table and dense groups).
+        ``base`` is the encoded table (or, in a FedPEFT round, the encoded theta)
+        every client was sent this round (a sum aggregator sends all the same).
         """
         one = torch.zeros(1, dtype=torch.long)
         sent = self._sent_params(one)
-        base = self.codec.encode(sent.items, sent.dense)
-        items, dense = self.codec.decode(self.privacy.release_aggregate(base))
-        self.aggregator.take_aggregate(items[0])
+        if peft:
+            assert self.codec_server is not None
+            base = self.codec.encode(self.codec_server.sent(1), sent.dense)
+            theta, dense = self.codec.decode(self.privacy.release_aggregate(base))
+            self.codec_server.take_aggregate({name: value[0] for name, value in theta.items()})
+        else:
+            base = self.full_codec.encode(sent.items, sent.dense)
+            items, dense = self.full_codec.decode(self.privacy.release_aggregate(base))
+            self.aggregator.take_aggregate(items[0])
         if self.dense is not None:
             self.dense.take_aggregate({name: value[0] for name, value in dense.items()})
 
