@@ -274,3 +274,30 @@ def test_the_sweeps_codecs_axis():
         parse_spec(tomllib.loads(text.replace('"lora"', '"zip"')), "t")
     with pytest.raises(UserError, match="backbone 'gpfedrec'"):
         parse_spec(tomllib.loads(text.replace('"pfedrec"', '"gpfedrec"')), "t")
+
+
+def test_report_has_bytes_column_and_figure(tmp_path):
+    import subprocess
+    import sys
+
+    spec = tmp_path / "s.toml"
+    spec.write_text('[sweep]\nvariants = ["fedmf"]\ncodecs = ["full", "lora"]\nseeds = [0]\n'
+                    '[base.data.synthetic]\nn_users = 40\nn_items = 80\n'
+                    '[base.train]\nrounds = 3\nlocal_epochs = 1\n'
+                    '[base.federation]\npeft_warmup = 1\n')
+    for args in (["sweep", str(spec), "--out", str(tmp_path / "runs")],
+                 ["report", str(tmp_path / "runs")]):
+        proc = subprocess.run([sys.executable, "-m", "fedem_private", *args],
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+    report = (tmp_path / "runs" / "report.md").read_text()
+    assert "KB up / client / round (last)" in report
+    assert (tmp_path / "runs" / "synthetic-hr10_vs_bytes.png").stat().st_size > 0
+    import pandas as pd
+
+    rows = pd.read_csv(tmp_path / "runs" / "results.csv").set_index("codec")
+    d = 16
+    assert rows.loc["full", "bytes_up_last"] == 4 * 80 * d
+    assert rows.loc["lora", "bytes_up_last"] == 4 * (80 + d) * 4
+    # mean over rounds: one full-table warm-up round, then two LoRA rounds
+    assert rows.loc["lora", "bytes_up"] == pytest.approx((4 * 80 * d + 2 * 4 * (80 + d) * 4) / 3)

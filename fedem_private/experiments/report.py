@@ -118,6 +118,8 @@ def aggregate(frame: pd.DataFrame) -> pd.DataFrame:
     out["n_seeds"] = groups["seed"].nunique()
     out["rounds"] = groups["rounds"].max()
     out["audit"] = groups["audit"].agg(_audit)
+    if "codec" in frame.columns:
+        out["codec"] = groups["codec"].agg(lambda c: c.fillna("full").iloc[0])
     out = out.reset_index()
     out["x_key"] = [x_key(m, e, r) for m, e, r in zip(
         out["mode"], out["eps_target"], out["eps_reported_mean"], strict=True)]
@@ -173,6 +175,9 @@ def results_table(agg: pd.DataFrame, attacks: list[str]) -> str:
     for a in attacks:
         header += [f"{a} AUC", f"{a} TPR@1%FPR", f"{a} ε lower bound"]
     header += ["audit", "s / round"]
+    sizes = "bytes_up_last_mean" in agg and bool(agg["bytes_up_last_mean"].notna().any())
+    if sizes:
+        header.append("KB up / client / round (last)")
     rows = []
     for _, r in _sort(agg).iterrows():
         cells = [r["variant"], r["mode"], _eps_label(r), str(int(r["n_seeds"])),
@@ -182,6 +187,8 @@ def results_table(agg: pd.DataFrame, attacks: list[str]) -> str:
             cells += [_pm(r, f"{a}_auc"), _pm(r, f"{a}_tpr@1%fpr"),
                       _pm(r, f"{a}_eps_lower_bound", 2)]
         cells += [r["audit"] or "–", _num(r["seconds_per_round_mean"], 2)]
+        if sizes:
+            cells.append(_num(r["bytes_up_last_mean"] / 1000.0, 1))
         rows.append(cells)
     return _table(header, rows)
 
@@ -341,6 +348,10 @@ def write_report(sources: str | Sequence[str], out_dir: str | None = None) -> li
                                           out / f"{slug}-auc_vs_eps.png", n_seeds))
             plots.append(rp.frontier_figure(sub, dataset, ds_attacks,
                                             out / f"{slug}-frontier.png", n_seeds))
+        codecs = sub["codec"].nunique() if "codec" in sub else 1
+        if codecs > 1 and sub["bytes_up_last_mean"].notna().any():
+            plots.append(rp.bytes_figure(sub, dataset, out / f"{slug}-hr10_vs_bytes.png",
+                                         n_seeds))
         written += plots
         md += [f"## {dataset}", ""]
         for protocol in sorted(sub["protocol"].unique()):

@@ -216,6 +216,47 @@ def frontier_figure(agg: pd.DataFrame, dataset: str, attacks: Sequence[str], pat
     return _save(fig, path)
 
 
+def bytes_figure(agg: pd.DataFrame, dataset: str, path: Path, n_seeds: str) -> Path:
+    """HR@10 (full) against bytes uploaded per client per round, one panel per protocol.
+
+    For runs that differ in upload codec (FedPEFT, DESIGN section 11): x is the
+    last round's upload (the codec's steady state, after its warm-up; log
+    scale), colour the method (``variant`` without its ``~codec``), marker the
+    codec, and each point is labelled with its epsilon when any run is private.
+    """
+    protocols = sorted(agg["protocol"].unique())
+    fig, axes = plt.subplots(1, len(protocols), figsize=(max(6.0, 5.8 * len(protocols)), 4.6),
+                             squeeze=False)
+    methods = sorted({str(v).split("~")[0] for v in agg["variant"]})
+    codecs = sorted({str(c) for c in agg["codec"]}) if "codec" in agg else ["full"]
+    private = bool((agg["mode"] != "none").any())
+    for ax, protocol in zip(axes[0], protocols, strict=True):
+        sub = agg[agg["protocol"] == protocol]
+        for (variant, key), rows in sub.groupby(["variant", "x_key"], sort=True):
+            method = str(variant).split("~")[0]
+            codec = str(rows["codec"].iloc[0]) if "codec" in rows else "full"
+            x, y = rows["bytes_up_last_mean"].to_numpy(), rows["hr10_full_mean"].to_numpy()
+            ax.errorbar(x, y, yerr=rows["hr10_full_std"].fillna(0).to_numpy(),
+                        fmt=MARKERS[codecs.index(codec) % len(MARKERS)],
+                        color=f"C{methods.index(method) % 10}", capsize=3, markersize=7,
+                        label=f"{method} · {codec}" + (f" · {_eps_text(key)}" if private
+                                                       else ""))
+            if private:
+                ax.annotate(_eps_text(key), (x[0], y[0]), xytext=(5, 3),
+                            textcoords="offset points", fontsize=7)
+        ax.set_xscale("log")
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("bytes uploaded per client per round (last round, log scale)")
+        ax.set_ylabel("HR@10, full ranking")
+        ax.set_title(f"protocol {protocol}")
+        ax.grid(alpha=0.3, which="both")
+        handles, labels = ax.get_legend_handles_labels()
+        seen = dict(zip(labels, handles, strict=True))
+        ax.legend(seen.values(), seen.keys(), fontsize=7, loc="best")
+    fig.suptitle(f"{dataset}: utility vs upload size ({_over(n_seeds)})")
+    return _save(fig, path)
+
+
 def oriented_auc(auc: np.ndarray) -> np.ndarray:
     """max(AUC, 1 - AUC): the AUC of the attack or of its reversed score, whichever leaks more."""
     auc = np.asarray(auc, dtype=np.float64)
