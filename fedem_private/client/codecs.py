@@ -287,61 +287,62 @@ class _PeftItemRows(ItemRows):
         self.base_rows = self.base_full.reshape(-1, d).index_select(
             0, self.owner * m + self.ids)
         self.names = list(codec.shapes)
+        # per compact row: its row of A (LoRA), or its bucket rows in the flattened
+        # (k * R, d) table (hash, RQ), client j's table starting at row j * R
+        self.arow = self.owner * m + self.ids
+        self._last: tuple[Tensor, Tensor] | None = None
+        if codec.kind != "lora":
+            assert codec.codes is not None
+            self.table = theta[self.names[0]]
+            r = self.table.shape[1]
+            self.brows = codec.codes.index_select(0, self.ids) + (self.owner * r)[:, None]
         params = [theta[n] for n in self.names]
         self.grads, self.m1, self.m2 = adam_buffers(params)
         self.g = dict(zip(self.names, self.grads, strict=True))
 
-    def _lookup(self, flat: Tensor) -> tuple[Tensor, Tensor]:
-        return self.owner.index_select(0, flat), self.ids.index_select(0, flat)
-
     def _part(self, flat: Tensor) -> tuple[Tensor, Tensor]:
-        """(f_theta rows (n, d), the per-row operand the gradient needs)."""
-        owner, item = self._lookup(flat)
+        """(f_theta rows (n, d), the operand the gradient needs: LoRA's a_i rows (n, k_L),
+        or the bucket rows (n, nb) of a hash / RQ codec)."""
         n = flat.shape[0]
         if self.codec.kind == "lora":
             kl = self.theta["A"].shape[-1]
-            a_rows = self.theta["A"].reshape(-1, kl).index_select(0, owner * self.m + item)
+            a_rows = self.theta["A"].reshape(-1, kl).index_select(
+                0, self.arow.index_select(0, flat))
             act = n // self.bsz
             part = torch.bmm(a_rows.view(act, self.bsz, kl),
                              self.theta["B"][:act].transpose(1, 2)).reshape(n, self.d)
             return part, a_rows
         assert self.codec.code_weights is not None
-        table = self.theta[self.names[0]]
-        idx = self._bucket_idx(flat)  # (n, nb)
-        rows = table.reshape(-1, self.d).index_select(0, idx.reshape(-1)).view(n, -1, self.d)
-        part = torch.einsum("nbd,b->nd", rows, self.codec.code_weights)
-        return part, idx
+        idx = self.brows.index_select(0, flat)  # (n, nb)
+        rows = self.table.reshape(-1, self.d).index_select(0, idx.reshape(-1)).view(
+            n, -1, self.d)
+        return torch.einsum("nbd,b->nd", rows, self.codec.code_weights), idx
 
     def gather(self, flat: Tensor) -> Tensor:
-        part, _ = self._part(flat)
+        part, aux = self._part(flat)
+        self._last = (flat, aux)  # add_grad of the same step reuses it (theta is unchanged)
         return part.add_(self.base_rows.index_select(0, flat))
 
     def add_grad(self, flat: Tensor, grad_rows: Tensor) -> None:
+        aux = self._last[1] if self._last is not None and self._last[0] is flat else \
+            self._part(flat)[1]
         n = flat.shape[0]
         if self.codec.kind == "lora":
-            owner, item = self._lookup(flat)
             kl = self.theta["A"].shape[-1]
-            a_rows = self.theta["A"].reshape(-1, kl).index_select(0, owner * self.m + item)
             act = n // self.bsz
             g3 = grad_rows.view(act, self.bsz, self.d)
             self.g["A"].view(-1, kl).index_add_(
-                0, owner * self.m + item,
+                0, self.arow.index_select(0, flat),
                 torch.bmm(g3, self.theta["B"][:act]).reshape(n, kl))
-            self.g["B"][:act] += torch.bmm(g3.transpose(1, 2), a_rows.view(act, self.bsz, kl))
+            self.g["B"][:act] += torch.bmm(g3.transpose(1, 2), aux.view(act, self.bsz, kl))
             return
-        idx = self._bucket_idx(flat)
         assert self.codec.code_weights is not None
         w = self.codec.code_weights
         contrib = (grad_rows[:, None, :] * w[None, :, None]).reshape(-1, self.d)
-        self.grads[0].view(-1, self.d).index_add_(0, idx.reshape(-1), contrib)
-
-    def _bucket_idx(self, flat: Tensor) -> Tensor:
-        owner, item = self._lookup(flat)
-        assert self.codec.codes is not None
-        r = self.theta[self.names[0]].shape[1]
-        return self.codec.codes.index_select(0, item) + (owner * r)[:, None]
+        self.grads[0].view(-1, self.d).index_add_(0, aux.reshape(-1), contrib)
 
     def step(self, a: int, flat: Tensor, s: int, cfg: LocalTrainConfig) -> None:
+        self._last = None
         grads = [g[:a] for g in self.grads]
         if cfg.grad_clip is not None:  # L2 clip of each client's joint theta gradient
             norms = torch.sqrt(sum(g.reshape(a, -1).double().pow(2).sum(dim=1) for g in grads))
