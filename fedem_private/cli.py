@@ -65,6 +65,9 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
      "and c-lora, c-hash, c-rqvae (compressed only)"),
     ("--peft-warmup", "federation.peft_warmup", _integer,
      "FedPEFT: rounds of full-table training before E0 is frozen"),
+    ("--peft-pretrain", "federation.peft_pretrain", str,
+     "FedPEFT: the initial item table, none (random) or attributes (a server-side "
+     "autoencoder over item attributes: ML-100K, ML-1M)"),
     ("--lora-rank", "federation.lora_rank", _integer, "lora: rank k_L"),
     ("--hash-size", "federation.hash_size", _integer, "hash: table rows d_H"),
     ("--hash-functions", "federation.hash_functions", _integer, "hash: number h of functions"),

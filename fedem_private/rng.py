@@ -44,6 +44,7 @@ class Stream(IntEnum):
     FEDMERGE_INIT = 12  # FedMerge's K initial table perturbations (server)
     POISSON = 13  # cdp-gaussian's Poisson client sampling
     CENTRAL_NOISE = 14  # cdp-gaussian's one noise draw on the aggregate per round
+    PRETRAIN = 15  # FedPEFT's server-side autoencoder over item attributes (its weights)
 
 
 def _mix(x: np.ndarray) -> np.ndarray:

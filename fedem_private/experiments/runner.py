@@ -9,6 +9,7 @@ from typing import Any
 
 from fedem_private._version import __version__
 from fedem_private.data import leave_one_out, load_dataset
+from fedem_private.data.attributes import item_attributes
 from fedem_private.experiments.rundir import RunDir
 from fedem_private.simulation.config import RunConfig, to_dict, to_toml
 from fedem_private.simulation.loop import RoundStats, Simulation
@@ -21,7 +22,10 @@ def prepare(cfg: RunConfig) -> Simulation:
                         synthetic=cfg.data.synthetic, min_rating=cfg.data.min_rating)
     split = leave_one_out(data, cfg.train.seed)
     demographics = {k: v[split.users] for k, v in data.demographics.items()}
-    return Simulation(cfg, split, dataset_name=data.name, demographics=demographics)
+    features = (item_attributes(cfg.data.dataset, cfg.data.data_dir, data.item_ids)
+                if cfg.federation.peft_pretrain == "attributes" else None)
+    return Simulation(cfg, split, dataset_name=data.name, demographics=demographics,
+                      item_features=features)
 
 
 def recording_hook(cfg: RunConfig) -> Callable[[Simulation, Path], None] | None:

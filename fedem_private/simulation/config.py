@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 from fedem_private.data import DATASETS, PROTOCOLS, RATED_DATASETS, SyntheticConfig
+from fedem_private.data.attributes import ATTRIBUTE_DATASETS
 from fedem_private.errors import UserError
 from fedem_private.privacy.config import CENTRAL_MODES, PrivacyConfig
 
@@ -28,6 +29,8 @@ METHODS = ("fedmf", "fedsim", "fedem", "local", "fedncf", "pfedrec", "gpfedrec",
            "fedmerge")
 BACKBONES = ("mf", "ncf", "pfedrec", "gpfedrec", "fedrap")
 CODECS = ("full", "lora", "hash", "rqvae", "c-lora", "c-hash", "c-rqvae")
+# FedPEFT's initial item table: random ("none") or an autoencoder over item attributes
+PEFT_PRETRAINS = ("none", "attributes")
 # backbones whose local training goes through ItemRows (Backbone.trains_item_rows), so a
 # FedPEFT codec can train its parameters in place of the item table (DESIGN section 11)
 PEFT_BACKBONES = ("mf", "ncf", "pfedrec")
@@ -142,6 +145,7 @@ class FederationConfig:
     fedmerge_steps: int = 10  # fedmerge: gradient steps of the server fit per round
     fedmerge_lr: float = 1.0  # fedmerge: the fit's step, in units of 1/L (section 12)
     peft_warmup: int = 2  # FedPEFT: W rounds of full-table training before E0 freezes
+    peft_pretrain: str = "none"  # FedPEFT: "attributes" starts from an AE over item attributes
     lora_rank: int = 4  # lora: k_L
     hash_size: int = 512  # hash: d_H
     hash_functions: int = 2  # hash: h
@@ -164,6 +168,9 @@ class FederationConfig:
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise UserError(f"federation.{name} must be a number >= 0, got {value}")
+        if self.peft_pretrain not in PEFT_PRETRAINS:
+            raise UserError(f"unknown --peft-pretrain (federation.peft_pretrain) "
+                            f"{self.peft_pretrain!r}; choose one of {', '.join(PEFT_PRETRAINS)}")
         if self.peft_warmup < 0:
             raise UserError(f"--peft-warmup (federation.peft_warmup) must be >= 0, "
                             f"got {self.peft_warmup}")
@@ -218,6 +225,10 @@ class FederationConfig:
         if agg == "none" and merge != "sr":
             raise UserError(f"merge {merge!r} merges the server's table into the client's, but "
                             "aggregation 'none' (local) sends no table; use --merge sr")
+        if self.peft_pretrain != "none" and self.codec == "full":
+            raise UserError(f"--peft-pretrain {self.peft_pretrain} initialises FedPEFT's item "
+                            f"table; it needs a FedPEFT codec (--codec lora, hash, rqvae, "
+                            f"c-lora, c-hash or c-rqvae), not full")
         if self.codec != "full":
             if self.resolved_backbone not in PEFT_BACKBONES:
                 raise UserError(f"codec {self.codec!r} trains its own parameters in place of "
@@ -319,6 +330,10 @@ class RunConfig:
             raise UserError(f"privacy {self.privacy.mode!r} protects uploads, but aggregation "
                             "'none' (local) uploads nothing; use --privacy none")
         refuse_central(self.federation.resolved_aggregation, self.privacy.mode)
+        if (self.federation.peft_pretrain == "attributes"
+                and self.data.dataset not in ATTRIBUTE_DATASETS):
+            raise UserError(f"--peft-pretrain attributes: dataset {self.data.dataset} has no "
+                            f"item attributes; they exist for {', '.join(ATTRIBUTE_DATASETS)}")
         if self.federation.codec != "full" and self.privacy.clip_auto:
             raise UserError(f"--clip auto measures full-table deltas before round 1, not codec "
                             f"{self.federation.codec!r}'s parameters; give --clip a number")
@@ -368,6 +383,7 @@ LATER_FIELDS: dict[tuple[str, ...], Any] = {
     ("federation", "fedmerge_steps"): 10,
     ("federation", "fedmerge_lr"): 1.0,
     ("federation", "peft_warmup"): 2,
+    ("federation", "peft_pretrain"): "none",
     ("federation", "lora_rank"): 4,
     ("federation", "hash_size"): 512,
     ("federation", "hash_functions"): 2,

@@ -59,6 +59,7 @@ from fedem_private import models, rng
 from fedem_private.client import codecs
 from fedem_private.client.merging import MergeConfig, Merger, adapter_batches
 from fedem_private.data.split import Split, exclusion_csr
+from fedem_private.errors import UserError
 from fedem_private.evaluation.metrics import EvalSets, RankAccumulator, build_eval_sets
 from fedem_private.models.base import (
     ClientParams,
@@ -69,6 +70,7 @@ from fedem_private.models.base import (
 )
 from fedem_private.privacy.layer import PrivacyLayer
 from fedem_private.server import aggregators
+from fedem_private.server.pretrain import pretrain_items
 from fedem_private.simulation.config import RunConfig
 
 SERVER = 1 << 40  # client id used to key the server's own random draws
@@ -158,11 +160,14 @@ class Simulation:
     """A configured run over one split; call :meth:`run` or :meth:`step` round by round."""
 
     def __init__(self, cfg: RunConfig, split: Split, *, dataset_name: str | None = None,
-                 demographics: dict[str, np.ndarray] | None = None) -> None:
+                 demographics: dict[str, np.ndarray] | None = None,
+                 item_features: np.ndarray | None = None) -> None:
         self.cfg = cfg.validate().resolved()
         self.split = split
         self.dataset_name = dataset_name or self.cfg.data.dataset
         self.demographics = demographics or {}
+        # (m, k_p) item attributes, row i = item i (FedPEFT's pre-training); None: none
+        self.item_features = item_features
         tr, fed = self.cfg.train, self.cfg.federation
         self.seed = tr.seed
         self.aggregation = fed.resolved_aggregation
@@ -223,7 +228,7 @@ class Simulation:
     # ------------------------------------------------------------------ state
     def _build_parts(self) -> None:
         n, m = self.split.n_users, self.split.n_items
-        q0 = self.backbone.init_items()
+        q0 = self._initial_items()
         dense0 = self.backbone.init_dense()
         q_local = q0.expand(n, *q0.shape).clone()
         # Without noise an upload equals the client's new table, so the server's copy of
@@ -254,6 +259,22 @@ class Simulation:
                               self.aggregator.table)
 
     # ---------------------------------------------------------------- helpers
+    def _initial_items(self) -> torch.Tensor:
+        """The server's initial item table: the backbone's random one, or (``--peft-pretrain
+        attributes``) FedPEFT's autoencoder latent of the item attributes (DESIGN section 11)."""
+        q0 = self.backbone.init_items()
+        if self.cfg.federation.peft_pretrain == "none":
+            return q0
+        if self.item_features is None:
+            raise UserError(f"--peft-pretrain attributes: dataset {self.dataset_name} has no "
+                            f"item attributes")
+        if self.item_features.shape[0] != self.split.n_items:
+            raise ValueError(f"item_features has {self.item_features.shape[0]} rows for "
+                             f"{self.split.n_items} items")
+        tr = self.cfg.train
+        return pretrain_items(self.item_features, tr.dim, self.seed, tr.init_std,
+                              dtype=q0.dtype).table
+
     def _peft_round(self, t: int) -> bool:
         """Whether round t trains and uploads a FedPEFT codec's parameters (after warm-up)."""
         return bool(self.codec.peft) and t > self.codec.cfg.warmup
