@@ -44,6 +44,8 @@ class Stream(IntEnum):
     FEDMERGE_INIT = 12  # FedMerge's K initial table perturbations (server)
     POISSON = 13  # cdp-gaussian's Poisson client sampling
     CENTRAL_NOISE = 14  # cdp-gaussian's one noise draw on the aggregate per round
+    HOLDOUT_FOLDS = 15  # --adapter-objective holdout: each client's fixed fold permutation
+    ADAPTER_SHUFFLE = 16  # holdout: the order of the adapter's batches over the withheld fold
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
