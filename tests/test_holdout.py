@@ -282,3 +282,13 @@ def test_cli_holdout_run_reports_rho(tmp_path, capsys):
     assert "adapter_objective = \"holdout\"" in (out / "config.toml").read_text()
     capsys.readouterr()
 
+
+def test_variant_label_names_the_objective():
+    from fedem_private.experiments.sweep_spec import variant_label
+
+    assert variant_label(RunConfig().resolved().federation) == "fedmf"
+    assert variant_label(_cfg().resolved().federation) == "fedem-em-holdout"
+    assert variant_label(_cfg(**{"federation.adapter_folds": 3}).resolved().federation) == (
+        "fedem-em-holdout-f3")
+    assert variant_label(_cfg(**{"federation.adapter_objective": "train"}).resolved()
+                         .federation) == "fedem-em"
