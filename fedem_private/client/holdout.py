@@ -51,7 +51,8 @@ OBJECTIVES = ("train", "holdout")
 
 
 def client_folds(n_pos: int, folds: int) -> int:
-    """F_u: the number of folds of a client with ``n_pos`` positives (0 when n_pos <= 1)."""
+    """F_u: the number of folds of a client with ``n_pos`` positives (0 when n_pos <= 1),
+    i.e. how its equation-11 data rotates under ``holdout``: min(F, n_pos) when n_pos >= 2."""
     return min(folds, n_pos) if n_pos >= 2 else 0
 
 
