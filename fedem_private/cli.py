@@ -76,6 +76,12 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--alpha", "federation.alpha", _number, "similarity weight alpha (equation 13)"),
     ("--rho", "federation.rho", _number, "fixed merge weight for --merge sm"),
     ("--adapter-lr", "federation.adapter_lr", _number, "adapter learning rate (equation 11)"),
+    ("--adapter-objective", "federation.adapter_objective", str,
+     "what the merge adapter trains on (equation 11; em and dm only): train (the round's "
+     "training samples, as published) or holdout (a rotating fold of the client's positives, "
+     "withheld from that round's local training)"),
+    ("--adapter-folds", "federation.adapter_folds", _integer,
+     "holdout: number F of folds of each client's positives (round t withholds fold t mod F)"),
     ("--graph-threshold", "federation.graph_threshold", _number,
      "graph: neighbours above this times the mean cosine similarity"),
     ("--graph-topk", "federation.graph_topk", _integer,

@@ -45,6 +45,8 @@ class Stream(IntEnum):
     POISSON = 13  # cdp-gaussian's Poisson client sampling
     CENTRAL_NOISE = 14  # cdp-gaussian's one noise draw on the aggregate per round
     PRETRAIN = 15  # FedPEFT's server-side autoencoder over item attributes (its weights)
+    HOLDOUT_FOLDS = 16  # --adapter-objective holdout: each client's fixed fold permutation
+    ADAPTER_SHUFFLE = 17  # holdout: the order of the adapter's batches over the withheld fold
 
 
 def _mix(x: np.ndarray) -> np.ndarray:

@@ -12,7 +12,10 @@ The adapter (equation 9) is a private per-client MLP applied to each item row
 of Q_cat = [Q_g - Q_l, Q_l]: ReLU between layers, sigmoid output. All clients'
 adapters live in batched tensors, weights (k, fan_in, fan_out) and biases
 (k, fan_out), evaluated with batched matmul. It is trained with p_u, Q_l and
-Q_g frozen (equation 11) by Adam with per-client step counts.
+Q_g frozen (equation 11) by Adam with per-client step counts, on the
+round's training samples (``adapter_objective`` ``train``, as published) or
+on a fold of them withheld from local training (``holdout``,
+:mod:`fedem_private.client.holdout`).
 
 Merging is a plug-in: it only needs each client's local and global item
 tables, so any backbone that uploads an item table can use it.
@@ -30,7 +33,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedem_private import rng
+from fedem_private.client.holdout import OBJECTIVES, split_samples, withheld_counts
 from fedem_private.errors import UserError
+from fedem_private.models.base import ClientSamples
 from fedem_private.optim import AdamConfig, MaskedAdam
 
 STRATEGIES = ("sr", "sm", "dm", "em")
@@ -50,6 +55,10 @@ class MergeConfig:
     adapter_layers: tuple[int, ...] = (32, 16, 8, 1)
     adapter_lr: float = 0.1
     adapter_epochs: int = 1
+    # what equation 11 trains on: "train" (the round's training samples, as published) or
+    # "holdout" (a rotating fold withheld from local training; fedem_private.client.holdout)
+    adapter_objective: str = "train"
+    adapter_folds: int = 5  # holdout: F folds of each client's positives
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -67,6 +76,14 @@ class MergeConfig:
         if int(self.adapter_epochs) != self.adapter_epochs or self.adapter_epochs < 0:
             raise UserError(f"adapter_epochs must be a non-negative integer, "
                             f"got {self.adapter_epochs}")
+        if self.adapter_objective not in OBJECTIVES:
+            raise UserError(f"adapter_objective must be one of {', '.join(OBJECTIVES)}; "
+                            f"got {self.adapter_objective!r}")
+        if int(self.adapter_folds) != self.adapter_folds or self.adapter_folds < 2:
+            raise UserError(f"adapter_folds must be an integer >= 2, got {self.adapter_folds}")
+        if self.adapter_objective == "holdout" and self.strategy not in LEARNED:
+            raise UserError(f"adapter_objective 'holdout' trains the merge adapter, but merge "
+                            f"{self.strategy!r} has none; use em or dm")
 
 
 @dataclass(frozen=True)
@@ -342,7 +359,9 @@ def adapter_batches(seed: int, round_: int, clients: np.ndarray, samples: object
     Client c's adapter epoch e uses its sample order number ``local_epochs + e``
     of the round (:func:`~fedem_private.models.base.epoch_orders`), so the
     adapter never reuses the order of a training epoch. ``samples`` is the
-    round's :class:`~fedem_private.models.base.ClientSamples` for ``clients``.
+    round's :class:`~fedem_private.models.base.ClientSamples` for ``clients``
+    (``train`` objective), or the withheld fold's, whose orders come from a
+    stream of their own (``holdout``, called with ``local_epochs`` 0).
     """
     e0, extra, bsz = local_epochs, extra_epochs, batch_size
     k = clients.shape[0]
@@ -383,6 +402,7 @@ class Merger:
     def __init__(self, cfg: MergeConfig, n_clients: int, dim: int, seed: int,
                  dtype: torch.dtype = torch.float32) -> None:
         self.cfg = cfg
+        self.seed = seed
         self.state = init_merge_state(cfg, np.arange(n_clients), dim, seed, dtype)
 
     @property
@@ -394,6 +414,43 @@ class Merger:
     def learned(self) -> bool:
         """Whether adapters are trained (DM, EM)."""
         return self.cfg.strategy in LEARNED
+
+    def withholds(self, round_: int) -> bool:
+        """Whether round t takes a fold out of local training: ``holdout``, DM/EM, t > 1."""
+        return self.learned and self.cfg.adapter_objective == "holdout" and round_ > 1
+
+    def kept_positives(self, round_: int, n_pos: np.ndarray) -> np.ndarray:
+        """Positives each client (n_pos (n,) per client id) trains on locally in round t.
+
+        n_pos itself, but for the withheld fold under ``holdout``
+        (:func:`~fedem_private.client.holdout.withheld_counts`).
+        """
+        n_pos = np.asarray(n_pos, dtype=np.int64)
+        if not self.withholds(round_):
+            return n_pos
+        return n_pos - withheld_counts(round_, n_pos, self.cfg.adapter_folds)
+
+    def round_samples(self, round_: int, clients: np.ndarray, samples: ClientSamples,
+                      local_epochs: int, batch_size: int, num_negatives: int
+                      ) -> tuple[ClientSamples, Iterable[StepBatch] | None]:
+        """(local-training samples, adapter steps) of a chunk in a merging round t > 1.
+
+        The data D_u of equation 11: under ``train`` the round's samples
+        themselves, in orders local_epochs .. of their shuffle stream
+        (:func:`adapter_batches`), and local training gets them all; under
+        ``holdout`` the withheld fold t mod F_u and its negatives
+        (:func:`~fedem_private.client.holdout.split_samples`), and local
+        training gets the rest. SR / SM train no adapter: (samples, None).
+        """
+        if not self.learned:
+            return samples, None
+        epochs, bsz = self.cfg.adapter_epochs, batch_size
+        if not self.withholds(round_):
+            return samples, adapter_batches(self.seed, round_, clients, samples, local_epochs,
+                                            epochs, bsz)
+        train, fold = split_samples(samples, clients, self.seed, round_,
+                                    self.cfg.adapter_folds, num_negatives)
+        return train, adapter_batches(self.seed, round_, clients, fold, 0, epochs, bsz)
 
     def start(self, idx: Tensor, q_prev: Tensor, sent: Tensor, user_vecs: Tensor,
               score: ScoreFn, steps: Iterable[StepBatch] | None) -> tuple[Tensor, Tensor]:

@@ -316,7 +316,9 @@ def variant_label(fed: FederationConfig) -> str:
 
     A backbone other than the preset's own is appended after ``+``; a codec
     other than ``full`` after ``~``; FedMerge's K, when not the default 4,
-    after ``-k`` (``fedmerge-k8``, ``fedmerge-em-k2``).
+    after ``-k`` (``fedmerge-k8``, ``fedmerge-em-k2``); the adapter's ``holdout``
+    objective after ``-holdout``, with its folds when not the default 5
+    (``fedem-em-holdout``, ``fedem-em-holdout-f3``).
     """
     method = fed.resolved_method
     default_agg, default_merge = METHOD_DEFAULTS[method]
@@ -327,6 +329,10 @@ def variant_label(fed: FederationConfig) -> str:
         label += f"-{fed.resolved_aggregation}"
     if fed.resolved_aggregation == "fedmerge" and fed.merge_k != FederationConfig.merge_k:
         label += f"-k{fed.merge_k}"
+    if fed.adapter_objective != FederationConfig.adapter_objective:
+        label += f"-{fed.adapter_objective}"
+        if fed.adapter_folds != FederationConfig.adapter_folds:
+            label += f"-f{fed.adapter_folds}"
     if fed.resolved_backbone != METHOD_BACKBONE[method]:
         label += f"+{fed.resolved_backbone}"
     if fed.codec != "full":

@@ -61,6 +61,9 @@ class ClientSamples:
     labels: np.ndarray  # 1.0 / 0.0
     negatives_indptr: np.ndarray
     negatives: np.ndarray
+    # the rng stream of :meth:`orders`: SHUFFLE for local training (and the adapter of the
+    # ``train`` objective); ADAPTER_SHUFFLE for the withheld fold of the ``holdout`` objective
+    stream: int = rng.Stream.SHUFFLE
 
     # memo of each client's epoch orders this round: j -> (epochs, n) array
     _orders: dict[int, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
@@ -80,7 +83,7 @@ class ClientSamples:
         have = self._orders.get(j)
         if have is None or have.shape[0] < epochs:
             n = int(self.indptr[j + 1] - self.indptr[j])
-            have = epoch_orders(seed, round_, client, n, epochs)
+            have = epoch_orders(seed, round_, client, n, epochs, self.stream)
             self._orders[j] = have
         return have[:epochs]
 
@@ -114,9 +117,11 @@ def draw_samples(seed: int, round_: int, clients: np.ndarray, train_indptr: np.n
                          np.concatenate(labels).astype(np.float32), neg_indptr, negs)
 
 
-def epoch_orders(seed: int, round_: int, client: int, n: int, epochs: int) -> np.ndarray:
-    """(epochs, n) sample orders of one client, a pure function of (seed, round, client)."""
-    g = rng.generator(seed, rng.Stream.SHUFFLE, round_, client)
+def epoch_orders(seed: int, round_: int, client: int, n: int, epochs: int,
+                 stream: int = rng.Stream.SHUFFLE) -> np.ndarray:
+    """(epochs, n) sample orders of one client, a pure function of (seed, stream, round,
+    client); ``stream`` is SHUFFLE for local training."""
+    g = rng.generator(seed, stream, round_, client)
     return torch.stack([torch.randperm(n, generator=g) for _ in range(epochs)]).numpy()
 
 

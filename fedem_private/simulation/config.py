@@ -40,6 +40,9 @@ AGGREGATIONS = ("fedavg", "uniform", "similarity", "graph", "fedmerge", "none")
 # aggregations that need each client's upload, not only a sum: refused under central DP
 EACH_UPLOAD_AGGREGATIONS = ("similarity", "graph", "fedmerge")
 MERGES = ("sr", "sm", "dm", "em")
+LEARNED_MERGES = ("dm", "em")  # merges with an adapter (equations 9 and 11)
+# what the adapter trains on: the round's training samples, or a withheld fold of them
+ADAPTER_OBJECTIVES = ("train", "holdout")
 # method (a preset) -> (aggregation, merge); FedSim is FedMF with similarity aggregation
 # (paper, Table 2). A preset's parts are defaults: --backbone, --merge, --aggregation and
 # --codec override them one by one (DESIGN section 9).
@@ -155,6 +158,10 @@ class FederationConfig:
     rho: float = 0.5
     adapter_lr: float = 0.1
     adapter_epochs: int = 1
+    # what the merge adapter trains on (equation 11): "train", the round's training samples
+    # (as published), or "holdout", a rotating fold withheld from local training
+    adapter_objective: str = "train"
+    adapter_folds: int = 5  # holdout: F folds of each client's positives
 
     def validate(self) -> None:
         if self.method is not None and self.method not in METHODS:
@@ -202,6 +209,12 @@ class FederationConfig:
             raise UserError(f"federation.adapter_lr must be positive, got {self.adapter_lr}")
         if self.adapter_epochs < 1:
             raise UserError("federation.adapter_epochs must be a positive integer")
+        if self.adapter_objective not in ADAPTER_OBJECTIVES:
+            raise UserError(f"unknown adapter objective {self.adapter_objective!r}; choose one "
+                            f"of {', '.join(ADAPTER_OBJECTIVES)}")
+        if self.adapter_folds < 2:
+            raise UserError(f"--adapter-folds (federation.adapter_folds) must be an integer "
+                            f">= 2, got {self.adapter_folds}")
 
     @property
     def resolved_method(self) -> str:
@@ -229,6 +242,9 @@ class FederationConfig:
             raise UserError(f"--peft-pretrain {self.peft_pretrain} initialises FedPEFT's item "
                             f"table; it needs a FedPEFT codec (--codec lora, hash, rqvae, "
                             f"c-lora, c-hash or c-rqvae), not full")
+        if self.adapter_objective == "holdout" and merge not in LEARNED_MERGES:
+            raise UserError(f"--adapter-objective holdout trains the merge adapter, but merge "
+                            f"{merge!r} has none; use --merge em or dm")
         if self.codec != "full":
             if self.resolved_backbone not in PEFT_BACKBONES:
                 raise UserError(f"codec {self.codec!r} trains its own parameters in place of "
@@ -389,6 +405,8 @@ LATER_FIELDS: dict[tuple[str, ...], Any] = {
     ("federation", "hash_functions"): 2,
     ("federation", "rq_levels"): 3,
     ("federation", "rq_codebook"): 128,
+    ("federation", "adapter_objective"): "train",
+    ("federation", "adapter_folds"): 5,
 }
 
 

@@ -57,7 +57,7 @@ import torch
 
 from fedem_private import models, rng
 from fedem_private.client import codecs
-from fedem_private.client.merging import MergeConfig, Merger, adapter_batches
+from fedem_private.client.merging import MergeConfig, Merger
 from fedem_private.data.split import Split, exclusion_csr
 from fedem_private.errors import UserError
 from fedem_private.evaluation.metrics import EvalSets, RankAccumulator, build_eval_sets
@@ -173,7 +173,9 @@ class Simulation:
         self.aggregation = fed.resolved_aggregation
         self.merge_cfg = MergeConfig(strategy=fed.resolved_merge, rho=fed.rho,
                                      adapter_lr=fed.adapter_lr,
-                                     adapter_epochs=fed.adapter_epochs)
+                                     adapter_epochs=fed.adapter_epochs,
+                                     adapter_objective=fed.adapter_objective,
+                                     adapter_folds=fed.adapter_folds)
         self.privacy = PrivacyLayer(self.cfg.privacy, rounds=tr.rounds,
                                     n_clients=split.n_users, lr=tr.lr,
                                     sizes=split.train_counts, seed=self.seed)
@@ -326,8 +328,12 @@ class Simulation:
         budget = tr.memory_budget_mb * (1 << 20)
         return int(max(1, min(MAX_CHUNK, budget // max(per_client, 1))))
 
-    def _chunks(self, clients: np.ndarray) -> Iterator[np.ndarray]:
-        order = clients[np.argsort(-self._workload[clients], kind="stable")]
+    def _chunks(self, clients: np.ndarray, round_: int = 0) -> Iterator[np.ndarray]:
+        work = self._workload
+        if self.merger.withholds(round_):  # holdout: the adapter's fold leaves local training
+            kept = self.merger.kept_positives(round_, self.split.train_counts)
+            work = num_steps(kept * (1 + self.local_cfg.num_negatives), self.local_cfg)
+        order = clients[np.argsort(-work[clients], kind="stable")]
         size = self._chunk_size()
         for start in range(0, order.shape[0], size):
             yield order[start: start + size]
@@ -352,7 +358,7 @@ class Simulation:
             self.codec_server.begin_round(part_mask)
         rho_sum, rho_n = 0.0, 0
         up_bytes = down_bytes = 0
-        for chunk in self._chunks(clients):
+        for chunk in self._chunks(clients, t):
             idx = torch.from_numpy(chunk)
             k = chunk.shape[0]
             samples = draw_samples(self.seed, t, chunk, self.split.train_indptr,
@@ -363,10 +369,9 @@ class Simulation:
             merged = False
             if self.merger.merges and t > 1:
                 user_vecs, score = self.backbone.adapter_score(start)
-                steps = (adapter_batches(self.seed, t, chunk, samples, self.local_cfg.epochs,
-                                         self.merge_cfg.adapter_epochs,
-                                         self.local_cfg.batch_size)
-                         if self.merger.learned else None)
+                lc = self.local_cfg  # holdout: samples loses the fold the adapter trains on
+                samples, steps = self.merger.round_samples(t, chunk, samples, lc.epochs,
+                                                           lc.batch_size, lc.num_negatives)
                 start.items, rho = self.merger.start(idx, own_items, sent, user_vecs, score,
                                                      steps)
                 rho_sum += float(rho.sum())

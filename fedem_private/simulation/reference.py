@@ -14,6 +14,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedem_private import rng
+from fedem_private.client.holdout import withheld
 from fedem_private.models.base import ClientParams, ClientSamples, LocalTrainConfig, epoch_orders
 from fedem_private.models.mf import reference_train_client
 
@@ -101,6 +103,24 @@ def train_adapter_client(net: torch.nn.Sequential, strategy: str, lr: float,
         opt.step()
 
 
+def holdout_client(items: np.ndarray, labels: np.ndarray, seed: int, round_: int, client: int,
+                   folds: int, num_negatives: int
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One client's round samples split for the ``holdout`` objective of equation 11.
+
+    ``items``/``labels``: n positives then N = num_negatives negatives each,
+    negatives i*N .. i*N + N - 1 belonging to positive i. Returns (local-training
+    items, labels, adapter items, labels): the adapter gets fold round mod F_u
+    (:func:`~fedem_private.client.holdout.withheld`) and those positives'
+    negatives; local training the rest, both in their original order.
+    """
+    n_pos = items.shape[0] // (1 + num_negatives)
+    held = withheld(seed, round_, client, n_pos, folds)
+    positive_of = np.concatenate([np.arange(n_pos), np.arange(n_pos).repeat(num_negatives)])
+    out = held[positive_of]
+    return items[~out], labels[~out], items[out], labels[out]
+
+
 def merge_client(net: torch.nn.Sequential | None, strategy: str, rho_fixed: float,
                  q_local: torch.Tensor, q_global: torch.Tensor) -> tuple[torch.Tensor, float]:
     """Equation 10 for one client: Q_l + rho (Q_g - Q_l), and the mean of rho."""
@@ -172,10 +192,19 @@ def simulation_round(sim) -> dict[str, Any]:
                 ms = sim.merger.state
                 net = adapter_net([w[u] for w in ms.weights], [b[u] for b in ms.biases])
                 extra = sim.merge_cfg.adapter_epochs
-                orders = epoch_orders(sim.seed, t, u, items.shape[0], cfg.epochs + extra)
-                batches = [(items[o[i: i + cfg.batch_size]], labels[o[i: i + cfg.batch_size]])
-                           for o in orders[cfg.epochs:]
-                           for i in range(0, items.shape[0], cfg.batch_size)]
+                if sim.merge_cfg.adapter_objective == "holdout":
+                    items, labels, fit_items, fit_labels = holdout_client(
+                        items, labels, sim.seed, t, u, sim.merge_cfg.adapter_folds,
+                        cfg.num_negatives)
+                    orders = epoch_orders(sim.seed, t, u, fit_items.shape[0], extra,
+                                          rng.Stream.ADAPTER_SHUFFLE)
+                else:
+                    fit_items, fit_labels = items, labels
+                    orders = epoch_orders(sim.seed, t, u, items.shape[0],
+                                          cfg.epochs + extra)[cfg.epochs:]
+                batches = [(fit_items[o[i: i + cfg.batch_size]],
+                            fit_labels[o[i: i + cfg.batch_size]])
+                           for o in orders for i in range(0, fit_items.shape[0], cfg.batch_size)]
                 def logits_of(q, i, start=start):
                     return bb.reference_logits(start, q, i)
 
