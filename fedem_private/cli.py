@@ -63,6 +63,10 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--codec", "federation.codec", str,
      "upload codec: full, or FedPEFT's lora, hash, rqvae (P-: over a frozen base table E0) "
      "and c-lora, c-hash, c-rqvae (compressed only)"),
+    ("--server-lr", "federation.server_lr", _number,
+     "fedavg / uniform: the server's step on each round's aggregate (1: adopt it)"),
+    ("--server-momentum", "federation.server_momentum", _number,
+     "fedavg / uniform: momentum beta of that step (FedAvgM; 0: none)"),
     ("--peft-warmup", "federation.peft_warmup", _integer,
      "FedPEFT: rounds of full-table training before E0 is frozen"),
     ("--peft-pretrain", "federation.peft_pretrain", str,

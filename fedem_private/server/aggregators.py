@@ -25,6 +25,7 @@ Non-item shared groups (an MLP) are always averaged with FedAvg weights by
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -43,6 +44,45 @@ from fedem_private.server.fedmerge import (
     weight_entropy,
 )
 from fedem_private.server.graph import graph_tables
+
+
+@dataclass(frozen=True)
+class ServerOptConfig:
+    """The server's step on each round's aggregate (``--server-lr``, ``--server-momentum``)."""
+
+    lr: float = 1.0
+    momentum: float = 0.0
+
+    @property
+    def plain(self) -> bool:
+        """lr 1 and no momentum: the aggregate is adopted as is (plain FedAvg)."""
+        return self.lr == 1.0 and self.momentum == 0.0
+
+
+class ServerMomentum:
+    """Server learning rate and momentum on the aggregate (FedAvgM; Hsu et al. 2019).
+
+    With G the table sent last round and A this round's aggregate (the FedAvg
+    mean, or the noisy release of cdp-gaussian), the pseudo-gradient is
+    D_t = A_t - G_{t-1}; then m_t = beta m_{t-1} + D_t (m_0 = 0) and
+    G_t = G_{t-1} + lr m_t. lr = 1, beta = 0 gives G_t = A_t exactly (the
+    aggregate itself is returned). It only post-processes what the server
+    already holds, so it changes no privacy guarantee (under cdp-gaussian it
+    acts on the released noisy aggregate; momentum averages that noise over
+    about 1 / (1 - beta) rounds).
+    """
+
+    def __init__(self, cfg: ServerOptConfig) -> None:
+        self.cfg = cfg
+        self.m: Tensor | None = None
+
+    def step(self, prev: Tensor, aggregate: Tensor) -> Tensor:
+        """G_t from G_{t-1} = ``prev`` and A_t = ``aggregate`` (same shape)."""
+        if self.cfg.plain:
+            return aggregate
+        delta = aggregate.double() - prev.double()
+        self.m = delta if self.m is None else self.m.mul_(self.cfg.momentum).add_(delta)
+        return (prev.double() + self.cfg.lr * self.m).to(prev.dtype)
 
 
 class Aggregator(ABC):
@@ -108,9 +148,11 @@ class _SumAggregator(Aggregator):
 
     takes_aggregate = True
 
-    def __init__(self, sizes: Tensor, n_clients: int, q0: Tensor) -> None:
+    def __init__(self, sizes: Tensor, n_clients: int, q0: Tensor,
+                 server: ServerOptConfig | None = None) -> None:
         super().__init__(sizes, n_clients)
         self.global_table = q0.clone()
+        self.server_opt = ServerMomentum(server or ServerOptConfig())
         self._acc: Tensor | None = None
         self._weights: Tensor | None = None
         self._aggregate: Tensor | None = None
@@ -148,12 +190,12 @@ class _SumAggregator(Aggregator):
 
     def end_round(self) -> None:
         if self._aggregate is not None:
-            self.global_table = self._aggregate.to(self.global_table.dtype)
-            self._aggregate, self._acc = None, None
-            return
-        assert self._acc is not None
-        self.global_table = self._acc.to(self.global_table.dtype)
-        self._acc = None
+            aggregate = self._aggregate.to(self.global_table.dtype)
+        else:
+            assert self._acc is not None
+            aggregate = self._acc.to(self.global_table.dtype)
+        self.global_table = self.server_opt.step(self.global_table, aggregate)
+        self._aggregate, self._acc = None, None
 
     @property
     def table(self) -> Tensor:
@@ -364,17 +406,21 @@ AGGREGATORS = ("fedavg", "uniform", "similarity", "graph", "fedmerge", "none")
 
 def build(name: str, sizes: Tensor, q0: Tensor, *, alpha: float,
           alias: Tensor | None = None, graph: dict | None = None,
-          fedmerge: dict | None = None, seed: int = 0) -> Aggregator:
+          fedmerge: dict | None = None, seed: int = 0,
+          server: ServerOptConfig | None = None) -> Aggregator:
     """The aggregator called ``name`` (one of :data:`AGGREGATORS`).
 
     ``graph``: GPFedRec's threshold, topk, layers; ``fedmerge``: ``k``,
-    ``steps``, ``lr`` of FedMerge (its initial tables are keyed by ``seed``).
+    ``steps``, ``lr`` of FedMerge (its initial tables are keyed by ``seed``);
+    ``server``: the sum aggregators' step on the aggregate (:class:`ServerMomentum`).
     """
     n = sizes.shape[0]
     if name == "fedavg":
-        return FedAvgAggregator(sizes, n, q0)
+        return FedAvgAggregator(sizes, n, q0, server)
     if name == "uniform":
-        return UniformAggregator(sizes, n, q0)
+        return UniformAggregator(sizes, n, q0, server)
+    if server is not None and not server.plain:
+        raise ValueError(f"a server learning rate / momentum needs a sum aggregator, not {name!r}")
     if name == "similarity":
         return SimilarityAggregator(sizes, n, q0, alpha, alias)
     if name == "graph":
@@ -393,9 +439,11 @@ class DenseFedAvg:
     """Non-item shared groups (an MLP, a FedPEFT codec's parameters), averaged over the
     participants with FedAvg weights (``uniform``: 1 / n_t each)."""
 
-    def __init__(self, sizes: Tensor, init: dict[str, Tensor], uniform: bool = False) -> None:
+    def __init__(self, sizes: Tensor, init: dict[str, Tensor], uniform: bool = False,
+                 server: ServerOptConfig | None = None) -> None:
         self.sizes = sizes
         self.uniform = uniform
+        self.server_opts = {k: ServerMomentum(server or ServerOptConfig()) for k in init}
         self.params = {k: v.clone() for k, v in init.items()}
         self._acc: dict[str, Tensor] = {}
         self._weights: Tensor | None = None
@@ -421,5 +469,6 @@ class DenseFedAvg:
         self._acc = {n: groups[n] for n in self.params}
 
     def end_round(self) -> None:
-        self.params = {n: v.to(self.params[n].dtype) for n, v in self._acc.items()}
+        self.params = {n: self.server_opts[n].step(self.params[n], v.to(self.params[n].dtype))
+                       for n, v in self._acc.items()}
         self._acc = {}

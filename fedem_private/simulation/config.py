@@ -147,6 +147,8 @@ class FederationConfig:
     merge_k: int = 4  # fedmerge: number K of global item tables
     fedmerge_steps: int = 10  # fedmerge: gradient steps of the server fit per round
     fedmerge_lr: float = 1.0  # fedmerge: the fit's step, in units of 1/L (section 12)
+    server_lr: float = 1.0  # sum aggregators: G += lr * m on the aggregate's pseudo-gradient
+    server_momentum: float = 0.0  # m = beta m + (aggregate - G) (FedAvgM)
     peft_warmup: int = 2  # FedPEFT: W rounds of full-table training before E0 freezes
     peft_pretrain: str = "none"  # FedPEFT: "attributes" starts from an AE over item attributes
     lora_rank: int = 4  # lora: k_L
@@ -178,6 +180,12 @@ class FederationConfig:
         if self.peft_pretrain not in PEFT_PRETRAINS:
             raise UserError(f"unknown --peft-pretrain (federation.peft_pretrain) "
                             f"{self.peft_pretrain!r}; choose one of {', '.join(PEFT_PRETRAINS)}")
+        if not (math.isfinite(self.server_lr) and self.server_lr > 0):
+            raise UserError(f"--server-lr (federation.server_lr) must be a positive number, "
+                            f"got {self.server_lr}")
+        if not 0 <= self.server_momentum < 1:
+            raise UserError(f"--server-momentum (federation.server_momentum) must be in [0, 1), "
+                            f"got {self.server_momentum}")
         if self.peft_warmup < 0:
             raise UserError(f"--peft-warmup (federation.peft_warmup) must be >= 0, "
                             f"got {self.peft_warmup}")
@@ -245,6 +253,15 @@ class FederationConfig:
         if self.adapter_objective == "holdout" and merge not in LEARNED_MERGES:
             raise UserError(f"--adapter-objective holdout trains the merge adapter, but merge "
                             f"{merge!r} has none; use --merge em or dm")
+        if self.server_lr != 1.0 or self.server_momentum != 0.0:
+            if agg not in PEFT_AGGREGATIONS:
+                raise UserError(f"--server-lr / --server-momentum step the one global table of a "
+                                f"sum aggregator; aggregation {agg!r} has none; use fedavg or "
+                                f"uniform")
+            if self.codec != "full":
+                raise UserError(f"--server-lr / --server-momentum with codec {self.codec!r} is "
+                                f"not built (the step would act on theta and on its decoded "
+                                f"table); use --codec full")
         if self.codec != "full":
             if self.resolved_backbone not in PEFT_BACKBONES:
                 raise UserError(f"codec {self.codec!r} trains its own parameters in place of "
@@ -398,6 +415,8 @@ LATER_FIELDS: dict[tuple[str, ...], Any] = {
     ("federation", "merge_k"): 4,
     ("federation", "fedmerge_steps"): 10,
     ("federation", "fedmerge_lr"): 1.0,
+    ("federation", "server_lr"): 1.0,
+    ("federation", "server_momentum"): 0.0,
     ("federation", "peft_warmup"): 2,
     ("federation", "peft_pretrain"): "none",
     ("federation", "lora_rank"): 4,

@@ -237,13 +237,15 @@ class Simulation:
         # each last upload can share storage with q_local (it changes only on upload).
         alias = q_local if not self.privacy.perturbs else None
         fed = self.cfg.federation
+        server = aggregators.ServerOptConfig(lr=fed.server_lr, momentum=fed.server_momentum)
         self.aggregator = aggregators.build(
             self.aggregation, self.sizes, q0, alpha=fed.alpha, alias=alias,
             graph={"threshold": fed.graph_threshold, "topk": fed.graph_topk,
                    "layers": fed.graph_layers},
             fedmerge={"k": fed.merge_k, "steps": fed.fedmerge_steps, "lr": fed.fedmerge_lr},
-            seed=self.seed)
-        self.dense = aggregators.DenseFedAvg(self.sizes, dense0) if dense0 else None
+            seed=self.seed, server=server)
+        self.dense = (aggregators.DenseFedAvg(self.sizes, dense0, server=server) if dense0
+                      else None)
         peft = codecs.PeftConfig(warmup=fed.peft_warmup, lora_rank=fed.lora_rank,
                                  hash_size=fed.hash_size, hash_functions=fed.hash_functions,
                                  rq_levels=fed.rq_levels, rq_codebook=fed.rq_codebook)
