@@ -188,7 +188,8 @@ def results_table(agg: pd.DataFrame, attacks: list[str]) -> str:
                       _pm(r, f"{a}_eps_lower_bound", 2)]
         cells += [r["audit"] or "–", _num(r["seconds_per_round_mean"], 2)]
         if sizes:
-            cells.append(_num(r["bytes_up_last_mean"] / 1000.0, 1))
+            kb = r["bytes_up_last_mean"] / 1000.0
+            cells.append("–" if math.isnan(kb) else f"{kb:,.1f}")
         rows.append(cells)
     return _table(header, rows)
 
