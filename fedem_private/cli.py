@@ -77,6 +77,8 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--hash-functions", "federation.hash_functions", _integer, "hash: number h of functions"),
     ("--rq-levels", "federation.rq_levels", _integer, "rqvae: code length l"),
     ("--rq-codebook", "federation.rq_codebook", _integer, "rqvae: codebook size d_R"),
+    ("--peft-init", "federation.peft_init", str,
+     "hash / rqvae start: normal (theta ~ N(0, s^2), the paper's) or zero (start at E0)"),
     ("--alpha", "federation.alpha", _number, "similarity weight alpha (equation 13)"),
     ("--rho", "federation.rho", _number, "fixed merge weight for --merge sm"),
     ("--adapter-lr", "federation.adapter_lr", _number, "adapter learning rate (equation 11)"),

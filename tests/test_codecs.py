@@ -301,3 +301,18 @@ def test_report_has_bytes_column_and_figure(tmp_path):
     assert rows.loc["lora", "bytes_up_last"] == 4 * (80 + d) * 4
     # mean over rounds: one full-table warm-up round, then two LoRA rounds
     assert rows.loc["lora", "bytes_up"] == pytest.approx((4 * 80 * d + 2 * 4 * (80 + d) * 4) / 3)
+
+
+@pytest.mark.parametrize("name", ["hash", "rqvae"])
+def test_zero_init_starts_at_e0_and_normal_does_not(small_split, name):
+    tables = {}
+    for init in ("normal", "zero"):
+        sim = Simulation(_cfg(**{"federation.codec": name, "federation.peft_init": init}),
+                         small_split)
+        sim.step()
+        warm = sim.aggregator.table.clone()
+        sim._start_codec()  # what round 2 does first
+        tables[init] = (sim.aggregator.table - warm).abs().max()
+    assert tables["zero"] == 0 and tables["normal"] > 0.01
+    with pytest.raises(UserError, match="--peft-init"):
+        _cfg(**{"federation.codec": name, "federation.peft_init": "xavier"}).validate()

@@ -114,6 +114,10 @@ class PeftConfig:
     hash_functions: int = 2  # h
     rq_levels: int = 3  # l
     rq_codebook: int = 128  # d_R
+    # theta's start: "normal" N(0, s^2) as the full table (the paper's choice for the
+    # codebooks; LoRA's B is 0 either way), or "zero" so that the starting item vectors
+    # are E0 itself (hash and RQ-VAE then start from the warm-up's table, unperturbed)
+    init: str = "normal"
 
 
 class PeftCodec:
@@ -181,6 +185,9 @@ class PeftCodec:
                  for n, s in self.shapes.items()}
         if self.kind == "lora":
             theta["B"].zero_()  # B = 0 at the start (paper, section "LoRA")
+        elif self.cfg.init == "zero":
+            for v in theta.values():
+                v.zero_()
         return theta
 
     def one_time_bytes(self) -> int:

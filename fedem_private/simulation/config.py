@@ -156,6 +156,7 @@ class FederationConfig:
     hash_functions: int = 2  # hash: h
     rq_levels: int = 3  # rqvae: l
     rq_codebook: int = 128  # rqvae: d_R
+    peft_init: str = "normal"  # hash / rqvae: theta ~ N(0, s^2) ("normal") or 0 ("zero")
     alpha: float = 0.9
     rho: float = 0.5
     adapter_lr: float = 0.1
@@ -186,6 +187,9 @@ class FederationConfig:
         if not 0 <= self.server_momentum < 1:
             raise UserError(f"--server-momentum (federation.server_momentum) must be in [0, 1), "
                             f"got {self.server_momentum}")
+        if self.peft_init not in ("normal", "zero"):
+            raise UserError(f"--peft-init (federation.peft_init) must be normal or zero, "
+                            f"got {self.peft_init!r}")
         if self.peft_warmup < 0:
             raise UserError(f"--peft-warmup (federation.peft_warmup) must be >= 0, "
                             f"got {self.peft_warmup}")
@@ -424,6 +428,7 @@ LATER_FIELDS: dict[tuple[str, ...], Any] = {
     ("federation", "hash_functions"): 2,
     ("federation", "rq_levels"): 3,
     ("federation", "rq_codebook"): 128,
+    ("federation", "peft_init"): "normal",
     ("federation", "adapter_objective"): "train",
     ("federation", "adapter_folds"): 5,
 }

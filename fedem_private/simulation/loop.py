@@ -248,7 +248,8 @@ class Simulation:
                       else None)
         peft = codecs.PeftConfig(warmup=fed.peft_warmup, lora_rank=fed.lora_rank,
                                  hash_size=fed.hash_size, hash_functions=fed.hash_functions,
-                                 rq_levels=fed.rq_levels, rq_codebook=fed.rq_codebook)
+                                 rq_levels=fed.rq_levels, rq_codebook=fed.rq_codebook,
+                                 init=fed.peft_init)
         self.codec = codecs.build(fed.codec, m, self.cfg.train.dim,
                                   {k: tuple(v.shape) for k, v in dense0.items()}, peft)
         # a FedPEFT codec's global parameters theta, once it has started (after the warm-up)
