@@ -55,7 +55,7 @@ def test_rounds_step_the_fedavg_mean(small_split, backbone):
                                                           if sim.dense else [])}
         dense_up: dict[str, torch.Tensor] = {}
         if sim.dense:
-            def grab(idx, ups, real_add=real_add):
+            def grab(idx, ups, real_add=real_add, dense_up=dense_up):
                 for n, v in ups.items():
                     dense_up[n] = dense_up.get(n, 0) + torch.tensordot(w[idx], v.double(), 1)
                 real_add(idx, ups)
