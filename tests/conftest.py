@@ -54,6 +54,15 @@ def small_split():
     return leave_one_out(data, 5)
 
 
+@pytest.fixture
+def float64():
+    """Run a test with torch's default dtype float64 (restored afterwards)."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
     """Once per run: which real-data tests were skipped, and why."""
     if not SKIPPED:

@@ -37,14 +37,6 @@ def _cfg(**over):
     return with_overrides(RunConfig(), base)
 
 
-@pytest.fixture
-def float64():
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
-
-
 def _logits_fn(bb, private_names, dense_names):
     """One client's logits from plain tensors (differentiable in all of them)."""
     if bb.name == "ncf":

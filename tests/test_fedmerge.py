@@ -173,14 +173,6 @@ def _cfg(**over):
     return with_overrides(RunConfig(), base)
 
 
-@pytest.fixture
-def float64():
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
-
-
 @pytest.mark.parametrize("backbone,merge", [("mf", "sr"), ("mf", "em"), ("ncf", "sr"),
                                             ("pfedrec", "em"), ("gpfedrec", "sr")])
 def test_round_equals_per_client_reference(small_split, float64, backbone, merge):
