@@ -190,20 +190,23 @@ class Plan:
     are gathered into a compact (k, rows, d) table, trained there and
     scattered back: exact, not an approximation.
 
-    Batch slot (client j, epoch e, batch b) is row (j * E + e) * NB + b of
-    the 2-D tables; ``loc`` already includes client j's offset j * rows into
-    the flattened compact table, and ``wgt`` is 1 / (valid entries of the
-    batch) on valid entries and 0 on padding, so the gradient of each
-    client's mean BCE is (sigmoid(logit) - label) * wgt.
+    The batches are laid out step-major: step s's batches (one per client
+    still training, clients 0 .. a_s - 1) are rows ``offsets[s] ..
+    offsets[s] + a_s`` of the 2-D tables, so a step reads contiguous slices.
+    Client j's batch at step s is batch s mod NB_j of epoch s // NB_j.
+    ``loc`` already includes client j's offset j * rows into the flattened
+    compact table, and ``wgt`` is 1 / (valid entries of the batch) on valid
+    entries and 0 on padding, so the gradient of each client's mean BCE is
+    (sigmoid(logit) - label) * wgt.
     """
 
     touched: list[np.ndarray]  # per client: sorted unique item ids it trains on
     rows: int  # padded compact table height
-    loc: Tensor  # (k * E * NB, B) flattened compact row index per batch slot
-    lab: Tensor  # (k * E * NB, B) labels
-    wgt: Tensor  # (k * E * NB, B) per-entry weight of the batch mean
-    nb: Tensor  # (k,) batches per epoch
-    nb_max: int
+    loc: Tensor  # (sum_s a_s, B) flattened compact row index per batch slot, step-major
+    lab: Tensor  # (sum_s a_s, B) labels
+    wgt: Tensor  # (sum_s a_s, B) per-entry weight of the batch mean
+    active: np.ndarray  # (S,) clients still training at each step
+    offsets: np.ndarray  # (S + 1,) first slot of each step
     steps: np.ndarray  # (k,) total steps
     epochs: int
 
@@ -212,13 +215,27 @@ class Plan:
 
         The clients still training at step s are the chunk's first a.
         """
-        slots = torch.arange(len(self.touched)) * (self.epochs * self.nb_max)
-        for s in range(int(self.steps[0]) if len(self.steps) else 0):
-            a = int(np.searchsorted(-self.steps, -s, side="left"))
-            epoch = torch.div(s, self.nb[:a], rounding_mode="floor")
-            slot = slots[:a] + epoch * self.nb_max + (s - epoch * self.nb[:a])
-            yield (s, a, self.loc.index_select(0, slot).reshape(-1),
-                   self.lab.index_select(0, slot), self.wgt.index_select(0, slot))
+        for s in range(self.active.shape[0]):
+            a, lo, hi = int(self.active[s]), int(self.offsets[s]), int(self.offsets[s + 1])
+            yield s, a, self.loc[lo:hi].view(-1), self.lab[lo:hi], self.wgt[lo:hi]
+
+
+def _touched_rows(items: np.ndarray, indptr: np.ndarray, n_items: int
+                  ) -> tuple[list[np.ndarray], np.ndarray]:
+    """Each client's sorted unique items and every sample's position among them.
+
+    One (k, n_items) marker table instead of a sort per client: row j marks
+    client j's items, its running count ranks them.
+    """
+    k = indptr.shape[0] - 1
+    owner = np.repeat(np.arange(k), np.diff(indptr))
+    mark = np.zeros((k, n_items), dtype=bool)
+    mark[owner, items] = True
+    rank = np.cumsum(mark, axis=1, dtype=np.int64) - 1
+    counts = rank[:, -1] + 1 if n_items else np.zeros(k, dtype=np.int64)
+    cols = np.nonzero(mark)[1]
+    splits = np.cumsum(counts)[:-1]
+    return np.split(cols, splits), rank[owner, items]
 
 
 def make_plan(seed: int, round_: int, clients: np.ndarray, samples: ClientSamples,
@@ -235,33 +252,40 @@ def make_plan(seed: int, round_: int, clients: np.ndarray, samples: ClientSample
         raise ValueError("clients must be sorted by number of steps, descending")
     nb = -(-lengths // bsz)
     nb_max = int(max(nb.max(initial=0), 1))
-    touched = []
     real = np.float32 if dtype == torch.float32 else np.float64
+    if n_items is None:
+        width = int(samples.items.max()) + 1 if samples.items.size else 1
+        touched, inv = _touched_rows(samples.items, samples.indptr, width)
+    else:
+        touched, inv = [np.arange(n_items) for _ in range(k)], samples.items
     loc = np.zeros((k, epochs, nb_max * bsz), dtype=np.int64)
     lab = np.zeros((k, epochs, nb_max * bsz), dtype=real)
     msk = np.zeros((k, epochs, nb_max * bsz), dtype=real)
     for j, c in enumerate(clients.tolist()):
-        items, labels = samples.of(j)
-        if n_items is None:
-            uniq, inv = np.unique(items, return_inverse=True)
-        else:
-            uniq, inv = np.arange(n_items), items
-        touched.append(uniq)
-        n = items.shape[0]
-        if n == 0:
+        a, b = int(samples.indptr[j]), int(samples.indptr[j + 1])
+        if a == b:
             continue
         order = samples.orders(j, seed, round_, c, epochs)
-        loc[j, :, :n] = inv[order]
-        lab[j, :, :n] = labels[order]
-        msk[j, :, :n] = 1.0
+        loc[j, :, :b - a] = inv[a:b][order]
+        lab[j, :, :b - a] = samples.labels[a:b][order]
+        msk[j, :, :b - a] = 1.0
     rows = max((t.shape[0] for t in touched), default=1) or 1
     loc += (np.arange(k) * rows)[:, None, None]
+    # step-major slots: (step s, client j) for every s < steps_j, ordered by s then j
+    total = int(steps.max(initial=0))
+    active = (steps[None, :] > np.arange(total)[:, None]).sum(axis=1)
+    offsets = np.zeros(total + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum(active)
+    step_of = np.repeat(np.arange(total), active)
+    client_of = np.arange(offsets[-1]) - offsets[step_of]
+    nb_of = np.maximum(nb[client_of], 1)
+    slot = (client_of * epochs + step_of // nb_of) * nb_max + step_of % nb_of
     shape = (k * epochs * nb_max, bsz)
-    msk = msk.reshape(shape)
+    msk = msk.reshape(shape)[slot]
     wgt = msk / np.maximum(msk.sum(axis=1, keepdims=True), real(1.0))
-    return Plan(touched, rows, torch.from_numpy(loc.reshape(shape)),
-                torch.from_numpy(lab.reshape(shape)).to(dtype), torch.from_numpy(wgt).to(dtype),
-                torch.from_numpy(nb), nb_max, steps, epochs)
+    return Plan(touched, rows, torch.from_numpy(loc.reshape(shape)[slot]),
+                torch.from_numpy(lab.reshape(shape)[slot]).to(dtype),
+                torch.from_numpy(wgt).to(dtype), active, offsets, steps, epochs)
 
 
 @dataclass
