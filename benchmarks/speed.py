@@ -7,7 +7,10 @@ fresh subprocess so its peak RSS is its own):
 
 - engine: seconds per round on ML-100K for the vectorised engine (mean of
   rounds 2..4) and for the one-client-at-a-time reference (round 2), FedMF and
-  FedEM;
+  FedEM; and, in the same process, the machine's floor for a round (issue 19):
+  four in-place passes over the clients' (n, m, d) float32 tables, and one
+  float32 GEMM of the uploads' Gram matrix (n x md times md x n), each the
+  fastest of 5 repeats;
 - backbones: the same for the FedNCF and PFedRec backbones with static
   replacement and with elastic merging (each preset keeps its FedAvg);
 - graph: GPFedRec's graph aggregation (cosine Gram matrix, neighbours,
@@ -17,8 +20,10 @@ fresh subprocess so its peak RSS is its own):
   vs cvxpy per client;
 - scaling: FedMF round time on synthetic data as clients grow (1k to 20k) and
   as items grow;
-- memory: peak resident memory of one FedEM round at ML-1M size
-  (6,040 clients x 3,706 items x d=16, synthetic).
+- memory: peak resident memory and seconds of two FedEM rounds at ML-1M size
+  (6,040 clients x 3,706 items x d=16, synthetic) and on LastFM-2K (1,892 x
+  17,632; the real data when it is in the datasets folder, else synthetic of
+  its size), each in a fresh subprocess.
 
 Prints a table and a final JSON line.
 """
@@ -27,10 +32,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -45,7 +52,7 @@ from fedem_private.server.aggregation import (
 )
 from fedem_private.simulation import reference
 
-from .common import emit, machine, run_config
+from .common import SHARED, emit, machine, run_config
 
 
 def _round_times(sim, rounds: int) -> list[float]:
@@ -69,7 +76,35 @@ def engine(method: str, rounds: int = 3, with_reference: bool = True,
     out["vectorised_s"] = float(np.mean(times))
     if with_reference:
         out["speedup"] = out["reference_s"] / out["vectorised_s"]
+    out["floor"] = floor(sim.state.q_local)
+    fl = out["floor"]
+    out["vs_passes"] = out["vectorised_s"] / fl["passes_s"]
+    out["vs_gram_and_passes"] = out["vectorised_s"] / (fl["gram_s"] + fl["passes_s"])
     return out
+
+
+def _fastest(fn, repeats: int = 5) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def floor(tables: torch.Tensor) -> dict[str, float]:
+    """The unavoidable work of a round on this machine, for (n, m, d) float32 tables.
+
+    ``passes_s``: four in-place element-wise passes over the tables (read and
+    write every value once each); ``gram_s``: one float32 GEMM of the flattened
+    tables' Gram matrix. Fastest of 5 repeats each.
+    """
+    state = tables.detach().to(torch.float32).clone()
+    flat = state.reshape(state.shape[0], -1)
+    passes = _fastest(lambda: [state.mul_(1.0) for _ in range(4)])
+    gram = _fastest(lambda: flat @ flat.T)
+    return {"passes_s": passes, "gram_s": gram}
 
 
 def aggregation(n_clients: int | None = None) -> dict[str, Any]:
@@ -132,25 +167,37 @@ def scaling(clients: list[int], items: list[int]) -> list[dict[str, Any]]:
     return rows
 
 
-def memory_child(method: str) -> None:
-    """Run in a subprocess: one ML-1M-sized round; print peak RSS (GiB) as JSON."""
-    cfg = run_config("synthetic", **{"data.synthetic.n_users": 6040,
-                                     "data.synthetic.n_items": 3706,
-                                     "data.synthetic.mean_activity": 165,
-                                     "federation.method": method,
-                                     "train.rounds": 2, "train.eval_every": 10_000})
+MEMORY_DATA = {
+    # ML-1M's size; no copy of ML-1M exists on these machines (datasets README)
+    "ml-1m-size": ("synthetic", {"data.synthetic.n_users": 6040, "data.synthetic.n_items": 3706,
+                                 "data.synthetic.mean_activity": 165}),
+    # LastFM-2K's size, when the real data is absent (about 49 interactions per user)
+    "lastfm-2k-size": ("synthetic", {"data.synthetic.n_users": 1892,
+                                     "data.synthetic.n_items": 17632,
+                                     "data.synthetic.mean_activity": 49}),
+}
+
+
+def memory_child(method: str, data: str) -> None:
+    """Run in a subprocess: two rounds; print peak RSS (GiB) as JSON."""
+    if data == "lastfm-2k" and not (Path(os.environ.get("FEDEM_DATA_ROOT", SHARED))
+                                    / "lastfm-2k").is_dir():
+        data = "lastfm-2k-size"
+    dataset, over = MEMORY_DATA.get(data, (data, {}))
+    cfg = run_config(dataset, **over, **{"federation.method": method,
+                                         "train.rounds": 2, "train.eval_every": 10_000})
     t0 = time.perf_counter()
     sim = prepare(cfg)
     times = _round_times(sim, 2)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    print(json.dumps({"method": method, "clients": sim.split.n_users,
+    print(json.dumps({"method": method, "data": data, "clients": sim.split.n_users,
                       "items": sim.split.n_items, "round_s": times, "peak_rss_gib": peak,
                       "wall_s": time.perf_counter() - t0}))
 
 
-def memory(method: str) -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.speed", "--memory-child", method],
-                          capture_output=True, text=True, check=True)
+def memory(method: str, data: str) -> dict[str, Any]:
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.speed", "--memory-child", method,
+                           "--memory-data", data], capture_output=True, text=True, check=True)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -161,19 +208,25 @@ def main() -> None:
                     help="presets timed by the backbones part")
     ap.add_argument("--no-em", action="store_true", help="backbones part: skip the +EM rounds")
     ap.add_argument("--quick", action="store_true", help="smaller scaling grid, no memory part")
+    ap.add_argument("--memory-data", default="ml-1m-size,lastfm-2k",
+                    help="memory part: ml-1m-size, lastfm-2k (real data if present, else "
+                         "lastfm-2k-size), or any dataset name")
     ap.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.memory_child:
-        memory_child(args.memory_child)
+        memory_child(args.memory_child, args.memory_data)
         return
     parts = set(args.parts.split(","))
     result: dict[str, Any] = {"benchmark": "speed", "machine": machine()}
     if "engine" in parts:
         result["engine"] = [engine("fedmf"), engine("fedem")]
         for row in result["engine"]:
+            fl = row["floor"]
             print(f"engine {row['method']:6}: vectorised {row['vectorised_s']:.2f} s/round, "
-                  f"reference {row['reference_s']:.1f} s/round, {row['speedup']:.1f}x",
-                  flush=True)
+                  f"reference {row['reference_s']:.1f} s/round, {row['speedup']:.1f}x; "
+                  f"floor: 4 passes {fl['passes_s']:.3f} s ({row['vs_passes']:.1f}x), "
+                  f"Gram GEMM {fl['gram_s']:.3f} s (round / (GEMM + passes) "
+                  f"{row['vs_gram_and_passes']:.1f}x)", flush=True)
     if "backbones" in parts:
         names = args.backbones.split(",")
         result["backbones"] = [engine(m, merge=g) for m in names for g in (None, "em")
@@ -196,9 +249,9 @@ def main() -> None:
         items = [1000, 2000, 4000] if args.quick else [1000, 2000, 4000, 8000]
         result["scaling"] = scaling(clients, items)
     if "memory" in parts and not args.quick:
-        result["memory"] = [memory("fedem")]
+        result["memory"] = [memory("fedem", data) for data in args.memory_data.split(",")]
         for row in result["memory"]:
-            print(f"memory {row['method']} {row['clients']}x{row['items']}: peak RSS "
+            print(f"memory {row['method']} {row['data']} {row['clients']}x{row['items']}: peak RSS "
                   f"{row['peak_rss_gib']:.2f} GiB, rounds {row['round_s']}", flush=True)
     emit(result)
 

@@ -82,7 +82,7 @@ def test_fedavg_aggregate_skips_zero_weight_rows_and_rejects_nan():
 def test_pairwise_distances_equal_brute_force(chunk_rows):
     tables = rand_tables(7, seed=1)
     tables[5] = tables[2]  # two identical tables
-    got = pairwise_sq_distances(tables, chunk_rows)
+    got = pairwise_sq_distances(tables, chunk_rows, precision="float64")
     assert got.dtype == F64
     assert torch.equal(got.diagonal(), torch.zeros(7, dtype=F64))
     assert torch.equal(got, got.T)
@@ -92,19 +92,60 @@ def test_pairwise_distances_equal_brute_force(chunk_rows):
 
 def test_pairwise_distances_do_not_depend_on_chunk_size():
     tables = rand_tables(12, m=50, d=4, seed=2) + 5.0  # offset: cancellation-prone
-    ref = pairwise_sq_distances(tables, 50)
+    ref = pairwise_sq_distances(tables, 50, "float64")
     for chunk in (1, 3, 16):
-        torch.testing.assert_close(pairwise_sq_distances(tables, chunk), ref,
+        torch.testing.assert_close(pairwise_sq_distances(tables, chunk, "float64"), ref,
                                    rtol=1e-12, atol=1e-12)
 
 
 def test_cross_distances_on_subsets():
     tables = rand_tables(8, seed=3)
     a, b = torch.tensor([6, 1, 3]), torch.tensor([3, 0, 6, 7])
-    got = cross_sq_distances(tables, a, b, chunk_rows=2)
+    got = cross_sq_distances(tables, a, b, chunk_rows=2, precision="float64")
     want = brute_sq_distances(tables)[a][:, b]
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
     assert got[0, 2] == 0.0 and got[2, 0] == 0.0
+
+
+@pytest.mark.parametrize("subsets", [False, True])
+def test_float32_products_match_float64_within_float32_rounding(subsets):
+    """The default float32 products (float64 accumulation) against brute-force float64."""
+    tables = rand_tables(300, m=40, d=8, seed=11) + 2.0  # offset: centring must absorb it
+    a = torch.arange(0, 300, 3) if subsets else None
+    b = torch.arange(1, 300, 2) if subsets else None
+    got = cross_sq_distances(tables, a, b, chunk_rows=16)
+    want = brute_sq_distances(tables)
+    want = want if a is None else want[a][:, b]
+    assert got.dtype == F64
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=0.0)
+    if not subsets:  # symmetric from the upper Gram blocks (GRAM_BLOCK = 256 < 300)
+        assert torch.equal(got, got.T)
+        assert torch.equal(got.diagonal(), torch.zeros(300, dtype=F64))
+
+
+def test_float32_cancelled_pairs_are_recomputed_in_float64():
+    """Two near-copies: float32 products would cancel almost every bit of their distance."""
+    tables = rand_tables(6, m=30, d=4, seed=12)
+    tables[4] = tables[1] + 1e-4 * rand_tables(1, m=30, d=4, seed=13)[0]
+    want = brute_sq_distances(tables)
+    got = pairwise_sq_distances(tables)
+    assert float(want[1, 4]) < 1e-6  # the pair is cancellation-prone
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=0.0)
+    for i, j in ((1, 4), (4, 1)):  # recomputed from the difference: float64-accurate
+        assert abs(float(got[i, j] - want[i, j])) <= 1e-12 * float(want[i, j])
+    # two clusters of near-copies: more risky pairs than clients, the whole matrix in float64
+    many = rand_tables(2, m=30, d=4, seed=14).repeat_interleave(5, dim=0)
+    many += 1e-5 * rand_tables(10, m=30, d=4, seed=15)
+    # (float32 products would be off by orders of magnitude on the within-cluster pairs;
+    # float64 products lose digits there too, but keep these)
+    torch.testing.assert_close(pairwise_sq_distances(many), brute_sq_distances(many),
+                               rtol=1e-4, atol=0.0)
+
+
+def test_float64_tables_are_never_multiplied_in_float32():
+    tables = rand_tables(5, seed=16).to(F64)
+    torch.testing.assert_close(pairwise_sq_distances(tables), brute_sq_distances(tables),
+                               rtol=1e-12, atol=1e-12)
 
 
 # ---------------------------------------------------------------- projection and eq. 13

@@ -28,6 +28,10 @@ from fedem_private.finite import finite_rows
 
 DEFAULT_CHUNK_ROWS = 256
 DEFAULT_CHUNK_CLIENTS = 256
+GRAM_BLOCK = 256  # client block of the symmetric Gram products
+#: float32 distances below this fraction of the two centred squared norms are recomputed
+#: in float64 (cancellation; see :func:`cross_sq_distances`)
+CANCELLATION = 1e-3
 
 
 # ---------------------------------------------------------------- fixed weights
@@ -98,25 +102,56 @@ def fedavg_aggregate(uploads: Tensor, weights: Tensor) -> Tensor:
 # ---------------------------------------------------------------- distances
 
 
-def _block(tables: Tensor, clients: Tensor | None, start: int, stop: int) -> Tensor:
-    """Item rows start:stop of the chosen clients' tables, flattened, in float64."""
+def _block(tables: Tensor, clients: Tensor | None, start: int, stop: int,
+           dtype: torch.dtype) -> Tensor:
+    """Item rows start:stop of the chosen clients' tables, flattened, as a new ``dtype`` copy."""
     part = tables[:, start:stop] if clients is None else tables[clients, start:stop]
-    return part.reshape(part.shape[0], -1).to(torch.float64, copy=True)
+    return part.reshape(part.shape[0], -1).to(dtype, copy=True)
+
+
+def _add_symmetric_gram(gram: Tensor, x: Tensor, block: int = GRAM_BLOCK) -> None:
+    """gram += x x^T (float64 accumulator), multiplying only the blocks on and above the
+    diagonal; each block below gets its mirror's transpose (half the multiply-adds)."""
+    n = x.shape[0]
+    for a in range(0, n, block):
+        xa = x[a:a + block]
+        for b in range(a, n, block):
+            part = (xa @ x[b:b + block].T).to(torch.float64)
+            gram[a:a + block, b:b + block] += part
+            if b != a:
+                gram[b:b + block, a:a + block] += part.T
 
 
 def cross_sq_distances(tables: Tensor, rows_a: Tensor | None, rows_b: Tensor | None,
-                       chunk_rows: int = DEFAULT_CHUNK_ROWS) -> Tensor:
+                       chunk_rows: int = DEFAULT_CHUNK_ROWS,
+                       precision: str = "float32") -> Tensor:
     """||Q_a - Q_b||_F^2 for a in rows_a, b in rows_b (None = all clients): float64 (na, nb).
 
-    Built from the Gram matrix of the flattened tables, accumulated over
-    chunks of chunk_rows item rows (peak extra memory about
-    (na + nb) * chunk_rows * d float64). Each chunk is centred on the mean of
-    the b tables first (distances do not change; cancellation does). Tiny
-    negatives from rounding are clamped to 0 and a client's distance to
-    itself is exactly 0.
+    Built from the Gram matrix of the flattened tables, accumulated in float64
+    over chunks of chunk_rows item rows (peak extra memory about
+    (na + nb) * chunk_rows * d values). Each chunk is centred on the mean of
+    the b tables first (distances do not change; cancellation does); with all
+    clients on both sides only the Gram blocks on and above the diagonal are
+    multiplied. Tiny negatives from rounding are clamped to 0 and a client's
+    distance to itself is exactly 0.
+
+    ``precision`` is the dtype of each chunk's products. "float32" (the
+    default; the uploads are float32 already; float64 tables are still
+    multiplied in float64) multiplies in float32 and adds
+    the chunks and the squared norms in float64; a pair whose distance came
+    out below CANCELLATION x (||Q_a||^2 + ||Q_b||^2) (centred), where float32
+    products could have cancelled most of their bits, is recomputed in
+    float64 from the difference of the two tables. "float64" does every
+    product in float64 (the slow path the tests compare with: on ML-100K
+    uploads the two differ by at most 1e-7 relative in the distances and
+    2e-11 in the similarity weights; BENCHMARKS.md "Speed").
     """
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows must be positive, got {chunk_rows}")
+    if precision not in ("float32", "float64"):
+        raise ValueError(f"precision must be float32 or float64, got {precision!r}")
+    work = torch.float32 if precision == "float32" and tables.dtype != torch.float64 else (
+        torch.float64)
     n, m = tables.shape[0], tables.shape[1]
     na = n if rows_a is None else rows_a.numel()
     nb = n if rows_b is None else rows_b.numel()
@@ -127,20 +162,46 @@ def cross_sq_distances(tables: Tensor, rows_a: Tensor | None, rows_b: Tensor | N
     sq_b = torch.zeros(nb, dtype=torch.float64, device=dev)
     for start in range(0, m, chunk_rows):
         stop = min(start + chunk_rows, m)
-        xb = _block(tables, rows_b, start, stop)
+        xb = _block(tables, rows_b, start, stop, work)
         centre = xb.mean(dim=0, keepdim=True)
         xb -= centre
-        xa = xb if same else _block(tables, rows_a, start, stop).sub_(centre)
-        gram.addmm_(xa, xb.T)
-        sq_b += (xb * xb).sum(dim=1)
+        xa = xb if same else _block(tables, rows_a, start, stop, work).sub_(centre)
+        if same:
+            _add_symmetric_gram(gram, xb)
+        else:
+            gram += (xa @ xb.T).to(torch.float64)
+        sq_b += xb.to(torch.float64).square().sum(dim=1)
         if not same:
-            sq_a += (xa * xa).sum(dim=1)
+            sq_a += xa.to(torch.float64).square().sum(dim=1)
     if same:
         sq_a = sq_b
-        gram = (gram + gram.T).mul_(0.5)  # exactly symmetric despite GEMM blocking
+        gram = (gram + gram.T).mul_(0.5)  # diagonal blocks: exactly symmetric despite GEMM
     dist = (sq_a[:, None] + sq_b[None, :] - 2.0 * gram).clamp_(min=0.0)
     _zero_self_distances(dist, rows_a, rows_b, n)
+    if work == torch.float32 and not _recompute_cancelled(dist, tables, rows_a, rows_b, sq_a,
+                                                           sq_b, n):
+        return cross_sq_distances(tables, rows_a, rows_b, chunk_rows, "float64")
     return dist
+
+
+def _recompute_cancelled(dist: Tensor, tables: Tensor, rows_a: Tensor | None,
+                         rows_b: Tensor | None, sq_a: Tensor, sq_b: Tensor, n: int) -> bool:
+    """Recompute in float64, from the tables' difference, every pair of two different
+    clients whose float32-product distance is small against their centred norms.
+
+    Returns False, recomputing nothing, when there are more such pairs than
+    clients (then the whole matrix is cheaper in float64)."""
+    dev = dist.device
+    ids_a = torch.arange(n, device=dev) if rows_a is None else rows_a.to(dev)
+    ids_b = torch.arange(n, device=dev) if rows_b is None else rows_b.to(dev)
+    risky = dist < CANCELLATION * (sq_a[:, None] + sq_b[None, :])
+    risky &= ids_a[:, None] != ids_b[None, :]
+    if int(risky.sum()) > n:
+        return False
+    for i, j in torch.nonzero(risky).tolist():
+        diff = tables[ids_a[i]].to(torch.float64) - tables[ids_b[j]].to(torch.float64)
+        dist[i, j] = diff.square().sum()
+    return True
 
 
 def _zero_self_distances(dist: Tensor, rows_a: Tensor | None, rows_b: Tensor | None,
@@ -156,9 +217,11 @@ def _zero_self_distances(dist: Tensor, rows_a: Tensor | None, rows_b: Tensor | N
     dist[hit, cols[hit]] = 0.0
 
 
-def pairwise_sq_distances(tables: Tensor, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> Tensor:
-    """All pairwise ||Q_u - Q_v||_F^2 of (n, m, d) tables: float64 (n, n), zero diagonal."""
-    return cross_sq_distances(tables, None, None, chunk_rows)
+def pairwise_sq_distances(tables: Tensor, chunk_rows: int = DEFAULT_CHUNK_ROWS,
+                          precision: str = "float32") -> Tensor:
+    """All pairwise ||Q_u - Q_v||_F^2 of (n, m, d) tables: float64 (n, n), zero diagonal
+    (``precision`` as in :func:`cross_sq_distances`)."""
+    return cross_sq_distances(tables, None, None, chunk_rows, precision)
 
 
 # ---------------------------------------------------------------- simplex and eq. 13
@@ -276,7 +339,8 @@ def similarity_aggregate(uploads: Tensor, p: Tensor, alpha: float,
                          participating: Tensor | None = None,
                          chunk_clients: int = DEFAULT_CHUNK_CLIENTS,
                          anchored: Tensor | None = None,
-                         chunk_rows: int = DEFAULT_CHUNK_ROWS) -> Tensor:
+                         chunk_rows: int = DEFAULT_CHUNK_ROWS,
+                         precision: str = "float32") -> Tensor:
     """Personalised global tables Q_g[u] = sum_v w_uv Q_v for every client u (eq. 13).
 
     uploads: (n, m, d) tables the server holds; row v is client v's upload
@@ -294,7 +358,8 @@ def similarity_aggregate(uploads: Tensor, p: Tensor, alpha: float,
 
     Works in chunks of chunk_clients receivers; peak extra memory is the
     (n_anchor, n_participants) float64 distance matrix plus one chunk's weights,
-    besides the (n, m, d) output. Returns a new tensor in uploads' dtype.
+    besides the (n, m, d) output. ``precision``: of the distances' products (see
+    :func:`cross_sq_distances`). Returns a new tensor in uploads' dtype.
     """
     _check_alpha(alpha)
     if chunk_clients < 1:
@@ -309,7 +374,7 @@ def similarity_aggregate(uploads: Tensor, p: Tensor, alpha: float,
     anchor_ids = None if bool(anchors.all()) else torch.nonzero(anchors).flatten()
     sources = uploads if everyone else uploads.index_select(0, part_ids)
     _check_finite_rows(sources, part_ids)
-    dists = cross_sq_distances(uploads, anchor_ids, part_ids, chunk_rows)
+    dists = cross_sq_distances(uploads, anchor_ids, part_ids, chunk_rows, precision)
     p_part = p.to(torch.float64).to(uploads.device)
     p_part = p_part if everyone else p_part.index_select(0, part_ids)
     dist_row = torch.full((n,), -1, dtype=torch.int64, device=uploads.device)

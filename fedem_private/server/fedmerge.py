@@ -35,8 +35,9 @@ so that ``lr`` has the same meaning on every dataset:
    step would raise client u's term, so F never increases. Only the
    participants' logits move.
 
-The simplex constraint holds by construction (softmax). :func:`fit` batches
-every pass over clients (chunks of :data:`CHUNK`) and K in float64;
+The simplex constraint holds by construction (softmax). :func:`fit` works
+from the sufficient statistics of (12.2) (two float64 GEMM passes over the
+uploads per step, chunks of :data:`CHUNK` clients);
 :func:`fit_reference` is the plain loop over clients and tables (autograd for
 the logits' gradient) the tests compare it with.
 """
@@ -51,6 +52,9 @@ from torch import Tensor
 from fedem_private import rng
 
 CHUNK = 128  # clients per float64 pass over the uploads
+#: the fit keeps a float64 copy of the uploads (instead of converting a chunk per pass)
+#: when it takes at most this many bytes
+CACHE_BYTES = 1 << 30
 MAX_HALVINGS = 30  # backtracking of a client's logit step
 PERTURBATION = 0.1  # std of the initial perturbations, relative to the initial table's std
 
@@ -118,24 +122,34 @@ def _centred(h: Tensor) -> Tensor:
     return p @ h @ p
 
 
-def _residual_pass(uploads: Tensor, w: Tensor, tables: Tensor, chunk: int, *,
-                   want_wtr: bool = False,
-                   want_gr: bool = False) -> tuple[float, Tensor | None, Tensor | None]:
-    """One pass over the uploads: F, and on request W^T R (K, m, d) and [<G_k, R_u>] (n_t, K)."""
+def _uploads_sq(uploads: Tensor, chunk: int) -> float:
+    """sum_u ||U_u||_F^2 in float64, one pass over chunks of clients."""
     n = uploads.shape[0]
-    k = tables.shape[0]
-    obj = 0.0
-    wtr = torch.zeros_like(tables) if want_wtr else None
-    gr = torch.empty((n, k), dtype=torch.float64) if want_gr else None
+    return float(sum(float(uploads[a:a + chunk].double().square().sum())
+                     for a in range(0, n, chunk)))
+
+
+def _weighted_uploads(uploads: Tensor, w: Tensor, chunk: int) -> Tensor:
+    """W^T U (K, m d) in float64: sum_u w_uk U_u, one pass over chunks of clients."""
+    n = uploads.shape[0]
+    out = torch.zeros((w.shape[1], uploads[0].numel()), dtype=torch.float64)
     for a in range(0, n, chunk):
-        wc = w[a:a + chunk]
-        r = uploads[a:a + chunk].double() - torch.einsum("uk,kmd->umd", wc, tables)
-        obj += float((r * r).sum())
-        if wtr is not None:
-            wtr += torch.einsum("uk,umd->kmd", wc, r)
-        if gr is not None:
-            gr[a:a + chunk] = torch.einsum("kmd,umd->uk", tables, r)
-    return obj, wtr, gr
+        out.addmm_(w[a:a + chunk].T, uploads[a:a + chunk].reshape(-1, out.shape[1]).double())
+    return out
+
+
+def _upload_products(uploads: Tensor, g: Tensor, chunk: int) -> Tensor:
+    """C = [<U_u, G_k>] (n_t, K) in float64, one pass over chunks of clients."""
+    n = uploads.shape[0]
+    out = torch.empty((n, g.shape[0]), dtype=torch.float64)
+    for a in range(0, n, chunk):
+        torch.mm(uploads[a:a + chunk].reshape(-1, g.shape[1]).double(), g.T, out=out[a:a + chunk])
+    return out
+
+
+def _objective(sq: float, w: Tensor, c: Tensor, h: Tensor) -> float:
+    """(12.2) from its sufficient statistics: sum ||U||^2 - 2 sum w (.) C + sum_u w_u^T H w_u."""
+    return sq - 2.0 * float((w * c).sum()) + float(((w @ h) * w).sum())
 
 
 def logit_step(logits: Tensor, gr: Tensor, gram: Tensor, rate: float) -> Tensor:
@@ -173,31 +187,42 @@ def fit(uploads: Tensor, tables: Tensor, logits: Tensor, cfg: FitConfig,
     """Fit G and a to the uploads (n_t, m, d) by ``cfg.steps`` steps on (12.2), batched.
 
     ``tables`` (K, m, d) and ``logits`` (n_t, K) are the warm start (not
-    modified). Steps as in the module docstring; every pass over the uploads
-    is a float64 einsum over a chunk of clients and all K tables.
+    modified). Steps as in the module docstring, computed from the
+    sufficient statistics of (12.2), so each step reads the uploads twice
+    (float64 GEMMs over chunks of ``chunk`` clients):
+
+    - W^T R = W^T U - (W^T W) G, from the pass W^T U (K, m d);
+    - C = [<U_u, G_k>] (n_t, K), one pass after the tables move, gives
+      [<G_k, R_u>] = C - W H with H = G G^T (K, K), and the objective
+      sum ||U_u||^2 - 2 sum_uk w_uk C_uk + sum_u w_u^T H w_u.
     """
-    g = tables.double().clone()
+    k = tables.shape[0]
+    shape = tables.shape
+    g = tables.double().reshape(k, -1).clone()
     a = logits.double().clone()
-    k = g.shape[0]
+    if uploads.numel() * 8 <= CACHE_BYTES:
+        uploads = uploads.double()  # chunks of it are then views, not conversions
+    sq = _uploads_sq(uploads, chunk)
+    c = _upload_products(uploads, g, chunk)
+    h = g @ g.T
     trace: list[float] = []
     for _ in range(cfg.steps):
         w = torch.softmax(a, dim=1)
-        obj, wtr, _ = _residual_pass(uploads, w, g, chunk, want_wtr=True)
-        trace.append(obj)
-        lam = _lambda_max(w.T @ w)
+        trace.append(_objective(sq, w, c, h))
+        wtw = w.T @ w
+        lam = _lambda_max(wtw)
         if lam > 0:
-            assert wtr is not None
+            wtr = _weighted_uploads(uploads, w, chunk) - wtw @ g
             g = g + (cfg.lr / lam) * wtr
-        obj, _, gr = _residual_pass(uploads, w, g, chunk, want_gr=k > 1)
-        trace.append(obj)
-        flat = g.reshape(k, -1)
-        h = flat @ flat.T
+            c = _upload_products(uploads, g, chunk)
+            h = g @ g.T
+        trace.append(_objective(sq, w, c, h))
         la = 2.0 * _lambda_max(_centred(h)) if k > 1 else 0.0
-        if la > 0 and gr is not None:
-            a = logit_step(a, gr, h, cfg.lr / la)
+        if la > 0:
+            a = logit_step(a, c - w @ h, h, cfg.lr / la)
     w = torch.softmax(a, dim=1)
-    trace.append(_residual_pass(uploads, w, g, chunk)[0])
-    return FitResult(g, a, trace)
+    trace.append(_objective(sq, w, c, h))
+    return FitResult(g.reshape(shape), a, trace)
 
 
 def fit_reference(uploads: Tensor, tables: Tensor, logits: Tensor,
