@@ -118,6 +118,12 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
      "(central DP-FedAvg under secure aggregation)"),
     ("--sample-rate", "privacy.sample_rate", _number,
      "cdp-gaussian: each client takes part in a round with this probability (Poisson)"),
+    ("--clip-quantile", "privacy.clip_quantile", _number,
+     "cdp-gaussian: adaptive clipping to this quantile of the delta norms (Andrew et al. "
+     "2021); --clip is then the first round's clip"),
+    ("--clip-lr", "privacy.clip_lr", _number, "cdp-gaussian adaptive clipping: its rate eta"),
+    ("--clip-count-noise", "privacy.clip_count_noise", _number,
+     "cdp-gaussian adaptive clipping: noise std on the unclipped count (default q n / 20)"),
     ("--epsilon", "privacy.epsilon", _number, "total epsilon target over the rounds (inf ok)"),
     ("--epsilon-round", "privacy.epsilon_round", _number, "per-round epsilon"),
     ("--delta", "privacy.delta", _number, "delta for accounting"),

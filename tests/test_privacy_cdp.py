@@ -485,3 +485,127 @@ def test_cdp_runs_repeat_and_noise_every_shared_group(small_split, method):
         assert torch.equal(a.dense.params[name], b.dense.params[name])
         assert bool((a.dense.params[name] != value).all())  # noise reached every entry
     assert (method == "fedncf") == bool(dense0)
+
+
+# ------------------------------------------------------------------------------ adaptive clipping
+def _adaptive_cfg(**over):
+    base = {"mode": "cdp-gaussian", "epsilon": 4.0, "sample_rate": 0.2, "clip": 2.0,
+            "clip_quantile": 0.5}
+    return PrivacyConfig(**{**base, **over})
+
+
+@pytest.mark.parametrize("count_noise", [None, 3.0])
+def test_adaptive_clipping_splits_the_calibrated_multiplier(count_noise):
+    """z^-2 = z_sum^-2 + (2 sigma_b)^-2 with z the fixed-clip calibration (Andrew et al. Thm 1)."""
+    n, rounds = 500, 20
+    fixed = resolve_params(_adaptive_cfg(clip_quantile=None), rounds, n)
+    p = resolve_params(_adaptive_cfg(clip_count_noise=count_noise), rounds, n)
+    assert p.noise_multiplier == fixed.noise_multiplier  # the accountant's z is unchanged
+    sigma_b = count_noise if count_noise is not None else 0.2 * n / 20
+    assert p.count_noise == sigma_b
+    z, z_sum = p.noise_multiplier, p.sum_noise_multiplier
+    assert z_sum > z
+    assert z_sum ** -2 + (2 * sigma_b) ** -2 == pytest.approx(z ** -2, rel=1e-12)
+    assert p.noise_scale == pytest.approx(z_sum * 2.0)
+    # the guarantee is that of z: both the round's eps and the observer's total
+    assert p.epsilon_round == fixed.epsilon_round
+
+
+def test_adaptive_clipping_without_budget_for_the_count_is_refused():
+    with pytest.raises(UserError) as exc:
+        resolve_params(_adaptive_cfg(epsilon=0.05, clip_count_noise=0.1), 20, 500)
+    assert "must exceed z / 2" in str(exc.value) and "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize("values,needle", [
+    ({"mode": "ldp-laplace", "epsilon": 1.0, "clip_quantile": 0.5}, "is for cdp-gaussian"),
+    ({"clip_quantile": 1.0}, "(0, 1)"),
+    ({"clip_lr": 0.0}, "--clip-lr"),
+    ({"clip_count_noise": -1.0}, "--clip-count-noise"),
+    ({"clip_auto": True}, "needs privacy mode ldp-laplace or ldp-gaussian"),
+])
+def test_bad_adaptive_clipping_settings(values, needle):
+    base = {"mode": "cdp-gaussian", "epsilon": 4.0, "sample_rate": 0.2, "clip_quantile": 0.5}
+    with pytest.raises(UserError) as exc:
+        PrivacyConfig(**{**base, **values})
+    assert needle in str(exc.value) and "\n" not in str(exc.value)
+
+
+def _deltas_with_norms(norms, m=6, d=3, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    direction = torch.randn(len(norms), m, d, generator=gen, dtype=torch.float64)
+    direction /= direction.reshape(len(norms), -1).norm(dim=1)[:, None, None]
+    local = direction * torch.tensor(norms, dtype=torch.float64)[:, None, None]
+    return torch.zeros_like(local), local
+
+
+def test_adaptive_clip_follows_the_geometric_rule_exactly_without_noise():
+    norms = [0.5, 1.0, 1.5, 2.5, 3.0, 4.0, 6.0]  # 4 of 7 at or below C = 2.5
+    sent, local = _deltas_with_norms(norms)
+    rule = central.AdaptiveClip(quantile=0.3, lr=0.2, count_noise=0.0)
+    secure = SecureSum(clip=2.5, noise_multiplier=0.0, expected_count=5.0, seed=0,
+                       adaptive=rule)
+    secure.begin_round(1)
+    secure.add(sent[:3], local[:3])
+    secure.add(sent[3:], local[3:])
+    out = secure.release(torch.zeros(1, 6, 3, dtype=torch.float64))
+    b = (4 - 7 / 2) / 5.0 + 0.5  # centred count over the EXPECTED count, plus 1/2
+    assert secure.unclipped_estimate == pytest.approx(b, abs=1e-15)
+    assert secure.clip == pytest.approx(2.5 * math.exp(-0.2 * (b - 0.3)), rel=1e-15)
+    assert secure.round_clip == 2.5  # the round itself clipped at 2.5
+    clipped, _ = clipped_deltas(sent, local, 2.5)
+    assert torch.allclose(out, clipped.sum(0, keepdim=True) / 5.0, atol=1e-14)
+    secure.begin_round(2)
+    assert secure.round_clip == secure.clip != 2.5  # the next round clips at the new value
+
+
+def test_adaptive_clip_converges_to_the_target_quantile():
+    norms = list(np.linspace(1.0, 100.0, 200))
+    sent, local = _deltas_with_norms(norms, seed=3)
+    for gamma in (0.2, 0.5, 0.9):
+        secure = SecureSum(clip=1.0, noise_multiplier=0.0, expected_count=200.0, seed=0,
+                           adaptive=central.AdaptiveClip(gamma, lr=0.2, count_noise=0.0))
+        for t in range(1, 301):
+            secure.begin_round(t)
+            secure.add(sent, local)
+            secure.release(torch.zeros(1, 6, 3, dtype=torch.float64))
+        assert secure.clip == pytest.approx(float(np.quantile(norms, gamma)), rel=0.05)
+
+
+def test_adaptive_clip_count_noise_has_std_sigma_b_and_is_drawn_once_per_round():
+    sigma_b, expected = 4.0, 10.0
+    sent, local = _deltas_with_norms([1.0] * 10)  # all unclipped at C = 2: b = 1 exactly
+    est = []
+    for t in range(1, 3001):
+        secure = SecureSum(clip=2.0, noise_multiplier=0.0, expected_count=expected, seed=5,
+                           adaptive=central.AdaptiveClip(0.5, lr=0.2, count_noise=sigma_b))
+        secure.begin_round(t)
+        secure.add(sent, local)
+        secure.release(torch.zeros(1, 6, 3, dtype=torch.float64))
+        est.append(secure.unclipped_estimate)
+    noise = (np.array(est) - 1.0) * expected
+    assert abs(noise.mean()) < 4 * sigma_b / math.sqrt(3000)
+    assert _noise_std_ok(torch.from_numpy(noise), sigma_b)
+    assert not _noise_std_ok(torch.from_numpy(noise), sigma_b / 2)  # half would be caught
+
+
+def test_adaptive_clipping_end_to_end_moves_the_clip_and_states_it(tmp_path):
+    from fedem_private.experiments.runner import execute
+
+    cfg = with_overrides(RunConfig(), {
+        "data.dataset": "synthetic", "data.synthetic.n_users": 60, "data.synthetic.n_items": 50,
+        "train.rounds": 4, "train.local_epochs": 1, "train.dim": 8,
+        "privacy.mode": "cdp-gaussian", "privacy.epsilon": 4.0, "privacy.sample_rate": 0.5,
+        "privacy.clip": 50.0, "privacy.clip_quantile": 0.5, "privacy.clip_count_noise": 10.0})
+    execute(cfg, tmp_path / "run")
+    p = json.loads((tmp_path / "run" / "summary.json").read_text())["privacy"]
+    ad = p["adaptive_clip"]
+    assert ad["quantile"] == 0.5 and ad["initial_clip"] == 50.0 and ad["count_noise_std"] == 10.0
+    assert ad["sum_noise_multiplier"] > p["noise_multiplier"]
+    lines = (tmp_path / "run" / "metrics.csv").read_text().splitlines()
+    header = lines[0].split(",")
+    clips = [float(dict(zip(header, line.split(","), strict=True))["clip"]) for line in lines[1:]]
+    assert clips[0] == 50.0 and len(set(clips)) == 4  # it moved every round
+    # C = 50 is far above these deltas' norms (all unclipped): the clip shrinks
+    assert clips[-1] < clips[0]
+    assert ad["final_clip"] < clips[-1]

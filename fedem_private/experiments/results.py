@@ -196,6 +196,10 @@ def run_row(run: Path, root: Path) -> dict[str, Any]:
         agg = _number(privacy["epsilon_aggregator"].get("reported"))
         row["eps_aggregator"] = math.inf if no_noise and math.isnan(agg) else agg
         row["sample_rate"] = _number(privacy.get("sample_rate"))
+        adaptive = privacy.get("adaptive_clip") or {}
+        # adaptive clipping: the target quantile and the clip the last round ended on
+        row["clip_quantile"] = _number(adaptive.get("quantile"))
+        row["clip_final"] = _number(adaptive.get("final_clip"))
     last = _last_row(run / "metrics.csv")
     attacks, verdict = attack_columns(read_records(run / ATTACKS_FILE) or [])
     comm = summary.get("communication") or {}

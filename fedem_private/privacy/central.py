@@ -51,6 +51,31 @@ from fedem_private.privacy.clipping import ClipStats, clip_rows
 
 # the client id that keys the server's one noise draw per round (no real client has it)
 AGGREGATE_KEY = 1 << 41
+# ... and the one that keys the noise on adaptive clipping's count
+COUNT_KEY = AGGREGATE_KEY + 1
+
+
+@dataclass(frozen=True)
+class AdaptiveClip:
+    """Adaptive clipping of DP-FedAvg (Andrew, Thakkar, McMahan and Ramaswamy, NeurIPS 2021).
+
+    Each round the participants also add b_u - 1/2, b_u = [||Delta_u||_2 <= C_t],
+    to the secure sum; the server receives the centred count with noise
+    N(0, sigma_b^2) once, estimates the unclipped fraction
+    b = (count + noise) / (q n) + 1/2 and sets C_{t+1} = C_t exp(-eta (b - gamma))
+    (geometric update, Algorithm 1's "geometric" rule). Under add/remove one
+    client changes the centred count by 1/2. The clip is a function of earlier
+    releases only; how the two noises share the round's multiplier z is in
+    :func:`~fedem_private.privacy.params.resolve_params`.
+    """
+
+    quantile: float  # gamma, the target fraction of participants left unclipped
+    lr: float  # eta
+    count_noise: float  # sigma_b; 0 only for clip-only runs (no noise anywhere)
+
+    def next_clip(self, clip: float, unclipped_estimate: float) -> float:
+        """C_{t+1} = C_t exp(-eta (b - gamma))."""
+        return clip * math.exp(-self.lr * (unclipped_estimate - self.quantile))
 
 
 def poisson_participants(seed: int, round_: int, n_clients: int, sample_rate: float
@@ -133,27 +158,39 @@ class SecureSum:
     ``add`` takes a chunk of clients' encoded (sent, local) uploads and adds
     their clipped deltas to a float64 sum; ``release`` adds the noise once and
     returns the new encoded global S + noisy mean delta. Between the two no
-    per-client value is exposed.
+    per-client value is exposed. With ``adaptive`` (:class:`AdaptiveClip`) the
+    secure sum also holds the centred count of unclipped participants, released
+    with its own noise to move the clip for the next round; ``noise_multiplier``
+    is then the sum's own share z_sum of the round's multiplier.
     """
 
     def __init__(self, clip: float, noise_multiplier: float, expected_count: float,
-                 seed: int) -> None:
+                 seed: int, adaptive: AdaptiveClip | None = None) -> None:
         self.clip = float(clip)
         self.noise_multiplier = float(noise_multiplier)
         self.expected_count = float(expected_count)
         self.seed = int(seed)
+        self.adaptive = adaptive
         self.round = 0
         self._sum: torch.Tensor | None = None
+        self._centred_count = 0.0  # adaptive: sum of b_u - 1/2 over the round's participants
         self.stats = CentralRoundStats()
+        self.round_clip = self.clip  # the clip the round that ran last used
+        self.unclipped_estimate: float | None = None  # adaptive: the last round's noisy b
 
     def begin_round(self, round_: int) -> None:
         self.round = int(round_)
         self._sum = None
+        self._centred_count = 0.0
         self.stats = CentralRoundStats()
+        self.round_clip = self.clip
 
     def add(self, sent: torch.Tensor, local: torch.Tensor) -> ClipStats:
         """Add the clipped deltas of k clients ((k, ...) encoded tables) to the round's sum."""
         clipped, stats = clipped_deltas(sent, local, self.clip)
+        if self.adaptive is not None:
+            self._centred_count += float((stats.norms <= self.clip).sum()) - 0.5 * len(
+                stats.norms)
         part = clipped.sum(dim=0, keepdim=True)  # (1, ...): shaped like one upload
         self._sum = part if self._sum is None else self._sum.add_(part)
         k = int(clipped.shape[0])
@@ -178,4 +215,17 @@ class SecureSum:
                                 expected_count=self.expected_count, seed=self.seed,
                                 round_=self.round)
         self._sum = None
+        if self.adaptive is not None:
+            self._adapt_clip()
         return (base.detach().to(torch.float64) + mean).to(base.dtype)
+
+    def _adapt_clip(self) -> None:
+        """Adaptive clipping: the noisy unclipped fraction, and the next round's clip."""
+        assert self.adaptive is not None
+        count = self._centred_count
+        if self.adaptive.count_noise > 0:
+            count += float(rng.client_noise(self.seed, self.round, np.array([COUNT_KEY]), 1,
+                                            "gaussian", self.adaptive.count_noise,
+                                            stream=rng.Stream.CENTRAL_NOISE)[0, 0])
+        self.unclipped_estimate = count / self.expected_count + 0.5
+        self.clip = self.adaptive.next_clip(self.clip, self.unclipped_estimate)

@@ -140,6 +140,13 @@ class PrivacyConfig:
     clip_auto_max: float = 1e5
     # cdp-gaussian: each client takes part in a round independently with probability q
     sample_rate: float = 1.0
+    # cdp-gaussian adaptive clipping (Andrew et al. 2021): the clip follows the target
+    # quantile gamma of the participants' delta norms, C <- C exp(-clip_lr (b - gamma)),
+    # b the noisy fraction unclipped; None keeps C fixed. clip_count_noise: std sigma_b of
+    # the noise on the count (None: q n / 20, the paper's suggestion)
+    clip_quantile: float | None = None
+    clip_lr: float = 0.2
+    clip_count_noise: float | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -174,10 +181,30 @@ class PrivacyConfig:
         self._validate_clip_auto()
         self._validate_central()
 
+    def _validate_adaptive_clip(self) -> None:
+        if self.clip_quantile is None:
+            return
+        if self.mode not in CENTRAL_MODES:
+            raise UserError(f"--clip-quantile (adaptive clipping) is for cdp-gaussian, not "
+                            f"privacy {self.mode!r}")
+        gamma = _number("clip_quantile", self.clip_quantile)
+        if not 0 < gamma < 1:
+            raise UserError(f"--clip-quantile (privacy.clip_quantile) must be in (0, 1), "
+                            f"got {gamma}")
+        eta = _number("clip_lr", self.clip_lr)
+        if not 0 < eta < math.inf:
+            raise UserError(f"--clip-lr (privacy.clip_lr) must be finite and > 0, got {eta}")
+        if self.clip_count_noise is not None:
+            sb = _number("clip_count_noise", self.clip_count_noise)
+            if not 0 < sb < math.inf:
+                raise UserError(f"--clip-count-noise (privacy.clip_count_noise) must be finite "
+                                f"and > 0, got {sb}")
+
     def _validate_central(self) -> None:
         q = _number("sample_rate", self.sample_rate)
         if not 0 < q <= 1:
             raise UserError(f"--sample-rate (privacy.sample_rate) must be in (0, 1], got {q}")
+        self._validate_adaptive_clip()
         if self.mode not in CENTRAL_MODES:
             if q != 1:
                 raise UserError(f"--sample-rate (privacy.sample_rate) is the Poisson rate of "

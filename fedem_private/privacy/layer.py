@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from .accounting import CentralBounds, RoundMechanism, compose, dpfedavg_bounds
-from .central import SecureSum, poisson_participants
+from .central import AdaptiveClip, SecureSum, poisson_participants
 from .config import THREAT_MODELS, PrivacyConfig
 from .ledger import PrivacyLedger
 from .mechanisms import noise_std, release
@@ -44,7 +44,7 @@ class PrivacyLayer:
         self.seed = int(seed)
         self.lr = float(lr)
         self.sizes = np.asarray(sizes, dtype=np.float64)
-        self.params: MechanismParams = resolve_params(cfg, max(int(rounds), 1))
+        self.params: MechanismParams = resolve_params(cfg, max(int(rounds), 1), int(n_clients))
         self.ledger = PrivacyLedger(self.params)
         self.auto_clip: dict[str, Any] | None = None
         self.n_clients = int(n_clients)
@@ -54,8 +54,12 @@ class PrivacyLayer:
         if self.params.central:
             assert self.params.clip is not None and self.params.sample_rate is not None
             assert self.params.noise_multiplier is not None
-            self.secure = SecureSum(self.params.clip, self.params.noise_multiplier,
-                                    self.expected_count, self.seed)
+            p = self.params
+            self.secure = SecureSum(p.clip, p.sum_noise_multiplier if p.adaptive_clip
+                                    else p.noise_multiplier, self.expected_count, self.seed,
+                                    adaptive=AdaptiveClip(p.clip_quantile, p.clip_lr,
+                                                          p.count_noise)
+                                    if p.adaptive_clip else None)
         self._reset_round()
 
     @property
@@ -87,7 +91,7 @@ class PrivacyLayer:
         rounds_eps = total - eps_w if total is not None and math.isfinite(total) else total
         derived = replace(cfg, clip=float(clip), clip_auto=False, clip_auto_epsilon=None,
                           epsilon=rounds_eps)
-        self.params = resolve_params(derived, max(int(self.rounds), 1))
+        self.params = resolve_params(derived, max(int(self.rounds), 1), self.n_clients)
         self.ledger = PrivacyLedger(self.params)
         self.ledger.record_round(WARMUP_ROUND, clients, params=warmup_params(
             self.params, eps_w, cfg.clip_auto_min, cfg.clip_auto_max))
@@ -177,6 +181,13 @@ class PrivacyLayer:
         if self.params.clip is not None:
             n = max(self._n, 1)
             out["clip"] = float(self.params.clip)
+            if self.secure is not None and self.secure.adaptive is not None:
+                # adaptive clipping: this round's clip, its noise, and the noisy unclipped
+                # fraction that set the next round's clip
+                out["clip"] = self.secure.round_clip
+                out["noise_scale"] = self.secure.noise_multiplier * self.secure.round_clip
+                est = self.secure.unclipped_estimate
+                out["unclipped_estimate"] = math.nan if est is None else est
             out["frac_clipped"] = self._n_clipped / n
             out["mean_pre_clip_norm"] = self._norm_sum / n if self._n else math.nan
         if self._signal_n and noise_std(self.params) > 0:
@@ -224,6 +235,18 @@ class PrivacyLayer:
             "epsilon_aggregator": aggregator,
             "sample_rate": p.sample_rate,
             "expected_participants": self.expected_count,
+            "adaptive_clip": None if not p.adaptive_clip else {
+                "rule": ("Andrew et al. 2021, geometric: C <- C exp(-lr (b - quantile)), b the "
+                         "noisy fraction of participants left unclipped"),
+                "quantile": p.clip_quantile, "lr": p.clip_lr, "initial_clip": p.clip,
+                "final_clip": self.secure.clip if self.secure is not None else None,
+                "count_noise_std": p.count_noise,
+                "sum_noise_multiplier": p.sum_noise_multiplier,
+                "accounting": ("the sum (sensitivity C_t, noise z_sum C_t) and the centred count "
+                               "(sensitivity 1/2, noise sigma_b) form one Gaussian mechanism of "
+                               "multiplier z, z^-2 = z_sum^-2 + (2 sigma_b)^-2; the "
+                               "guarantees below are for z"),
+            },
             "aggregation_weights": ("uniform: sum of clipped deltas over the expected count "
                                     "q n (FedAvg's data-size weights are not used: they would "
                                     "raise the sensitivity)"),

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedem_private.errors import UserError
 from fedem_private.privacy.accounting import RoundMechanism, gaussian_epsilon
 from fedem_private.privacy.calibration import (
     dpfedavg_noise_multiplier,
@@ -58,6 +59,19 @@ class MechanismParams:
     nominal_epsilon_round: float | None = None
     paper_clip: float | None = None
     sample_rate: float | None = None
+    # cdp-gaussian with adaptive clipping (see _central_params): the target quantile gamma,
+    # the clip's learning rate, the count's noise std sigma_b and the sum's own multiplier
+    # z_sum; ``clip`` is then the initial clip C_1 and ``noise_multiplier`` the round's
+    # effective z (what the accountant uses)
+    clip_quantile: float | None = None
+    clip_lr: float | None = None
+    count_noise: float | None = None
+    sum_noise_multiplier: float | None = None
+
+    @property
+    def adaptive_clip(self) -> bool:
+        """cdp-gaussian whose clip follows a quantile of the delta norms (Andrew et al.)."""
+        return self.clip_quantile is not None
 
     @property
     def central(self) -> bool:
@@ -112,6 +126,10 @@ class MechanismParams:
             "nominal_epsilon_round": num(self.nominal_epsilon_round),
             "paper_clip": self.paper_clip,
             "sample_rate": self.sample_rate,
+            "clip_quantile": self.clip_quantile,
+            "clip_lr": self.clip_lr,
+            "count_noise": self.count_noise,
+            "sum_noise_multiplier": self.sum_noise_multiplier,
         }
 
 
@@ -133,8 +151,11 @@ def _gaussian_noise_multiplier(cfg: PrivacyConfig, rounds: int) -> float:
     return gaussian_noise_multiplier(cfg.epsilon, cfg.delta, rounds, cfg.accountant)
 
 
-def resolve_params(cfg: PrivacyConfig, rounds: int) -> MechanismParams:
+def resolve_params(cfg: PrivacyConfig, rounds: int,
+                   n_clients: int | None = None) -> MechanismParams:
     """Per-round parameters of ``cfg`` for a run of ``rounds`` planned rounds.
+
+    ``n_clients`` sets the default noise of adaptive clipping's count (q n / 20).
 
     A total ``epsilon`` is calibrated for a client that takes part in all
     ``rounds`` rounds (the worst case). Laplace: b = 2C / eps_round, L1
@@ -153,7 +174,7 @@ def resolve_params(cfg: PrivacyConfig, rounds: int) -> MechanismParams:
             epsilon_round=math.inf, paper_clip=float(cfg.paper_clip),
         )
     if cfg.mode == "cdp-gaussian":
-        return _central_params(cfg, rounds)
+        return _central_params(cfg, rounds, n_clients)
     sensitivity = 2.0 * float(cfg.clip)
     if cfg.mode == "ldp-gaussian":
         z = _gaussian_noise_multiplier(cfg, rounds)
@@ -174,13 +195,23 @@ def resolve_params(cfg: PrivacyConfig, rounds: int) -> MechanismParams:
     )
 
 
-def _central_params(cfg: PrivacyConfig, rounds: int) -> MechanismParams:
+def _central_params(cfg: PrivacyConfig, rounds: int,
+                    n_clients: int | None = None) -> MechanismParams:
     """cdp-gaussian (DESIGN section 5): sigma = z C on the sum of the clipped deltas.
 
     z is given, or calibrated so that ``rounds`` rounds of the
     Poisson-subsampled Gaussian at q = ``cfg.sample_rate`` are
     (cfg.epsilon, cfg.delta)-DP for observers of the released models
     (:func:`~fedem_private.privacy.calibration.dpfedavg_noise_multiplier`).
+
+    Adaptive clipping (``cfg.clip_quantile``; Andrew, Thakkar, McMahan and
+    Ramaswamy, NeurIPS 2021, Theorem 1): a round releases two Gaussian sums,
+    the clipped deltas with noise z_sum C_t and the centred count
+    sum_u (b_u - 1/2), b_u = [||Delta_u|| <= C_t], with noise sigma_b. Under
+    add/remove their sensitivities are C_t and 1/2, so the pair is the Gaussian
+    mechanism with multiplier z where z^-2 = z_sum^-2 + (2 sigma_b)^-2: the
+    accounting of z is unchanged and z_sum = (z^-2 - (2 sigma_b)^-2)^-1/2,
+    which needs 2 sigma_b > z. C_t depends only on earlier releases.
     """
     clip, q = float(cfg.clip), float(cfg.sample_rate)
     if cfg.noise_multiplier is not None:
@@ -189,10 +220,27 @@ def _central_params(cfg: PrivacyConfig, rounds: int) -> MechanismParams:
         assert cfg.epsilon is not None
         z = dpfedavg_noise_multiplier(cfg.epsilon, cfg.delta, q, rounds, cfg.accountant)
     eps_round = math.inf if z == 0 else gaussian_epsilon(1.0 / z, cfg.delta)
+    extra: dict[str, float | None] = {}
+    z_sum = z
+    if cfg.clip_quantile is not None:
+        sigma_b = 0.0
+        if z > 0:
+            if cfg.clip_count_noise is None and n_clients is None:
+                raise ValueError("the default count noise q n / 20 needs n_clients")
+            sigma_b = (float(cfg.clip_count_noise) if cfg.clip_count_noise is not None
+                       else q * float(n_clients or 0) / 20.0)
+            if not 2.0 * sigma_b > z:
+                raise UserError(
+                    f"adaptive clipping: the count's noise std {sigma_b:g} must exceed z / 2 = "
+                    f"{z / 2:g} (z, the round's total multiplier, is split between the count "
+                    f"and the sum); raise --clip-count-noise or the budget")
+            z_sum = (z ** -2 - (2.0 * sigma_b) ** -2) ** -0.5
+        extra = {"clip_quantile": float(cfg.clip_quantile), "clip_lr": float(cfg.clip_lr),
+                 "count_noise": sigma_b, "sum_noise_multiplier": z_sum}
     return MechanismParams(
         mode=cfg.mode, delta=cfg.delta, norm="l2", clip=clip, sensitivity=clip,
-        noise_kind="gaussian", noise_scale=z * clip, noise_multiplier=z,
-        epsilon_round=eps_round, sample_rate=q,
+        noise_kind="gaussian", noise_scale=z_sum * clip, noise_multiplier=z,
+        epsilon_round=eps_round, sample_rate=q, **extra,
     )
 
 
