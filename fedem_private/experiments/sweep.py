@@ -223,17 +223,29 @@ def _init_worker(threads: int, stop: Any, interruptible: bool) -> None:
     torch.set_num_threads(threads)
 
 
-def _work(point: GridPoint, root: Path, force: bool) -> Outcome:
-    """Worker entry: run one point unless the sweep is stopping."""
-    global _BUSY
-    if _STOP is not None and _STOP.is_set():
-        return Outcome(point.name, "cancelled")
-    step, _ = load_step(point.attacks)
-    _BUSY = True
+def execute_point(point: GridPoint, root: Path, force: bool = False) -> Outcome:
+    """Load the attack step ``point`` needs and bring the point to completion.
+
+    The body of one unit of parallel work, in a pool process or a Ray task:
+    failures come back as a ``failed`` :class:`Outcome`, and a KeyboardInterrupt
+    (Ctrl-C, a cancelled Ray task) as ``cancelled`` once the point's temporary
+    directory is gone.
+    """
     try:
+        step, _ = load_step(point.attacks)
         return run_point(point, root, step, force)
     except KeyboardInterrupt:
         return Outcome(point.name, "cancelled")
+
+
+def _work(point: GridPoint, root: Path, force: bool) -> Outcome:
+    """Pool worker entry: run one point unless the sweep is stopping."""
+    global _BUSY
+    if _STOP is not None and _STOP.is_set():
+        return Outcome(point.name, "cancelled")
+    _BUSY = True
+    try:
+        return execute_point(point, root, force)
     finally:
         _BUSY = False
 
