@@ -154,13 +154,16 @@ def load_run(run_dir: str | Path) -> Result:
     )
 
 
-def sweep(spec: str | Path | None = None, out: str | Path | None = None, *, jobs: int = 1,
-          force: bool = False, progress: bool = False) -> pd.DataFrame:
+def sweep(spec: str | Path | None = None, out: str | Path | None = None, *,
+          jobs: int | None = None, force: bool = False, progress: bool = False,
+          ray: str | None = None) -> pd.DataFrame:
     """Run (or resume) a sweep file (None: the built-in quick sweep); returns its results table.
 
     Same rules as ``fedem-private sweep``: finished points are skipped, a
     finished run whose config changed is replaced only with ``force``. Failed
     points are listed in ``<out>/sweep_errors.log`` and missing from the table.
+    ``ray`` runs the points as Ray tasks, like ``--ray``: ``"local"`` (a local
+    instance, or the one this process already started) or a cluster address.
     """
     from fedem_private.experiments.naming import default_out as sweep_out
     from fedem_private.experiments.sweep_spec import load_spec
@@ -170,7 +173,7 @@ def sweep(spec: str | Path | None = None, out: str | Path | None = None, *, jobs
 
     root = Path(out) if out is not None else Path(sweep_out(None if spec is None else str(spec)))
     run_sweep(None if spec is None else str(spec), str(root), jobs=jobs, force=force,
-              progress=progress)
+              progress=progress, ray=ray)
     return load_results(root)
 
 

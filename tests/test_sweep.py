@@ -252,8 +252,10 @@ def test_argparse_helpers_parse_and_run(tmp_path, stub, capsys):
     parser = argparse.ArgumentParser()
     sweep_cli.add_sweep_arguments(parser)
     args = parser.parse_args([])
-    assert (args.config, args.out, args.jobs, args.force, args.no_progress) == (
-        None, None, 1, False, False)
+    assert (args.config, args.out, args.jobs, args.force, args.no_progress, args.ray) == (
+        None, None, None, False, False, None)
+    assert parser.parse_args(["s.toml", "--ray"]).ray == "local"
+    assert parser.parse_args(["s.toml", "--ray", "auto"]).ray == "auto"
     assert naming.default_out(None) == "runs/quick-sweep"
     assert naming.default_out("conf/big.toml") == "runs/sweep-big"
     spec = write_spec(tmp_path / "one.toml", 'methods = ["fedmf"]\nseeds = [0]')

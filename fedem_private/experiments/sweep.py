@@ -10,10 +10,18 @@ directory now belongs to a different config (other rounds, clip, ...), the
 sweep stops before running anything, with one line naming what changed;
 ``--force`` replaces such runs. Ctrl-C stops the runs in flight; their
 temporary directories are removed and every finished run stays as it is.
+
+Points run one after the other, in a pool of worker processes (``jobs``), or
+as Ray tasks (``ray``: a local Ray instance or a cluster, see
+:mod:`~fedem_private.experiments.ray_tasks`). Every way calls
+:func:`execute_point` per point, so run directories, resuming and
+``results.csv`` are the same whichever ran them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import json
 import multiprocessing as mp
 import os
@@ -29,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from fedem_private.errors import UserError
-from fedem_private.experiments import attack_step, runner
+from fedem_private.experiments import attack_step, ray_tasks, runner
 from fedem_private.experiments.attack_step import ATTACKS_FILE, AttackStep, read_records
 from fedem_private.experiments.naming import default_out, plural
 from fedem_private.experiments.rundir import json_safe, write_text_atomic
@@ -223,17 +231,29 @@ def _init_worker(threads: int, stop: Any, interruptible: bool) -> None:
     torch.set_num_threads(threads)
 
 
-def _work(point: GridPoint, root: Path, force: bool) -> Outcome:
-    """Worker entry: run one point unless the sweep is stopping."""
-    global _BUSY
-    if _STOP is not None and _STOP.is_set():
-        return Outcome(point.name, "cancelled")
-    step, _ = load_step(point.attacks)
-    _BUSY = True
+def execute_point(point: GridPoint, root: Path, force: bool = False) -> Outcome:
+    """Load the attack step ``point`` needs and bring the point to completion.
+
+    The body of one unit of parallel work, in a pool process or a Ray task:
+    failures come back as a ``failed`` :class:`Outcome`, and a KeyboardInterrupt
+    (Ctrl-C, a cancelled Ray task) as ``cancelled`` once the point's temporary
+    directory is gone.
+    """
     try:
+        step, _ = load_step(point.attacks)
         return run_point(point, root, step, force)
     except KeyboardInterrupt:
         return Outcome(point.name, "cancelled")
+
+
+def _work(point: GridPoint, root: Path, force: bool) -> Outcome:
+    """Pool worker entry: run one point unless the sweep is stopping."""
+    global _BUSY
+    if _STOP is not None and _STOP.is_set():
+        return Outcome(point.name, "cancelled")
+    _BUSY = True
+    try:
+        return execute_point(point, root, force)
     finally:
         _BUSY = False
 
@@ -332,6 +352,48 @@ def _run_parallel(points: list[GridPoint], root: Path, force: bool, jobs: int,
         raise KeyboardInterrupt
 
 
+def _ray_work(point: GridPoint, root: Path, force: bool, cwd: str) -> Outcome:
+    """Ray task entry: :func:`execute_point` in the driver's working directory.
+
+    Relative paths in the sweep file (data directories) then mean what they
+    mean for the pool, on every node where that directory exists.
+    """
+    if os.path.isdir(cwd):
+        os.chdir(cwd)
+    return execute_point(point, root, force)
+
+
+def _code_dirs() -> list[str]:
+    """The directories of this package and of ``attacks`` (when present), for Ray to ship."""
+    dirs = [str(Path(__file__).resolve().parents[1])]
+    spec = importlib.util.find_spec("attacks")
+    if spec is not None and spec.submodule_search_locations:
+        dirs.append(str(Path(next(iter(spec.submodule_search_locations))).resolve()))
+    return dirs
+
+
+def _run_ray(points: list[GridPoint], root: Path, force: bool, limit: int, bar: _Progress,
+             outcomes: list[Outcome]) -> None:
+    """Run ``points`` as Ray tasks (a :func:`~ray_tasks.ray_session` must be open)."""
+    base = root.absolute()  # workers on other nodes do not share the driver's directory
+    calls = [(p, base, force, os.getcwd()) for p in points]
+
+    def on_result(i: int, outcome: Outcome | None, error: BaseException | None) -> None:
+        if error is not None and ray_tasks.is_cancelled(error):  # e.g. by `ray job stop`
+            outcome = Outcome(points[i].name, "cancelled")
+        elif outcome is None:
+            outcome = Outcome(points[i].name, "failed", error="its Ray task died (worker "
+                              f"killed, e.g. out of memory, or node lost?): "
+                              f"{type(error).__name__}", detail=str(error))
+        outcomes.append(outcome)
+        if outcome.status != "cancelled":
+            bar.done(outcome)
+
+    ray_tasks.run_tasks(_ray_work, calls, limit, on_result)
+    if any(o.status == "cancelled" for o in outcomes):  # tasks were interrupted, not us
+        raise KeyboardInterrupt
+
+
 def _write_errors(root: Path, outcomes: list[Outcome], complete: bool) -> Path | None:
     """Describe this invocation's failures; a sweep that completed cleanly removes the file."""
     failed = [o for o in outcomes if o.status == "failed"]
@@ -345,17 +407,24 @@ def _write_errors(root: Path, outcomes: list[Outcome], complete: bool) -> Path |
     return path
 
 
-def run_sweep(spec_path: str | None, out_dir: str | None, jobs: int = 1, force: bool = False,
-              progress: bool = True) -> int:
+def run_sweep(spec_path: str | None, out_dir: str | None, jobs: int | None = None,
+              force: bool = False, progress: bool = True, ray: str | None = None) -> int:
     """Run (or resume) a sweep; returns the exit code (0 when every point finished).
 
     ``spec_path`` None runs the built-in quick sweep; ``out_dir`` None writes
-    under :func:`default_out`; ``jobs`` <= 0 uses one process per core.
-    Writes ``results.csv`` over every run under ``out_dir`` when it stops,
-    interrupted or not.
+    under :func:`default_out`. Without ``ray``, ``jobs`` points run at once in
+    worker processes (None: 1; <= 0: one per core). With ``ray``, points run
+    as Ray tasks: ``"local"`` starts a local Ray instance with ``jobs`` CPUs
+    (None or <= 0: every core); any other value is the address of a running
+    cluster (``auto``, ``HOST:6379``, ``ray://HOST:10001``), whose workers must
+    see ``out_dir`` at the same path; there ``jobs`` > 0 caps the points in
+    flight. Writes ``results.csv`` over every run under ``out_dir`` when it
+    stops, interrupted or not.
     """
     from fedem_private.experiments.results import write_results
 
+    if ray is not None:
+        ray_tasks.import_ray()  # missing Ray fails before anything is written
     spec = load_spec(spec_path)
     root = Path(out_dir or default_out(spec_path)).expanduser()
     points = grid(spec)
@@ -382,9 +451,21 @@ def run_sweep(spec_path: str | None, out_dir: str | None, jobs: int = 1, force: 
         raise UserError(f"cannot create sweep directory {root}: {exc.strerror}") from None
     text = QUICK_SPEC if spec_path is None else Path(spec_path).read_text(encoding="utf-8")
     write_text_atomic(root / SPEC_FILE, text)
-    jobs = min(_cores() if jobs <= 0 else jobs, max(len(todo), 1))
+    session = contextlib.ExitStack()  # a Ray session, closed when the sweep stops
+    if ray is None:
+        jobs = min(1 if jobs is None else _cores() if jobs <= 0 else jobs, max(len(todo), 1))
+        how = plural(jobs, "job")
+    else:
+        limit = jobs if jobs is not None and jobs > 0 else 0
+        local = ray == ray_tasks.LOCAL
+        how = "Ray"
+        if todo:  # a finished sweep needs no Ray
+            how = session.enter_context(ray_tasks.ray_session(
+                ray, num_cpus=(limit or None) if local else None, ship=_code_dirs()))
+            if limit and not local:
+                how += f", at most {plural(limit, 'run')} at once"
     print(f"sweep: {spec.source}: {plural(len(points), 'run')}, {len(points) - len(todo)} "
-          f"already done, {len(todo)} to run in {root} ({plural(jobs, 'job')})")
+          f"already done, {len(todo)} to run in {root} ({how})")
     if spec.attacks and why_not:
         print(f"sweep: attacks skipped ({why_not}); runs are trained without recording")
     bar = _Progress(progress, len(points), len(points) - len(todo))
@@ -392,7 +473,9 @@ def run_sweep(spec_path: str | None, out_dir: str | None, jobs: int = 1, force: 
     t0 = time.perf_counter()
     interrupted = completed = False
     try:
-        if jobs > 1:
+        if ray is not None:
+            _run_ray(todo, root, force, limit, bar, outcomes)
+        elif jobs > 1:
             _run_parallel(todo, root, force, jobs, bar, outcomes)
         else:
             _run_serial(todo, root, force, bar, outcomes)
@@ -401,6 +484,7 @@ def run_sweep(spec_path: str | None, out_dir: str | None, jobs: int = 1, force: 
         interrupted = True
         raise
     finally:
+        session.close()
         bar.close()
         errors = _write_errors(root, outcomes, complete=completed)
         finished = sum(o.status in ("ran", "attacked") for o in outcomes)

@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import argparse
 
+from fedem_private.errors import UserError
 from fedem_private.experiments.naming import QUICK_OUT, check_report_sources
+from fedem_private.experiments.ray_tasks import LOCAL as LOCAL_RAY
+from fedem_private.experiments.ray_tasks import RAY_MISSING, ray_installed
 
 SWEEP_HELP = "run a grid of runs (resumable), with attacks; no CONFIG: the quick sweep"
 SWEEP_DESCRIPTION = (
@@ -34,7 +37,12 @@ SWEEP_ARGS_HELP = {
     "out": f"root directory of the run directories (default: {QUICK_OUT}, or "
            "runs/sweep-<CONFIG name>)",
     "jobs": "grid points run in parallel, each in its own process (0: one per CPU core; "
-            "default 1)",
+            "default 1); with --ray: the CPUs of a local Ray instance, or at most N points at "
+            "once on a cluster (default: all Ray has)",
+    "ray": "run the grid points as Ray tasks: on a local Ray instance, or on the running "
+           "cluster at ADDRESS (auto, HOST:6379 or ray://HOST:10001; DIR must then be on a "
+           "filesystem every node sees at the same path); needs pip install "
+           "'fedem-private[ray]'",
     "force": "re-run every grid point, replacing finished run directories",
     "no_progress": "no progress bar",
 }
@@ -58,7 +66,10 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", nargs="?", default=None, metavar="CONFIG",
                         help=SWEEP_ARGS_HELP["config"])
     parser.add_argument("--out", default=None, metavar="DIR", help=SWEEP_ARGS_HELP["out"])
-    parser.add_argument("--jobs", type=int, default=1, metavar="N", help=SWEEP_ARGS_HELP["jobs"])
+    parser.add_argument("--jobs", type=int, default=None, metavar="N",
+                        help=SWEEP_ARGS_HELP["jobs"])
+    parser.add_argument("--ray", nargs="?", const=LOCAL_RAY, default=None, metavar="ADDRESS",
+                        help=SWEEP_ARGS_HELP["ray"])
     parser.add_argument("--force", action="store_true", help=SWEEP_ARGS_HELP["force"])
     parser.add_argument("--no-progress", action="store_true",
                         help=SWEEP_ARGS_HELP["no_progress"])
@@ -69,10 +80,15 @@ def run_sweep_from_args(args: argparse.Namespace) -> int:
     from fedem_private.experiments.sweep_spec import load_spec
 
     load_spec(args.config)  # a bad sweep file fails here, before torch and pandas load
+    if args.ray is not None and args.ray.endswith(".toml"):
+        raise UserError(f"--ray {args.ray}: that is a sweep file, not a Ray address; put "
+                        "CONFIG before --ray (sweep CONFIG --ray [ADDRESS])")
+    if args.ray is not None and not ray_installed():
+        raise UserError(RAY_MISSING)
     from fedem_private.experiments.sweep import run_sweep
 
     return run_sweep(args.config, args.out, jobs=args.jobs, force=args.force,
-                     progress=not args.no_progress)
+                     progress=not args.no_progress, ray=args.ray)
 
 
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:
