@@ -113,6 +113,9 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--eval-every", "train.eval_every", _integer, "evaluate every N rounds"),
     ("--seed", "train.seed", _integer, "random seed"),
     ("--memory-budget-mb", "train.memory_budget_mb", _integer, "memory budget for chunks"),
+    ("--device", "train.device", str,
+     "where the heavy tensors live: cpu, cuda, or auto (cuda when one is available); random "
+     "draws stay on the CPU, so cpu and cuda runs agree within float tolerance"),
     ("--privacy", "privacy.mode", str,
      "none, ldp-laplace, ldp-gaussian, paper, ldp-touched-rows (INSECURE), cdp-gaussian "
      "(central DP-FedAvg under secure aggregation)"),
