@@ -247,7 +247,7 @@ def merge_with_rho(cfg: MergeConfig, state: MergeState | None, q_local: Tensor,
                          "tables differ in shape")
     k = q_local.shape[0]
     if cfg.strategy == "sr":
-        return q_global.clone(), torch.ones(k, dtype=torch.float64)
+        return q_global.clone(), torch.ones(k, dtype=torch.float64, device=q_global.device)
     rho = compute_rho(cfg, state, q_local, q_global)
     per_client = (rho.double().expand(k) if rho.dim() == 0
                   else rho.reshape(k, -1).mean(dim=1, dtype=torch.float64))
@@ -353,7 +353,8 @@ def train_adapter(cfg: MergeConfig, state: MergeState | None, client_rows: Tenso
 
 
 def adapter_batches(seed: int, round_: int, clients: np.ndarray, samples: object,
-                    local_epochs: int, extra_epochs: int, batch_size: int) -> Iterable[StepBatch]:
+                    local_epochs: int, extra_epochs: int, batch_size: int,
+                    device: torch.device | None = None) -> Iterable[StepBatch]:
     """Lock-step batches for the adapter (equation 11), from this round's samples.
 
     Client c's adapter epoch e uses its sample order number ``local_epochs + e``
@@ -361,7 +362,9 @@ def adapter_batches(seed: int, round_: int, clients: np.ndarray, samples: object
     adapter never reuses the order of a training epoch. ``samples`` is the
     round's :class:`~fedem_private.models.base.ClientSamples` for ``clients``
     (``train`` objective), or the withheld fold's, whose orders come from a
-    stream of their own (``holdout``, called with ``local_epochs`` 0).
+    stream of their own (``holdout``, called with ``local_epochs`` 0). The
+    batches are built in numpy and each step's tensors moved to ``device``
+    (None: the CPU).
     """
     e0, extra, bsz = local_epochs, extra_epochs, batch_size
     k = clients.shape[0]
@@ -385,10 +388,10 @@ def adapter_batches(seed: int, round_: int, clients: np.ndarray, samples: object
         rows = np.nonzero(nb > s)[0]
         epoch, b = np.divmod(s, per_epoch[rows])
         cols = (b * bsz)[:, None] + np.arange(bsz)
-        yield StepBatch(torch.from_numpy(rows).to(torch.long),
-                        torch.from_numpy(its[rows[:, None], epoch[:, None], cols]),
-                        torch.from_numpy(labs[rows[:, None], epoch[:, None], cols]),
-                        torch.from_numpy(msks[rows[:, None], epoch[:, None], cols]))
+        yield StepBatch(torch.from_numpy(rows).to(device=device, dtype=torch.long),
+                        torch.from_numpy(its[rows[:, None], epoch[:, None], cols]).to(device),
+                        torch.from_numpy(labs[rows[:, None], epoch[:, None], cols]).to(device),
+                        torch.from_numpy(msks[rows[:, None], epoch[:, None], cols]).to(device))
 
 
 class Merger:
@@ -397,13 +400,21 @@ class Merger:
     Only item tables are merged (the group every backbone marks mergeable);
     the backbone supplies the frozen score function the adapter is trained
     through (equation 11), so merging never knows which backbone runs.
+
+    The adapters (all n clients') live on ``device``; they are drawn on the CPU,
+    keyed as on a CPU run, and moved there, as is each adapter step's batch.
     """
 
     def __init__(self, cfg: MergeConfig, n_clients: int, dim: int, seed: int,
-                 dtype: torch.dtype = torch.float32) -> None:
+                 dtype: torch.dtype = torch.float32,
+                 device: torch.device | None = None) -> None:
         self.cfg = cfg
         self.seed = seed
-        self.state = init_merge_state(cfg, np.arange(n_clients), dim, seed, dtype)
+        self.device = torch.device("cpu") if device is None else torch.device(device)
+        state = init_merge_state(cfg, np.arange(n_clients), dim, seed, dtype)
+        self.state = None if state is None else MergeState(
+            tuple(w.to(self.device) for w in state.weights),
+            tuple(b.to(self.device) for b in state.biases))
 
     @property
     def merges(self) -> bool:
@@ -447,10 +458,11 @@ class Merger:
         epochs, bsz = self.cfg.adapter_epochs, batch_size
         if not self.withholds(round_):
             return samples, adapter_batches(self.seed, round_, clients, samples, local_epochs,
-                                            epochs, bsz)
+                                            epochs, bsz, self.device)
         train, fold = split_samples(samples, clients, self.seed, round_,
                                     self.cfg.adapter_folds, num_negatives)
-        return train, adapter_batches(self.seed, round_, clients, fold, 0, epochs, bsz)
+        return train, adapter_batches(self.seed, round_, clients, fold, 0, epochs, bsz,
+                                      self.device)
 
     def start(self, idx: Tensor, q_prev: Tensor, sent: Tensor, user_vecs: Tensor,
               score: ScoreFn, steps: Iterable[StepBatch] | None) -> tuple[Tensor, Tensor]:

@@ -87,12 +87,16 @@ def clipped_deltas(sent: torch.Tensor, local: torch.Tensor, clip: float
 
 
 def aggregate_noise(shape: tuple[int, ...] | torch.Size, scale: float, *, seed: int,
-                    round_: int) -> torch.Tensor:
-    """N(0, scale^2) float64 noise of ``shape``, one draw per round keyed by (seed, round)."""
+                    round_: int, device: torch.device | None = None) -> torch.Tensor:
+    """N(0, scale^2) float64 noise of ``shape``, one draw per round keyed by (seed, round).
+
+    Drawn on the CPU (the same numbers on every device) and moved to ``device``
+    (None: left on the CPU).
+    """
     n = math.prod(shape)
     noise = rng.client_noise(seed, round_, np.array([AGGREGATE_KEY]), n, "gaussian",
                              scale, stream=rng.Stream.CENTRAL_NOISE)
-    return noise.reshape(tuple(shape))
+    return noise.reshape(tuple(shape)).to(device)
 
 
 def noisy_mean_delta(delta_sum: torch.Tensor, *, clip: float, noise_multiplier: float,
@@ -106,7 +110,8 @@ def noisy_mean_delta(delta_sum: torch.Tensor, *, clip: float, noise_multiplier: 
         raise ValueError(f"expected count must be > 0, got {expected_count}")
     out = delta_sum.detach().to(torch.float64, copy=True)
     if noise_multiplier > 0:
-        out.add_(aggregate_noise(out.shape, noise_multiplier * clip, seed=seed, round_=round_))
+        out.add_(aggregate_noise(out.shape, noise_multiplier * clip, seed=seed, round_=round_,
+                                 device=out.device))
     return out.div_(expected_count)
 
 
