@@ -189,6 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
     att.add_argument("--seed", type=_integer, default=0,
                      help="the attacker's and scorer's own seed (default 0)")
     att.add_argument("--quiet", action="store_true", help="no table, only write attacks.json")
+    att.add_argument("--device", default="cpu", metavar="DEVICE",
+                     help="where the attacks compute (projection, IMIA's shadow training): cpu, "
+                          "cuda or auto (default cpu)")
     from fedem_private.experiments.sweep_cli import (
         REPORT_DESCRIPTION,
         REPORT_HELP,
@@ -300,7 +303,7 @@ def _cmd_attack(args: argparse.Namespace) -> int:
     if args.attacks is not None:
         names = tuple(dict.fromkeys(t.strip() for t in args.attacks.split(",") if t.strip()))
     report = api.attack(args.run_dir, names, seed=args.seed, rounds=rounds,
-                        known_fraction=args.known_fraction)
+                        known_fraction=args.known_fraction, device=args.device)
     if not args.quiet:
         from attacks.run import format_table
 
