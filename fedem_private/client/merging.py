@@ -322,6 +322,10 @@ def train_adapter(cfg: MergeConfig, state: MergeState | None, client_rows: Tenso
     (0.9, 0.999), eps 1e-8) starts fresh on every call and keeps one step count
     per client: a client with no valid entry in a step neither moves nor
     advances its count. sr and sm learn nothing and return state unchanged.
+
+    The adapters and tables may live on any device (the same one); each
+    StepBatch is checked where it was built (the CPU, :func:`adapter_batches`:
+    no wait for the device) and then moved to the tables' device.
     """
     if cfg.strategy not in LEARNED:
         return state
@@ -334,17 +338,19 @@ def train_adapter(cfg: MergeConfig, state: MergeState | None, client_rows: Tenso
     params = [t.detach().clone() for t in (*chunk.weights, *chunk.biases)]
     adam = MaskedAdam(params, AdamConfig(lr=cfg.adapter_lr, betas=(0.9, 0.999), eps=1e-8))
     tables = (q_local.detach(), q_global.detach(), p_users.detach())
+    dev = q_local.device
     with torch.enable_grad():
         for step in steps:
-            batch = _active(step)
-            rows = batch[0]
-            if rows.numel() == 0:
+            checked = _active(step)
+            if checked[0].numel() == 0:
                 continue
+            batch = tuple(t.to(dev) for t in checked)
+            rows = batch[0]
             leaves = [t.index_select(0, rows).requires_grad_(True) for t in params]
             losses = _client_losses(cfg.strategy, tuple(leaves[:n_layers]),
                                     tuple(leaves[n_layers:]), tables, batch, score)
             grads = torch.autograd.grad(losses.sum(), leaves)
-            adam.step(grads, rows)
+            adam.step(grads, checked[0])  # rows where they were checked: no wait there
     trained = MergeState(tuple(params[:n_layers]), tuple(params[n_layers:]))
     return trained if client_rows is None else put_clients(state, client_rows, trained)
 
@@ -353,8 +359,7 @@ def train_adapter(cfg: MergeConfig, state: MergeState | None, client_rows: Tenso
 
 
 def adapter_batches(seed: int, round_: int, clients: np.ndarray, samples: object,
-                    local_epochs: int, extra_epochs: int, batch_size: int,
-                    device: torch.device | None = None) -> Iterable[StepBatch]:
+                    local_epochs: int, extra_epochs: int, batch_size: int) -> Iterable[StepBatch]:
     """Lock-step batches for the adapter (equation 11), from this round's samples.
 
     Client c's adapter epoch e uses its sample order number ``local_epochs + e``
@@ -363,8 +368,8 @@ def adapter_batches(seed: int, round_: int, clients: np.ndarray, samples: object
     round's :class:`~fedem_private.models.base.ClientSamples` for ``clients``
     (``train`` objective), or the withheld fold's, whose orders come from a
     stream of their own (``holdout``, called with ``local_epochs`` 0). The
-    batches are built in numpy and each step's tensors moved to ``device``
-    (None: the CPU).
+    batches are CPU tensors (:func:`train_adapter` checks them there and moves
+    them to the tables' device).
     """
     e0, extra, bsz = local_epochs, extra_epochs, batch_size
     k = clients.shape[0]
@@ -388,10 +393,10 @@ def adapter_batches(seed: int, round_: int, clients: np.ndarray, samples: object
         rows = np.nonzero(nb > s)[0]
         epoch, b = np.divmod(s, per_epoch[rows])
         cols = (b * bsz)[:, None] + np.arange(bsz)
-        yield StepBatch(torch.from_numpy(rows).to(device=device, dtype=torch.long),
-                        torch.from_numpy(its[rows[:, None], epoch[:, None], cols]).to(device),
-                        torch.from_numpy(labs[rows[:, None], epoch[:, None], cols]).to(device),
-                        torch.from_numpy(msks[rows[:, None], epoch[:, None], cols]).to(device))
+        yield StepBatch(torch.from_numpy(rows).to(torch.long),
+                        torch.from_numpy(its[rows[:, None], epoch[:, None], cols]),
+                        torch.from_numpy(labs[rows[:, None], epoch[:, None], cols]),
+                        torch.from_numpy(msks[rows[:, None], epoch[:, None], cols]))
 
 
 class Merger:
@@ -402,7 +407,7 @@ class Merger:
     through (equation 11), so merging never knows which backbone runs.
 
     The adapters (all n clients') live on ``device``; they are drawn on the CPU,
-    keyed as on a CPU run, and moved there, as is each adapter step's batch.
+    keyed as on a CPU run, and moved there.
     """
 
     def __init__(self, cfg: MergeConfig, n_clients: int, dim: int, seed: int,
@@ -458,11 +463,10 @@ class Merger:
         epochs, bsz = self.cfg.adapter_epochs, batch_size
         if not self.withholds(round_):
             return samples, adapter_batches(self.seed, round_, clients, samples, local_epochs,
-                                            epochs, bsz, self.device)
+                                            epochs, bsz)
         train, fold = split_samples(samples, clients, self.seed, round_,
                                     self.cfg.adapter_folds, num_negatives)
-        return train, adapter_batches(self.seed, round_, clients, fold, 0, epochs, bsz,
-                                      self.device)
+        return train, adapter_batches(self.seed, round_, clients, fold, 0, epochs, bsz)
 
     def start(self, idx: Tensor, q_prev: Tensor, sent: Tensor, user_vecs: Tensor,
               score: ScoreFn, steps: Iterable[StepBatch] | None) -> tuple[Tensor, Tensor]:
