@@ -129,9 +129,9 @@ def _batch_plan(valid: torch.Tensor, nb: torch.Tensor, epochs: int,
     """(c, E, R) batch index of every candidate slot in every epoch (-1 for padding)."""
     c, r = valid.shape
     size = valid.sum(1).clamp(min=1)
-    out = torch.full((c, epochs, r), -1, dtype=torch.long)
-    for e in range(epochs):
-        keys = torch.rand((c, r), generator=gen).masked_fill(~valid, 2.0)
+    out = torch.full((c, epochs, r), -1, dtype=torch.long, device=valid.device)
+    for e in range(epochs):  # keys drawn on the CPU generator, used on valid's device
+        keys = torch.rand((c, r), generator=gen).to(valid.device).masked_fill(~valid, 2.0)
         rank = torch.argsort(torch.argsort(keys, dim=1), dim=1)
         batch = torch.div(rank * nb[:, None], size[:, None], rounding_mode="floor")
         out[:, e] = torch.where(valid, batch, torch.full_like(batch, -1))
@@ -145,14 +145,16 @@ def _shadow(sent: torch.Tensor, valid: torch.Tensor, guess: torch.Tensor, p0: to
 
     Clients must come sorted by ``k_pos`` descending, so that the clients still
     training at any step are a prefix (as in the simulator's lock-step loop).
+    Every tensor lives on ``sent``'s device; ``gen`` is a CPU generator.
     """
     c, r, d = sent.shape
+    dev = sent.device
     n_neg = public.num_negatives
     epochs, lr = public.local_epochs, float(public.lr)
     per_epoch = k_pos * (1 + n_neg)
     nb = torch.div(per_epoch + public.batch_size - 1, public.batch_size,
                    rounding_mode="floor").clamp(min=1)
-    steps = (epochs * nb).numpy()
+    steps = (epochs * nb).cpu().numpy()
     if np.any(np.diff(steps) > 0):
         raise ValueError("clients must be sorted by expected positives, descending")
     plan = _batch_plan(valid, nb, epochs, gen)
@@ -161,7 +163,7 @@ def _shadow(sent: torch.Tensor, valid: torch.Tensor, guess: torch.Tensor, p0: to
     mq, vq, gq = torch.zeros_like(q), torch.zeros_like(q), torch.zeros_like(q)
     p = p0.float().contiguous()
     mp, vp, gp = torch.zeros_like(p), torch.zeros_like(p), torch.zeros_like(p)
-    labels = torch.tensor([0.0, 1.0])[None, :, None]
+    labels = torch.tensor([0.0, 1.0], device=dev)[None, :, None]
     g1 = guess.float()
     choose = torch.stack([1.0 - g1, g1], dim=1)  # (c, 2, R): the copy p' trains on
     b1, b2 = BETAS
@@ -169,13 +171,13 @@ def _shadow(sent: torch.Tensor, valid: torch.Tensor, guess: torch.Tensor, p0: to
         a = int((steps > s).sum())  # clients still training: a prefix
         qa, pa = q[:a], p[:a]
         epoch = torch.div(s, nb[:a], rounding_mode="floor")
-        mask = (plan[torch.arange(a), epoch] == (s % nb[:a])[:, None]).float()
+        mask = (plan[torch.arange(a, device=dev), epoch] == (s % nb[:a])[:, None]).float()
         count = (mask.sum(1) * weight[:a]).clamp(min=1.0)
         logits = torch.bmm(qa.view(a, 2 * r, d), pa[:, :, None]).view(a, 2, r)
         err = (torch.sigmoid(logits) - labels) * (mask / count[:, None])[:, None]
         torch.mul(err[..., None], pa[:, None, None, :], out=gq[:a])
         gp[:a] = torch.bmm((err * choose[:a]).view(a, 1, 2 * r), qa.view(a, 2 * r, d))[:, 0]
-        step = torch.tensor(float(s + 1))
+        step = torch.full((), float(s + 1), dtype=torch.float32, device=dev)  # as CUDA reads it
         torch._fused_adam_([qa, pa], [gq[:a], gp[:a]], [mq[:a], mp[:a]], [vq[:a], vp[:a]], [],
                            [step, step.clone()], lr=lr, beta1=b1, beta2=b2, weight_decay=0.0,
                            eps=ADAM_EPS, amsgrad=False, maximize=False)
@@ -210,8 +212,12 @@ def _fit(delta: torch.Tensor, sim: torch.Tensor, guess: torch.Tensor) -> torch.T
 
 def _attack_chunk(delta: np.ndarray, sent: np.ndarray, cand: np.ndarray, k_pos: np.ndarray,
                   public: PublicKnowledge, iterations: int, restarts: int, user_std: float,
-                  gen: torch.Generator) -> np.ndarray:
-    """(c, m) raw z scores on candidates (NaN elsewhere) for a chunk of clients."""
+                  gen: torch.Generator, device: str = "cpu") -> np.ndarray:
+    """(c, m) raw z scores on candidates (NaN elsewhere) for a chunk of clients.
+
+    The chunk's tensors live on ``device``; the random draws come from the CPU
+    generator ``gen`` (the same numbers on every device) and are moved there.
+    """
     c, m, d = delta.shape
     r = int(max(cand.sum(1).max(), 1))
     idx = np.zeros((c, r), dtype=np.int64)
@@ -221,17 +227,18 @@ def _attack_chunk(delta: np.ndarray, sent: np.ndarray, cand: np.ndarray, k_pos: 
         idx[j, : rows.size] = rows
         valid_np[j, : rows.size] = True
     take = np.arange(c)[:, None]
-    dt = torch.from_numpy(delta[take, idx]).double() * torch.from_numpy(valid_np)[..., None]
-    st = torch.from_numpy(sent[take, idx].astype(np.float64))
-    valid = torch.from_numpy(valid_np)
-    kp = torch.from_numpy(np.minimum(k_pos, valid_np.sum(1))).long()
-    best_fit = torch.full((c,), -math.inf, dtype=torch.float64)
-    best_z = torch.zeros((c, r), dtype=torch.float64)
+    dev = torch.device(device)
+    valid = torch.from_numpy(valid_np).to(dev)
+    dt = torch.from_numpy(delta[take, idx]).to(dev).double() * valid[..., None]
+    st = torch.from_numpy(sent[take, idx].astype(np.float64)).to(dev)
+    kp = torch.from_numpy(np.minimum(k_pos, valid_np.sum(1))).long().to(dev)
+    best_fit = torch.full((c,), -math.inf, dtype=torch.float64, device=dev)
+    best_z = torch.zeros((c, r), dtype=torch.float64, device=dev)
     for _ in range(restarts):
-        p0 = torch.randn((c, d), generator=gen, dtype=torch.float64) * user_std
-        keys = torch.rand((c, r), generator=gen, dtype=torch.float64)
+        p0 = (torch.randn((c, d), generator=gen, dtype=torch.float64) * user_std).to(dev)
+        keys = torch.rand((c, r), generator=gen, dtype=torch.float64).to(dev)
         guess = _top_k(keys, valid, kp)
-        z = torch.zeros((c, r), dtype=torch.float64)
+        z = torch.zeros((c, r), dtype=torch.float64, device=dev)
         sim = None
         for _ in range(max(iterations, 1)):
             sim = _shadow(st, valid, guess, p0, kp, public, gen)
@@ -246,7 +253,7 @@ def _attack_chunk(delta: np.ndarray, sent: np.ndarray, cand: np.ndarray, k_pos: 
         best_fit = torch.where(better, fit, best_fit)
         best_z = torch.where(better[:, None], z, best_z)
     out = np.full((c, m), np.nan)
-    z_np = best_z.numpy()
+    z_np = best_z.cpu().numpy()
     for j in range(c):
         n = int(valid_np[j].sum())
         out[j, idx[j, :n]] = z_np[j, :n]
@@ -255,12 +262,13 @@ def _attack_chunk(delta: np.ndarray, sent: np.ndarray, cand: np.ndarray, k_pos: 
 
 def imia(obs: Observation, public: PublicKnowledge, *, iterations: int = 5, restarts: int = 3,
          atol: float = 0.0, outlier_mads: float = 6.0, user_std: float = 0.0, seed: int = 0,
-         chunk: int = 32, scope: str = "all") -> np.ndarray:
+         chunk: int = 32, scope: str = "all", device: str = "cpu") -> np.ndarray:
     """(k, m) IMIA scores (see the module docstring); NaN rows for non-participants.
 
     ``user_std`` is the std of the guessed user vectors (0: the public
     ``init_std`` if recorded, else 0.1); ``seed`` drives only the attacker's own
-    random choices (initial guesses, p', batch order).
+    random choices (initial guesses, p', batch order), drawn on the CPU.
+    ``device`` (``cpu`` or ``cuda``): where the shadow training runs.
     """
     if iterations < 1 or restarts < 1 or chunk < 1:
         raise ValueError("iterations, restarts and chunk must be >= 1")
@@ -291,7 +299,7 @@ def imia(obs: Observation, public: PublicKnowledge, *, iterations: int = 5, rest
         rows = order[start: start + chunk]  # most candidates first (prefix lock-step)
         delta = obs.upload[rows].astype(np.float64) - obs.sent[rows].astype(np.float64)
         raw[rows] = _attack_chunk(delta, np.asarray(obs.sent[rows]), cand[rows], k_pos[rows],
-                                  public, iterations, restarts, std, gen)
+                                  public, iterations, restarts, std, gen, device)
     for j in part:
         zc = raw[j, cand[j]]
         rms = math.sqrt(float(np.mean(zc**2))) if zc.size else 1.0

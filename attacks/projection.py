@@ -97,22 +97,24 @@ def _standardise(s: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
 
 
 def projection(obs: Observation, public: PublicKnowledge, *, atol: float = 0.0,
-               chunk: int = DEFAULT_CHUNK) -> np.ndarray:
+               chunk: int = DEFAULT_CHUNK, device: str = "cpu") -> np.ndarray:
     """(k, m) oriented, standardised projection of each delta row on the client's top direction.
 
     ``atol``: rows whose L2 change is at most ``atol`` are inactive (score 0)
-    and do not shape the direction. NaN rows for non-participants.
+    and do not shape the direction. NaN rows for non-participants. ``device``
+    (``cpu`` or ``cuda``): where each chunk's deltas (float64, (chunk, m, d)) and
+    their linear algebra live; the scores come back to the CPU.
     """
     if atol < 0:
         raise ValueError("atol must be >= 0")
     positives_minority = public.num_negatives >= 2
     scores = np.empty((obs.n_clients, obs.n_items), dtype=np.float64)
     for sl, delta_np in delta_chunks(obs, chunk):
-        delta = torch.from_numpy(delta_np)
+        delta = torch.from_numpy(delta_np).to(device)
         active = torch.linalg.vector_norm(delta, dim=2) > atol
         delta = delta * active[..., None]
         v = _top_direction(delta)
         s = (delta @ v[..., None]).squeeze(-1)
         s = s * _orientation(s, active, positives_minority)[:, None]
-        scores[sl] = _standardise(s, active).numpy()
+        scores[sl] = _standardise(s, active).cpu().numpy()
     return blank_nonparticipants(scores, obs)

@@ -60,6 +60,8 @@ from .projection import assumption_note as projection_assumption
 from .scoring import score_attack, score_attribute
 
 CLIENT_ATTACKS = ("attribute",)
+#: item attacks that compute on torch tensors, and so take a ``device``
+DEVICE_ATTACKS = ("projection", "imia")
 MECHANISM_AUDITS = ("canary",)
 KNOWN_ATTACKS: tuple[str, ...] = (*ATTACKS, *CLIENT_ATTACKS, *MECHANISM_AUDITS)
 DEFAULT_ATTACKS: tuple[str, ...] = ("support", "projection", "imia", "attribute", "canary")
@@ -189,9 +191,10 @@ def known_attributes(demo: Demographics, name: str, clients: np.ndarray, fractio
 
 
 def _item_record(name: str, obs: Observation, public: PublicKnowledge, gt: GroundTruth,
-                 ctx: PrivacyContext, seed: int) -> dict[str, Any]:
+                 ctx: PrivacyContext, seed: int, device: str = "cpu") -> dict[str, Any]:
     t0 = time.perf_counter()
-    scores = ATTACKS[name](obs, public)
+    options = {"device": device} if name in DEVICE_ATTACKS else {}
+    scores = ATTACKS[name](obs, public, **options)  # type: ignore[call-arg]
     seconds = time.perf_counter() - t0
     level = 1.0 - (1.0 - CONFIDENCE) / 2.0  # two bounds, one figure: Bonferroni
     metrics = {rel: score_attack(scores, labels_for(obs, gt, rel), relation=rel,  # type: ignore[arg-type]
@@ -255,10 +258,13 @@ def _canary_record(ctx: PrivacyContext, seed: int) -> dict[str, Any]:
 
 def run_attacks(run_dir: str | Path, names: Sequence[str] = DEFAULT_ATTACKS, *, seed: int = 0,
                 known_fraction: float = 0.5, rounds: Sequence[int] | None = None,
-                write: bool = True) -> dict[str, Any]:
+                write: bool = True, device: str = "cpu") -> dict[str, Any]:
     """Run, score and audit ``names`` on a recorded run; returns (and writes) the report.
 
-    ``rounds``: only these recorded rounds (default: all).
+    ``rounds``: only these recorded rounds (default: all). ``device`` (``cpu`` or
+    ``cuda``, resolved by the caller): where the attacks of :data:`DEVICE_ATTACKS`
+    compute; their random draws stay on the CPU, so the scores agree within float
+    tolerance.
     """
     path = Path(run_dir)
     if not path.is_dir():
@@ -283,7 +289,8 @@ def run_attacks(run_dir: str | Path, names: Sequence[str] = DEFAULT_ATTACKS, *, 
             if name in ATTACKS:
                 if obs.round not in truth:
                     raise UserError(f"{path}: no ground truth for round {obs.round}")
-                records.append(_item_record(name, obs, public, truth[obs.round], ctx, seed))
+                records.append(_item_record(name, obs, public, truth[obs.round], ctx, seed,
+                                            device))
             elif name == "attribute":
                 records.append(_attribute_record(obs, public, demo, known_fraction, seed))
     if "canary" in names:

@@ -1,6 +1,7 @@
 """Speed and memory of the vectorised engine against the per-client reference.
 
     python -m benchmarks.speed [--parts engine,aggregation,scaling,memory] [--quick]
+                               [--device cpu|cuda|auto]
 
 Parts (each measured in this one process run, except memory, which runs in a
 fresh subprocess so its peak RSS is its own):
@@ -24,6 +25,11 @@ fresh subprocess so its peak RSS is its own):
   (6,040 clients x 3,706 items x d=16, synthetic) and on LastFM-2K (1,892 x
   17,632; the real data when it is in the datasets folder, else synthetic of
   its size), each in a fresh subprocess.
+
+``--device`` (parts engine and memory): where the engine's tensors live. On
+cuda the per-client reference (a CPU loop) is not timed, the floor is measured
+on the GPU, every timing waits for the GPU to finish, and the memory part also
+reports the peak GPU memory allocated.
 
 Prints a table and a final JSON line.
 """
@@ -60,14 +66,18 @@ def _round_times(sim, rounds: int) -> list[float]:
 
 
 def engine(method: str, rounds: int = 3, with_reference: bool = True,
-           merge: str | None = None) -> dict[str, Any]:
-    """Vectorised seconds per round (rounds 2..) and the reference's round 2."""
+           merge: str | None = None, device: str = "cpu") -> dict[str, Any]:
+    """Vectorised seconds per round (rounds 2..) and the reference's round 2 (CPU only:
+    on another ``device`` the reference is not timed)."""
     cfg = run_config("ml-100k", **{"federation.method": method, "federation.merge": merge,
-                                   "train.rounds": rounds + 1, "train.eval_every": 10_000})
+                                   "train.rounds": rounds + 1, "train.eval_every": 10_000,
+                                   "train.device": device})
     sim = prepare(cfg)
+    with_reference = with_reference and sim.device.type == "cpu"
     sim.step()  # round 1: warm-up (merging starts in round 2)
     out: dict[str, Any] = {"method": method if merge is None else f"{method}-{merge}",
-                           "backbone": sim.cfg.federation.backbone}
+                           "backbone": sim.cfg.federation.backbone,
+                           "device": sim.device.type}
     if with_reference:
         t0 = time.perf_counter()
         reference.simulation_round(sim)
@@ -83,12 +93,20 @@ def engine(method: str, rounds: int = 3, with_reference: bool = True,
     return out
 
 
-def _fastest(fn, repeats: int = 5) -> float:
+def _sync(device: torch.device | None) -> None:
+    """Wait for the device's queued kernels (a no-op on the CPU and for None)."""
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _fastest(fn, repeats: int = 5, device: torch.device | None = None) -> float:
     fn()
+    _sync(device)
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
+        _sync(device)
         times.append(time.perf_counter() - t0)
     return min(times)
 
@@ -98,12 +116,12 @@ def floor(tables: torch.Tensor) -> dict[str, float]:
 
     ``passes_s``: four in-place element-wise passes over the tables (read and
     write every value once each); ``gram_s``: one float32 GEMM of the flattened
-    tables' Gram matrix. Fastest of 5 repeats each.
+    tables' Gram matrix. Fastest of 5 repeats each, on the tables' device.
     """
     state = tables.detach().to(torch.float32).clone()
     flat = state.reshape(state.shape[0], -1)
-    passes = _fastest(lambda: [state.mul_(1.0) for _ in range(4)])
-    gram = _fastest(lambda: flat @ flat.T)
+    passes = _fastest(lambda: [state.mul_(1.0) for _ in range(4)], device=state.device)
+    gram = _fastest(lambda: flat @ flat.T, device=state.device)
     return {"passes_s": passes, "gram_s": gram}
 
 
@@ -178,26 +196,32 @@ MEMORY_DATA = {
 }
 
 
-def memory_child(method: str, data: str) -> None:
-    """Run in a subprocess: two rounds; print peak RSS (GiB) as JSON."""
+def memory_child(method: str, data: str, device: str = "cpu") -> None:
+    """Run in a subprocess: two rounds; print peak RSS (GiB) as JSON (and, on cuda, the
+    peak GPU memory allocated)."""
     if data == "lastfm-2k" and not (Path(os.environ.get("FEDEM_DATA_ROOT", SHARED))
                                     / "lastfm-2k").is_dir():
         data = "lastfm-2k-size"
     dataset, over = MEMORY_DATA.get(data, (data, {}))
     cfg = run_config(dataset, **over, **{"federation.method": method,
-                                         "train.rounds": 2, "train.eval_every": 10_000})
+                                         "train.rounds": 2, "train.eval_every": 10_000,
+                                         "train.device": device})
     t0 = time.perf_counter()
     sim = prepare(cfg)
     times = _round_times(sim, 2)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    print(json.dumps({"method": method, "data": data, "clients": sim.split.n_users,
-                      "items": sim.split.n_items, "round_s": times, "peak_rss_gib": peak,
-                      "wall_s": time.perf_counter() - t0}))
+    row = {"method": method, "data": data, "device": sim.device.type,
+           "clients": sim.split.n_users, "items": sim.split.n_items, "round_s": times,
+           "peak_rss_gib": peak, "wall_s": time.perf_counter() - t0}
+    if sim.device.type == "cuda":
+        row["peak_gpu_gib"] = torch.cuda.max_memory_allocated(sim.device) / 2**30
+    print(json.dumps(row))
 
 
-def memory(method: str, data: str) -> dict[str, Any]:
+def memory(method: str, data: str, device: str = "cpu") -> dict[str, Any]:
     proc = subprocess.run([sys.executable, "-m", "benchmarks.speed", "--memory-child", method,
-                           "--memory-data", data], capture_output=True, text=True, check=True)
+                           "--memory-data", data, "--device", device],
+                          capture_output=True, text=True, check=True)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -211,19 +235,24 @@ def main() -> None:
     ap.add_argument("--memory-data", default="ml-1m-size,lastfm-2k",
                     help="memory part: ml-1m-size, lastfm-2k (real data if present, else "
                          "lastfm-2k-size), or any dataset name")
+    ap.add_argument("--device", default="cpu",
+                    help="parts engine and memory: cpu, cuda or auto (default cpu)")
     ap.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.memory_child:
-        memory_child(args.memory_child, args.memory_data)
+        memory_child(args.memory_child, args.memory_data, args.device)
         return
     parts = set(args.parts.split(","))
     result: dict[str, Any] = {"benchmark": "speed", "machine": machine()}
     if "engine" in parts:
-        result["engine"] = [engine("fedmf"), engine("fedem")]
+        result["engine"] = [engine("fedmf", device=args.device),
+                            engine("fedem", device=args.device)]
         for row in result["engine"]:
             fl = row["floor"]
-            print(f"engine {row['method']:6}: vectorised {row['vectorised_s']:.2f} s/round, "
-                  f"reference {row['reference_s']:.1f} s/round, {row['speedup']:.1f}x; "
+            ref = (f"reference {row['reference_s']:.1f} s/round, {row['speedup']:.1f}x"
+                   if "reference_s" in row else "reference not timed (CPU loop)")
+            print(f"engine {row['method']:6} on {row['device']}: vectorised "
+                  f"{row['vectorised_s']:.2f} s/round, {ref}; "
                   f"floor: 4 passes {fl['passes_s']:.3f} s ({row['vs_passes']:.1f}x), "
                   f"Gram GEMM {fl['gram_s']:.3f} s (round / (GEMM + passes) "
                   f"{row['vs_gram_and_passes']:.1f}x)", flush=True)
@@ -249,10 +278,14 @@ def main() -> None:
         items = [1000, 2000, 4000] if args.quick else [1000, 2000, 4000, 8000]
         result["scaling"] = scaling(clients, items)
     if "memory" in parts and not args.quick:
-        result["memory"] = [memory("fedem", data) for data in args.memory_data.split(",")]
+        result["memory"] = [memory("fedem", data, args.device)
+                            for data in args.memory_data.split(",")]
         for row in result["memory"]:
-            print(f"memory {row['method']} {row['data']} {row['clients']}x{row['items']}: peak RSS "
-                  f"{row['peak_rss_gib']:.2f} GiB, rounds {row['round_s']}", flush=True)
+            gpu = (f", peak GPU {row['peak_gpu_gib']:.2f} GiB" if "peak_gpu_gib" in row
+                   else "")
+            print(f"memory {row['method']} {row['data']} {row['clients']}x{row['items']} on "
+                  f"{row['device']}: peak RSS {row['peak_rss_gib']:.2f} GiB{gpu}, rounds "
+                  f"{row['round_s']}", flush=True)
     emit(result)
 
 

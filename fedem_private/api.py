@@ -178,11 +178,15 @@ def sweep(spec: str | Path | None = None, out: str | Path | None = None, *,
 
 
 def attack(run_dir: str | Path, attacks: Sequence[str] | None = None, *, seed: int = 0,
-           rounds: Sequence[int] | None = None, known_fraction: float = 0.5) -> dict[str, Any]:
+           rounds: Sequence[int] | None = None, known_fraction: float = 0.5,
+           device: str = "cpu") -> dict[str, Any]:
     """Run, score and audit the attacks on a recorded run; writes and returns ``attacks.json``.
 
     ``attacks``: names (default: support, projection, imia, attribute, canary).
+    ``device``: cpu, cuda or auto, where the attacks' linear algebra and IMIA's
+    shadow training run (cuda without a GPU is a UserError).
     """
+    from fedem_private.device import resolve as resolve_device
     from fedem_private.experiments.attack_step import ATTACK_NAMES
 
     path = Path(run_dir).expanduser()
@@ -200,11 +204,12 @@ def attack(run_dir: str | Path, attacks: Sequence[str] | None = None, *, seed: i
             raise UserError(f"unknown attack {unknown[0]!r}; known: {', '.join(ATTACK_NAMES)}")
     if not 0.0 < known_fraction < 1.0:
         raise UserError(f"--known-fraction must be in (0, 1), got {known_fraction}")
+    dev = resolve_device(device, "--device")
     from attacks.run import DEFAULT_ATTACKS, run_attacks
 
     return run_attacks(path, names or DEFAULT_ATTACKS, seed=seed,
                        rounds=None if rounds is None else list(rounds),
-                       known_fraction=known_fraction)
+                       known_fraction=known_fraction, device=dev)
 
 
 def load_results(path: str | Path) -> pd.DataFrame:

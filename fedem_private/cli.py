@@ -113,6 +113,9 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--eval-every", "train.eval_every", _integer, "evaluate every N rounds"),
     ("--seed", "train.seed", _integer, "random seed"),
     ("--memory-budget-mb", "train.memory_budget_mb", _integer, "memory budget for chunks"),
+    ("--device", "train.device", str,
+     "where the heavy tensors live: cpu, cuda, or auto (cuda when one is available); random "
+     "draws stay on the CPU, so cpu and cuda runs agree within float tolerance"),
     ("--privacy", "privacy.mode", str,
      "none, ldp-laplace, ldp-gaussian, paper, ldp-touched-rows (INSECURE), cdp-gaussian "
      "(central DP-FedAvg under secure aggregation)"),
@@ -192,6 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
     att.add_argument("--seed", type=_integer, default=0,
                      help="the attacker's and scorer's own seed (default 0)")
     att.add_argument("--quiet", action="store_true", help="no table, only write attacks.json")
+    att.add_argument("--device", default="cpu", metavar="DEVICE",
+                     help="where the attacks compute (projection, IMIA's shadow training): cpu, "
+                          "cuda or auto (default cpu)")
     from fedem_private.experiments.sweep_cli import (
         REPORT_DESCRIPTION,
         REPORT_HELP,
@@ -303,7 +309,7 @@ def _cmd_attack(args: argparse.Namespace) -> int:
     if args.attacks is not None:
         names = tuple(dict.fromkeys(t.strip() for t in args.attacks.split(",") if t.strip()))
     report = api.attack(args.run_dir, names, seed=args.seed, rounds=rounds,
-                        known_fraction=args.known_fraction)
+                        known_fraction=args.known_fraction, device=args.device)
     if not args.quiet:
         from attacks.run import format_table
 

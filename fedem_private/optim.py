@@ -78,7 +78,7 @@ class MaskedAdam:
         if rows is None:
             self._step_all(grads)
         elif rows.numel() > 0:
-            self._step_rows(grads, rows.to(device=self.steps.device, dtype=torch.int64))
+            self._step_rows(grads, rows.to(torch.int64))
 
     def _bias_terms(self, steps: Tensor) -> tuple[Tensor, Tensor]:
         """Step size lr / (1 - b1^t) and sqrt(1 - b2^t), per client, in float64."""
@@ -104,11 +104,14 @@ class MaskedAdam:
             self._update(p, m, v, g, step_size, bc2_sqrt)
 
     def _step_rows(self, grads: Sequence[Tensor], rows: Tensor) -> None:
+        """``rows`` on any device: checked where they are (CPU rows need no wait for the
+        parameters' device), then moved to the parameters'."""
         if rows.numel() == self.n_clients and bool(
             (rows == torch.arange(self.n_clients, device=rows.device)).all()
         ):
             self._step_all(grads)
             return
+        rows = rows.to(self.steps.device)
         self.steps[rows] += 1
         step_size, bc2_sqrt = self._bias_terms(self.steps[rows])
         for p, m, v, g in zip(self.params, self.exp_avg, self.exp_avg_sq, grads, strict=True):

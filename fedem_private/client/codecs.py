@@ -95,7 +95,7 @@ class FullCodec:
         if not self.extra_rows:
             return touched_items
         k = touched_items.shape[0]
-        ones = torch.ones((k, self.extra_rows), dtype=torch.bool)
+        ones = torch.ones((k, self.extra_rows), dtype=torch.bool, device=touched_items.device)
         return torch.cat([touched_items, ones], dim=1)
 
 
@@ -161,27 +161,34 @@ class PeftCodec:
         self.codes: Tensor | None = None  # (m, nb) bucket rows of each item (hash, rqvae)
         self.code_weights: Tensor | None = None  # (nb,) weight of each bucket row
         self.hash_ab: Tensor | None = None  # (h, 2) the hash functions' (a, b)
+        self.device = torch.device("cpu")  # of E0, the codes and theta: E0's (prepare)
 
     # ------------------------------------------------------------ server side
     def prepare(self, e0: Tensor, seed: int, init_std: float) -> dict[str, Tensor]:
-        """Fix E0 (zeros for a ``c-`` codec), the codes or hashes; the initial theta."""
+        """Fix E0 (zeros for a ``c-`` codec), the codes or hashes; the initial theta.
+
+        Everything lives on E0's device; the hashes, the k-means codes and theta
+        are drawn on the CPU (keyed as on a CPU run) and moved there.
+        """
         from fedem_private import rng
 
+        dev = self.device = e0.device
         self.e0 = (e0.detach().clone() if self.with_base
                    else torch.zeros_like(e0))
         gen = rng.generator(seed, rng.Stream.INIT, 0, (1 << 40) + 11)
         if self.kind == "hash":
-            self.hash_ab, self.codes = hash_codes(self.m, self.cfg.hash_functions,
-                                                  self.cfg.hash_size, gen)
+            ab, codes = hash_codes(self.m, self.cfg.hash_functions, self.cfg.hash_size, gen)
+            self.hash_ab, self.codes = ab.to(dev), codes.to(dev)
             self.code_weights = torch.full((self.cfg.hash_functions,),
-                                           1.0 / self.cfg.hash_functions, dtype=e0.dtype)
+                                           1.0 / self.cfg.hash_functions, dtype=e0.dtype,
+                                           device=dev)
         elif self.kind == "rqvae":
-            codes = residual_kmeans(e0.detach().double().numpy(), self.cfg.rq_levels,
+            codes = residual_kmeans(e0.detach().double().cpu().numpy(), self.cfg.rq_levels,
                                     self.cfg.rq_codebook, seed)
             offsets = np.arange(self.cfg.rq_levels) * self.cfg.rq_codebook
-            self.codes = torch.from_numpy(codes + offsets[None, :]).long()
-            self.code_weights = torch.ones(self.cfg.rq_levels, dtype=e0.dtype)
-        theta = {n: torch.randn(s, generator=gen, dtype=e0.dtype) * init_std
+            self.codes = torch.from_numpy(codes + offsets[None, :]).long().to(dev)
+            self.code_weights = torch.ones(self.cfg.rq_levels, dtype=e0.dtype, device=dev)
+        theta = {n: (torch.randn(s, generator=gen, dtype=e0.dtype) * init_std).to(dev)
                  for n, s in self.shapes.items()}
         if self.kind == "lora":
             theta["B"].zero_()  # B = 0 at the start (paper, section "LoRA")
@@ -210,7 +217,7 @@ class PeftCodec:
         table = theta["H" if self.kind == "hash" else "C"]  # (k, R, d)
         assert self.codes is not None and self.code_weights is not None
         k = table.shape[0]
-        out = torch.zeros((k, self.m, self.d), dtype=table.dtype)
+        out = torch.zeros((k, self.m, self.d), dtype=table.dtype, device=table.device)
         for j in range(self.codes.shape[1]):
             out.add_(table.index_select(1, self.codes[:, j]), alpha=float(self.code_weights[j]))
         return out
@@ -245,8 +252,9 @@ class PeftCodec:
         return theta, dense
 
     def touched(self, k: int) -> Tensor:
-        """Every upload row counts as trained: theta is dense (k, rows)."""
-        return torch.ones((k, self.rows), dtype=torch.bool)
+        """Every upload row counts as trained: theta is dense (k, rows), on the codec's
+        device."""
+        return torch.ones((k, self.rows), dtype=torch.bool, device=self.device)
 
     # ------------------------------------------------------------------ train
     def trainer(self, theta: dict[str, Tensor], base: Tensor | None = None) -> PeftRows:
@@ -282,11 +290,13 @@ class _PeftItemRows(ItemRows):
         k, m, d = q_start.shape
         self.k, self.m, self.d = k, m, d
         self.bsz = plan.lab.shape[1]
-        ids = torch.zeros((k, plan.rows), dtype=torch.long)
+        dev = q_start.device  # of every tensor here, as of the plan's
+        ids = np.zeros((k, plan.rows), dtype=np.int64)
         for j, t in enumerate(plan.touched):
-            ids[j, : t.shape[0]] = torch.from_numpy(t)
-        self.ids = ids.view(-1)  # compact row -> item id
-        self.owner = torch.arange(k).repeat_interleave(plan.rows)  # compact row -> client
+            ids[j, : t.shape[0]] = t
+        self.ids = torch.from_numpy(ids).to(dev).view(-1)  # compact row -> item id
+        # compact row -> client
+        self.owner = torch.arange(k, device=dev).repeat_interleave(plan.rows)
         if base is None:  # the starting table minus f_theta_start: the client's frozen base
             self.base_full = q_start - codec.delta(theta)
         else:
@@ -363,11 +373,13 @@ class _PeftItemRows(ItemRows):
 
     def close(self) -> tuple[Tensor, Tensor]:
         q_local = self.codec.delta(self.theta).add_(self.base_full)
-        touched = torch.zeros((self.k, self.m), dtype=torch.bool)
-        valid = torch.zeros((self.k, self.plan.rows), dtype=torch.bool)
+        dev = q_local.device
+        touched = torch.zeros((self.k, self.m), dtype=torch.bool, device=dev)
+        valid = np.zeros((self.k, self.plan.rows), dtype=bool)
         for j, t in enumerate(self.plan.touched):
             valid[j, : t.shape[0]] = True
-        touched.view(-1)[(self.owner * self.m + self.ids)[valid.view(-1)]] = True
+        keep = torch.from_numpy(valid.reshape(-1)).to(dev)
+        touched.view(-1)[(self.owner * self.m + self.ids)[keep]] = True
         return q_local, touched
 
 

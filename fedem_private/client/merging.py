@@ -247,7 +247,7 @@ def merge_with_rho(cfg: MergeConfig, state: MergeState | None, q_local: Tensor,
                          "tables differ in shape")
     k = q_local.shape[0]
     if cfg.strategy == "sr":
-        return q_global.clone(), torch.ones(k, dtype=torch.float64)
+        return q_global.clone(), torch.ones(k, dtype=torch.float64, device=q_global.device)
     rho = compute_rho(cfg, state, q_local, q_global)
     per_client = (rho.double().expand(k) if rho.dim() == 0
                   else rho.reshape(k, -1).mean(dim=1, dtype=torch.float64))
@@ -322,6 +322,10 @@ def train_adapter(cfg: MergeConfig, state: MergeState | None, client_rows: Tenso
     (0.9, 0.999), eps 1e-8) starts fresh on every call and keeps one step count
     per client: a client with no valid entry in a step neither moves nor
     advances its count. sr and sm learn nothing and return state unchanged.
+
+    The adapters and tables may live on any device (the same one); each
+    StepBatch is checked where it was built (the CPU, :func:`adapter_batches`:
+    no wait for the device) and then moved to the tables' device.
     """
     if cfg.strategy not in LEARNED:
         return state
@@ -334,17 +338,19 @@ def train_adapter(cfg: MergeConfig, state: MergeState | None, client_rows: Tenso
     params = [t.detach().clone() for t in (*chunk.weights, *chunk.biases)]
     adam = MaskedAdam(params, AdamConfig(lr=cfg.adapter_lr, betas=(0.9, 0.999), eps=1e-8))
     tables = (q_local.detach(), q_global.detach(), p_users.detach())
+    dev = q_local.device
     with torch.enable_grad():
         for step in steps:
-            batch = _active(step)
-            rows = batch[0]
-            if rows.numel() == 0:
+            checked = _active(step)
+            if checked[0].numel() == 0:
                 continue
+            batch = tuple(t.to(dev) for t in checked)
+            rows = batch[0]
             leaves = [t.index_select(0, rows).requires_grad_(True) for t in params]
             losses = _client_losses(cfg.strategy, tuple(leaves[:n_layers]),
                                     tuple(leaves[n_layers:]), tables, batch, score)
             grads = torch.autograd.grad(losses.sum(), leaves)
-            adam.step(grads, rows)
+            adam.step(grads, checked[0])  # rows where they were checked: no wait there
     trained = MergeState(tuple(params[:n_layers]), tuple(params[n_layers:]))
     return trained if client_rows is None else put_clients(state, client_rows, trained)
 
@@ -361,7 +367,9 @@ def adapter_batches(seed: int, round_: int, clients: np.ndarray, samples: object
     adapter never reuses the order of a training epoch. ``samples`` is the
     round's :class:`~fedem_private.models.base.ClientSamples` for ``clients``
     (``train`` objective), or the withheld fold's, whose orders come from a
-    stream of their own (``holdout``, called with ``local_epochs`` 0).
+    stream of their own (``holdout``, called with ``local_epochs`` 0). The
+    batches are CPU tensors (:func:`train_adapter` checks them there and moves
+    them to the tables' device).
     """
     e0, extra, bsz = local_epochs, extra_epochs, batch_size
     k = clients.shape[0]
@@ -397,13 +405,21 @@ class Merger:
     Only item tables are merged (the group every backbone marks mergeable);
     the backbone supplies the frozen score function the adapter is trained
     through (equation 11), so merging never knows which backbone runs.
+
+    The adapters (all n clients') live on ``device``; they are drawn on the CPU,
+    keyed as on a CPU run, and moved there.
     """
 
     def __init__(self, cfg: MergeConfig, n_clients: int, dim: int, seed: int,
-                 dtype: torch.dtype = torch.float32) -> None:
+                 dtype: torch.dtype = torch.float32,
+                 device: torch.device | None = None) -> None:
         self.cfg = cfg
         self.seed = seed
-        self.state = init_merge_state(cfg, np.arange(n_clients), dim, seed, dtype)
+        self.device = torch.device("cpu") if device is None else torch.device(device)
+        state = init_merge_state(cfg, np.arange(n_clients), dim, seed, dtype)
+        self.state = None if state is None else MergeState(
+            tuple(w.to(self.device) for w in state.weights),
+            tuple(b.to(self.device) for b in state.biases))
 
     @property
     def merges(self) -> bool:

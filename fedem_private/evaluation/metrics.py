@@ -78,7 +78,11 @@ def hr_ndcg(ranks: torch.Tensor, ks: tuple[int, ...] = KS) -> dict[str, float]:
 
 
 class RankAccumulator:
-    """Collects per-user ranks chunk by chunk, then averages."""
+    """Collects per-user ranks chunk by chunk, then averages.
+
+    The scores may live on any device: the ranks are computed there and only
+    they (one integer per user) come back to the CPU, where they are kept.
+    """
 
     def __init__(self, n_users: int) -> None:
         self.sampled = torch.full((n_users,), -1, dtype=torch.long)
@@ -89,20 +93,22 @@ class RankAccumulator:
         self.add_scores(users, torch.bmm(q, p[:, :, None]).squeeze(2), sets)
 
     def add_scores(self, users: np.ndarray, scores: torch.Tensor, sets: EvalSets) -> None:
-        """Rank each user's test item from its model's scores of every item (k, m)."""
+        """Rank each user's test item from its model's scores of every item (k, m), on the
+        scores' device."""
+        dev = scores.device
         users_t = torch.from_numpy(np.asarray(users, dtype=np.int64))
-        test = sets.test_items[users_t]
+        test = sets.test_items[users_t].to(dev)
         s_test = scores.gather(1, test[:, None]).squeeze(1)
-        s_cand = scores.gather(1, sets.sampled[users_t])
-        self.sampled[users_t] = ranks_sampled(s_test, s_cand)
+        s_cand = scores.gather(1, sets.sampled[users_t].to(dev))
+        self.sampled[users_t] = ranks_sampled(s_test, s_cand).cpu()
         # full ranking: every item except training items, the validation item and the test item
         beat = scores >= s_test[:, None]
         lo, hi = sets.excl_indptr[users], sets.excl_indptr[np.asarray(users) + 1]
         rows = np.repeat(np.arange(len(users)), hi - lo)
         cols = np.concatenate([sets.excl_items[a:b] for a, b in zip(lo, hi, strict=True)])
-        beat[torch.from_numpy(rows), torch.from_numpy(cols)] = False
-        beat[torch.arange(len(users)), test] = False
-        self.full[users_t] = beat.sum(dim=1)
+        beat[torch.from_numpy(rows).to(dev), torch.from_numpy(cols).to(dev)] = False
+        beat[torch.arange(len(users), device=dev), test] = False
+        self.full[users_t] = beat.sum(dim=1).cpu()
 
     def result(self) -> dict[str, dict[str, float]]:
         done = self.sampled >= 0

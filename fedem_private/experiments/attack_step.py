@@ -10,8 +10,9 @@ Interface used:
 - ``fedem_private.experiments.recording.recording_setup(RecordSpec(rounds, clients))``
   gives a ``setup(sim, run_dir)`` hook for :func:`fedem_private.experiments.runner.execute`
   that records what the server saw into the run directory under construction;
-- ``attacks.run.run_attacks(run_dir, names, seed=...)`` reads a finished run
-  directory and writes ``attacks.json`` into it.
+- ``attacks.run.run_attacks(run_dir, names, seed=..., device=...)`` reads a finished
+  run directory and writes ``attacks.json`` into it; the attacks compute on the
+  device the run trained on (``train.device`` of its ``config.toml``).
 """
 
 from __future__ import annotations
@@ -58,9 +59,16 @@ def load() -> AttackStep | str:
         setup_factory(record_spec(tuple(rounds), int(clients)))(sim, run_dir)
 
     def attack(run_dir: Path, names: Sequence[str]) -> None:
-        run_attacks(str(run_dir), list(names), seed=0)
+        run_attacks(str(run_dir), list(names), seed=0, device=_run_device(Path(run_dir)))
 
     return AttackStep(record=record, attack=attack)
+
+
+def _run_device(run_dir: Path) -> str:
+    """The device a finished run trained on (``cpu`` or ``cuda``, from its config.toml)."""
+    from fedem_private.simulation.config import load_toml
+
+    return load_toml(run_dir / "config.toml").train.device
 
 
 # The names attacks.run accepts (its KNOWN_ATTACKS; a test keeps the two equal). Listed here

@@ -15,6 +15,11 @@ adapter of elastic merging its score function. Each backbone module also
 holds a per-client reference (one client at a time, ``torch.optim.Adam``,
 obvious code) that the vectorised path is tested against. A backbone never
 knows which aggregator, merge, codec or privacy mechanism runs.
+
+Devices: the ``init_*`` methods draw on the CPU (keyed generators) and the
+round loop moves their tensors to the run's device; training and scoring run
+on the device of the tensors they are given, every tensor they make is made
+there, and the per-chunk :class:`Plan` is moved there once.
 """
 
 from __future__ import annotations
@@ -198,6 +203,9 @@ class Plan:
     compact table, and ``wgt`` is 1 / (valid entries of the batch) on valid
     entries and 0 on padding, so the gradient of each client's mean BCE is
     (sigmoid(logit) - label) * wgt.
+
+    ``loc``, ``lab`` and ``wgt`` live on the chunk's device (moved there once, when
+    the plan is made); the rest is numpy.
     """
 
     touched: list[np.ndarray]  # per client: sorted unique item ids it trains on
@@ -239,11 +247,14 @@ def _touched_rows(items: np.ndarray, indptr: np.ndarray, n_items: int
 
 
 def make_plan(seed: int, round_: int, clients: np.ndarray, samples: ClientSamples,
-              cfg: LocalTrainConfig, dtype: torch.dtype, n_items: int | None = None) -> Plan:
+              cfg: LocalTrainConfig, dtype: torch.dtype, n_items: int | None = None,
+              device: torch.device | None = None) -> Plan:
     """The :class:`Plan` of a chunk; raises if clients are not sorted by steps, descending.
 
     With ``n_items`` every client's "touched" rows are the whole catalogue, so
-    the compact table is the full table (for losses that move every row).
+    the compact table is the full table (for losses that move every row). The
+    plan is built in numpy; its tensors are moved to ``device`` (None: the CPU)
+    once, here.
     """
     k, bsz, epochs = clients.shape[0], cfg.batch_size, cfg.epochs
     lengths = np.diff(samples.indptr)
@@ -283,14 +294,18 @@ def make_plan(seed: int, round_: int, clients: np.ndarray, samples: ClientSample
     shape = (k * epochs * nb_max, bsz)
     msk = msk.reshape(shape)[slot]
     wgt = msk / np.maximum(msk.sum(axis=1, keepdims=True), real(1.0))
-    return Plan(touched, rows, torch.from_numpy(loc.reshape(shape)[slot]),
-                torch.from_numpy(lab.reshape(shape)[slot]).to(dtype),
-                torch.from_numpy(wgt).to(dtype), active, offsets, steps, epochs)
+    return Plan(touched, rows, torch.from_numpy(loc.reshape(shape)[slot]).to(device),
+                torch.from_numpy(lab.reshape(shape)[slot]).to(device=device, dtype=dtype),
+                torch.from_numpy(wgt).to(device=device, dtype=dtype), active, offsets, steps,
+                epochs)
 
 
 @dataclass
 class Compact:
-    """A chunk's touched item rows, gathered: table (k, rows, d) and where they came from."""
+    """A chunk's touched item rows, gathered: table (k, rows, d) and where they came from.
+
+    All three tensors live on the device of the starting tables.
+    """
 
     table: Tensor
     gather: Tensor  # (k, rows) item ids
@@ -299,11 +314,12 @@ class Compact:
     @classmethod
     def of(cls, q_start: Tensor, plan: Plan) -> Compact:
         k, _, d = q_start.shape
-        gather = torch.zeros((k, plan.rows), dtype=torch.long)
-        valid = torch.zeros((k, plan.rows), dtype=torch.bool)
+        gather = np.zeros((k, plan.rows), dtype=np.int64)
+        valid = np.zeros((k, plan.rows), dtype=bool)
         for j, t in enumerate(plan.touched):
-            gather[j, : t.shape[0]] = torch.from_numpy(t)
+            gather[j, : t.shape[0]] = t
             valid[j, : t.shape[0]] = True
+        gather, valid = _on(q_start, gather), _on(q_start, valid)
         if plan.rows == q_start.shape[1] and all(t.shape[0] == plan.rows for t in plan.touched):
             # every client touches the whole catalogue (make_plan with n_items): the
             # compact table is the table, rows in order; no gather needed
@@ -317,15 +333,21 @@ class Compact:
         ``inplace`` writes into q_start itself (for a caller that owns it) instead of a copy.
         """
         k, m, d = q_start.shape
+        dev = q_start.device
         if self.table.shape == q_start.shape and bool(self.valid.all()):
             # the whole table was trained (see :meth:`of`): it is the result
-            return self.table, torch.ones((k, m), dtype=torch.bool)
+            return self.table, torch.ones((k, m), dtype=torch.bool, device=dev)
         q_local = q_start if inplace else q_start.clone()
-        dest = (self.gather + torch.arange(k)[:, None] * m)[self.valid]
+        dest = (self.gather + torch.arange(k, device=dev)[:, None] * m)[self.valid]
         q_local.view(-1, d)[dest] = self.table[self.valid]
-        touched = torch.zeros((k, m), dtype=torch.bool)
+        touched = torch.zeros((k, m), dtype=torch.bool, device=dev)
         touched.view(-1)[dest] = True
         return q_local, touched
+
+
+def _on(like: Tensor, array: np.ndarray) -> Tensor:
+    """A numpy array as a tensor on ``like``'s device (one copy; none on the CPU)."""
+    return torch.from_numpy(array).to(like.device)
 
 
 class ItemRows(ABC):
@@ -364,6 +386,7 @@ class CompactRows(ItemRows):
     :class:`Plan`). The default :class:`ItemRows`."""
 
     def __init__(self, q_start: Tensor, plan: Plan) -> None:
+        # every tensor here lives on q_start's device, as do the plan's
         self.q_start, self.plan = q_start, plan
         self.compact = Compact.of(q_start, plan)
         self.table = self.compact.table
@@ -424,8 +447,14 @@ def reference_batches(seed: int, round_: int, client: int, n: int,
 
 def fused_adam(params: list[Tensor], grads: list[Tensor], exp_avg: list[Tensor],
                exp_avg_sq: list[Tensor], step: int, cfg: LocalTrainConfig) -> None:
-    """One Adam step (torch.optim.Adam's update) on every tensor, all at step count ``step``."""
-    steps = [torch.tensor(float(step)) for _ in params]
+    """One Adam step (torch.optim.Adam's update) on every tensor, all at step count ``step``.
+
+    The step counts are float32 (the CUDA kernel reads them as float32, whatever
+    their dtype; the CPU kernel gives the same result for any dtype), made on the
+    parameters' device by a fill, not a copy from the host.
+    """
+    dev = params[0].device
+    steps = [torch.full((), float(step), dtype=torch.float32, device=dev) for _ in params]
     beta1, beta2 = cfg.betas
     torch._fused_adam_(params, grads, exp_avg, exp_avg_sq, [], steps, lr=cfg.lr, beta1=beta1,
                        beta2=beta2, weight_decay=0.0, eps=cfg.eps, amsgrad=False,

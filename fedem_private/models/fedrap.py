@@ -89,7 +89,8 @@ class FedRAPBackbone(Backbone):
             raise ValueError(f"{self.name} trains its item table itself (no ItemRows)")
         c_start, p_start = start.items, start.private["personal"]
         k, m, d = c_start.shape
-        plan = make_plan(self.seed, round_, clients, samples, cfg, c_start.dtype)
+        plan = make_plan(self.seed, round_, clients, samples, cfg, c_start.dtype,
+                         device=c_start.device)
         # C and P_u side by side in one compact table (k, rows, 2d): each step gathers,
         # accumulates and clears both with one indexed operation each (same values as
         # two tables: every element sees the same additions in the same order)

@@ -80,7 +80,8 @@ class GPFedRecBackbone(NCFBackbone):
             raise ValueError(f"{self.name} trains its item table itself (no ItemRows)")
         q_start = start.items
         k, m, d = q_start.shape
-        plan = make_plan(self.seed, round_, clients, samples, cfg, q_start.dtype, n_items=m)
+        plan = make_plan(self.seed, round_, clients, samples, cfg, q_start.dtype, n_items=m,
+                         device=q_start.device)
         compact = Compact.of(q_start, plan)
         q = compact.table
         anchor = start.anchor if self.reg > 0 else None
@@ -102,10 +103,11 @@ class GPFedRecBackbone(NCFBackbone):
                        [t[:a] for t in m2], s + 1, cfg)
         q_local, touched = compact.scatter(q_start)
         if anchor is None:  # only trained rows moved
-            touched = torch.zeros((k, m), dtype=torch.bool)
+            rows = np.zeros((k, m), dtype=bool)
             for j in range(k):
                 items, _ = samples.of(j)
-                touched[j, torch.from_numpy(np.unique(items))] = True
+                rows[j, items] = True
+            touched = torch.from_numpy(rows).to(q_start.device)
         return ClientParams(q_local, {}, {"p": pc, **mlp}), touched
 
     def scores(self, params: ClientParams) -> Tensor:

@@ -55,8 +55,9 @@ def train_chunk(q_start: torch.Tensor, p: torch.Tensor, clients: np.ndarray,
     """
     k, m, d = q_start.shape
     if k == 0:
-        return q_start.clone(), p.clone(), torch.zeros((0, m), dtype=torch.bool)
-    plan = make_plan(seed, round_, clients, samples, cfg, q_start.dtype)
+        return q_start.clone(), p.clone(), torch.zeros((0, m), dtype=torch.bool,
+                                                        device=q_start.device)
+    plan = make_plan(seed, round_, clients, samples, cfg, q_start.dtype, device=q_start.device)
     items = (rows or CompactRows)(q_start, plan)
     pc = p.clone().contiguous()
     gp, mp, vp = torch.zeros_like(pc), torch.zeros_like(pc), torch.zeros_like(pc)

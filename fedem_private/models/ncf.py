@@ -85,7 +85,8 @@ class NCFBackbone(Backbone):
                     rows: RowsFactory | None = None) -> tuple[ClientParams, Tensor]:
         q_start = start.items
         k, m, d = q_start.shape
-        plan = make_plan(self.seed, round_, clients, samples, cfg, q_start.dtype)
+        plan = make_plan(self.seed, round_, clients, samples, cfg, q_start.dtype,
+                         device=q_start.device)
         items = (rows or CompactRows)(q_start, plan)
         pc = start.private["p"].clone().contiguous()
         dense = {n: start.dense[n].clone().contiguous() for n in self.names}
@@ -127,7 +128,7 @@ class NCFBackbone(Backbone):
 
     def scores(self, params: ClientParams) -> Tensor:
         k, m, _ = params.items.shape
-        out = torch.empty((k, m), dtype=params.items.dtype)
+        out = torch.empty((k, m), dtype=params.items.dtype, device=params.items.device)
         step = 4096
         for a in range(0, m, step):
             out[:, a:a + step] = self._logits(params.dense, params.private["p"],

@@ -65,7 +65,8 @@ class PFedRecBackbone(Backbone):
                     rows: RowsFactory | None = None) -> tuple[ClientParams, Tensor]:
         q_start = start.items
         k, m, d = q_start.shape
-        plan = make_plan(self.seed, round_, clients, samples, cfg, q_start.dtype)
+        plan = make_plan(self.seed, round_, clients, samples, cfg, q_start.dtype,
+                         device=q_start.device)
         items = (rows or CompactRows)(q_start, plan)
         w = start.private["w"].clone().contiguous()
         b = start.private["b"].clone().contiguous()

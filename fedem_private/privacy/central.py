@@ -113,7 +113,8 @@ def clipped_deltas(sent: torch.Tensor, local: torch.Tensor, clip: float
 
 def aggregate_noise(shape: tuple[int, ...] | torch.Size, scale: float, *, seed: int,
                     round_: int) -> torch.Tensor:
-    """N(0, scale^2) float64 noise of ``shape``, one draw per round keyed by (seed, round)."""
+    """N(0, scale^2) float64 noise of ``shape``, one draw per round keyed by (seed, round),
+    on the CPU (the same numbers whatever the run's device)."""
     n = math.prod(shape)
     noise = rng.client_noise(seed, round_, np.array([AGGREGATE_KEY]), n, "gaussian",
                              scale, stream=rng.Stream.CENTRAL_NOISE)
@@ -125,13 +126,15 @@ def noisy_mean_delta(delta_sum: torch.Tensor, *, clip: float, noise_multiplier: 
     """(sum_u clip_2(Delta_u, C) + N(0, z^2 C^2)) / (q n), float64 (DESIGN section 5).
 
     ``expected_count`` is q n, a public constant (dividing by the realised
-    count would make the divisor depend on who took part). z = 0: no noise.
+    count would make the divisor depend on who took part). z = 0: no noise. The
+    sum stays on its device; the noise is drawn on the CPU and moved there.
     """
     if not expected_count > 0:
         raise ValueError(f"expected count must be > 0, got {expected_count}")
     out = delta_sum.detach().to(torch.float64, copy=True)
     if noise_multiplier > 0:
-        out.add_(aggregate_noise(out.shape, noise_multiplier * clip, seed=seed, round_=round_))
+        noise = aggregate_noise(out.shape, noise_multiplier * clip, seed=seed, round_=round_)
+        out.add_(noise.to(out.device))
     return out.div_(expected_count)
 
 

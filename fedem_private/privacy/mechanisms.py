@@ -13,6 +13,10 @@ float64 (:mod:`clipping`), then noise for all k clients is drawn in one call
 of ``rng.client_noise`` keyed by (seed, round, client), added, and the sum
 cast to float32 (post-processing).
 
+Devices: clipping and the noise addition run on the device of the tables
+(the run's); the noise is drawn on the CPU, bit for bit as on a CPU run, and
+moved there.
+
 The central mode cdp-gaussian releases no upload at all; its clipping and
 its one noise draw on the sum live in :mod:`central`.
 
@@ -98,7 +102,7 @@ def _check_inputs(sent: torch.Tensor, local: torch.Tensor, clients: np.ndarray,
     # ``sent`` is the server's own table, built from uploads already checked here
     finite = finite_rows(local)
     if not bool(finite.all()):
-        bad = ids[(~finite).numpy()].tolist()
+        bad = ids[(~finite).cpu().numpy()].tolist()
         raise UserError(f"non-finite value (NaN or Inf) in the local table of client(s) "
                         f"{bad[:10]}")
     return ids
@@ -114,14 +118,18 @@ def clipped_delta(params: MechanismParams, sent: torch.Tensor, local: torch.Tens
 
 
 def draw_noise(params: MechanismParams, shape: torch.Size, *, seed: int, round_: int,
-               clients: np.ndarray) -> torch.Tensor | None:
+               clients: np.ndarray, device: torch.device | None = None) -> torch.Tensor | None:
     """(k, ...) float64 noise of params.noise_kind / noise_scale, one rng call for all
-    k clients, keyed by (seed, round, client); None when the scale is 0."""
+    k clients, keyed by (seed, round, client); None when the scale is 0.
+
+    Drawn on the CPU (the same numbers on every device) and moved to ``device``
+    (None: left on the CPU).
+    """
     if params.noise_scale == 0 or params.noise_kind is None:
         return None
     n = math.prod(shape[1:])
     noise = rng.client_noise(seed, round_, clients, n, params.noise_kind, params.noise_scale)
-    return noise.reshape(shape)
+    return noise.reshape(shape).to(device)
 
 
 def noise_std(params: MechanismParams) -> float:
@@ -186,7 +194,8 @@ def _clip_and_noise(params: MechanismParams, sent: torch.Tensor, local: torch.Te
     out, clip = clipped_delta(params, sent, local)
     signal = mean_abs_trained(out, touched)
     out.add_(sent.detach())
-    noise = draw_noise(params, out.shape, seed=seed, round_=round_, clients=clients)
+    noise = draw_noise(params, out.shape, seed=seed, round_=round_, clients=clients,
+                       device=out.device)
     noised = 0.0
     if noise is not None:
         if mask is None:
@@ -262,7 +271,8 @@ def release_paper(params: MechanismParams, sent: torch.Tensor, local: torch.Tens
     """
     _check_inputs(sent, local, clients, touched, need_touched=False)
     out = local.detach().to(torch.float64, copy=True)
-    noise = draw_noise(params, out.shape, seed=seed, round_=round_, clients=clients)
+    noise = draw_noise(params, out.shape, seed=seed, round_=round_, clients=clients,
+                       device=out.device)
     if noise is not None:
         out.add_(noise)
     return out.to(torch.float32), _stats(params, out.shape[0], None, 1.0 if noise is not None

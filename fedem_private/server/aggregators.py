@@ -20,6 +20,10 @@ aggregator may report per-round figures (:meth:`Aggregator.round_stats`),
 which the loop writes into metrics.csv without knowing what they are.
 Non-item shared groups (an MLP) are always averaged with FedAvg weights by
 :class:`DenseFedAvg`.
+
+Devices: an aggregator keeps its tables, weights and masks on the device of
+the ``sizes`` and initial table it is built with (the run's device); the index
+tensors and uploads it is given must be there too.
 """
 
 from __future__ import annotations
@@ -97,9 +101,10 @@ class Aggregator(ABC):
     sends_table: ClassVar[bool] = True
 
     def __init__(self, sizes: Tensor, n_clients: int) -> None:
-        self.sizes = sizes  # (n,) float64 training-set sizes |D_u|
+        self.sizes = sizes  # (n,) float64 training-set sizes |D_u|, on the run's device
         self.n = n_clients
-        self.part_mask = torch.zeros(n_clients, dtype=torch.bool)
+        self.device = sizes.device
+        self.part_mask = torch.zeros(n_clients, dtype=torch.bool, device=self.device)
 
     @abstractmethod
     def sent(self, idx: Tensor) -> Tensor | None:
@@ -167,7 +172,7 @@ class _SumAggregator(Aggregator):
         super().begin_round(part_mask)
         # a Poisson-sampled round (cdp-gaussian) may have no participant: no weights then
         self._weights = (self._round_weights(part_mask) if bool(part_mask.any())
-                         else torch.zeros(self.n, dtype=torch.float64))
+                         else torch.zeros(self.n, dtype=torch.float64, device=self.device))
         self._acc = torch.zeros_like(self.global_table, dtype=torch.float64)
 
     def add(self, idx: Tensor, uploads: Tensor) -> None:
@@ -268,7 +273,7 @@ class SimilarityAggregator(_PerUploadAggregator):
         m, d = q0.shape
         self.global_tables = q0.expand(n_clients, m, d).clone()
         self._keep_uploads(q0, alias)
-        self.uploaded = torch.zeros(n_clients, dtype=torch.bool)
+        self.uploaded = torch.zeros(n_clients, dtype=torch.bool, device=self.device)
 
     def sent(self, idx: Tensor) -> Tensor:
         return self.global_tables.index_select(0, idx)
@@ -346,7 +351,7 @@ class FedMergeAggregator(_PerUploadAggregator):
         self.fit_cfg = fit_cfg
         self.dtype = q0.dtype
         self.tables = initial_tables(q0, k, seed)  # (K, m, d) float64
-        self.logits = torch.zeros((n_clients, k), dtype=torch.float64)
+        self.logits = torch.zeros((n_clients, k), dtype=torch.float64, device=self.device)
         self.personal = merged_tables(self.logits, self.tables).to(q0.dtype)
         self._keep_uploads(q0, alias)
         self.objective: list[float] = []

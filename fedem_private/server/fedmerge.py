@@ -87,13 +87,15 @@ def initial_tables(q0: Tensor, k: int, seed: int) -> Tensor:
     ``q0``, drawn from the run's counter-based generator keyed by
     (seed, FEDMERGE_INIT, 0, k); the K perturbations are centred (their mean
     is subtracted), so uniform weights send exactly ``q0`` (12.1) and K = 1
-    starts from ``q0`` itself.
+    starts from ``q0`` itself. The perturbations are drawn on the CPU and moved to
+    ``q0``'s device, where the tables live.
     """
     base = q0.double()
     scale = PERTURBATION * float(base.std()) if base.numel() > 1 else 0.0
     noise = torch.empty((k, *q0.shape), dtype=torch.float64)
     for j in range(k):
         noise[j].normal_(0.0, 1.0, generator=rng.generator(seed, rng.Stream.FEDMERGE_INIT, 0, j))
+    noise = noise.to(q0.device)
     noise -= noise.mean(dim=0, keepdim=True)
     return base.unsqueeze(0) + scale * noise
 
@@ -118,7 +120,7 @@ def _lambda_max(sym: Tensor) -> float:
 def _centred(h: Tensor) -> Tensor:
     """P H P with P = I - 11^T / K."""
     k = h.shape[0]
-    p = torch.eye(k, dtype=torch.float64) - 1.0 / k
+    p = torch.eye(k, dtype=torch.float64, device=h.device) - 1.0 / k
     return p @ h @ p
 
 
@@ -132,7 +134,7 @@ def _uploads_sq(uploads: Tensor, chunk: int) -> float:
 def _weighted_uploads(uploads: Tensor, w: Tensor, chunk: int) -> Tensor:
     """W^T U (K, m d) in float64: sum_u w_uk U_u, one pass over chunks of clients."""
     n = uploads.shape[0]
-    out = torch.zeros((w.shape[1], uploads[0].numel()), dtype=torch.float64)
+    out = torch.zeros((w.shape[1], uploads[0].numel()), dtype=torch.float64, device=w.device)
     for a in range(0, n, chunk):
         out.addmm_(w[a:a + chunk].T, uploads[a:a + chunk].reshape(-1, out.shape[1]).double())
     return out
@@ -141,7 +143,7 @@ def _weighted_uploads(uploads: Tensor, w: Tensor, chunk: int) -> Tensor:
 def _upload_products(uploads: Tensor, g: Tensor, chunk: int) -> Tensor:
     """C = [<U_u, G_k>] (n_t, K) in float64, one pass over chunks of clients."""
     n = uploads.shape[0]
-    out = torch.empty((n, g.shape[0]), dtype=torch.float64)
+    out = torch.empty((n, g.shape[0]), dtype=torch.float64, device=g.device)
     for a in range(0, n, chunk):
         torch.mm(uploads[a:a + chunk].reshape(-1, g.shape[1]).double(), g.T, out=out[a:a + chunk])
     return out
@@ -166,8 +168,8 @@ def logit_step(logits: Tensor, gr: Tensor, gram: Tensor, rate: float) -> Tensor:
     w = torch.softmax(logits, dim=1)
     grad_w = -2.0 * gr
     grad_a = w * (grad_w - (w * grad_w).sum(dim=1, keepdim=True))
-    step = torch.full((logits.shape[0], 1), rate, dtype=torch.float64)
-    pending = torch.ones(logits.shape[0], dtype=torch.bool)
+    step = torch.full((logits.shape[0], 1), rate, dtype=torch.float64, device=logits.device)
+    pending = torch.ones(logits.shape[0], dtype=torch.bool, device=logits.device)
     out = logits.clone()
     for _ in range(MAX_HALVINGS + 1):
         trial = logits - step * grad_a

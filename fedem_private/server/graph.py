@@ -39,7 +39,7 @@ def cosine_similarity_matrix(tables: Tensor) -> Tensor:
     """
     n = tables.shape[0]
     flat = tables.reshape(n, -1)
-    gram = torch.empty((n, n), dtype=torch.float64)
+    gram = torch.empty((n, n), dtype=torch.float64, device=tables.device)
     for a in range(0, n, CHUNK):
         block = flat[a:a + CHUNK].double()
         for b in range(a, n, CHUNK):

@@ -22,6 +22,8 @@ from typing import Any, get_type_hints
 
 from fedem_private.data import DATASETS, PROTOCOLS, RATED_DATASETS, SyntheticConfig
 from fedem_private.data.attributes import ATTRIBUTE_DATASETS
+from fedem_private.device import check_name as check_device
+from fedem_private.device import resolve as resolve_device
 from fedem_private.errors import UserError
 from fedem_private.privacy.config import CENTRAL_MODES, PrivacyConfig
 
@@ -109,6 +111,9 @@ class TrainConfig:
     seed: int = 0
     eval_every: int = 1
     memory_budget_mb: int = 2048
+    # where the heavy tensors live: cpu, cuda, or auto (cuda when available);
+    # :meth:`RunConfig.resolved` turns auto into what it means on this machine
+    device: str = "cpu"
 
     def validate(self) -> None:
         for name in ("rounds", "local_epochs", "batch_size", "dim", "num_negatives",
@@ -122,6 +127,7 @@ class TrainConfig:
                 raise UserError(f"train.{name} must be a positive number, got {value}")
         if not 0 < self.client_fraction <= 1:
             raise UserError(f"train.client_fraction must be in (0, 1], got {self.client_fraction}")
+        check_device(self.device)
 
 
 @dataclass(frozen=True)
@@ -386,7 +392,13 @@ class RunConfig:
         return self
 
     def resolved(self) -> RunConfig:
-        """Fill method-dependent defaults so the written config says what ran."""
+        """Fill method-dependent defaults so the written config says what ran.
+
+        ``train.device`` ``auto`` becomes ``cpu`` or ``cuda`` (the device that runs);
+        ``cuda`` on a machine without one is a UserError (this imports torch, which
+        a ``cpu`` config never does here).
+        """
+        train = replace(self.train, device=resolve_device(self.train.device))
         fed = replace(self.federation, method=self.federation.resolved_method,
                       backbone=self.federation.resolved_backbone,
                       aggregation=self.federation.resolved_aggregation,
@@ -396,7 +408,7 @@ class RunConfig:
             rounds = ",".join(str(r) for r in record.parsed_rounds())
             record = replace(record, rounds=rounds,
                              clients=record.clients or DEFAULT_RECORD_CLIENTS)
-        return replace(self, federation=fed, record=record)
+        return replace(self, train=train, federation=fed, record=record)
 
 
 # Fields added after version 0.1.0: they enter a config's identity only when set, so run
@@ -434,6 +446,7 @@ LATER_FIELDS: dict[tuple[str, ...], Any] = {
     ("federation", "peft_init"): "normal",
     ("federation", "adapter_objective"): "train",
     ("federation", "adapter_folds"): 5,
+    ("train", "device"): "cpu",
 }
 
 

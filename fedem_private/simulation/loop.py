@@ -44,6 +44,14 @@ tensors each client sends and receives.
 
 Clients are processed in chunks sorted by workload; every random draw is keyed
 by (seed, round, client), so chunking never changes results.
+
+Device (``train.device``, DESIGN section 13): the client state (:class:`SimState`),
+the aggregators' tables, each chunk's training tensors, the merge adapters, the
+privacy layer's clipping and noise addition and the evaluation's scores live on
+``Simulation.device``. Random draws are made on the CPU exactly as on a CPU run
+(:mod:`fedem_private.rng`) and moved there, and the per-chunk plans are built
+in numpy and moved once per chunk. Client ids (numpy) stay on the CPU; their
+index tensors (``idx``) are made on the device.
 """
 
 from __future__ import annotations
@@ -59,6 +67,7 @@ from fedem_private import models, rng
 from fedem_private.client import codecs
 from fedem_private.client.merging import MergeConfig, Merger
 from fedem_private.data.split import Split, exclusion_csr
+from fedem_private.device import torch_device
 from fedem_private.errors import UserError
 from fedem_private.evaluation.metrics import EvalSets, RankAccumulator, build_eval_sets
 from fedem_private.models.base import (
@@ -124,7 +133,8 @@ class RoundStats:
 
 @dataclass
 class SimState:
-    """All client state, as batched tensors (the server's lives in its aggregators)."""
+    """All client state, as batched tensors on the run's device (the server's lives in its
+    aggregators)."""
 
     q_local: torch.Tensor  # (n, m, d) each client's table after its last training
     private: dict[str, torch.Tensor]  # (n, ...) groups that never leave a client (p_u, heads)
@@ -170,6 +180,7 @@ class Simulation:
         self.item_features = item_features
         tr, fed = self.cfg.train, self.cfg.federation
         self.seed = tr.seed
+        self.device = torch_device(tr.device)  # of every heavy tensor (module docstring)
         self.aggregation = fed.resolved_aggregation
         self.merge_cfg = MergeConfig(strategy=fed.resolved_merge, rho=fed.rho,
                                      adapter_lr=fed.adapter_lr,
@@ -184,7 +195,7 @@ class Simulation:
                                           grad_clip=self.privacy.local_grad_clip)
         self.excl = exclusion_csr(split, self.cfg.data.protocol)
         self.eval_sets: EvalSets = build_eval_sets(split, self.cfg.data.protocol, self.seed)
-        self.sizes = torch.from_numpy(split.train_counts.astype(np.float64))
+        self.sizes = torch.from_numpy(split.train_counts.astype(np.float64)).to(self.device)
         self.backbone = models.build(fed.resolved_backbone, split.n_items, tr.dim, self.seed,
                                      tr.init_std, options={"gpfedrec_reg": fed.gpfedrec_reg,
                                                            "fedrap_lambda": fed.fedrap_lambda,
@@ -209,7 +220,7 @@ class Simulation:
         clients = np.arange(self.split.n_users)
         norms = np.zeros(clients.shape[0], dtype=np.float64)
         for chunk in self._chunks(clients):
-            idx = torch.from_numpy(chunk)
+            idx = self._index(chunk)
             samples = draw_samples(self.seed, WARMUP_ROUND, chunk, self.split.train_indptr,
                                    self.split.train_items, *self.excl, self.split.n_items,
                                    self.local_cfg.num_negatives)
@@ -221,7 +232,7 @@ class Simulation:
                      - self.full_codec.encode(start.items, start.dense).double())
             delta = delta.reshape(chunk.shape[0], -1)
             norm = delta.norm(dim=1) if pc.mode == "ldp-gaussian" else delta.abs().sum(dim=1)
-            norms[chunk] = norm.numpy()
+            norms[chunk] = norm.cpu().numpy()
         released = noisy_log_norms(norms, clients, pc.clip_auto_min, pc.clip_auto_max,
                                    pc.warmup_epsilon, self.seed)
         self.privacy.set_auto_clip(estimate_clip(released, pc.clip_auto_min, pc.clip_auto_max),
@@ -229,9 +240,12 @@ class Simulation:
 
     # ------------------------------------------------------------------ state
     def _build_parts(self) -> None:
+        """The initial state and the parts, on the run's device: every initial tensor is
+        drawn on the CPU (keyed as on a CPU run) and moved there."""
         n, m = self.split.n_users, self.split.n_items
-        q0 = self._initial_items()
-        dense0 = self.backbone.init_dense()
+        dev = self.device
+        q0 = self._initial_items().to(dev)
+        dense0 = {k: v.to(dev) for k, v in self.backbone.init_dense().items()}
         q_local = q0.expand(n, *q0.shape).clone()
         # Without noise an upload equals the client's new table, so the server's copy of
         # each last upload can share storage with q_local (it changes only on upload).
@@ -258,12 +272,17 @@ class Simulation:
         self.full_codec = (self.codec if isinstance(self.codec, codecs.FullCodec) else
                            codecs.FullCodec(m, self.cfg.train.dim,
                                             {k: tuple(v.shape) for k, v in dense0.items()}))
-        self.merger = Merger(self.merge_cfg, n, self.cfg.train.dim, self.seed, q0.dtype)
+        self.merger = Merger(self.merge_cfg, n, self.cfg.train.dim, self.seed, q0.dtype,
+                             device=dev)
         dense_local = {k: v.expand(n, *v.shape).clone() for k, v in dense0.items()}
-        self.state = SimState(q_local, self.backbone.init_private(np.arange(n)), dense_local,
-                              self.aggregator.table)
+        private = {k: v.to(dev) for k, v in self.backbone.init_private(np.arange(n)).items()}
+        self.state = SimState(q_local, private, dense_local, self.aggregator.table)
 
     # ---------------------------------------------------------------- helpers
+    def _index(self, clients: np.ndarray) -> torch.Tensor:
+        """Client ids (numpy) as an int64 index tensor on the run's device."""
+        return torch.from_numpy(clients).to(self.device)
+
     def _initial_items(self) -> torch.Tensor:
         """The server's initial item table: the backbone's random one, or (``--peft-pretrain
         attributes``) FedPEFT's autoencoder latent of the item attributes (DESIGN section 11)."""
@@ -348,8 +367,8 @@ class Simulation:
         t = st.round + 1
         t0 = time.perf_counter()
         clients = self.participants(t)
-        part_mask = torch.zeros(self.split.n_users, dtype=torch.bool)
-        part_mask[torch.from_numpy(clients)] = True
+        part_mask = torch.zeros(self.split.n_users, dtype=torch.bool, device=self.device)
+        part_mask[self._index(clients)] = True
         self.aggregator.begin_round(part_mask)
         if self.dense is not None:
             self.dense.begin_round(part_mask)
@@ -362,7 +381,7 @@ class Simulation:
         rho_sum, rho_n = 0.0, 0
         up_bytes = down_bytes = 0
         for chunk in self._chunks(clients, t):
-            idx = torch.from_numpy(chunk)
+            idx = self._index(chunk)
             k = chunk.shape[0]
             samples = draw_samples(self.seed, t, chunk, self.split.train_indptr,
                                    self.split.train_items, *self.excl, self.split.n_items,
@@ -436,6 +455,8 @@ class Simulation:
         st.q_global = self.aggregator.table
         privacy_stats = self.privacy.end_round(clients)
         st.round = t
+        if self.device.type == "cuda":  # the round's kernels run asynchronously: time them all
+            torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - t0
         stats = RoundStats(t, seconds, int(clients.shape[0]), privacy=privacy_stats,
                            server=self.aggregator.round_stats())
@@ -454,7 +475,7 @@ class Simulation:
         ``base`` is the encoded table (or, in a FedPEFT round, the encoded theta)
         every client was sent this round (a sum aggregator sends all the same).
         """
-        one = torch.zeros(1, dtype=torch.long)
+        one = torch.zeros(1, dtype=torch.long, device=self.device)
         sent = self._sent_params(one)
         if peft:
             assert self.codec_server is not None
@@ -476,7 +497,7 @@ class Simulation:
         with torch.no_grad():
             for start in range(0, n, size):
                 users = np.arange(start, min(n, start + size))
-                idx = torch.from_numpy(users)
+                idx = self._index(users)
                 acc.add_scores(users, self.backbone.scores(self.state.params(idx)),
                                self.eval_sets)
         return acc.result()
