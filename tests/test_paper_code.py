@@ -59,13 +59,13 @@ def test_paper_code_preset_turns_on_what_applies():
     fedem = _cfg("paper-code", "fedem")
     assert fedem.data.protocol == "paper"
     assert protocol_options(fedem) == {"min_user_ratings": 10, "shared_eval_negatives": True,
-                                       "select_round": "best-test", "agg_clients_ratio": 0.1,
-                                       "similarity": "pca"}
+                                       "select_round": "best-test", "early_stop_tol": 1e-4,
+                                       "agg_clients_ratio": 0.1, "similarity": "pca"}
     assert protocol_label(fedem) == "paper-code"
     fedmf = _cfg("paper-code", "fedmf", dataset="filmtrust")  # no similarity aggregation
     assert protocol_options(fedmf) == {"min_user_ratings": 10, "first_seen_order": True,
                                        "shared_eval_negatives": True,
-                                       "select_round": "best-test"}
+                                       "select_round": "best-test", "early_stop_tol": 1e-4}
     assert protocol_label(fedmf) == "paper-code"
     assert _cfg("paper-code", "pfedrec").train.select_round == "best-val"
     # one option fewer than the preset is not the preset
@@ -284,3 +284,46 @@ def test_agg_clients_ratio_sends_tables_only_to_the_sampled(small_split):
     p = fedavg_weights(sim.sizes, chosen)
     ref = similarity_aggregate(q_after_1, p, cfg.federation.alpha, participating=chosen)
     torch.testing.assert_close(tables_1[chosen], ref[chosen])
+
+
+# ------------------------------------------------------------------ 8: early stop
+@pytest.mark.parametrize("tol", [0.02, 0.1])
+def test_early_stop_equals_per_client_reference(small_split, tol):
+    """Lock-step training with the per-client early stop vs one client at a time."""
+    from fedem_private import models
+    from fedem_private.data.split import exclusion_csr
+    from fedem_private.models.base import ClientParams, LocalTrainConfig, draw_samples, num_steps
+
+    sp = small_split
+    cfg = LocalTrainConfig(epochs=6, batch_size=32, lr=0.1, early_stop_tol=tol)
+    excl = exclusion_csr(sp, "strict")
+    clients = np.arange(sp.n_users)
+    s = draw_samples(0, 1, clients, sp.train_indptr, sp.train_items, *excl, sp.n_items,
+                     cfg.num_negatives)
+    order = clients[np.argsort(-num_steps(np.diff(s.indptr), cfg), kind="stable")]
+    samples = draw_samples(0, 1, order, sp.train_indptr, sp.train_items, *excl, sp.n_items,
+                           cfg.num_negatives)
+    bb = models.build("mf", sp.n_items, 8, seed=0, init_std=0.1)
+    k = len(order)
+    q0 = bb.init_items().expand(k, -1, -1).clone()
+    start = ClientParams(q0, {}, bb.init_private(order))
+    new, _ = bb.train_chunk(start, order, samples, cfg, 1)
+    full, _ = bb.train_chunk(start, order, samples, LocalTrainConfig(
+        epochs=6, batch_size=32, lr=0.1), 1)
+    stopped = 0
+    for j, c in enumerate(order.tolist()):
+        one = ClientParams(q0[j:j + 1], {}, {"p": start.private["p"][j:j + 1]})
+        items, labels = samples.of(j)
+        ref = bb.reference_train_client(one, items, labels, cfg, 1, c)
+        assert (new.items[j] - ref.items[0]).abs().max() < 1e-4
+        assert (new.private["p"][j] - ref.private["p"][0]).abs().max() < 1e-4
+        stopped += bool((new.items[j] - full.items[j]).abs().max() > 1e-3)
+    # the test means something: some clients stopped early, and not all of them
+    assert 0 < stopped < k
+
+
+def test_early_stop_needs_the_mf_backbone():
+    with pytest.raises(UserError, match="early-stop-tol"):
+        _cfg("paper", "pfedrec", **{"train.early_stop_tol": 1e-4})
+    assert _cfg("paper-code", "pfedrec").train.early_stop_tol == 0.0
+    assert _cfg("paper-code", "fedem").train.early_stop_tol == 1e-4

@@ -429,6 +429,15 @@ class RunConfig:
         self.privacy.validate()
         self.record.validate(self.train.rounds)
         self.federation.check_composition()
+        if self.train.early_stop_tol > 0:
+            backbone = self.federation.resolved_backbone
+            if backbone not in EARLY_STOP_BACKBONES:
+                raise UserError(f"--early-stop-tol is built for backbone "
+                                f"{', '.join(EARLY_STOP_BACKBONES)}, not {backbone!r}")
+            if self.federation.codec != "full":
+                raise UserError(f"--early-stop-tol stops training of the item table itself; "
+                                f"codec {self.federation.codec!r} trains its own parameters; "
+                                f"use --codec full")
         for token, section, name, _, default in PAPER_CODE_OPTIONS:
             if token in UNBUILT_OPTIONS and getattr(getattr(self, section), name) != default:
                 raise UserError(f"{section}.{name}: the option is not built yet (DESIGN 2a)")
@@ -493,7 +502,9 @@ PAPER_CODE_OPTIONS: tuple[tuple[str, str, str, Any, Any], ...] = (
     ("earlystop", "train", "early_stop_tol", 1e-4, 0.0),
 )
 # options not built yet: the preset leaves them off (and the sweep labels refuse them)
-UNBUILT_OPTIONS: frozenset[str] = frozenset({"batchmerge", "earlystop"})
+UNBUILT_OPTIONS: frozenset[str] = frozenset({"batchmerge"})
+# backbones whose local training has the early stop (Backbone.early_stop)
+EARLY_STOP_BACKBONES = ("mf",)
 # datasets the preset's first-seen order applies to (no timestamps; csv: the file decides)
 UNTIMED_DATASETS = ("filmtrust", "lastfm-2k")
 
@@ -513,6 +524,8 @@ def option_applies(token: str, data: DataConfig, fed: FederationConfig) -> bool:
         return data.dataset in UNTIMED_DATASETS
     if token in ("agg10", "pcasim"):
         return fed.resolved_aggregation == "similarity"
+    if token == "earlystop":
+        return fed.resolved_backbone in EARLY_STOP_BACKBONES and fed.codec == "full"
     if token == "batchmerge":
         return fed.resolved_merge in LEARNED_MERGES
     return True

@@ -201,7 +201,8 @@ class Simulation:
                                     sizes=split.train_counts, seed=self.seed)
         self.local_cfg = LocalTrainConfig(epochs=tr.local_epochs, batch_size=tr.batch_size,
                                           lr=tr.lr, num_negatives=tr.num_negatives,
-                                          grad_clip=self.privacy.local_grad_clip)
+                                          grad_clip=self.privacy.local_grad_clip,
+                                          early_stop_tol=tr.early_stop_tol)
         self.excl = exclusion_csr(split, self.cfg.data.protocol)
         self.eval_sets: EvalSets = build_eval_sets(split, self.cfg.data.protocol, self.seed,
                                                    validation=validation_kind(self.cfg))
