@@ -327,3 +327,40 @@ def test_early_stop_needs_the_mf_backbone():
         _cfg("paper", "pfedrec", **{"train.early_stop_tol": 1e-4})
     assert _cfg("paper-code", "pfedrec").train.early_stop_tol == 0.0
     assert _cfg("paper-code", "fedem").train.early_stop_tol == 1e-4
+
+
+# ------------------------------------------------------------------ sweeps
+def test_sweep_protocol_labels_expand_and_drop_what_does_not_apply():
+    from fedem_private.experiments.sweep_spec import grid, parse_spec
+
+    spec = parse_spec({"sweep": {"variants": ["fedmf", "fedem-em"], "seeds": [0, 1],
+                                 "protocols": ["paper", "paper+agg10", "paper+min10+pcasim",
+                                               "paper-code"]},
+                       "base": {"train": {"rounds": 2}}}, "test")
+    points = grid(spec)
+    names = {p.name for p in points}
+    # fedmf has no similarity aggregation: no agg10 / pcasim point for it
+    assert len(points) == 2 * (2 + 2 + 1 + 1)
+    assert "synthetic/fedem-em/none/paper+agg10/seed0" in names
+    assert not any("fedmf/none/paper+agg10" in n or "fedmf/none/paper+min10" in n
+                   for n in names)
+    by_name = {p.name: p.config for p in points}
+    cfg = by_name["synthetic/fedem-em/none/paper+min10+pcasim/seed1"]
+    assert protocol_options(cfg) == {"min_user_ratings": 10, "similarity": "pca"}
+    assert protocol_label(by_name["synthetic/fedmf/none/paper-code/seed0"]) == "paper-code"
+    assert protocol_options(by_name["synthetic/fedmf/none/paper/seed0"]) == {}
+    with pytest.raises(UserError, match="protocols"):
+        parse_spec({"sweep": {"protocols": ["paper+bogus"]}}, "test")
+
+
+def test_attribution_sweep_file_expands_to_its_points():
+    from pathlib import Path
+
+    from fedem_private.experiments.sweep_spec import grid, load_spec
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "attribution.toml"
+    points = grid(load_spec(path))
+    assert len(points) == 42
+    labels = {(p.variant, protocol_label(p.config)) for p in points}
+    assert ("fedem-em", "paper+agg10") in labels and ("fedmf", "paper+agg10") not in labels
+    assert all(p.config.train.rounds == 100 for p in points)
