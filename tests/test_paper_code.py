@@ -364,3 +364,37 @@ def test_attribution_sweep_file_expands_to_its_points():
     labels = {(p.variant, protocol_label(p.config)) for p in points}
     assert ("fedem-em", "paper+agg10") in labels and ("fedmf", "paper+agg10") not in labels
     assert all(p.config.train.rounds == 100 for p in points)
+
+
+# ------------------------------------------------------------------ command line
+def test_cli_flags_and_the_protocol_line(tmp_path, capsys):
+    from fedem_private.cli import main
+
+    out = tmp_path / "run"
+    assert main(["run", "--method", "fedem", "--protocol", "paper", "--min-user-ratings", "10",
+                 "--shared-eval-negatives", "--select-round", "best-test",
+                 "--agg-clients-ratio", "0.5", "--similarity", "pca", "--early-stop-tol",
+                 "1e-4", "--rounds", "2", "--local-epochs", "1", "--out", str(out),
+                 "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    assert "protocol: paper+min10+sharedneg+besttest+agg50+pcasim+earlystop" in text
+    assert "selected (best-test): round" in text
+    summary = (out / "summary.json").read_text()
+    assert '"agg_clients_ratio": 0.5' in summary and '"similarity": "pca"' in summary
+    config = (out / "config.toml").read_text()
+    assert "min_user_ratings = 10" in config and 'similarity = "pca"' in config
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--method", "fedem", "--merge-every-batch"], "not built yet"),
+    (["--method", "fedmf", "--agg-clients-ratio", "0.1"], "agg-clients-ratio"),
+    (["--method", "fedmf", "--similarity", "pca"], "--similarity pca"),
+    (["--protocol", "paper-codes"], "unknown protocol"),
+])
+def test_cli_refusals_are_one_line(tmp_path, capsys, argv, needle):
+    from fedem_private.cli import main
+
+    assert main(["run", *argv, "--rounds", "1", "--out", str(tmp_path / "r"),
+                 "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1
