@@ -398,3 +398,32 @@ def test_cli_refusals_are_one_line(tmp_path, capsys, argv, needle):
                  "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert needle in err and err.count("\n") == 1
+
+
+# ------------------------------------------------------------------ a round, end to end
+@pytest.mark.parametrize("over", [
+    {"federation.agg_clients_ratio": 0.3},
+    {"federation.agg_clients_ratio": 0.3, "federation.method": "fedsim"},  # no merge (SR)
+    {"federation.similarity": "pca"},
+    {"federation.agg_clients_ratio": 0.3, "federation.similarity": "pca",
+     "train.early_stop_tol": 0.05},
+])
+def test_second_round_with_code_options_equals_per_client_reference(small_split, over):
+    """Round 2 of FedEM (EM merge active) with the code's server options against the
+    one-client-at-a-time loop (sklearn PCA, cvxpy, torch.optim, the keyed 30% draw)."""
+    from fedem_private.simulation import reference
+
+    base = {"train.rounds": 3, "train.local_epochs": 2, "train.batch_size": 32,
+            "train.dim": 8, "train.eval_every": 100, "federation.method": "fedem",
+            "data.protocol": "paper"}
+    sim = Simulation(with_overrides(RunConfig(), {**base, **over}), small_split)
+    sim.step()
+    ref = reference.simulation_round(sim)
+    stats = sim.step()
+    assert (sim.state.q_local - ref["q_local"]).abs().max() < 1e-4
+    assert (sim.state.p - ref["p"]).abs().max() < 1e-4
+    assert (sim.state.q_global - ref["q_global"]).abs().max() < 1e-4
+    if ref["rho_mean"] is not None:
+        assert stats.merge["rho_mean"] == pytest.approx(ref["rho_mean"], abs=1e-5)
+    if "federation.agg_clients_ratio" in over:
+        assert torch.equal(sim.aggregator.receiving.cpu(), ref["server"]["receiving"])
