@@ -48,7 +48,23 @@ def _integer(text: str) -> int:
 RUN_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--dataset", "data.dataset", str, "synthetic, ml-100k, ml-1m, filmtrust, lastfm-2k, csv"),
     ("--data-dir", "data.data_dir", str, "directory (or CSV file) holding the dataset"),
-    ("--protocol", "data.protocol", str, "strict or paper"),
+    ("--protocol", "data.protocol", str,
+     "strict, paper, or paper-code (paper with every option of the authors' code below that "
+     "applies to the dataset and method; DESIGN section 2a)"),
+    ("--min-user-ratings", "data.min_user_ratings", _integer,
+     "users with fewer positives are dropped (authors' code: 10)"),
+    ("--select-round", "train.select_round", str,
+     "also report a selected round: last (off), best-test (best sampled test HR@10: FedEM, "
+     "FedRAP code), best-val (best validation HR@10: PFedRec, GPFedRec code) or auto"),
+    ("--agg-clients-ratio", "federation.agg_clients_ratio", _number,
+     "similarity aggregation over this random share of the round's uploads; only those "
+     "clients get a new table (authors' code: 0.1)"),
+    ("--similarity", "federation.similarity", str,
+     "similarity aggregation: eq13 (the paper) or pca (the authors' code: 1-D PCA, "
+     "1 / (1 + L2), > 0.9 -> 1, no 1 / (1 + alpha))"),
+    ("--early-stop-tol", "train.early_stop_tol", _number,
+     "stop a client's local training when its epoch loss changes by less than this, "
+     "relatively (0: off; authors' code: 1e-4)"),
     ("--min-rating", "data.min_rating", _number,
      "positives are the pairs rated >= this (default: every rated pair; datasets with "
      "ratings only)"),
@@ -142,6 +158,18 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
 ]
 
 
+# switches: flag -> (config key, help); given, the key is true (DESIGN section 2a options)
+RUN_SWITCHES: list[tuple[str, str, str]] = [
+    ("--first-seen-order", "data.first_seen_order",
+     "datasets without timestamps: order each user's items by the item's first appearance in "
+     "the file, not a seeded random order (authors' code)"),
+    ("--shared-eval-negatives", "data.shared_eval_negatives",
+     "one set of 99 sampled negatives for validation and test (authors' code)"),
+    ("--merge-every-batch", "federation.merge_every_batch",
+     "em / dm: merge on every local batch and evaluate the merged table (authors' code)"),
+]
+
+
 def _default_of(key: str) -> Any:
     """The built-in default of a dotted config key, e.g. ``train.rounds`` -> 50."""
     from fedem_private.simulation.config import RunConfig
@@ -163,6 +191,9 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
             text += " (default: the method's own)"
         p.add_argument(flag, dest=key, type=typ, default=None, help=text,
                        metavar=flag.removeprefix("--").upper().replace("-", "_"))
+    for flag, key, text in RUN_SWITCHES:
+        p.add_argument(flag, dest=key, action="store_const", const=True, default=None,
+                       help=text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -227,6 +258,7 @@ def config_from_args(args: argparse.Namespace):
 
     base = load_toml(args.config) if args.config else RunConfig()
     overrides = {key: getattr(args, key) for _, key, _, _ in RUN_FLAGS}
+    overrides.update({key: getattr(args, key) for _, key, _ in RUN_SWITCHES})
     if overrides.get("privacy.clip") == "auto":
         overrides.update({"privacy.clip": None, "privacy.clip_auto": True})
     overrides.update({"record.rounds": getattr(args, "record_rounds", None),
@@ -288,6 +320,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
     for kind in ("full", "sampled"):
         if kind in m:
             print(f"{kind:>7}: HR@10 {m[kind]['hr@10']:.4f}  NDCG@10 {m[kind]['ndcg@10']:.4f}")
+    if summary.get("protocol_options"):  # DESIGN 2a: the authors' code's options
+        opts = ", ".join(f"{k}={v}" for k, v in summary["protocol_options"].items())
+        print(f"protocol: {summary['protocol_label']} ({opts})")
+    selected = summary.get("selected")
+    if selected:
+        sm = selected["metrics"].get("sampled", {})
+        print(f"selected ({selected['rule']}): round {selected['round']}  sampled HR@10 "
+              f"{sm.get('hr@10', float('nan')):.4f}  NDCG@10 {sm.get('ndcg@10', float('nan')):.4f}"
+              f"  (the headline above is the last round's)")
     print(privacy_text(summary.get("privacy")))
     warning = (summary.get("clipping") or {}).get("warning")
     if warning:

@@ -47,6 +47,7 @@ class Stream(IntEnum):
     PRETRAIN = 15  # FedPEFT's server-side autoencoder over item attributes (its weights)
     HOLDOUT_FOLDS = 16  # --adapter-objective holdout: each client's fixed fold permutation
     ADAPTER_SHUFFLE = 17  # holdout: the order of the adapter's batches over the withheld fold
+    AGG_SAMPLE = 18  # --agg-clients-ratio: the uploads similarity aggregation takes (server)
 
 
 def _mix(x: np.ndarray) -> np.ndarray:

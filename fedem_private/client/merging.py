@@ -469,13 +469,31 @@ class Merger:
         return train, adapter_batches(self.seed, round_, clients, fold, 0, epochs, bsz)
 
     def start(self, idx: Tensor, q_prev: Tensor, sent: Tensor, user_vecs: Tensor,
-              score: ScoreFn, steps: Iterable[StepBatch] | None) -> tuple[Tensor, Tensor]:
+              score: ScoreFn, steps: Iterable[StepBatch] | None,
+              merging: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Train the adapters of clients ``idx`` (DM, EM), then merge (equation 10).
 
+        ``merging`` (k,) bool: the clients that received a table this round; the others
+        (the FedEM code's ``agg_clients_ratio``, DESIGN 2a) neither train their adapter
+        nor merge: their start table is ``q_prev``. None: all merge.
         Returns the start tables (k, m, d) and each client's mean rho (k,).
         """
+        if merging is not None and steps is not None:
+            steps = _only_rows(steps, merging)
         if self.learned:
             self.state = train_adapter(self.cfg, self.state, idx, q_prev, sent, user_vecs,
                                        steps if steps is not None else (), score)
         chunk_state = take_clients(self.state, idx) if self.state is not None else None
-        return merge_with_rho(self.cfg, chunk_state, q_prev, sent)
+        start, rho = merge_with_rho(self.cfg, chunk_state, q_prev, sent)
+        if merging is not None:
+            start = torch.where(merging.view(-1, 1, 1), start, q_prev)
+        return start, rho
+
+
+def _only_rows(steps: Iterable[StepBatch], keep: Tensor) -> Iterable[StepBatch]:
+    """The adapter's steps with the entries of clients not in ``keep`` (k,) masked out."""
+    keep_cpu = keep.cpu()
+    for step in steps:
+        rows_keep = keep_cpu.to(step.rows.device)[step.rows]
+        yield StepBatch(step.rows, step.items, step.labels,
+                        step.mask.bool() & rows_keep[:, None])

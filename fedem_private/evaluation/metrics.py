@@ -28,15 +28,32 @@ class EvalSets:
     sampled: torch.Tensor  # (n, 99) sampled negatives
     excl_indptr: np.ndarray  # items never ranked in full ranking (train + validation)
     excl_items: np.ndarray
+    # validation (DESIGN 2a): each user's validation item and its (n, 99) sampled negatives,
+    # None when the run reports no validation metric
+    val_items: torch.Tensor | None = None
+    val_sampled: torch.Tensor | None = None
 
 
-def build_eval_sets(split: Split, protocol: str, seed: int, n_sampled: int = 99) -> EvalSets:
+# what the validation item is ranked against: no validation metric, the test's own 99
+# negatives (the authors' code, DESIGN 2a), or a separate draw of 99 from the same pool
+VALIDATIONS = (None, "shared", "separate")
+
+
+def build_eval_sets(split: Split, protocol: str, seed: int, n_sampled: int = 99,
+                    validation: str | None = None) -> EvalSets:
     """The 99 sampled candidates per user and the full-ranking exclusions.
 
     ``paper``: candidates come from items the user never interacted with in
     any split (as in the published code). ``strict``: from items outside the
     user's training set and validation item, other than the test item.
+
+    ``validation`` (DESIGN 2a): None, no validation metric; ``"shared"``, the
+    validation item is ranked against the test's own 99 negatives (ONE set, as
+    in the FedEM code); ``"separate"``, against 99 drawn separately from the
+    same pool (keyed as the test's draw with evaluation round 1, not 0).
     """
+    if validation not in VALIDATIONS:
+        raise ValueError(f"unknown validation {validation!r}")
     if protocol == "paper":
         indptr, items = exclusion_csr(split, "paper")
     else:
@@ -47,7 +64,17 @@ def build_eval_sets(split: Split, protocol: str, seed: int, n_sampled: int = 99)
     u = rng.uniform(rng.key(seed, rng.Stream.EVAL, 0, owner), counter)
     cand = sample_excluding(indptr, items, split.n_items, owner, u).reshape(n, n_sampled)
     e_ptr, e_items = evaluation_exclusion_csr(split)
-    return EvalSets(torch.from_numpy(split.test_items), torch.from_numpy(cand), e_ptr, e_items)
+    val_items = val_cand = None
+    if validation is not None:
+        val_items = torch.from_numpy(split.val_items)
+        if validation == "shared":
+            val_cand = torch.from_numpy(cand)
+        else:
+            u_val = rng.uniform(rng.key(seed, rng.Stream.EVAL, 1, owner), counter)
+            val_cand = torch.from_numpy(sample_excluding(indptr, items, split.n_items, owner,
+                                                         u_val).reshape(n, n_sampled))
+    return EvalSets(torch.from_numpy(split.test_items), torch.from_numpy(cand), e_ptr, e_items,
+                    val_items, val_cand)
 
 
 def _with_test(split: Split) -> tuple[np.ndarray, np.ndarray]:
@@ -87,6 +114,7 @@ class RankAccumulator:
     def __init__(self, n_users: int) -> None:
         self.sampled = torch.full((n_users,), -1, dtype=torch.long)
         self.full = torch.full((n_users,), -1, dtype=torch.long)
+        self.val = torch.full((n_users,), -1, dtype=torch.long)
 
     def add(self, users: np.ndarray, q: torch.Tensor, p: torch.Tensor, sets: EvalSets) -> None:
         """Score users' own dot-product models: q (k, m, d) item tables, p (k, d) user vectors."""
@@ -101,6 +129,10 @@ class RankAccumulator:
         s_test = scores.gather(1, test[:, None]).squeeze(1)
         s_cand = scores.gather(1, sets.sampled[users_t].to(dev))
         self.sampled[users_t] = ranks_sampled(s_test, s_cand).cpu()
+        if sets.val_items is not None and sets.val_sampled is not None:
+            s_val = scores.gather(1, sets.val_items[users_t].to(dev)[:, None]).squeeze(1)
+            s_vcand = scores.gather(1, sets.val_sampled[users_t].to(dev))
+            self.val[users_t] = ranks_sampled(s_val, s_vcand).cpu()
         # full ranking: every item except training items, the validation item and the test item
         beat = scores >= s_test[:, None]
         lo, hi = sets.excl_indptr[users], sets.excl_indptr[np.asarray(users) + 1]
@@ -112,4 +144,7 @@ class RankAccumulator:
 
     def result(self) -> dict[str, dict[str, float]]:
         done = self.sampled >= 0
-        return {"sampled": hr_ndcg(self.sampled[done]), "full": hr_ndcg(self.full[done])}
+        out = {"sampled": hr_ndcg(self.sampled[done]), "full": hr_ndcg(self.full[done])}
+        if bool((self.val >= 0).any()):  # validation item vs its 99 sampled (DESIGN 2a)
+            out["val"] = hr_ndcg(self.val[self.val >= 0])
+        return out

@@ -32,7 +32,7 @@ from fedem_private.errors import UserError
 from fedem_private.experiments.attack_step import ATTACKS_FILE, read_records
 from fedem_private.experiments.rundir import write_text_atomic
 from fedem_private.experiments.sweep_spec import variant_label
-from fedem_private.simulation.config import flatten, identity_dict, load_toml
+from fedem_private.simulation.config import flatten, identity_dict, load_toml, protocol_label
 
 RESULTS_FILE = "results.csv"
 PRIMARY_RELATION = "positive_vs_sampled"
@@ -175,7 +175,8 @@ def run_row(run: Path, root: Path) -> dict[str, Any]:
         "backbone": summary.get("backbone") or "mf",
         "aggregation": summary.get("aggregation"),
         "merge": summary.get("merge"),
-        "protocol": summary.get("protocol"),
+        # the protocol and the DESIGN 2a options it ran with, e.g. paper+min10+sharedneg
+        "protocol": protocol_label(cfg) if cfg else summary.get("protocol"),
         "mode": mode,
         "eps_target": eps_target,
         "seed": summary.get("seed"),
@@ -184,6 +185,15 @@ def run_row(run: Path, root: Path) -> dict[str, Any]:
         values = metrics.get(kind) or {}
         row[f"hr10_{kind}"] = _number(values.get("hr@10"))
         row[f"ndcg10_{kind}"] = _number(values.get("ndcg@10"))
+    selected = summary.get("selected")
+    if isinstance(selected, dict):  # DESIGN 2a option 4: the selected round, besides the last
+        row["selected_rule"] = selected.get("rule")
+        row["selected_round"] = selected.get("round")
+        for kind in ("full", "sampled", "val"):
+            values = (selected.get("metrics") or {}).get(kind) or {}
+            if values:
+                row[f"hr10_{kind}_selected"] = _number(values.get("hr@10"))
+                row[f"ndcg10_{kind}_selected"] = _number(values.get("ndcg@10"))
     eps = privacy.get("epsilon") if isinstance(privacy.get("epsilon"), dict) else {}
     no_noise = mode == "none" or _number(privacy.get("noise_scale")) == 0
     for bound in BOUNDS:

@@ -11,7 +11,13 @@ from fedem_private._version import __version__
 from fedem_private.data import leave_one_out, load_dataset
 from fedem_private.data.attributes import item_attributes
 from fedem_private.experiments.rundir import RunDir
-from fedem_private.simulation.config import RunConfig, to_dict, to_toml
+from fedem_private.simulation.config import (
+    RunConfig,
+    protocol_label,
+    protocol_options,
+    to_dict,
+    to_toml,
+)
 from fedem_private.simulation.loop import RoundStats, Simulation
 
 
@@ -20,7 +26,8 @@ def prepare(cfg: RunConfig) -> Simulation:
     cfg = cfg.validate().resolved()
     data = load_dataset(cfg.data.dataset, cfg.data.data_dir, seed=cfg.train.seed,
                         synthetic=cfg.data.synthetic, min_rating=cfg.data.min_rating)
-    split = leave_one_out(data, cfg.train.seed)
+    split = leave_one_out(data, cfg.train.seed, cfg.data.min_user_ratings,
+                          first_seen=cfg.data.first_seen_order)
     demographics = {k: v[split.users] for k, v in data.demographics.items()}
     features = (item_attributes(cfg.data.dataset, cfg.data.data_dir, data.item_ids)
                 if cfg.federation.peft_pretrain == "attributes" else None)
@@ -76,13 +83,39 @@ def clipping_summary(history: list[RoundStats]) -> dict[str, Any] | None:
             "warning": warning}
 
 
+# select_round -> (metric kind, metric) whose best value picks the reported round
+SELECTION_KEYS = {"best-test": ("sampled", "hr@10"), "best-val": ("val", "hr@10")}
+
+
+def selected_round(history: list[RoundStats], rule: str) -> dict[str, Any] | None:
+    """The evaluated round a ``select_round`` rule picks (DESIGN 2a, option 4), or None.
+
+    ``best-test``: the highest sampled test HR@10 (the FedEM and FedRAP code);
+    ``best-val``: the highest validation HR@10 (PFedRec, GPFedRec). Ties go to
+    the earliest round. Returns ``{"rule", "round", "metrics"}``; the last round
+    stays the run's headline (``summary["metrics"]``).
+    """
+    if rule not in SELECTION_KEYS:
+        return None
+    kind, name = SELECTION_KEYS[rule]
+    best: RoundStats | None = None
+    for h in history:
+        if h.metrics is None or kind not in h.metrics:
+            continue
+        if best is None or h.metrics[kind][name] > best.metrics[kind][name]:  # type: ignore
+            best = h
+    if best is None:
+        return None
+    return {"rule": rule, "round": best.round, "metrics": best.metrics}
+
+
 def summarise(sim: Simulation, history: list[RoundStats], wall: float) -> dict[str, Any]:
     """The summary.json content."""
     cfg = sim.cfg
     last = next((h.metrics for h in reversed(history) if h.metrics), None)
     seconds = [h.seconds for h in history]
     rho = last_merge_rho(history)
-    return {
+    out = {
         "dataset": sim.dataset_name,
         "method": cfg.federation.method,
         "backbone": cfg.federation.backbone,
@@ -107,6 +140,14 @@ def summarise(sim: Simulation, history: list[RoundStats], wall: float) -> dict[s
         "communication": communication_summary(history),
         "version": __version__,
     }
+    options = protocol_options(cfg)
+    if options:  # DESIGN 2a: the authors' code's options this run used
+        out["protocol_label"] = protocol_label(cfg)
+        out["protocol_options"] = options
+    selected = selected_round(history, cfg.train.select_round)
+    if selected is not None:
+        out["selected"] = selected
+    return out
 
 
 def communication_summary(history: list[RoundStats]) -> dict[str, float]:

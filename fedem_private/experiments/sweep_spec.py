@@ -32,7 +32,18 @@ them as ``variants = ["fedmf", "fedsim", "fedem-sm", "fedem-dm", "fedem-em"]``
 ``merges``.
 
 Privacy modes without a budget (``none``, ``paper``) give one grid point each,
-whatever ``epsilons`` says. Each grid point gets a readable directory name,
+whatever ``epsilons`` says.
+
+``protocols`` takes ``strict``, ``paper``, ``paper-code`` (the preset of DESIGN
+section 2a) and ``paper`` with named options of the authors' code, e.g.
+``"paper+min10"``, ``"paper+agg10+pcasim"`` (tokens: min10, firstseen,
+sharedneg, besttest, bestval, bestauto, agg10, pcasim, earlystop). An option
+that does not apply to a point's dataset or method (agg10 and pcasim without
+similarity aggregation, firstseen on a dataset with timestamps, earlystop on
+a backbone without it) gives no point for it, as a budget gives none to a mode
+without one; the preset turns on only the options that apply.
+
+Each grid point gets a readable directory name,
 ``<dataset>/<variant>/<privacy>/<protocol>/seed<seed>`` (e.g.
 ``synthetic/fedem-em/ldp-laplace-eps8/strict/seed0``), and a digest of its
 fully resolved config: a run directory whose digest differs is re-run.
@@ -61,11 +72,15 @@ from fedem_private.simulation.config import (
     METHOD_BACKBONE,
     METHOD_DEFAULTS,
     METHODS,
+    PAPER_CODE_OPTIONS,
     FederationConfig,
     RunConfig,
     from_dict,
     identity_dict,
+    option_applies,
+    parse_protocol_label,
     to_dict,
+    with_overrides,
 )
 
 # modes that take a budget (epsilon); the sweep's epsilons axis applies to them
@@ -203,6 +218,23 @@ def _variants(values: list[Any]) -> tuple[tuple[str, str | None], ...]:
     return tuple(out)
 
 
+def _protocols(values: list[Any]) -> tuple[str, ...]:
+    """Protocol labels: strict, paper, paper-code, or paper+<option>+... (DESIGN 2a)."""
+    for v in values:
+        if not isinstance(v, str):
+            raise UserError(f"[sweep] protocols: unknown value {v!r}; choose from "
+                            f"{', '.join(PROTOCOLS)}, paper-code or paper+<option>")
+        try:
+            parse_protocol_label(v)
+        except UserError as exc:
+            raise UserError(f"[sweep] protocols: {exc}") from None
+    return tuple(values)
+
+
+# dotted config key -> its option token (the applicability of a protocol label's options)
+_OPTION_TOKEN = {f"{section}.{name}": token for token, section, name, _, _ in PAPER_CODE_OPTIONS}
+
+
 def _data_dirs(value: Any) -> tuple[tuple[str, str], ...]:
     if not isinstance(value, dict):
         raise UserError("[sweep.data_dirs] must be a table of dataset = \"directory\"")
@@ -283,7 +315,7 @@ def parse_spec(data: dict[str, Any], source: str) -> SweepSpec:
         privacy=privacy,
         epsilons=epsilons,
         seeds=_seeds(axis("seeds", base.train.seed)),
-        protocols=_choice("protocols", axis("protocols", base.data.protocol), PROTOCOLS),
+        protocols=_protocols(axis("protocols", base.data.protocol)),
         attacks=attacks_t,
         data_dirs=_data_dirs(sweep.get("data_dirs", {})),
         record_rounds=_record_rounds(sweep.get("record_rounds", ["last"])),
@@ -385,15 +417,22 @@ def grid(spec: SweepSpec) -> list[GridPoint]:
             base = spec.base
             data_dir = dirs.get(dataset, base.data.data_dir if dataset == base.data.dataset
                                 else None)
+            proto, options = parse_protocol_label(protocol)
             try:
                 cfg = RunConfig(
-                    data=replace(base.data, dataset=dataset, protocol=protocol,
+                    data=replace(base.data, dataset=dataset, protocol=proto,
                                  data_dir=data_dir),
                     train=replace(base.train, seed=seed),
                     federation=replace(base.federation, method=method, merge=merge,
                                        aggregation=agg, codec=codec),
                     privacy=_privacy(base.privacy, mode, eps),
-                ).validate().resolved()
+                )
+                if not all(option_applies(_OPTION_TOKEN[key], cfg.data, cfg.federation)
+                           for key in options):
+                    continue  # an option of the label that means nothing here: no point
+                if options:
+                    cfg = with_overrides(cfg, options)
+                cfg = cfg.validate().resolved()
             except UserError as exc:
                 raise UserError(f"{spec.source}: {dataset}/{method}/{mode}: {exc}") from None
             late = [r for r in spec.record_rounds if r != "last" and int(r) > cfg.train.rounds]

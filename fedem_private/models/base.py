@@ -55,6 +55,15 @@ class LocalTrainConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     grad_clip: float | None = None  # L2 clip of each step's item-table gradient (paper mode)
+    # DESIGN 2a (the FedEM code): a client stops after the epoch whose loss (the sum of its
+    # batch losses) changed by less than this relative to the previous epoch's; 0: off
+    early_stop_tol: float = 0.0
+
+
+def stops_early(prev: float, cur: float, tol: float) -> bool:
+    """Whether an epoch loss ``cur`` after ``prev`` stops local training (DESIGN 2a):
+    |cur - prev| / |prev| < tol (the FedEM code's early stop; tol 0 never stops)."""
+    return tol > 0 and abs(cur - prev) < tol * abs(prev)
 
 
 @dataclass(frozen=True)
@@ -465,6 +474,8 @@ class Backbone(ABC):
     """A client-side score model, vectorised over clients (DESIGN sections 9-10)."""
 
     name: ClassVar[str]
+    #: whether its local training honours ``LocalTrainConfig.early_stop_tol`` (DESIGN 2a)
+    early_stop: ClassVar[bool] = False
     #: whether score(u, i) = <user-side vector, q_i> (+ a per-client constant), which the
     #: projection attack assumes; False for an MLP score.
     dot_product: ClassVar[bool]

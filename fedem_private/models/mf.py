@@ -14,6 +14,8 @@ one client at a time, and the tests check both give the same tables.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -32,6 +34,7 @@ from fedem_private.models.base import (
     fused_adam,
     make_plan,
     num_steps,
+    stops_early,
 )
 
 __all__ = ["MFBackbone", "ClientSamples", "LocalTrainConfig", "draw_samples", "epoch_orders",
@@ -61,6 +64,7 @@ def train_chunk(q_start: torch.Tensor, p: torch.Tensor, clients: np.ndarray,
     items = (rows or CompactRows)(q_start, plan)
     pc = p.clone().contiguous()
     gp, mp, vp = torch.zeros_like(pc), torch.zeros_like(pc), torch.zeros_like(pc)
+    stop = _EarlyStop(plan, samples, cfg, items, pc) if cfg.early_stop_tol > 0 else None
     for s, a, flat, y, w in plan.schedule():
         q_rows = items.gather(flat).view(a, -1, d)
         pa = pc[:a]
@@ -70,8 +74,52 @@ def train_chunk(q_start: torch.Tensor, p: torch.Tensor, clients: np.ndarray,
         gp[:a] = torch.bmm(dlogit[:, None, :], q_rows).squeeze(1)
         items.step(a, flat, s, cfg)
         fused_adam([pc[:a]], [gp[:a]], [mp[:a]], [vp[:a]], s + 1, cfg)
+        if stop is not None:
+            stop.after_step(s, a, logits, y, w)
+    if stop is not None:
+        stop.restore()
     q_local, touched = items.close()
     return q_local, pc, touched
+
+
+class _EarlyStop:
+    """The FedEM code's early stop (DESIGN 2a) inside lock-step training, exactly.
+
+    A client's epoch loss is the sum of its batch losses (the mean BCE of each
+    batch, before that batch's step). After an epoch e >= 1 whose loss changed
+    by less than ``early_stop_tol`` relative to epoch e - 1's, the client's
+    parameters at that moment (its compact item rows and p_u) are kept; it goes
+    on stepping in lock-step with the others, but those later steps are
+    discarded by :meth:`restore`. Nothing it does afterwards touches another
+    client, so the result is each client's own early-stopped training.
+    """
+
+    def __init__(self, plan, samples: ClientSamples, cfg: LocalTrainConfig, items, p):
+        if not isinstance(items, CompactRows):
+            raise ValueError("early stopping trains the item table's own rows (codec full)")
+        self.cfg, self.items, self.p = cfg, items, p
+        k = p.shape[0]
+        self.nb = np.maximum(-(-np.diff(samples.indptr) // cfg.batch_size), 1)
+        self.loss = np.zeros((k, cfg.epochs), dtype=np.float64)
+        self.stopped = np.zeros(k, dtype=bool)
+        self.saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def after_step(self, s: int, a: int, logits, y, w) -> None:
+        nb = self.nb[:a]
+        batch = (F.binary_cross_entropy_with_logits(logits, y, reduction="none") * w).sum(1)
+        self.loss[np.arange(a), s // nb] += batch.detach().double().cpu().numpy()
+        ends = ((s + 1) % nb == 0) & (s // nb >= 1) & ~self.stopped[:a]
+        for j in np.flatnonzero(ends).tolist():
+            e = s // int(nb[j])
+            if stops_early(self.loss[j, e - 1], self.loss[j, e], self.cfg.early_stop_tol):
+                self.stopped[j] = True
+                self.saved[j] = (self.items.table[j].clone(), self.p[j].clone())
+
+    def restore(self) -> None:
+        """Each stopped client's parameters back to where it stopped."""
+        for j, (table, p) in self.saved.items():
+            self.items.table[j] = table
+            self.p[j] = p
 
 
 def dot_scores(rows: torch.Tensor, p_rows: torch.Tensor, q_items: torch.Tensor,
@@ -87,6 +135,7 @@ class MFBackbone(Backbone):
     name = "mf"
     dot_product = True
     trains_item_rows = True
+    early_stop = True
 
     def init_private(self, clients: np.ndarray) -> dict[str, torch.Tensor]:
         p = torch.empty((len(clients), self.dim))
@@ -136,12 +185,17 @@ def reference_train_client(q_start: torch.Tensor, p_start: torch.Tensor, items: 
     orders = epoch_orders(seed, round_, client, n, cfg.epochs)
     items_t = torch.from_numpy(items)
     labels_t = torch.from_numpy(labels).to(q.dtype)
+    prev = None
     for epoch in range(cfg.epochs):
         order = torch.from_numpy(orders[epoch])
+        epoch_loss = 0.0
+        if prev is not None and cfg.early_stop_tol > 0 and stops_early(*prev, cfg.early_stop_tol):
+            break  # the epoch loss barely moved: stop (DESIGN 2a, the FedEM code)
         for start in range(0, n, cfg.batch_size):
             batch = order[start: start + cfg.batch_size]
             logits = q[items_t[batch]] @ p
             loss = F.binary_cross_entropy_with_logits(logits, labels_t[batch])
+            epoch_loss += float(loss.detach())
             opt.zero_grad()
             loss.backward()
             if cfg.grad_clip is not None:  # L2 clip of the item-table gradient at Z
@@ -149,4 +203,5 @@ def reference_train_client(q_start: torch.Tensor, p_start: torch.Tensor, items: 
                 if norm > cfg.grad_clip:
                     q.grad.mul_(cfg.grad_clip / norm)
             opt.step()
+        prev = (math.inf if prev is None else prev[1], epoch_loss)
     return q.detach(), p.detach()

@@ -18,6 +18,7 @@ Weights are float64 tensors; tables keep their own dtype and device.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -314,6 +315,87 @@ def similarity_weights_cvxpy(p: Tensor, sq_dists: Tensor, alpha: float,
     return torch.from_numpy(out)
 
 
+# ------------------------------------------------ the authors' code's similarity (DESIGN 2a)
+
+# similarities above this are set to 1 in the FedEM code
+PCA_SIM_CAP = 0.9
+SIMILARITIES = ("eq13", "pca")
+
+
+def pca_codes(tables: Tensor, chunk_clients: int = DEFAULT_CHUNK_CLIENTS) -> Tensor:
+    """Each client's item table (n, m, d) reduced to one dimension by PCA: (n, m) float64.
+
+    Row u is the projection of u's centred table Q_u - mean_i(Q_u) on its first
+    principal direction (the top eigenvector of the d x d scatter matrix), as
+    ``sklearn.decomposition.PCA(n_components=1).fit_transform`` in the FedEM
+    code (DESIGN 2a). A principal direction has no sign; the distance between
+    two clients' codes depends on it, so it is fixed as sklearn's ``svd_flip``
+    fixes it (u-based): the entry of largest magnitude of each code is positive.
+    """
+    n, m, d = tables.shape
+    out = torch.empty((n, m), dtype=torch.float64, device=tables.device)
+    for start in range(0, n, chunk_clients):
+        x = tables[start: start + chunk_clients].to(torch.float64)
+        x = x - x.mean(dim=1, keepdim=True)
+        _, vecs = torch.linalg.eigh(torch.bmm(x.transpose(1, 2), x))  # ascending eigenvalues
+        codes = torch.bmm(x, vecs[:, :, -1:]).squeeze(2)
+        top = codes.abs().argmax(dim=1, keepdim=True)
+        out[start: start + chunk_clients] = codes * torch.sign(codes.gather(1, top))
+    return out
+
+
+def pca_similarity(codes_a: Tensor, codes_b: Tensor) -> Tensor:
+    """s_uv = 1 / (1 + ||c_u - c_v||_2) between 1-D PCA codes, values above 0.9 set to 1
+    (the FedEM code, DESIGN 2a): (k, m) x (n, m) -> (k, n) float64."""
+    dist = torch.cdist(codes_a.to(torch.float64), codes_b.to(torch.float64))
+    s = 1.0 / (1.0 + dist)
+    return torch.where(s > PCA_SIM_CAP, torch.ones_like(s), s)
+
+
+def pca_similarity_weights(p: Tensor, sim: Tensor, alpha: float,
+                           participating: Tensor | None = None) -> Tensor:
+    """The FedEM code's QP on the simplex: minimise x'x - 2 (p + alpha s_u)'x, i.e. the
+    projection of p + alpha s_u (not divided by 1 + alpha as in equation 13; DESIGN 2a).
+
+    p: (n,); sim: (k, n) from :func:`pca_similarity`. Returns float64 (k, n).
+    """
+    _check_alpha(alpha)
+    return project_to_simplex(p.to(torch.float64)[None, :] + alpha * sim.to(torch.float64),
+                              participating)
+
+
+def pca_similarity_weights_reference(p: Tensor, tables: Tensor, alpha: float,
+                                     participating: Tensor | None = None) -> Tensor:
+    """Slow reference for the ``pca`` similarity: per client sklearn's PCA, a loop over pairs
+    and cvxpy solving min x'x - 2 (p + alpha s_u)'x on the simplex. For tests."""
+    import cvxpy as cp  # deferred: only the reference needs it
+    from sklearn.decomposition import PCA
+
+    n = tables.shape[0]
+    keep = _participants(n, participating, torch.device("cpu")).numpy()
+    codes = []
+    for u in range(n):
+        z = PCA(n_components=1, svd_solver="full").fit_transform(
+            tables[u].detach().cpu().double().numpy())[:, 0]
+        codes.append(z if z[np.argmax(np.abs(z))] > 0 else -z)
+    p_np = p.detach().cpu().double().numpy()
+    ids = np.flatnonzero(keep)
+    out = np.zeros((n, n))
+    for u in range(n):
+        s = np.array([1.0 / (1.0 + np.linalg.norm(codes[u] - codes[v])) for v in ids])
+        s[s > PCA_SIM_CAP] = 1.0
+        c = p_np[ids] + alpha * s
+        x = cp.Variable(ids.shape[0])
+        problem = cp.Problem(cp.Minimize(cp.sum_squares(x) - 2 * c @ x),
+                             [x >= 0, cp.sum(x) == 1])
+        problem.solve(solver=cp.CLARABEL, tol_gap_abs=1e-11, tol_gap_rel=1e-11,
+                      tol_feas=1e-11, max_iter=500)
+        if problem.status != cp.OPTIMAL:
+            raise RuntimeError(f"cvxpy did not solve client {u}'s QP: {problem.status}")
+        out[u, ids] = x.value
+    return torch.from_numpy(out)
+
+
 # ---------------------------------------------------------------- similarity aggregation
 
 
@@ -340,7 +422,7 @@ def similarity_aggregate(uploads: Tensor, p: Tensor, alpha: float,
                          chunk_clients: int = DEFAULT_CHUNK_CLIENTS,
                          anchored: Tensor | None = None,
                          chunk_rows: int = DEFAULT_CHUNK_ROWS,
-                         precision: str = "float32") -> Tensor:
+                         precision: str = "float32", similarity: str = "eq13") -> Tensor:
     """Personalised global tables Q_g[u] = sum_v w_uv Q_v for every client u (eq. 13).
 
     uploads: (n, m, d) tables the server holds; row v is client v's upload
@@ -359,8 +441,12 @@ def similarity_aggregate(uploads: Tensor, p: Tensor, alpha: float,
     Works in chunks of chunk_clients receivers; peak extra memory is the
     (n_anchor, n_participants) float64 distance matrix plus one chunk's weights,
     besides the (n, m, d) output. ``precision``: of the distances' products (see
-    :func:`cross_sq_distances`). Returns a new tensor in uploads' dtype.
+    :func:`cross_sq_distances`). ``similarity``: ``eq13`` (the paper) or ``pca`` (the
+    FedEM code, DESIGN 2a: :func:`pca_similarity` and :func:`pca_similarity_weights`).
+    Returns a new tensor in uploads' dtype.
     """
+    if similarity not in SIMILARITIES:
+        raise ValueError(f"unknown similarity {similarity!r}")
     _check_alpha(alpha)
     if chunk_clients < 1:
         raise ValueError(f"chunk_clients must be positive, got {chunk_clients}")
@@ -374,7 +460,12 @@ def similarity_aggregate(uploads: Tensor, p: Tensor, alpha: float,
     anchor_ids = None if bool(anchors.all()) else torch.nonzero(anchors).flatten()
     sources = uploads if everyone else uploads.index_select(0, part_ids)
     _check_finite_rows(sources, part_ids)
-    dists = cross_sq_distances(uploads, anchor_ids, part_ids, chunk_rows, precision)
+    if similarity == "pca":
+        codes = pca_codes(uploads)
+        dists = pca_similarity(codes if anchor_ids is None else codes.index_select(0, anchor_ids),
+                               codes if part_ids is None else codes.index_select(0, part_ids))
+    else:
+        dists = cross_sq_distances(uploads, anchor_ids, part_ids, chunk_rows, precision)
     p_part = p.to(torch.float64).to(uploads.device)
     p_part = p_part if everyone else p_part.index_select(0, part_ids)
     dist_row = torch.full((n,), -1, dtype=torch.int64, device=uploads.device)
@@ -385,16 +476,20 @@ def similarity_aggregate(uploads: Tensor, p: Tensor, alpha: float,
     flat_out = out.view(n, -1)
     for start in range(0, n, chunk_clients):
         stop = min(start + chunk_clients, n)
-        w = _chunk_weights(p_part, dists, dist_row[start:stop], fallback, alpha)
+        w = _chunk_weights(p_part, dists, dist_row[start:stop], fallback, alpha,
+                           pca_similarity_weights if similarity == "pca" else similarity_weights)
         torch.mm(w.to(uploads.dtype), flat_src, out=flat_out[start:stop])
     return out
 
 
 def _chunk_weights(p_part: Tensor, dists: Tensor, dist_rows: Tensor, fallback: Tensor,
-                   alpha: float) -> Tensor:
-    """Weights (c, n_participants) for one chunk of receivers; dist_rows -1 = no anchor."""
+                   alpha: float, weights: Callable[[Tensor, Tensor, float], Tensor]
+                   = similarity_weights) -> Tensor:
+    """Weights (c, n_participants) for one chunk of receivers; dist_rows -1 = no anchor.
+
+    ``dists``: squared distances (``similarity_weights``) or the ``pca`` similarities."""
     has = dist_rows >= 0
     w = fallback.expand(dist_rows.numel(), -1).clone()
     if bool(has.any()):
-        w[has] = similarity_weights(p_part, dists[dist_rows[has]], alpha)
+        w[has] = weights(p_part, dists[dist_rows[has]], alpha)
     return w

@@ -28,13 +28,16 @@ tensors and uploads it is given must be there too.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from fedem_private import rng
 from fedem_private.server.aggregation import (
     fedavg_weights,
     similarity_aggregate,
@@ -135,6 +138,11 @@ class Aggregator(ABC):
 
     def anchor(self, idx: Tensor) -> Tensor | None:
         """A table (k, m, d) sent as the target of a backbone's regulariser; None: none."""
+        return None
+
+    def receives(self, idx: Tensor) -> Tensor | None:
+        """(k,) bool: which of clients ``idx`` get a table this round (the others continue
+        from their own model, with no merge); None: all of them."""
         return None
 
     def round_stats(self) -> dict[str, float]:
@@ -267,23 +275,64 @@ class SimilarityAggregator(_PerUploadAggregator):
     name = "similarity"
 
     def __init__(self, sizes: Tensor, n_clients: int, q0: Tensor, alpha: float,
-                 alias: Tensor | None = None) -> None:
+                 alias: Tensor | None = None, similarity: str = "eq13",
+                 agg_ratio: float = 1.0, seed: int = 0) -> None:
         super().__init__(sizes, n_clients)
         self.alpha = alpha
+        # "eq13" (the paper) or "pca" (the FedEM code, DESIGN 2a; server.aggregation)
+        self.similarity = similarity
+        # the share of each round's uploads aggregated (the FedEM code: 0.1, DESIGN 2a)
+        self.agg_ratio = agg_ratio
+        self.seed = seed
+        self.round = 0
         m, d = q0.shape
         self.global_tables = q0.expand(n_clients, m, d).clone()
         self._keep_uploads(q0, alias)
         self.uploaded = torch.zeros(n_clients, dtype=torch.bool, device=self.device)
+        # the clients whose uploads the last round aggregated (agg_ratio < 1); None: all
+        self.receiving: Tensor | None = None
 
     def sent(self, idx: Tensor) -> Tensor:
         return self.global_tables.index_select(0, idx)
 
+    def receives(self, idx: Tensor) -> Tensor | None:
+        return None if self.receiving is None else self.receiving.index_select(0, idx)
+
+    def begin_round(self, part_mask: Tensor) -> None:
+        super().begin_round(part_mask)
+        self.round += 1
+
+    def aggregated(self, part_mask: Tensor) -> Tensor:
+        """The uploads a round aggregates, (n,) bool: all participants, or (agg_ratio q < 1,
+        the FedEM code's ``agg_clients_ratio``, DESIGN 2a) the ceil(q n_t) participants with
+        the smallest draws keyed by (seed, AGG_SAMPLE, round, client)."""
+        if self.agg_ratio >= 1.0:
+            return part_mask
+        part = part_mask.nonzero().squeeze(1).cpu().numpy()
+        k = max(1, math.ceil(self.agg_ratio * part.shape[0]))
+        u = rng.uniform(rng.key(self.seed, rng.Stream.AGG_SAMPLE, self.round, part), 0)
+        chosen = part[np.sort(np.argsort(u, kind="stable")[:k])]
+        mask = torch.zeros(self.n, dtype=torch.bool, device=self.device)
+        mask[torch.from_numpy(chosen).to(self.device)] = True
+        return mask
+
     def end_round(self) -> None:
+        if self.agg_ratio < 1.0:
+            # the FedEM code: only the sampled uploads are compared and aggregated, and
+            # only their owners receive a (personalised) table next round
+            chosen = self.aggregated(self.part_mask)
+            p = fedavg_weights(self.sizes, chosen)
+            tables = similarity_aggregate(self.last_upload, p, self.alpha, participating=chosen,
+                                          similarity=self.similarity)
+            self.global_tables[chosen] = tables[chosen]
+            self.receiving = chosen
+            return
         self.uploaded |= self.part_mask
         p = fedavg_weights(self.sizes, self.part_mask)
         self.global_tables = similarity_aggregate(self.last_upload, p, self.alpha,
                                                   participating=self.part_mask,
-                                                  anchored=self.uploaded)
+                                                  anchored=self.uploaded,
+                                                  similarity=self.similarity)
 
     @property
     def table(self) -> Tensor:
@@ -412,12 +461,14 @@ AGGREGATORS = ("fedavg", "uniform", "similarity", "graph", "fedmerge", "none")
 def build(name: str, sizes: Tensor, q0: Tensor, *, alpha: float,
           alias: Tensor | None = None, graph: dict | None = None,
           fedmerge: dict | None = None, seed: int = 0,
-          server: ServerOptConfig | None = None) -> Aggregator:
+          server: ServerOptConfig | None = None, similarity: dict | None = None
+          ) -> Aggregator:
     """The aggregator called ``name`` (one of :data:`AGGREGATORS`).
 
     ``graph``: GPFedRec's threshold, topk, layers; ``fedmerge``: ``k``,
     ``steps``, ``lr`` of FedMerge (its initial tables are keyed by ``seed``);
-    ``server``: the sum aggregators' step on the aggregate (:class:`ServerMomentum`).
+    ``server``: the sum aggregators' step on the aggregate (:class:`ServerMomentum`);
+    ``similarity``: the similarity aggregator's ``similarity`` and ``agg_ratio`` (DESIGN 2a).
     """
     n = sizes.shape[0]
     if name == "fedavg":
@@ -427,7 +478,8 @@ def build(name: str, sizes: Tensor, q0: Tensor, *, alpha: float,
     if server is not None and not server.plain:
         raise ValueError(f"a server learning rate / momentum needs a sum aggregator, not {name!r}")
     if name == "similarity":
-        return SimilarityAggregator(sizes, n, q0, alpha, alias)
+        return SimilarityAggregator(sizes, n, q0, alpha, alias, seed=seed,
+                                    **(similarity or {}))
     if name == "graph":
         return GraphAggregator(sizes, n, q0, alias=alias, **(graph or {}))
     if name == "fedmerge":

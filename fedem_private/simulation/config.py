@@ -59,6 +59,13 @@ METHOD_DEFAULTS = {
     "fedrap": ("uniform", "sr"),  # the published plain mean of the common tables
     "fedmerge": ("fedmerge", "sr"),  # K global tables merged per client (DESIGN section 12)
 }
+# DESIGN 2a: the authors' code's facts, each a named option of the `paper` protocol
+SELECT_ROUNDS = ("last", "best-test", "best-val", "auto")
+SIMILARITIES = ("eq13", "pca")
+# datasets with timestamps: --first-seen-order does not apply to them
+TIMED_DATASETS = ("ml-100k", "ml-1m", "synthetic")
+PROTOCOL_PRESETS = ("paper-code",)
+PROTOCOLS_ALL = (*PROTOCOLS, *PROTOCOL_PRESETS)
 # method -> its backbone (DESIGN section 10)
 METHOD_BACKBONE = {"fedmf": "mf", "fedsim": "mf", "fedem": "mf", "local": "mf",
                    "fedncf": "ncf", "pfedrec": "pfedrec", "gpfedrec": "gpfedrec",
@@ -78,6 +85,14 @@ class DataConfig:
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     # implicit positives: None keeps every rated pair; R keeps the pairs rated >= R
     min_rating: float | None = None
+    # DESIGN 2a, option 1: users with fewer positives are dropped (the authors' code: 10)
+    min_user_ratings: int = 3
+    # DESIGN 2a, option 2: a dataset without timestamps orders each user's interactions by
+    # the order in which each item first appears in the file (not a seeded random order)
+    first_seen_order: bool = False
+    # DESIGN 2a, option 3: ONE set of 99 sampled negatives ranks both the validation and the
+    # test item (instead of a separate draw for validation)
+    shared_eval_negatives: bool = False
 
     def validate(self) -> None:
         if self.dataset not in DATASETS:
@@ -90,9 +105,16 @@ class DataConfig:
             if self.dataset not in RATED_DATASETS:
                 raise UserError(f"--min-rating (data.min_rating): dataset {self.dataset} has no "
                                 f"ratings; it applies to {', '.join(RATED_DATASETS)}")
-        if self.protocol not in PROTOCOLS:
+        if self.protocol not in (*PROTOCOLS, *PROTOCOL_PRESETS):
             raise UserError(f"unknown protocol {self.protocol!r}; choose one of "
-                            f"{', '.join(PROTOCOLS)}")
+                            f"{', '.join((*PROTOCOLS, *PROTOCOL_PRESETS))}")
+        if self.min_user_ratings < 3:
+            raise UserError(f"--min-user-ratings (data.min_user_ratings) must be an integer "
+                            f">= 3 (a test, a validation and a training item), got "
+                            f"{self.min_user_ratings}")
+        if self.first_seen_order and self.dataset in TIMED_DATASETS:
+            raise UserError(f"--first-seen-order orders datasets without timestamps; dataset "
+                            f"{self.dataset} has timestamps")
         self.synthetic.validate()
 
 
@@ -114,6 +136,14 @@ class TrainConfig:
     # where the heavy tensors live: cpu, cuda, or auto (cuda when available);
     # :meth:`RunConfig.resolved` turns auto into what it means on this machine
     device: str = "cpu"
+    # DESIGN 2a, option 4: which evaluated round summary.json / results.csv also report
+    # (the last round stays the headline): "last" (off), "best-test" (best sampled test
+    # HR@10: the FedEM and FedRAP code), "best-val" (best validation HR@10: PFedRec,
+    # GPFedRec), "auto" (the backbone's own code's rule)
+    select_round: str = "last"
+    # DESIGN 2a, option 8: a client stops local training when the relative change of its
+    # epoch loss is below this (0: off; the authors' code: 1e-4)
+    early_stop_tol: float = 0.0
 
     def validate(self) -> None:
         for name in ("rounds", "local_epochs", "batch_size", "dim", "num_negatives",
@@ -127,6 +157,12 @@ class TrainConfig:
                 raise UserError(f"train.{name} must be a positive number, got {value}")
         if not 0 < self.client_fraction <= 1:
             raise UserError(f"train.client_fraction must be in (0, 1], got {self.client_fraction}")
+        if self.select_round not in SELECT_ROUNDS:
+            raise UserError(f"unknown --select-round (train.select_round) "
+                            f"{self.select_round!r}; choose one of {', '.join(SELECT_ROUNDS)}")
+        if not (math.isfinite(self.early_stop_tol) and 0 <= self.early_stop_tol < 1):
+            raise UserError(f"--early-stop-tol (train.early_stop_tol) must be in [0, 1), "
+                            f"got {self.early_stop_tol}")
         check_device(self.device)
 
 
@@ -171,6 +207,14 @@ class FederationConfig:
     # (as published), or "holdout", a rotating fold withheld from local training
     adapter_objective: str = "train"
     adapter_folds: int = 5  # holdout: F folds of each client's positives
+    # DESIGN 2a, option 5: similarity aggregation over a random share of the round's uploads
+    # (the authors' code: agg_clients_ratio = 0.1); only those clients get a new table
+    agg_clients_ratio: float = 1.0
+    # DESIGN 2a, option 6: "eq13" (the paper's equation 13) or "pca" (the authors' code:
+    # 1-D PCA of each table, 1 / (1 + L2), > 0.9 -> 1, projection of p + alpha s)
+    similarity: str = "eq13"
+    # DESIGN 2a, option 7: merge on every local batch and evaluate the merged table
+    merge_every_batch: bool = False
 
     def validate(self) -> None:
         if self.method is not None and self.method not in METHODS:
@@ -230,6 +274,12 @@ class FederationConfig:
         if self.adapter_objective not in ADAPTER_OBJECTIVES:
             raise UserError(f"unknown adapter objective {self.adapter_objective!r}; choose one "
                             f"of {', '.join(ADAPTER_OBJECTIVES)}")
+        if not 0 < self.agg_clients_ratio <= 1:
+            raise UserError(f"--agg-clients-ratio (federation.agg_clients_ratio) must be in "
+                            f"(0, 1], got {self.agg_clients_ratio}")
+        if self.similarity not in SIMILARITIES:
+            raise UserError(f"unknown --similarity (federation.similarity) "
+                            f"{self.similarity!r}; choose one of {', '.join(SIMILARITIES)}")
         if self.adapter_folds < 2:
             raise UserError(f"--adapter-folds (federation.adapter_folds) must be an integer "
                             f">= 2, got {self.adapter_folds}")
@@ -263,6 +313,16 @@ class FederationConfig:
         if self.adapter_objective == "holdout" and merge not in LEARNED_MERGES:
             raise UserError(f"--adapter-objective holdout trains the merge adapter, but merge "
                             f"{merge!r} has none; use --merge em or dm")
+        if self.agg_clients_ratio != 1.0 and agg != "similarity":
+            raise UserError(f"--agg-clients-ratio samples the uploads of FedEM's similarity "
+                            f"aggregation; aggregation {agg!r} has none; use --aggregation "
+                            f"similarity")
+        if self.similarity != "eq13" and agg != "similarity":
+            raise UserError(f"--similarity {self.similarity} is a similarity aggregation's; "
+                            f"aggregation {agg!r} has none; use --aggregation similarity")
+        if self.merge_every_batch and merge not in LEARNED_MERGES:
+            raise UserError(f"--merge-every-batch merges with the adapter on every batch, but "
+                            f"merge {merge!r} has none; use --merge em or dm")
         if self.server_lr != 1.0 or self.server_momentum != 0.0:
             if agg not in PEFT_AGGREGATIONS:
                 raise UserError(f"--server-lr / --server-momentum step the one global table of a "
@@ -369,6 +429,18 @@ class RunConfig:
         self.privacy.validate()
         self.record.validate(self.train.rounds)
         self.federation.check_composition()
+        if self.train.early_stop_tol > 0:
+            backbone = self.federation.resolved_backbone
+            if backbone not in EARLY_STOP_BACKBONES:
+                raise UserError(f"--early-stop-tol is built for backbone "
+                                f"{', '.join(EARLY_STOP_BACKBONES)}, not {backbone!r}")
+            if self.federation.codec != "full":
+                raise UserError(f"--early-stop-tol stops training of the item table itself; "
+                                f"codec {self.federation.codec!r} trains its own parameters; "
+                                f"use --codec full")
+        for token, section, name, _, default in PAPER_CODE_OPTIONS:
+            if token in UNBUILT_OPTIONS and getattr(getattr(self, section), name) != default:
+                raise UserError(f"{section}.{name}: the option is not built yet (DESIGN 2a)")
         if self.federation.resolved_aggregation == "none" and self.privacy.mode != "none":
             raise UserError(f"privacy {self.privacy.mode!r} protects uploads, but aggregation "
                             "'none' (local) uploads nothing; use --privacy none")
@@ -403,12 +475,155 @@ class RunConfig:
                       backbone=self.federation.resolved_backbone,
                       aggregation=self.federation.resolved_aggregation,
                       merge=self.federation.resolved_merge)
+        data = self.data
+        if data.protocol in PROTOCOL_PRESETS:
+            data, train, fed = paper_code(data, train, fed)
+        if train.select_round == "auto":
+            train = replace(train, select_round=auto_select_round(fed.resolved_backbone))
         record = self.record
         if record.rounds is not None:
             rounds = ",".join(str(r) for r in record.parsed_rounds())
             record = replace(record, rounds=rounds,
                              clients=record.clients or DEFAULT_RECORD_CLIENTS)
-        return replace(self, train=train, federation=fed, record=record)
+        return replace(self, data=data, train=train, federation=fed, record=record)
+
+
+# ---------------------------------------------------------------- DESIGN 2a: paper-code
+# (label token, section, field, value in the paper-code preset, default): each fact of the
+# authors' code (DESIGN section 2a) as a named option, off by default
+PAPER_CODE_OPTIONS: tuple[tuple[str, str, str, Any, Any], ...] = (
+    ("min10", "data", "min_user_ratings", 10, 3),
+    ("firstseen", "data", "first_seen_order", True, False),
+    ("sharedneg", "data", "shared_eval_negatives", True, False),
+    ("best", "train", "select_round", "auto", "last"),
+    ("agg10", "federation", "agg_clients_ratio", 0.1, 1.0),
+    ("pcasim", "federation", "similarity", "pca", "eq13"),
+    ("batchmerge", "federation", "merge_every_batch", True, False),
+    ("earlystop", "train", "early_stop_tol", 1e-4, 0.0),
+)
+# options not built yet: the preset leaves them off (and the sweep labels refuse them)
+UNBUILT_OPTIONS: frozenset[str] = frozenset({"batchmerge"})
+# backbones whose local training has the early stop (Backbone.early_stop)
+EARLY_STOP_BACKBONES = ("mf",)
+# datasets the preset's first-seen order applies to (no timestamps; csv: the file decides)
+UNTIMED_DATASETS = ("filmtrust", "lastfm-2k")
+
+
+def auto_select_round(backbone: str) -> str:
+    """The reported round of the backbone's own code (DESIGN 2a): best validation HR@10 for
+    PFedRec and GPFedRec, best test HR@10 for FedEM (mf, ncf) and FedRAP."""
+    return "best-val" if backbone in ("pfedrec", "gpfedrec") else "best-test"
+
+
+def option_applies(token: str, data: DataConfig, fed: FederationConfig) -> bool:
+    """Whether the option ``token`` of :data:`PAPER_CODE_OPTIONS` means anything for this
+    dataset and method (the preset turns on only those; explicitly they are refused)."""
+    if token in UNBUILT_OPTIONS:
+        return False
+    if token == "firstseen":
+        return data.dataset in UNTIMED_DATASETS
+    if token in ("agg10", "pcasim"):
+        return fed.resolved_aggregation == "similarity"
+    if token == "earlystop":
+        return fed.resolved_backbone in EARLY_STOP_BACKBONES and fed.codec == "full"
+    if token == "batchmerge":
+        return fed.resolved_merge in LEARNED_MERGES
+    return True
+
+
+def paper_code(data: DataConfig, train: TrainConfig, fed: FederationConfig
+               ) -> tuple[DataConfig, TrainConfig, FederationConfig]:
+    """The ``paper-code`` preset: the ``paper`` protocol with every option of DESIGN 2a that
+    applies to the dataset and method switched on (an option already set keeps its value)."""
+    sections = {"data": replace(data, protocol="paper"), "train": train, "federation": fed}
+    for token, section, name, value, default in PAPER_CODE_OPTIONS:
+        if option_applies(token, data, fed) and getattr(sections[section], name) == default:
+            sections[section] = replace(sections[section], **{name: value})
+    return sections["data"], sections["train"], sections["federation"]  # type: ignore[return-value]
+
+
+def protocol_options(cfg: RunConfig) -> dict[str, Any]:
+    """The DESIGN 2a options a config switches on, as ``{field: value}`` ({} for none)."""
+    out: dict[str, Any] = {}
+    for _, section, name, _, default in PAPER_CODE_OPTIONS:
+        value = getattr(getattr(cfg, section), name)
+        if value != default:
+            out[name] = value
+    return out
+
+
+def _option_token(name: str, value: Any) -> str:
+    if name == "min_user_ratings":
+        return f"min{value}"
+    if name == "select_round":
+        return str(value).replace("-", "")
+    if name == "agg_clients_ratio":
+        return f"agg{value * 100:g}"
+    if name == "early_stop_tol":
+        return "earlystop" if value == 1e-4 else f"earlystop{value:g}"
+    return {"first_seen_order": "firstseen", "shared_eval_negatives": "sharedneg",
+            "similarity": f"{value}sim", "merge_every_batch": "batchmerge"}[name]
+
+
+def protocol_label(cfg: RunConfig) -> str:
+    """``strict``, ``paper``, ``paper-code`` (the preset exactly), or the protocol and its
+    options, e.g. ``paper+min10+sharedneg`` (DESIGN 2a)."""
+    options = protocol_options(cfg)
+    if not options:
+        return cfg.data.protocol
+    if cfg.data.protocol == "paper":
+        plain = {"data": cfg.data, "train": cfg.train, "federation": cfg.federation}
+        for _, section, name, _, dflt in PAPER_CODE_OPTIONS:
+            plain[section] = replace(plain[section], **{name: dflt})
+        d, t, f = paper_code(plain["data"], plain["train"], plain["federation"])  # type: ignore
+        if t.select_round == "auto":
+            t = replace(t, select_round=auto_select_round(f.resolved_backbone))
+        preset = protocol_options(RunConfig(data=d, train=t, federation=f))
+        if preset == options:
+            return "paper-code"
+    return "+".join([cfg.data.protocol] + [_option_token(k, v) for k, v in options.items()])
+
+
+def parse_protocol_label(label: str) -> tuple[str, dict[str, Any]]:
+    """A sweep's protocol label as (protocol, {dotted config key: value}): ``paper-code``,
+    ``strict``, ``paper`` or ``paper+<option>+...`` with options as :func:`protocol_label`
+    writes them (min10, firstseen, sharedneg, besttest, bestval, bestauto, agg10, pcasim,
+    batchmerge, earlystop)."""
+    base, *tokens = str(label).split("+")
+    if base not in PROTOCOLS_ALL or (tokens and base in PROTOCOL_PRESETS):
+        raise UserError(f"unknown protocol {label!r}; write strict, paper, paper-code or "
+                        f"paper+<option>+... (options: min10, firstseen, sharedneg, besttest, "
+                        f"bestval, agg10, pcasim, batchmerge, earlystop)")
+    out: dict[str, Any] = {}
+    for token in tokens:
+        key, value = _parse_token(token, label)
+        out[key] = value
+    return base, out
+
+
+def _parse_token(token: str, label: str) -> tuple[str, Any]:
+    import re
+
+    fixed = {"firstseen": ("data.first_seen_order", True),
+             "sharedneg": ("data.shared_eval_negatives", True),
+             "besttest": ("train.select_round", "best-test"),
+             "bestval": ("train.select_round", "best-val"),
+             "bestauto": ("train.select_round", "auto"),
+             "pcasim": ("federation.similarity", "pca"),
+             "batchmerge": ("federation.merge_every_batch", True),
+             "earlystop": ("train.early_stop_tol", 1e-4)}
+    if token in UNBUILT_OPTIONS:
+        raise UserError(f"protocol {label!r}: option {token} is not built yet")
+    if token in fixed:
+        return fixed[token]
+    match = re.fullmatch(r"(min|agg)(\d+(?:\.\d+)?)", token)
+    if match and match.group(1) == "min" and match.group(2).isdigit():
+        return "data.min_user_ratings", int(match.group(2))
+    if match and match.group(1) == "agg":
+        return "federation.agg_clients_ratio", float(match.group(2)) / 100
+    raise UserError(f"protocol {label!r}: unknown option {token!r}; options: min10, firstseen, "
+                    f"sharedneg, besttest, bestval, bestauto, agg10, pcasim, batchmerge, "
+                    f"earlystop")
 
 
 # Fields added after version 0.1.0: they enter a config's identity only when set, so run
@@ -447,6 +662,14 @@ LATER_FIELDS: dict[tuple[str, ...], Any] = {
     ("federation", "adapter_objective"): "train",
     ("federation", "adapter_folds"): 5,
     ("train", "device"): "cpu",
+    ("data", "min_user_ratings"): 3,
+    ("data", "first_seen_order"): False,
+    ("data", "shared_eval_negatives"): False,
+    ("train", "select_round"): "last",
+    ("train", "early_stop_tol"): 0.0,
+    ("federation", "agg_clients_ratio"): 1.0,
+    ("federation", "similarity"): "eq13",
+    ("federation", "merge_every_batch"): False,
 }
 
 

@@ -166,6 +166,15 @@ def wire_bytes(groups: dict[str, torch.Tensor] | tuple[object, ...]) -> int:
     return sum(int(t[0].numel()) * t.element_size() for t in groups.values())
 
 
+def validation_kind(cfg: RunConfig) -> str | None:
+    """Whether (and against which negatives) the validation item is ranked (DESIGN 2a):
+    ``"shared"`` with ``--shared-eval-negatives``, ``"separate"`` when the reported round is
+    chosen by validation HR@10 without it, else None (no validation metric)."""
+    if cfg.data.shared_eval_negatives:
+        return "shared"
+    return "separate" if cfg.train.select_round == "best-val" else None
+
+
 class Simulation:
     """A configured run over one split; call :meth:`run` or :meth:`step` round by round."""
 
@@ -192,9 +201,11 @@ class Simulation:
                                     sizes=split.train_counts, seed=self.seed)
         self.local_cfg = LocalTrainConfig(epochs=tr.local_epochs, batch_size=tr.batch_size,
                                           lr=tr.lr, num_negatives=tr.num_negatives,
-                                          grad_clip=self.privacy.local_grad_clip)
+                                          grad_clip=self.privacy.local_grad_clip,
+                                          early_stop_tol=tr.early_stop_tol)
         self.excl = exclusion_csr(split, self.cfg.data.protocol)
-        self.eval_sets: EvalSets = build_eval_sets(split, self.cfg.data.protocol, self.seed)
+        self.eval_sets: EvalSets = build_eval_sets(split, self.cfg.data.protocol, self.seed,
+                                                   validation=validation_kind(self.cfg))
         self.sizes = torch.from_numpy(split.train_counts.astype(np.float64)).to(self.device)
         self.backbone = models.build(fed.resolved_backbone, split.n_items, tr.dim, self.seed,
                                      tr.init_std, options={"gpfedrec_reg": fed.gpfedrec_reg,
@@ -257,7 +268,8 @@ class Simulation:
             graph={"threshold": fed.graph_threshold, "topk": fed.graph_topk,
                    "layers": fed.graph_layers},
             fedmerge={"k": fed.merge_k, "steps": fed.fedmerge_steps, "lr": fed.fedmerge_lr},
-            seed=self.seed, server=server)
+            seed=self.seed, server=server,
+            similarity={"similarity": fed.similarity, "agg_ratio": fed.agg_clients_ratio})
         self.dense = (aggregators.DenseFedAvg(self.sizes, dense0, server=server) if dense0
                       else None)
         peft = codecs.PeftConfig(warmup=fed.peft_warmup, lora_rank=fed.lora_rank,
@@ -318,12 +330,21 @@ class Simulation:
 
     def _sent_params(self, idx: torch.Tensor) -> ClientParams:
         """What clients idx start the round from before merging: the server's tables (or,
-        when it sends none, their own) and their own private groups."""
+        when it sends none, their own) and their own private groups.
+
+        A client the aggregator sends nothing this round (:meth:`Aggregator.receives`
+        False: FedEM code's ``agg_clients_ratio``, DESIGN 2a) starts from its own model."""
         own = self.state.params(idx)
         sent = self.aggregator.sent(idx)
         if sent is None:  # nothing from the server: the client continues from its own
             return own
         dense_sent = self.dense.sent(idx.shape[0]) if self.dense is not None else {}
+        recv = self.aggregator.receives(idx)
+        if recv is not None:
+            sent = torch.where(recv.view(-1, 1, 1), sent, own.items)
+            dense_sent = {name: torch.where(recv.view(-1, *[1] * (v.dim() - 1)), v,
+                                            own.dense[name])
+                          for name, v in dense_sent.items()}
         return ClientParams(sent, dense_sent, own.private, self.aggregator.anchor(idx))
 
     def participants(self, round_: int) -> np.ndarray:
@@ -388,6 +409,8 @@ class Simulation:
                                    self.local_cfg.num_negatives)
             start = self._sent_params(idx)
             own_items, sent, dense_sent = st.q_local.index_select(0, idx), start.items, start.dense
+            recv = self.aggregator.receives(idx)  # None: every client of the chunk gets a table
+            n_recv = k if recv is None else int(recv.sum())
             merged = False
             if self.merger.merges and t > 1:
                 user_vecs, score = self.backbone.adapter_score(start)
@@ -395,9 +418,9 @@ class Simulation:
                 samples, steps = self.merger.round_samples(t, chunk, samples, lc.epochs,
                                                            lc.batch_size, lc.num_negatives)
                 start.items, rho = self.merger.start(idx, own_items, sent, user_vecs, score,
-                                                     steps)
-                rho_sum += float(rho.sum())
-                rho_n += rho.shape[0]
+                                                     steps, merging=recv)
+                rho_sum += float(rho.sum() if recv is None else rho[recv].sum())
+                rho_n += n_recv
                 merged = True
             rows = None
             if peft:
@@ -406,7 +429,7 @@ class Simulation:
                 rows = self.codec.trainer(theta_sent, base=None if merged else self.codec.e0)
                 down_bytes += k * wire_bytes({**theta_sent, **dense_sent})
             elif self.aggregator.sends_table:
-                down_bytes += k * wire_bytes({"items": sent, **dense_sent})
+                down_bytes += n_recv * wire_bytes({"items": sent, **dense_sent})
             new, touched = self.backbone.train_chunk(start, chunk, samples, self.local_cfg, t,
                                                      rows=rows)
             st.q_local[idx] = new.items

@@ -7,6 +7,7 @@ or clever on purpose.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -152,6 +153,39 @@ def similarity_tables(uploads: torch.Tensor, p: torch.Tensor, alpha: float) -> t
     return out
 
 
+def _code_similarity(sim, q_local: torch.Tensor, sizes: torch.Tensor, t: int
+                     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Similarity aggregation with the FedEM code's options (DESIGN 2a), slowly: the
+    uploads of a random ``agg_clients_ratio`` share (ceil(q n) smallest keyed draws) and,
+    with ``similarity = "pca"``, sklearn's PCA and cvxpy's QP per client. Only the sampled
+    clients' tables change. Returns (q_global, {"receiving": (n,) bool})."""
+    from fedem_private.server.aggregation import (
+        fedavg_weights,
+        pca_similarity_weights_reference,
+        similarity_weights_cvxpy,
+    )
+
+    fed, n = sim.cfg.federation, q_local.shape[0]
+    chosen = torch.ones(n, dtype=torch.bool)
+    if fed.agg_clients_ratio < 1:
+        k = max(1, math.ceil(fed.agg_clients_ratio * n))
+        draw = rng.uniform(rng.key(sim.seed, rng.Stream.AGG_SAMPLE, t, np.arange(n)), 0)
+        chosen = torch.zeros(n, dtype=torch.bool)
+        chosen[torch.from_numpy(np.argsort(draw, kind="stable")[:k])] = True
+    p = fedavg_weights(sizes, chosen)
+    if fed.similarity == "pca":
+        w = pca_similarity_weights_reference(p, q_local, fed.alpha, chosen)
+    else:
+        flat = q_local.double().reshape(n, -1)
+        w = similarity_weights_cvxpy(p, torch.cdist(flat, flat) ** 2, fed.alpha, chosen)
+    q_global = sim.state.q_global.clone()
+    for u in range(n):
+        if chosen[u] or fed.agg_clients_ratio >= 1:
+            q_global[u] = sum(w[u, v] * q_local[v].double() for v in range(n)
+                              if chosen[v]).to(q_local.dtype)
+    return q_global, {"receiving": chosen}
+
+
 def simulation_round(sim) -> dict[str, Any]:
     """The next round of a :class:`~fedem_private.simulation.loop.Simulation`, one client at a time.
 
@@ -173,6 +207,8 @@ def simulation_round(sim) -> dict[str, Any]:
     strategy, agg = sim.merge_cfg.strategy, sim.aggregation
     new_params: list[ClientParams] = []
     rhos: list[float] = []
+    # the clients the last round's similarity aggregation sent a table (agg_clients_ratio)
+    receiving = getattr(sim.aggregator, "receiving", None)
     for u in range(n):
         s = draw_samples(sim.seed, t, np.array([u]), split.train_indptr, split.train_items,
                          *sim.excl, split.n_items, cfg.num_negatives)
@@ -185,8 +221,11 @@ def simulation_round(sim) -> dict[str, Any]:
             dense_sent = ({k: v[None] for k, v in sim.dense.params.items()}
                           if sim.dense is not None else {})
         anchor = sim.aggregator.anchor(torch.tensor([u])) if agg != "none" else None
+        receives = receiving is None or bool(receiving[u])
+        if not receives:  # agg_clients_ratio (DESIGN 2a): no table, its own model, no merge
+            sent, dense_sent = st.q_local[u], own.dense
         start = ClientParams(sent[None].clone(), dense_sent, own.private, anchor)
-        if strategy != "sr" and t > 1:
+        if strategy != "sr" and t > 1 and receives:
             net = None
             if strategy in ("dm", "em"):
                 ms = sim.merger.state
@@ -222,7 +261,11 @@ def simulation_round(sim) -> dict[str, Any]:
     if agg == "none":
         q_global = None
     elif agg == "similarity":
-        q_global = similarity_tables(q_local, fedavg_weights(sizes), sim.cfg.federation.alpha)
+        fed = sim.cfg.federation
+        if fed.agg_clients_ratio < 1 or fed.similarity != "eq13":
+            q_global, server = _code_similarity(sim, q_local, sizes, t)
+        else:
+            q_global = similarity_tables(q_local, fedavg_weights(sizes), fed.alpha)
     elif agg == "graph":
         from fedem_private.server.graph import graph_reference
 
