@@ -21,6 +21,16 @@ Each of ``n_clients`` canary clients gets a fair coin b and a tiny table
   (b = 0), moving it by C / 1000. The mode claims its nominal epsilon; the
   set of touched rows is released without noise on the others. Score: the
   change of row 0.
+- ``cdp-gaussian``: one round of the secure sum as the aggregator sees it (it
+  knows who took part, so no amplification by sampling: the claim audited is
+  the per-round ``epsilon_round``). The canary client is present (b = 1), with
+  a delta of 2C that the run's clipping (:func:`fedem_private.privacy.central.
+  clipped_deltas`) cuts to C, or absent (b = 0): the add/remove relation.
+  Everyone else contributes the same in both worlds and is left out. The
+  trial's sum goes through the run's :func:`fedem_private.privacy.central.
+  noisy_mean_delta` with the sum's own multiplier (z, or z_sum under adaptive
+  clipping, whose count is a second, separate release). Score: the released
+  entry.
 
 Scores go through :func:`attacks.scoring.score_attack` with
 ``randomized_membership=True``: Clopper-Pearson with the threshold chosen on
@@ -46,7 +56,7 @@ from fedem_private.privacy.params import MechanismParams
 
 from .scoring import score_attack
 
-AUDITED_MODES = ("ldp-laplace", "ldp-gaussian", "ldp-touched-rows")
+AUDITED_MODES = ("ldp-laplace", "ldp-gaussian", "ldp-touched-rows", "cdp-gaussian")
 _M, _D = 4, 2
 
 
@@ -78,6 +88,9 @@ def canary_scores(params: MechanismParams, *, n_clients: int = 10000, seed: int 
         raise ValueError("need n_clients >= 4 and noise_factor > 0")
     assert params.clip is not None
     coins = np.random.default_rng(seed).integers(0, 2, size=n_clients).astype(bool)
+    if params.mode == "cdp-gaussian":
+        return _central_scores(params, coins, seed, noise_factor), coins.astype(
+            np.float64)[:, None]
     used = dataclasses.replace(params, noise_scale=params.noise_scale * noise_factor)
     sent = torch.zeros((n_clients, _M, _D), dtype=torch.float32)
     local = sent.clone()
@@ -100,6 +113,25 @@ def canary_scores(params: MechanismParams, *, n_clients: int = 10000, seed: int 
     return scores[:, None], coins.astype(np.float64)[:, None]
 
 
+def _central_scores(params: MechanismParams, coins: np.ndarray, seed: int,
+                    noise_factor: float) -> np.ndarray:
+    """cdp-gaussian: each trial's released noisy sum (see the module docstring), (n, 1)."""
+    from fedem_private.privacy.central import clipped_deltas, noisy_mean_delta
+
+    assert params.clip is not None and params.noise_multiplier is not None
+    c = float(params.clip)
+    z = params.sum_noise_multiplier if params.adaptive_clip else params.noise_multiplier
+    assert z is not None
+    n = coins.shape[0]
+    sent = torch.zeros((n, 1, 1), dtype=torch.float64)
+    local = torch.where(torch.from_numpy(coins)[:, None, None], 2.0 * c, 0.0).to(torch.float64)
+    clipped, _ = clipped_deltas(sent, local, c)
+    released = noisy_mean_delta(clipped.reshape(n), clip=c,
+                                noise_multiplier=float(z) * noise_factor, expected_count=1.0,
+                                seed=seed, round_=1)
+    return released.numpy()[:, None]
+
+
 def canary_audit(params: MechanismParams, *, n_clients: int = 10000, seed: int = 0,
                  noise_factor: float = 1.0, confidence: float = 0.99) -> dict[str, Any]:
     """Certified eps lower bound for the mechanism of ``params``, and the audit verdict.
@@ -112,7 +144,7 @@ def canary_audit(params: MechanismParams, *, n_clients: int = 10000, seed: int =
     claimed = claimed_epsilon(params)
     scores, labels = canary_scores(params, n_clients=n_clients, seed=seed,
                                    noise_factor=noise_factor)
-    delta = params.delta if params.mode == "ldp-gaussian" else 0.0
+    delta = params.delta if params.mode in ("ldp-gaussian", "cdp-gaussian") else 0.0
     out = score_attack(scores, labels, relation="positive_vs_any",
                        confidence=1.0 - (1.0 - confidence) / 2.0,
                        delta=delta, seed=seed, randomized_membership=True)

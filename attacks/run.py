@@ -41,6 +41,7 @@ import json
 import math
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -256,6 +257,21 @@ def _canary_record(ctx: PrivacyContext, seed: int) -> dict[str, Any]:
     return base
 
 
+@dataclass(frozen=True)
+class _LedgerPublic:
+    """The privacy mode and parameters of a run that recorded nothing, from its ledger."""
+
+    privacy_mode: str
+    privacy_params: dict[str, Any]
+
+
+def _ledger_public(path: Path) -> _LedgerPublic:
+    ledger = _read_json(path / "privacy_ledger.json")
+    if not ledger or not isinstance(ledger.get("params"), dict):
+        raise UserError(f"{path}: no privacy_ledger.json with the run's privacy parameters")
+    return _LedgerPublic(str(ledger["params"].get("mode")), dict(ledger["params"]))
+
+
 def run_attacks(run_dir: str | Path, names: Sequence[str] = DEFAULT_ATTACKS, *, seed: int = 0,
                 known_fraction: float = 0.5, rounds: Sequence[int] | None = None,
                 write: bool = True, device: str = "cpu") -> dict[str, Any]:
@@ -272,9 +288,14 @@ def run_attacks(run_dir: str | Path, names: Sequence[str] = DEFAULT_ATTACKS, *, 
     names = parse_attacks(",".join(names))
     if not 0.0 < known_fraction < 1.0:
         raise UserError(f"--known-fraction must be in (0, 1), got {known_fraction}")
-    public = load_public(path)
-    observations = load_observations(path, rounds)
-    if not observations:
+    # a mechanism audit needs only the run's privacy parameters: it also runs on a run
+    # that recorded nothing (e.g. cdp-gaussian, whose uploads no one sees)
+    audits_only = all(n in MECHANISM_AUDITS for n in names)
+    public: Any = (_ledger_public(path) if audits_only and not (path / "observations").is_dir()
+                   else load_public(path))
+    observations = load_observations(path, rounds) if not isinstance(public, _LedgerPublic) \
+        else []
+    if not observations and not audits_only:
         wanted = "" if rounds is None else f" for rounds {', '.join(map(str, rounds))}"
         raise UserError(f"{path}: no recorded observations{wanted} (run with --record-rounds)")
     ctx = PrivacyContext(path, public)
