@@ -24,6 +24,7 @@ LOCAL = "local"  # the address that starts a new local instance (as ``ray.init``
 RAY_MISSING = "--ray needs Ray, which is not installed: pip install 'fedem-private[ray]'"
 CONNECT_TIMEOUT_S = 5.0
 CANCEL_GRACE_S = 30.0  # how long interrupted tasks get to remove their temporary files
+CANCEL_ATTEMPTS = 3  # the grace is split between this many cancel requests
 
 
 def ray_installed() -> bool:
@@ -165,8 +166,15 @@ def _cancel(ray: ModuleType, refs: list[Any]) -> None:
     The KeyboardInterrupt reaches a task at its next Python instruction: a
     training loop stops within a step, one long C call only once it returns.
     """
-    for ref in refs:
+    pending = list(refs)
+    for _ in range(CANCEL_ATTEMPTS):
+        # asked again each time: a cancel that reaches a task Ray has not yet seen start
+        # can be lost (seen under heavy load), one sent after it started is delivered
+        for ref in pending:
+            with contextlib.suppress(Exception):
+                ray.cancel(ref)
         with contextlib.suppress(Exception):
-            ray.cancel(ref)
-    with contextlib.suppress(Exception):
-        ray.wait(refs, num_returns=len(refs), timeout=CANCEL_GRACE_S)
+            _, pending = ray.wait(pending, num_returns=len(pending),
+                                  timeout=CANCEL_GRACE_S / CANCEL_ATTEMPTS)
+        if not pending:
+            return
