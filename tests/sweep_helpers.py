@@ -7,6 +7,15 @@ from pathlib import Path
 
 from fedem_private.experiments.attack_step import AttackStep
 
+# two methods x two budgets, one seed, the projection attack
+TINY_2X2 = """
+methods = ["fedmf", "fedem"]
+privacy = ["ldp-laplace"]
+epsilons = [inf, 8]
+seeds = [0]
+attacks = ["projection"]
+"""
+
 TINY_BASE = """
 [base.data.synthetic]
 n_users = 40

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from sweep_helpers import write_spec
+from sweep_helpers import TINY_2X2, write_spec
 
 from fedem_private import cli
 from fedem_private.errors import UserError
@@ -25,14 +25,6 @@ from fedem_private.experiments.sweep_spec import grid, load_spec
 
 needs_ray = pytest.mark.skipif(not ray_tasks.ray_installed(),
                                reason="Ray is not installed (pip install 'fedem-private[ray]')")
-
-TINY_2X2 = """
-methods = ["fedmf", "fedem"]
-privacy = ["ldp-laplace"]
-epsilons = [inf, 8]
-seeds = [0]
-attacks = ["projection"]
-"""
 
 
 @pytest.fixture(scope="module")

@@ -7,21 +7,13 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from sweep_helpers import TINY_BASE, StubAttacks, write_spec
+from sweep_helpers import TINY_2X2, TINY_BASE, StubAttacks, write_spec
 
 from fedem_private.errors import UserError
 from fedem_private.experiments import attack_step, runner
 from fedem_private.experiments.results import collect
 from fedem_private.experiments.sweep import POINT_FILE, run_sweep
 from fedem_private.experiments.sweep_spec import grid, load_spec
-
-TINY_2X2 = """
-methods = ["fedmf", "fedem"]
-privacy = ["ldp-laplace"]
-epsilons = [inf, 8]
-seeds = [0]
-attacks = ["projection"]
-"""
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -286,6 +287,16 @@ def similarity_weights(p: Tensor, sq_dists: Tensor, alpha: float,
     return project_to_simplex(similarity_targets(p, sq_dists, alpha), participating)
 
 
+def _solve_reference_qp(problem: Any, client: int) -> None:
+    """Solve a reference cvxpy QP with CLARABEL at tolerances of 1e-11; raise unless optimal."""
+    import cvxpy as cp  # deferred: only the references need it
+
+    problem.solve(solver=cp.CLARABEL, tol_gap_abs=1e-11, tol_gap_rel=1e-11,
+                  tol_feas=1e-11, max_iter=500)
+    if problem.status != cp.OPTIMAL:
+        raise RuntimeError(f"cvxpy did not solve client {client}'s QP: {problem.status}")
+
+
 def similarity_weights_cvxpy(p: Tensor, sq_dists: Tensor, alpha: float,
                              participating: Tensor | None = None) -> Tensor:
     """Reference for :func:`similarity_weights`: cvxpy solves equation 13 client by client.
@@ -307,10 +318,7 @@ def similarity_weights_cvxpy(p: Tensor, sq_dists: Tensor, alpha: float,
     out = np.zeros((k, n))
     for u in range(k):
         s.value = s_all[u]
-        problem.solve(solver=cp.CLARABEL, tol_gap_abs=1e-11, tol_gap_rel=1e-11,
-                      tol_feas=1e-11, max_iter=500)
-        if problem.status != cp.OPTIMAL:
-            raise RuntimeError(f"cvxpy did not solve client {u}'s QP: {problem.status}")
+        _solve_reference_qp(problem, u)
         out[u, keep] = w.value
     return torch.from_numpy(out)
 
@@ -388,10 +396,7 @@ def pca_similarity_weights_reference(p: Tensor, tables: Tensor, alpha: float,
         x = cp.Variable(ids.shape[0])
         problem = cp.Problem(cp.Minimize(cp.sum_squares(x) - 2 * c @ x),
                              [x >= 0, cp.sum(x) == 1])
-        problem.solve(solver=cp.CLARABEL, tol_gap_abs=1e-11, tol_gap_rel=1e-11,
-                      tol_feas=1e-11, max_iter=500)
-        if problem.status != cp.OPTIMAL:
-            raise RuntimeError(f"cvxpy did not solve client {u}'s QP: {problem.status}")
+        _solve_reference_qp(problem, u)
         out[u, ids] = x.value
     return torch.from_numpy(out)
 
