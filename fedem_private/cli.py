@@ -134,7 +134,8 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
      "draws stay on the CPU, so cpu and cuda runs agree within float tolerance"),
     ("--privacy", "privacy.mode", str,
      "none, ldp-laplace, ldp-gaussian, paper, ldp-touched-rows (INSECURE), cdp-gaussian "
-     "(central DP-FedAvg under secure aggregation)"),
+     "(central DP-FedAvg under secure aggregation), ldp-dpsgd (interaction-level local "
+     "DP-SGD)"),
     ("--sample-rate", "privacy.sample_rate", _number,
      "cdp-gaussian: each client takes part in a round with this probability (Poisson)"),
     ("--clip-quantile", "privacy.clip_quantile", _number,
@@ -143,6 +144,12 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--clip-lr", "privacy.clip_lr", _number, "cdp-gaussian adaptive clipping: its rate eta"),
     ("--clip-count-noise", "privacy.clip_count_noise", _number,
      "cdp-gaussian adaptive clipping: noise std on the unclipped count (default q n / 20)"),
+    ("--dpsgd-rate", "privacy.dpsgd_rate", _number,
+     "ldp-dpsgd: Poisson rate of a client's positives in each local step"),
+    ("--dpsgd-steps", "privacy.dpsgd_steps", _integer, "ldp-dpsgd: local steps per round"),
+    ("--dpsgd-negatives", "privacy.dpsgd_negatives", _integer,
+     "ldp-dpsgd: negatives per step, uniform over the catalogue (data-independent)"),
+    ("--dpsgd-lr", "privacy.dpsgd_lr", _number, "ldp-dpsgd: local SGD learning rate"),
     ("--epsilon", "privacy.epsilon", _number, "total epsilon target over the rounds (inf ok)"),
     ("--epsilon-round", "privacy.epsilon_round", _number, "per-round epsilon"),
     ("--delta", "privacy.delta", _number, "delta for accounting"),
@@ -284,6 +291,10 @@ def privacy_text(privacy: dict[str, Any] | None) -> str:
     if mode in ("ldp-laplace", "ldp-gaussian"):
         text = (f"privacy: {mode} (user-level local DP, replace-one; no amplification "
                 f"claimed)  eps spent (worst client) {eps:.4g}")
+    if mode == "ldp-dpsgd":
+        text = (f"privacy: ldp-dpsgd (interaction-level local DP: one positive added or "
+                f"removed; amplified only by sampling a client's own positives)  eps spent "
+                f"(worst client) {eps:.4g}")
     if privacy.get("delta"):
         text += f" at delta {privacy['delta']:g}"
     if mode == "paper":

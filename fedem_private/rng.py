@@ -48,6 +48,9 @@ class Stream(IntEnum):
     HOLDOUT_FOLDS = 16  # --adapter-objective holdout: each client's fixed fold permutation
     ADAPTER_SHUFFLE = 17  # holdout: the order of the adapter's batches over the withheld fold
     AGG_SAMPLE = 18  # --agg-clients-ratio: the uploads similarity aggregation takes (server)
+    DPSGD_SAMPLE = 19  # ldp-dpsgd: each local step's Poisson sample of the client's positives
+    DPSGD_NEGATIVES = 20  # ldp-dpsgd: each step's data-independent negatives (whole catalogue)
+    DPSGD_NOISE = 21  # ldp-dpsgd: the Gaussian noise on every step's gradient sum
 
 
 def _mix(x: np.ndarray) -> np.ndarray:

@@ -525,3 +525,19 @@ class Backbone(ABC):
     def memory_per_client(self) -> int:
         """Bytes of per-client parameters beyond the item table (for chunk sizing)."""
         return 0
+
+    #: whether :meth:`example_grads` is built (local DP-SGD, privacy ``ldp-dpsgd``)
+    per_example_grads: ClassVar[bool] = False
+
+    def example_grads(self, private: dict[str, Tensor], rows: Tensor, items: Tensor,
+                      labels: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        """Per-example gradients of the BCE loss, for local DP-SGD.
+
+        ``rows`` (a, B, d) are the item vectors of examples ``items`` (a, B) with
+        ``labels`` (a, B) in {0, 1}; ``private`` holds each client's private groups
+        (a, ...). Returns (d loss_b / d row_b (a, B, d), {name: d loss_b / d private
+        group (a, B, ...)}): example b's gradient on every trained parameter, the
+        row's being its only nonzero part of the table's gradient. Only private
+        groups may be trained besides the table (no dense shared groups).
+        """
+        raise NotImplementedError(f"backbone {self.name!r} has no per-example gradients")

@@ -157,6 +157,18 @@ class MFBackbone(Backbone):
     def adapter_score(self, params: ClientParams) -> tuple[torch.Tensor, ScoreFn]:
         return params.private["p"], dot_scores
 
+    per_example_grads = True
+
+    def example_grads(self, private: dict[str, torch.Tensor], rows: torch.Tensor,
+                      items: torch.Tensor, labels: torch.Tensor
+                      ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Equation 12 per example: with e = sigmoid(p_u . q_i) - y, d loss / d q_i = e p_u
+        and d loss / d p_u = e q_i."""
+        del items  # MF's score needs no item id
+        p = private["p"]
+        err = torch.sigmoid(torch.einsum("abd,ad->ab", rows, p)) - labels
+        return err[:, :, None] * p[:, None, :], {"p": err[:, :, None] * rows}
+
     # ------------------------------------------------------------ reference
     def reference_train_client(self, start: ClientParams, items: np.ndarray, labels: np.ndarray,
                                cfg: LocalTrainConfig, round_: int,

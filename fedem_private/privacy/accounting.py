@@ -44,10 +44,11 @@ the JSON-ready form, where inf is written as None.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, fields
 
 import dp_accounting
@@ -55,7 +56,8 @@ from dp_accounting import pld as dp_pld
 from dp_accounting import rdp as dp_rdp
 from scipy import optimize, special
 
-KINDS: tuple[str, ...] = ("laplace", "gaussian")
+# "sampled-gaussian": a round of ldp-dpsgd, ``steps`` Poisson-subsampled Gaussian steps
+KINDS: tuple[str, ...] = ("laplace", "gaussian", "sampled-gaussian")
 PLD_DISCRETIZATION = 1e-3
 PLD_MAX_BINS = 20000
 # dp-accounting's Laplace PLD overflows (eps = inf) above about 700 per round
@@ -67,23 +69,36 @@ BOUNDS: tuple[str, ...] = ("basic", "advanced", "rdp", "pld")
 class RoundMechanism:
     """One round's release: ``kind`` noise with multiplier z = noise scale / sensitivity.
 
-    z = 0 means no noise (no finite guarantee).
+    z = 0 means no noise (no finite guarantee). Kind ``sampled-gaussian`` (a
+    round of ldp-dpsgd's local DP-SGD) is ``steps`` steps, each the Gaussian
+    mechanism of multiplier z on a Poisson sample at rate ``sample_rate`` of
+    the client's interactions; the other kinds ignore the two fields (1, 1).
     """
 
     kind: str
     noise_multiplier: float
+    sample_rate: float = 1.0
+    steps: int = 1
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"unknown mechanism kind {self.kind!r}")
         if not 0 <= self.noise_multiplier < math.inf:
             raise ValueError(f"noise multiplier must be finite and >= 0: {self.noise_multiplier}")
+        if self.kind != "sampled-gaussian" and (self.sample_rate, self.steps) != (1.0, 1):
+            raise ValueError(f"sample_rate and steps are for kind sampled-gaussian, not "
+                             f"{self.kind!r}")
+        if not 0 < self.sample_rate <= 1 or self.steps < 1:
+            raise ValueError(f"need 0 < sample_rate <= 1 and steps >= 1: {self.sample_rate}, "
+                             f"{self.steps}")
 
     def event(self) -> dp_accounting.DpEvent:
         """The dp-accounting event of one round (sensitivity normalised to 1)."""
         if self.kind == "laplace":
             return dp_accounting.LaplaceDpEvent(self.noise_multiplier)
-        return dp_accounting.GaussianDpEvent(self.noise_multiplier)
+        if self.kind == "gaussian":
+            return dp_accounting.GaussianDpEvent(self.noise_multiplier)
+        return dpfedavg_event(self.sample_rate, self.noise_multiplier, self.steps)
 
 
 Composition = tuple[tuple[RoundMechanism, int], ...]
@@ -136,7 +151,12 @@ def gaussian_epsilon(mu: float, delta: float) -> float:
 
 
 def _round_epsilons(comp: Composition, gaussian_delta_each: float) -> list[tuple[float, int]]:
-    """Per-round (eps_i, count): Laplace 1/z (pure); Gaussian at the given per-round delta."""
+    """Per-round (eps_i, count): Laplace 1/z (pure); Gaussian at the given per-round delta.
+
+    A sampled-gaussian round of S steps is bounded WITHOUT its sampling (S
+    unsampled Gaussian steps are one Gaussian of mu = sqrt(S) / z): valid, and
+    loose; the rdp and pld bounds account the sampling.
+    """
     out = []
     for mech, count in comp:
         if mech.noise_multiplier == 0:
@@ -144,12 +164,13 @@ def _round_epsilons(comp: Composition, gaussian_delta_each: float) -> list[tuple
         elif mech.kind == "laplace":
             out.append((1.0 / mech.noise_multiplier, count))
         else:
-            out.append((gaussian_epsilon(1.0 / mech.noise_multiplier, gaussian_delta_each), count))
+            mu = math.sqrt(mech.steps) / mech.noise_multiplier
+            out.append((gaussian_epsilon(mu, gaussian_delta_each), count))
     return out
 
 
 def _gaussian_rounds(comp: Composition) -> int:
-    return sum(c for m, c in comp if m.kind == "gaussian")
+    return sum(c for m, c in comp if m.kind != "laplace")
 
 
 def basic_epsilon(comp: Composition, delta: float) -> float:
@@ -182,6 +203,23 @@ def advanced_epsilon(comp: Composition, delta: float) -> float:
     return spread + drift
 
 
+@contextlib.contextmanager
+def quiet_absl() -> Iterator[None]:
+    """Silence dp-accounting's absl warnings for the block.
+
+    It logs a WARNING for each small order whose subsampled-Gaussian RDP does not
+    converge at small z, and leaves that order out. The bound over the remaining
+    orders is still a valid upper bound.
+    """
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        absl.setLevel(level)
+
+
 def _event(comp: Composition) -> dp_accounting.DpEvent:
     return dp_accounting.ComposedDpEvent(
         [dp_accounting.SelfComposedDpEvent(m.event(), n) for m, n in comp]
@@ -194,9 +232,10 @@ def rdp_epsilon(comp: Composition, delta: float) -> float:
         return 0.0
     if delta <= 0 or _has_no_noise(comp):
         return math.inf
-    accountant = dp_rdp.RdpAccountant()
-    accountant.compose(_event(comp))
-    return float(accountant.get_epsilon(delta))
+    with quiet_absl():
+        accountant = dp_rdp.RdpAccountant()
+        accountant.compose(_event(comp))
+        return float(accountant.get_epsilon(delta))
 
 
 def pld_interval(comp: Composition) -> float:
@@ -349,18 +388,10 @@ def dpfedavg_rdp_epsilon(sample_rate: float, noise_multiplier: float, rounds: in
         return 0.0
     if delta <= 0 or noise_multiplier == 0:
         return math.inf
-    # dp-accounting logs (absl WARNING) each small order whose subsampled-Gaussian RDP does
-    # not converge at small z and leaves that order out; the bound over the remaining
-    # orders is still a valid upper bound, so the warnings are silenced here
-    absl = logging.getLogger("absl")
-    level = absl.level
-    absl.setLevel(logging.ERROR)
-    try:
+    with quiet_absl():
         accountant = dp_rdp.RdpAccountant()
         accountant.compose(dpfedavg_event(sample_rate, noise_multiplier, rounds))
         return float(accountant.get_epsilon(delta))
-    finally:
-        absl.setLevel(level)
 
 
 def dpfedavg_pld_epsilon(sample_rate: float, noise_multiplier: float, rounds: int,

@@ -21,6 +21,16 @@ client), so ``noise_multiplier`` is z = sigma / C; ``epsilon`` is the total
 against observers of the released models, calibrated for T rounds of the
 Poisson-subsampled Gaussian at ``sample_rate`` q with ``accountant`` (pld or
 rdp); ``epsilon_round`` is refused. ``sample_rate`` applies to it only.
+
+``ldp-dpsgd`` (interaction-level local DP, DESIGN section 5) noises local
+training instead of the upload: ``clip`` is C_e, the L2 bound of each
+positive's gradient on all the client's trained parameters, the sensitivity
+of a step's gradient sum under add/remove of one interaction;
+``noise_multiplier`` is sigma (noise sigma C_e on every entry of every
+step's sum); ``epsilon`` is the total per client over the planned rounds,
+calibrated for rounds x ``dpsgd_steps`` Poisson-subsampled Gaussian steps at
+rate ``dpsgd_rate``; ``epsilon_round`` is refused. The ``dpsgd_*`` fields
+apply to it only (see :mod:`fedem_private.privacy.dpsgd`).
 """
 
 from __future__ import annotations
@@ -32,10 +42,12 @@ from typing import Any
 from fedem_private.errors import UserError
 
 MODES: tuple[str, ...] = ("none", "ldp-laplace", "ldp-gaussian", "paper", "ldp-touched-rows",
-                          "cdp-gaussian")
+                          "cdp-gaussian", "ldp-dpsgd")
 LDP_MODES: tuple[str, ...] = ("ldp-laplace", "ldp-gaussian", "ldp-touched-rows")
 # modes that noise the aggregate on the server, not each upload (DESIGN section 5)
 CENTRAL_MODES: tuple[str, ...] = ("cdp-gaussian",)
+# modes that make local training itself DP, the upload being post-processing (DESIGN section 5)
+DPSGD_MODES: tuple[str, ...] = ("ldp-dpsgd",)
 
 
 # What each mode protects, against whom, and what it claims (DESIGN sections 5-6): the
@@ -78,6 +90,16 @@ THREAT_MODELS: dict[str, dict[str, str]] = {
         "amplification": "Poisson sampling at rate q, claimed only against observers of the "
                          "released models; none against the aggregator",
     },
+    "ldp-dpsgd": {
+        "neighbouring": "interaction-level: add/remove one training interaction (a positive) "
+                        "of one client",
+        "trust_model": "local: each client trains with DP-SGD (per-positive clipping, Gaussian "
+                       "noise on every entry of every step's gradient); the server is not "
+                       "trusted and sees every upload",
+        "amplification": "Poisson sampling of the client's own positives at each local step "
+                         "(the server never sees which); none over clients: the server sees "
+                         "who took part",
+    },
 }
 ACCOUNTANTS: tuple[str, ...] = ("basic", "advanced", "rdp", "pld")
 # accountants that handle Poisson subsampling (cdp-gaussian's calibration)
@@ -106,6 +128,12 @@ MODE_DESCRIPTIONS: dict[str, str] = {
         "rate q, L2-clip each delta to C, N(0, z^2 C^2) added once to the sum under secure "
         "aggregation, divided by q n; amplified eps for observers of the released models, "
         "unamplified eps for the aggregator"
+    ),
+    "ldp-dpsgd": (
+        "interaction-level local DP (add/remove one positive): local DP-SGD, Poisson sample of "
+        "positives at rate q_e per step, each positive's gradient L2-clipped to C, N(0, "
+        "sigma^2 C^2) on every entry of every step's sum, data-independent negatives; "
+        "(eps, delta) per client over all its steps by accounting"
     ),
 }
 
@@ -147,6 +175,13 @@ class PrivacyConfig:
     clip_quantile: float | None = None
     clip_lr: float = 0.2
     clip_count_noise: float | None = None
+    # ldp-dpsgd (see fedem_private.privacy.dpsgd): the Poisson rate q_e of a client's
+    # positives per local step, local steps per round, negatives per step (uniform over the
+    # catalogue, data-independent) and the local SGD learning rate
+    dpsgd_rate: float = 0.1
+    dpsgd_steps: int = 20
+    dpsgd_negatives: int = 64
+    dpsgd_lr: float = 1.0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -180,6 +215,47 @@ class PrivacyConfig:
         self._validate_budget()
         self._validate_clip_auto()
         self._validate_central()
+        self._validate_dpsgd()
+
+    def _validate_dpsgd(self) -> None:
+        rate = _number("dpsgd_rate", self.dpsgd_rate)
+        lr = _number("dpsgd_lr", self.dpsgd_lr)
+        for name in ("dpsgd_steps", "dpsgd_negatives"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise UserError(f"privacy.{name} must be an integer, got {value!r}")
+        defaults = PrivacyConfig.__dataclass_fields__
+        if self.mode not in DPSGD_MODES:
+            changed = [n for n in ("dpsgd_rate", "dpsgd_steps", "dpsgd_negatives", "dpsgd_lr")
+                       if getattr(self, n) != defaults[n].default]
+            if changed:
+                flag = "--" + changed[0].replace("_", "-")
+                raise UserError(f"{flag} (privacy.{changed[0]}) is for ldp-dpsgd, not privacy "
+                                f"{self.mode!r}")
+            return
+        if not 0 < rate <= 1:
+            raise UserError(f"--dpsgd-rate (privacy.dpsgd_rate) must be in (0, 1], got {rate}")
+        if self.dpsgd_steps < 1:
+            raise UserError(f"--dpsgd-steps (privacy.dpsgd_steps) must be >= 1, got "
+                            f"{self.dpsgd_steps}")
+        if self.dpsgd_negatives < 0:
+            raise UserError(f"--dpsgd-negatives (privacy.dpsgd_negatives) must be >= 0, got "
+                            f"{self.dpsgd_negatives}")
+        if not 0 < lr < math.inf:
+            raise UserError(f"--dpsgd-lr (privacy.dpsgd_lr) must be finite and > 0, got {lr}")
+        if self.epsilon_round is not None:
+            raise UserError(f"privacy {self.mode!r} is calibrated from a total budget over all "
+                            "local steps: give privacy.epsilon or privacy.noise_multiplier, not "
+                            "epsilon_round")
+        if self.epsilon is None and self.noise_multiplier is None:
+            raise UserError(f"privacy mode {self.mode!r} needs a budget: set privacy.epsilon "
+                            "or privacy.noise_multiplier")
+        if not self.delta > 0:
+            raise UserError(f"privacy mode {self.mode!r} needs delta > 0 (Gaussian noise gives "
+                            "no pure DP)")
+        if self.accountant not in CENTRAL_ACCOUNTANTS:
+            raise UserError(f"privacy mode {self.mode!r} accounts Poisson subsampling with "
+                            f"{' or '.join(CENTRAL_ACCOUNTANTS)}, not {self.accountant!r}")
 
     def _validate_adaptive_clip(self) -> None:
         if self.clip_quantile is None:
@@ -293,7 +369,7 @@ class PrivacyConfig:
         """True when the mode adds noise (an ldp mode with a finite budget, or paper)."""
         if self.mode == "paper":
             return True
-        if self.mode not in LDP_MODES + CENTRAL_MODES:
+        if self.mode not in LDP_MODES + CENTRAL_MODES + DPSGD_MODES:
             return False
         if self.noise_multiplier is not None:
             return self.noise_multiplier > 0
@@ -305,7 +381,8 @@ class PrivacyConfig:
         """"laplace", "gaussian" or None (mode none)."""
         if self.mode == "none":
             return None
-        return "gaussian" if self.mode in ("ldp-gaussian", "cdp-gaussian") else "laplace"
+        return ("gaussian" if self.mode in ("ldp-gaussian", "cdp-gaussian", "ldp-dpsgd")
+                else "laplace")
 
     @property
     def description(self) -> str:

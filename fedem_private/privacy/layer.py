@@ -15,7 +15,7 @@ the round, the only thing the server's aggregator receives.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -26,6 +26,14 @@ from .config import THREAT_MODELS, PrivacyConfig
 from .ledger import PrivacyLedger
 from .mechanisms import noise_std, release
 from .params import MechanismParams, paper_heuristic_epsilon, resolve_params
+
+if TYPE_CHECKING:
+    from fedem_private.models.base import Backbone, ClientParams
+
+
+LDP_NSR = "noise std per entry / mean |clipped delta| on the entries of trained rows"
+DPSGD_NSR = ("noise std per entry of a local step's gradient sum (sigma C) / mean |entry| of a "
+             "sampled positive's clipped gradient on its row")
 
 
 class PrivacyLayer:
@@ -99,7 +107,32 @@ class PrivacyLayer:
                           "range": [cfg.clip_auto_min, cfg.clip_auto_max],
                           "rounds_epsilon_target": rounds_eps, "rule": RULE}
 
+    @property
+    def dpsgd(self) -> bool:
+        """Whether local training itself is the mechanism (ldp-dpsgd): the loop trains through
+        :meth:`train_local` and the upload is released as is."""
+        return self.params.dpsgd
+
+    def train_local(self, backbone: Backbone, start: ClientParams, clients: np.ndarray,
+                    pos_indptr: np.ndarray, pos_items: np.ndarray, num_negatives: int
+                    ) -> tuple[ClientParams, torch.Tensor]:
+        """ldp-dpsgd: a chunk's local DP-SGD (:func:`.dpsgd.train_chunk`) in this round.
+
+        Returns (trained parameters, touched (k, m) all True: every row moves)."""
+        from .dpsgd import DpsgdSettings, train_chunk
+
+        assert self.dpsgd, "train_local() is for ldp-dpsgd"
+        settings = DpsgdSettings.of(self.params, num_negatives)
+        new, stats = train_chunk(backbone, start, clients, pos_indptr, pos_items, settings,
+                                 self.seed, self.round)
+        self._dpsgd.merge(stats)
+        k, m = start.items.shape[:2]
+        return new, torch.ones((k, m), dtype=torch.bool, device=start.items.device)
+
     def _reset_round(self) -> None:
+        from .dpsgd import DpsgdStats
+
+        self._dpsgd = DpsgdStats()
         self._n = 0
         self._n_clipped = 0.0
         self._norm_sum = 0.0
@@ -190,6 +223,14 @@ class PrivacyLayer:
                 out["unclipped_estimate"] = math.nan if est is None else est
             out["frac_clipped"] = self._n_clipped / n
             out["mean_pre_clip_norm"] = self._norm_sum / n if self._n else math.nan
+        if self.dpsgd:
+            # per sampled positive over the round's local steps (DESIGN section 5)
+            ex = self._dpsgd
+            out["frac_clipped"] = ex.clipped / ex.examples if ex.examples else math.nan
+            out["mean_pre_clip_norm"] = ex.norm_sum / ex.examples if ex.examples else math.nan
+            # noise std per entry of a step's sum / mean |entry| of a positive's clipped
+            # gradient on its row
+            self._signal_sum, self._signal_n = ex.signal_sum, ex.signal_entries
         if self._signal_n and noise_std(self.params) > 0:
             # LDP (DESIGN section 5): noise std per entry over the mean |clipped delta| on
             # the entries of the rows the clients trained; >> 1 explains a flat curve
@@ -282,11 +323,22 @@ class PrivacyLayer:
         out.update(THREAT_MODELS[self.cfg.mode])
         if self.central:
             out = self._central_summary(out)
+        if self.dpsgd:
+            p = self.params
+            out["dpsgd"] = {
+                "sample_rate": p.dpsgd_rate, "steps_per_round": p.dpsgd_steps,
+                "negatives_per_step": p.dpsgd_negatives, "lr": p.dpsgd_lr,
+                "clip_per_positive": p.clip, "noise_std_per_entry": p.noise_scale,
+                "worst_client_steps": (out.get("worst_client_rounds") or 0) * p.dpsgd_steps,
+                "accounting": ("each local step is the Poisson-subsampled Gaussian mechanism "
+                               "(rate q_e, multiplier sigma) under add/remove of one positive; "
+                               "a client's rounds x steps composed with dp-accounting's PLD "
+                               "and RDP, reported = min"),
+            }
         if self._nsr:
             out["noise_to_signal"] = {"mean_over_rounds": float(np.mean(self._nsr)),
                                       "last_round": self._nsr[-1],
-                                      "definition": ("noise std per entry / mean |clipped "
-                                                     "delta| on the entries of trained rows")}
+                                      "definition": DPSGD_NSR if self.dpsgd else LDP_NSR}
         if self.auto_clip is not None:
             out["clip_auto"] = {k: (None if isinstance(v, float) and math.isinf(v) else v)
                                 for k, v in self.auto_clip.items()}

@@ -59,7 +59,10 @@ def _constant_epsilon(value: float) -> dict[str, float | None]:
 def _mechanism_json(mech: RoundMechanism | None) -> dict[str, Any] | None:
     if mech is None:
         return None
-    return {"kind": mech.kind, "noise_multiplier": mech.noise_multiplier}
+    out: dict[str, Any] = {"kind": mech.kind, "noise_multiplier": mech.noise_multiplier}
+    if mech.kind == "sampled-gaussian":
+        out.update(sample_rate=mech.sample_rate, steps=mech.steps)
+    return out
 
 
 class PrivacyLedger:

@@ -288,6 +288,18 @@ RELEASES: dict[str, Release] = {
 }
 
 
+def release_dpsgd(params: MechanismParams, sent: torch.Tensor, local: torch.Tensor, *,
+                  seed: int, round_: int, clients: np.ndarray,
+                  touched: torch.Tensor | None = None) -> tuple[torch.Tensor, RoundPrivacyStats]:
+    """ldp-dpsgd: the upload is the DP-SGD-trained table as is (post-processing; the noise
+    went into every local step, see :mod:`fedem_private.privacy.dpsgd`)."""
+    _check_inputs(sent, local, clients, touched, need_touched=False)
+    return local, _stats(params, local.shape[0], None, 1.0 if params.noise_scale > 0 else 0.0)
+
+
+RELEASES["ldp-dpsgd"] = release_dpsgd
+
+
 def release(params: MechanismParams, sent: torch.Tensor, local: torch.Tensor, *, seed: int,
             round_: int, clients: np.ndarray, touched: torch.Tensor | None = None
             ) -> tuple[torch.Tensor, RoundPrivacyStats]:

@@ -25,7 +25,7 @@ from fedem_private.data.attributes import ATTRIBUTE_DATASETS
 from fedem_private.device import check_name as check_device
 from fedem_private.device import resolve as resolve_device
 from fedem_private.errors import UserError
-from fedem_private.privacy.config import CENTRAL_MODES, PrivacyConfig
+from fedem_private.privacy.config import CENTRAL_MODES, DPSGD_MODES, PrivacyConfig
 
 METHODS = ("fedmf", "fedsim", "fedem", "local", "fedncf", "pfedrec", "gpfedrec", "fedrap",
            "fedmerge")
@@ -452,6 +452,8 @@ class RunConfig:
         if self.federation.codec != "full" and self.privacy.clip_auto:
             raise UserError(f"--clip auto measures full-table deltas before round 1, not codec "
                             f"{self.federation.codec!r}'s parameters; give --clip a number")
+        if self.privacy.mode in DPSGD_MODES:
+            self._check_dpsgd()
         if self.privacy.mode in CENTRAL_MODES:
             if self.train.client_fraction != 1:
                 raise UserError(f"privacy {self.privacy.mode!r} samples clients itself (Poisson, "
@@ -462,6 +464,26 @@ class RunConfig:
                                 f"aggregates, DESIGN section 6) is not built yet; drop "
                                 f"--record-rounds")
         return self
+
+    def _check_dpsgd(self) -> None:
+        """ldp-dpsgd's preconditions (:mod:`fedem_private.privacy.dpsgd`): everything that
+        shapes the upload besides the noisy steps must be public or post-processing."""
+        fed, mode = self.federation, self.privacy.mode
+        if fed.resolved_backbone not in DPSGD_BACKBONES:
+            raise UserError(f"privacy {mode!r} is built for backbone "
+                            f"{', '.join(DPSGD_BACKBONES)} (per-example gradients), not "
+                            f"{fed.resolved_backbone!r}")
+        if fed.resolved_merge in LEARNED_MERGES:
+            raise UserError(f"privacy {mode!r}: merge {fed.resolved_merge!r} trains its adapter "
+                            f"on the client's data without DP, so the upload would not be DP; "
+                            f"use --merge sr or sm")
+        if fed.codec != "full":
+            raise UserError(f"privacy {mode!r} trains the item table itself; codec "
+                            f"{fed.codec!r} is not built for it; use --codec full")
+        if self.train.early_stop_tol > 0:
+            raise UserError(f"privacy {mode!r} takes a fixed number of steps "
+                            f"(--dpsgd-steps); a data-dependent early stop would leak; drop "
+                            f"--early-stop-tol")
 
     def resolved(self) -> RunConfig:
         """Fill method-dependent defaults so the written config says what ran.
@@ -505,6 +527,7 @@ PAPER_CODE_OPTIONS: tuple[tuple[str, str, str, Any, Any], ...] = (
 UNBUILT_OPTIONS: frozenset[str] = frozenset({"batchmerge"})
 # backbones whose local training has the early stop (Backbone.early_stop)
 EARLY_STOP_BACKBONES = ("mf",)
+DPSGD_BACKBONES = ("mf",)  # backbones with per-example gradients (ldp-dpsgd)
 # datasets the preset's first-seen order applies to (no timestamps; csv: the file decides)
 UNTIMED_DATASETS = ("filmtrust", "lastfm-2k")
 

@@ -430,8 +430,13 @@ class Simulation:
                 down_bytes += k * wire_bytes({**theta_sent, **dense_sent})
             elif self.aggregator.sends_table:
                 down_bytes += n_recv * wire_bytes({"items": sent, **dense_sent})
-            new, touched = self.backbone.train_chunk(start, chunk, samples, self.local_cfg, t,
-                                                     rows=rows)
+            if self.privacy.dpsgd:  # local DP-SGD is the mechanism (DESIGN section 5)
+                new, touched = self.privacy.train_local(
+                    self.backbone, start, chunk, self.split.train_indptr,
+                    self.split.train_items, self.local_cfg.num_negatives)
+            else:
+                new, touched = self.backbone.train_chunk(start, chunk, samples, self.local_cfg,
+                                                         t, rows=rows)
             st.q_local[idx] = new.items
             for name, value in new.private.items():
                 st.private[name][idx] = value

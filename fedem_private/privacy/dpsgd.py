@@ -1,0 +1,310 @@
+"""``ldp-dpsgd``: interaction-level local DP from DP-SGD in local training (DESIGN section 5).
+
+**Neighbouring relation.** One training interaction (a positive) of one client
+added or removed.
+
+**Trust model.** Local. The honest-but-curious server sees every upload, knows
+what it sent, who took part and the public hyper-parameters below. It never
+sees which positives a step sampled, a per-example gradient or the noise.
+
+**One local step of client u** (Abadi et al. 2016, one example = one positive):
+
+1. Poisson sampling: each of u's positives is in the step's batch independently
+   with probability ``q_e``.
+2. Per-example gradients of the BCE loss on *every* parameter the client trains:
+   its item table and its private groups (MF: p_u). A positive's gradient is
+   clipped to L2 norm ``C`` over all of them, by the factor min(1, C / (norm +
+   1e-6)) (opacus's factor: the clipped norm stays below C).
+3. N(0, sigma^2 C^2) is added to EVERY entry of the sum, on the table and on the
+   private groups. Every row moves, so the touched set is not released. p_u is
+   noised too: later steps read it, so a p_u trained without noise would carry
+   the data into the next steps' sums.
+4. The gradient of ``N`` negatives is added. They are drawn uniformly from the
+   whole catalogue, independently of the data (a positive can be drawn). Given
+   the current parameters this is a data-independent term, so it gets no clip
+   and no noise.
+5. The sum is divided by the public constant L = max(N / num_negatives, 1): the
+   number of positives at the training's usual 1 : num_negatives ratio. Then
+   one SGD step with learning rate ``lr``.
+
+**Sensitivity and accounting.** Before each step the parameters depend only on
+public inputs (the table the server sent, the client's start) and on earlier
+noisy sums. Adding or removing one positive therefore changes a step's sum by
+at most C in L2, and only if that positive was sampled. Each step is thus the
+Poisson-subsampled Gaussian mechanism (q_e, sigma). The steps per round
+``S`` and every count above are public constants, never the size of the data.
+A client that took part in R rounds has composed R * S such steps; the upload
+is post-processing. The accounting is
+:class:`~fedem_private.privacy.accounting.RoundMechanism` kind
+``sampled-gaussian`` (dp-accounting's PLD and RDP), checked in the tests
+against opacus's RDP and PRV accountants.
+
+**What the round loop must guarantee** (``RunConfig.validate`` refuses the
+rest):
+
+- The starting table is public or post-processing: merge ``sr``, or ``sm`` with
+  its fixed rho. Not ``dm`` / ``em``, whose adapter trains on the data without DP.
+- No upload codec and no early stop.
+- A backbone with :meth:`~fedem_private.models.base.Backbone.example_grads` and no
+  dense shared groups.
+
+Amplification is claimed only for the sampling of a client's own positives. The
+server sees who took part, so there is none over clients.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fedem_private import rng
+from fedem_private.models.base import Backbone, ClientParams
+from fedem_private.privacy.params import MechanismParams
+
+#: opacus's guard in the clip factor C / (norm + CLIP_EPS)
+CLIP_EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class DpsgdSettings:
+    """The public constants of local DP-SGD (see the module docstring)."""
+
+    sample_rate: float  # q_e
+    clip: float  # C
+    noise_multiplier: float  # sigma
+    steps: int  # S, per round
+    negatives: int  # N, per step
+    lr: float
+    normaliser: float  # L
+
+    @classmethod
+    def of(cls, params: MechanismParams, num_negatives: int) -> DpsgdSettings:
+        """The settings of a resolved ``ldp-dpsgd`` mechanism; L from N and the training's
+        ``num_negatives``."""
+        assert params.dpsgd and params.clip is not None and params.noise_multiplier is not None
+        assert params.dpsgd_rate is not None and params.dpsgd_steps is not None
+        assert params.dpsgd_negatives is not None and params.dpsgd_lr is not None
+        norm = max(params.dpsgd_negatives / max(int(num_negatives), 1), 1.0)
+        return cls(params.dpsgd_rate, params.clip, params.noise_multiplier, params.dpsgd_steps,
+                   params.dpsgd_negatives, params.dpsgd_lr, float(norm))
+
+    @property
+    def noise_std(self) -> float:
+        """sigma C, the noise std on every entry of a step's sum."""
+        return self.noise_multiplier * self.clip
+
+
+def positive_masks(seed: int, round_: int, client: int, n_pos: int, steps: int,
+                   rate: float) -> np.ndarray:
+    """(steps, n_pos) bool: which of the client's positives each step samples (Poisson)."""
+    g = rng.generator(seed, rng.Stream.DPSGD_SAMPLE, round_, client)
+    return (torch.rand((steps, n_pos), generator=g, dtype=torch.float64) < rate).numpy()
+
+
+def step_negatives(seed: int, round_: int, client: int, steps: int, count: int,
+                   n_items: int) -> np.ndarray:
+    """(steps, count) item ids, uniform over the whole catalogue (data-independent)."""
+    g = rng.generator(seed, rng.Stream.DPSGD_NEGATIVES, round_, client)
+    return torch.randint(0, n_items, (steps, count), generator=g).numpy()
+
+
+def noise_generator(seed: int, round_: int, client: int) -> torch.Generator:
+    """The generator of a client's noise in a round: each step draws the table's noise
+    (m, d), then each private group's, in sorted name order."""
+    return rng.generator(seed, rng.Stream.DPSGD_NOISE, round_, client)
+
+
+@dataclass
+class DpsgdStats:
+    """What one chunk's local DP-SGD logs: clipping and the noise-to-signal ratio."""
+
+    examples: int = 0  # sampled positives over all steps
+    clipped: int = 0  # of which had norm > C
+    norm_sum: float = 0.0  # sum of their pre-clip norms
+    signal_sum: float = 0.0  # sum of |entries| of the clipped gradients on the rows they hit
+    signal_entries: int = 0
+
+    def merge(self, other: DpsgdStats) -> None:
+        self.examples += other.examples
+        self.clipped += other.clipped
+        self.norm_sum += other.norm_sum
+        self.signal_sum += other.signal_sum
+        self.signal_entries += other.signal_entries
+
+
+def _positives(indptr: np.ndarray, items: np.ndarray, client: int) -> np.ndarray:
+    return items[indptr[client]: indptr[client + 1]]
+
+
+def train_chunk(backbone: Backbone, start: ClientParams, clients: np.ndarray,
+                pos_indptr: np.ndarray, pos_items: np.ndarray, settings: DpsgdSettings,
+                seed: int, round_: int) -> tuple[ClientParams, DpsgdStats]:
+    """S local DP-SGD steps for a chunk of clients at once (the module docstring's step).
+
+    ``start`` holds each client's starting table (k, m, d) and private groups;
+    ``pos_indptr`` / ``pos_items`` are the clients' training positives (CSR over
+    ALL clients, indexed by client id). Every client takes the same S steps, so
+    the chunk moves in lock-step with no ragged tail. Draws are keyed by (seed,
+    round, client): the result for a client does not depend on its chunk.
+    Returns (trained parameters, clipping and signal statistics).
+    """
+    if start.dense:
+        raise ValueError("ldp-dpsgd trains no dense shared groups")
+    table = start.items.clone(memory_format=torch.contiguous_format)
+    k, m, d = table.shape
+    dev, dtype = table.device, table.dtype
+    names = sorted(start.private)
+    private = {n: start.private[n].clone(memory_format=torch.contiguous_format) for n in names}
+    stats = DpsgdStats()
+    if k == 0:
+        return ClientParams(table, {}, private), stats
+    s_count, c, std = settings.steps, settings.clip, settings.noise_std
+    ids = np.asarray(clients, dtype=np.int64).tolist()
+    positives = [_positives(pos_indptr, pos_items, u) for u in ids]
+    masks = [positive_masks(seed, round_, u, pos.shape[0], s_count, settings.sample_rate)
+             for u, pos in zip(ids, positives, strict=True)]
+    negs = torch.from_numpy(np.stack([step_negatives(seed, round_, u, s_count,
+                                                     settings.negatives, m) for u in ids]))
+    negs = negs.to(dev)
+    gens = [noise_generator(seed, round_, u) for u in ids]
+    offsets = (torch.arange(k, device=dev) * m)[:, None]
+    flat = table.view(-1, d)
+    grad = torch.zeros_like(table)
+    grad_flat = grad.view(-1, d)
+    grad_priv = {n: torch.zeros_like(t) for n, t in private.items()}
+    step_size = settings.lr / settings.normaliser
+    for s in range(s_count):
+        if std > 0:  # opacus's order: each parameter's noise in turn, per client
+            for j in range(k):
+                grad[j].normal_(0.0, std, generator=gens[j])
+                for n in names:
+                    grad_priv[n][j].normal_(0.0, std, generator=gens[j])
+        else:
+            grad.zero_()
+            for n in names:
+                grad_priv[n].zero_()
+        picked = [pos[mask[s]] for pos, mask in zip(positives, masks, strict=True)]
+        width = max(p.shape[0] for p in picked)
+        if width:
+            items = np.zeros((k, width), dtype=np.int64)
+            valid = np.zeros((k, width), dtype=bool)
+            for j, p in enumerate(picked):
+                items[j, : p.shape[0]] = p
+                valid[j, : p.shape[0]] = True
+            items_t = torch.from_numpy(items).to(dev)
+            valid_t = torch.from_numpy(valid).to(dev)
+            where = (items_t + offsets).view(-1)
+            rows = flat.index_select(0, where).view(k, width, d)
+            g_rows, g_priv = backbone.example_grads(private, rows, items_t,
+                                                    torch.ones((k, width), dtype=dtype,
+                                                               device=dev))
+            sq = g_rows.pow(2).sum(-1)
+            for n in names:
+                sq = sq + g_priv[n].pow(2).reshape(k, width, -1).sum(-1)
+            norm = sq.sqrt()
+            factor = (c / (norm + CLIP_EPS)).clamp(max=1.0) * valid_t
+            clipped_rows = g_rows * factor[:, :, None]
+            grad_flat.index_add_(0, where, clipped_rows.reshape(-1, d))
+            for n in names:
+                grad_priv[n].add_(torch.einsum("ab,ab...->a...", factor, g_priv[n]))
+            stats.examples += int(valid.sum())
+            stats.clipped += int(((norm > c) & valid_t).sum())
+            stats.norm_sum += float((norm * valid_t).sum())
+            stats.signal_sum += float(clipped_rows.abs().sum())
+            stats.signal_entries += int(valid.sum()) * d
+        if settings.negatives:
+            n_items = negs[:, s, :]
+            where = (n_items + offsets).view(-1)
+            rows = flat.index_select(0, where).view(k, -1, d)
+            g_rows, g_priv = backbone.example_grads(private, rows, n_items,
+                                                    torch.zeros(n_items.shape, dtype=dtype,
+                                                                device=dev))
+            grad_flat.index_add_(0, where, g_rows.reshape(-1, d))
+            for n in names:
+                grad_priv[n].add_(g_priv[n].sum(1))
+        table.sub_(grad, alpha=step_size)
+        for n in names:
+            private[n].sub_(grad_priv[n], alpha=step_size)
+    return ClientParams(table, {}, private), stats
+
+
+# ------------------------------------------------------------------------- reference (MF)
+class _MF(torch.nn.Module):
+    """MF as opacus sees it: an embedding (the item table) and a bias-free linear (p_u)."""
+
+    def __init__(self, q: Tensor, p: Tensor) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(q.shape[0], q.shape[1])
+        self.lin = torch.nn.Linear(q.shape[1], 1, bias=False)
+        with torch.no_grad():
+            self.emb.weight.copy_(q)
+            self.lin.weight.copy_(p[None])
+
+    def forward(self, items: Tensor) -> Tensor:
+        return self.lin(self.emb(items)).squeeze(-1)
+
+
+def reference_train_mf_client(q_start: Tensor, p_start: Tensor, positives: np.ndarray,
+                              settings: DpsgdSettings, seed: int, round_: int,
+                              client: int) -> tuple[Tensor, Tensor]:
+    """One MF client's S DP-SGD steps with opacus, the obvious way (the tests' reference).
+
+    opacus's ``GradSampleModule`` computes the per-positive gradients. Its
+    ``DPOptimizer`` clips them, adds the noise from :func:`noise_generator`
+    and divides by L (``expected_batch_size``). The negatives' plain gradient
+    over L is then added, and the wrapped SGD steps. A step that sampled no
+    positive still adds the noise. The batches and negatives are the same
+    draws the vectorised engine makes.
+    """
+    from opacus import GradSampleModule
+    from opacus.optimizers import DPOptimizer
+
+    with warnings.catch_warnings():
+        # opacus's full backward hook on a module whose input (item ids) needs no gradient
+        warnings.filterwarnings("ignore", message="Full backward hook is firing")
+        return _reference_steps(q_start, p_start, positives, settings, seed, round_, client,
+                                GradSampleModule, DPOptimizer)
+
+
+def _reference_steps(q_start: Tensor, p_start: Tensor, positives: np.ndarray,
+                     settings: DpsgdSettings, seed: int, round_: int, client: int,
+                     GradSampleModule, DPOptimizer) -> tuple[Tensor, Tensor]:  # noqa: N803
+    m = q_start.shape[0]
+    model = _MF(q_start, p_start)
+    gsm = GradSampleModule(model, loss_reduction="sum")
+    params = [model.emb.weight, model.lin.weight]
+    opt = DPOptimizer(torch.optim.SGD(params, lr=settings.lr),
+                      noise_multiplier=settings.noise_multiplier, max_grad_norm=settings.clip,
+                      expected_batch_size=settings.normaliser, loss_reduction="mean",
+                      generator=noise_generator(seed, round_, client))
+    masks = positive_masks(seed, round_, client, positives.shape[0], settings.steps,
+                           settings.sample_rate)
+    negs = step_negatives(seed, round_, client, settings.steps, settings.negatives, m)
+    bce = torch.nn.functional.binary_cross_entropy_with_logits
+    for s in range(settings.steps):
+        opt.zero_grad()
+        batch = torch.from_numpy(positives[masks[s]])
+        if batch.numel():
+            logits = gsm(batch)
+            bce(logits, torch.ones_like(logits), reduction="sum").backward()
+            opt.pre_step()
+        else:  # nothing sampled: the sum is zero, the noise is still added
+            for prm in params:
+                prm.summed_grad = torch.zeros_like(prm)
+            opt.add_noise()
+            for prm in params:
+                prm.grad /= settings.normaliser
+        if settings.negatives:
+            gsm.disable_hooks()
+            logits = gsm(torch.from_numpy(negs[s]))
+            neg = torch.autograd.grad(bce(logits, torch.zeros_like(logits), reduction="sum"),
+                                      params)
+            gsm.enable_hooks()
+            for prm, g in zip(params, neg, strict=True):
+                prm.grad = prm.grad + g / settings.normaliser
+        opt.original_optimizer.step()
+    return model.emb.weight.detach().clone(), model.lin.weight.detach()[0].clone()
