@@ -181,7 +181,7 @@ class PrivacyConfig:
     dpsgd_rate: float = 0.1
     dpsgd_steps: int = 20
     dpsgd_negatives: int = 64
-    dpsgd_lr: float = 1.0
+    dpsgd_lr: float = 4.0
 
     def __post_init__(self) -> None:
         self.validate()
