@@ -64,7 +64,13 @@ from typing import Any
 
 from fedem_private.data import DATASETS, PROTOCOLS
 from fedem_private.errors import UserError
-from fedem_private.privacy.config import CENTRAL_MODES, LDP_MODES, MODES, PrivacyConfig
+from fedem_private.privacy.config import (
+    CENTRAL_MODES,
+    DPSGD_MODES,
+    LDP_MODES,
+    MODES,
+    PrivacyConfig,
+)
 from fedem_private.simulation.config import (
     AGGREGATIONS,
     CODECS,
@@ -84,7 +90,8 @@ from fedem_private.simulation.config import (
 )
 
 # modes that take a budget (epsilon); the sweep's epsilons axis applies to them
-BUDGET_MODES = LDP_MODES + CENTRAL_MODES
+BUDGET_MODES = LDP_MODES + CENTRAL_MODES + DPSGD_MODES
+_DPSGD_FIELDS = ("dpsgd_rate", "dpsgd_steps", "dpsgd_negatives", "dpsgd_lr")
 AXES = ("datasets", "methods", "merges", "variants", "aggregations", "codecs", "privacy",
         "epsilons", "seeds", "protocols", "attacks")
 SPEC_KEYS = (*AXES, "data_dirs", "record_rounds", "record_clients")
@@ -392,6 +399,9 @@ def privacy_label(p: PrivacyConfig) -> str:
 def _privacy(base: PrivacyConfig, mode: str, eps: float | None) -> PrivacyConfig:
     if mode not in CENTRAL_MODES:  # the Poisson rate is cdp-gaussian's alone
         base = replace(base, sample_rate=1.0)
+    if mode not in DPSGD_MODES:  # and the local DP-SGD settings ldp-dpsgd's
+        defaults = PrivacyConfig.__dataclass_fields__
+        base = replace(base, **{n: defaults[n].default for n in _DPSGD_FIELDS})
     if mode not in BUDGET_MODES:
         return replace(base, mode=mode, epsilon=None, epsilon_round=None, noise_multiplier=None)
     if eps is None:  # keep the base budget (an ldp base mode always has one)
