@@ -142,6 +142,9 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
      "cdp-gaussian: adaptive clipping to this quantile of the delta norms (Andrew et al. "
      "2021); --clip is then the first round's clip"),
     ("--clip-lr", "privacy.clip_lr", _number, "cdp-gaussian adaptive clipping: its rate eta"),
+    ("--canaries", "privacy.canaries", _integer,
+     "cdp-gaussian: one-shot canary audit (Andrew et al. 2024) with this many canary clients "
+     "inserted and as many held out; changes the run slightly"),
     ("--clip-count-noise", "privacy.clip_count_noise", _number,
      "cdp-gaussian adaptive clipping: noise std on the unclipped count (default q n / 20)"),
     ("--dpsgd-rate", "privacy.dpsgd_rate", _number,
@@ -316,7 +319,22 @@ def _central_text(privacy: dict[str, Any], eps: float) -> str:
             f"against observers of the released models (Poisson sampling, q = "
             f"{privacy.get('sample_rate'):g}); eps {agg_text} against the aggregator (no "
             f"amplification, worst client's {privacy.get('worst_client_rounds')} rounds); "
-            f"delta {privacy.get('delta'):g}")
+            f"delta {privacy.get('delta'):g}" + _canary_text(privacy.get("canary_audit")))
+
+
+def _canary_text(audit: dict[str, Any] | None) -> str:
+    """The one-shot canary audit's estimates, one clause (empty without canaries)."""
+    if not audit:
+        return ""
+    views = audit.get("views") or {}
+
+    def est(view: str) -> str:
+        value = (views.get(view) or {}).get("eps_hat")
+        return "n/a" if value is None else f"{float(value):.3g}"
+
+    verdict = "ok" if audit.get("ok") else "FLAGGED: noise below the accounted scale"
+    return (f"; canary audit eps_hat {est('aggregator')} (aggregator), {est('observer')} "
+            f"(observer): {verdict}")
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

@@ -51,6 +51,7 @@ class Stream(IntEnum):
     DPSGD_SAMPLE = 19  # ldp-dpsgd: each local step's Poisson sample of the client's positives
     DPSGD_NEGATIVES = 20  # ldp-dpsgd: each step's data-independent negatives (whole catalogue)
     DPSGD_NOISE = 21  # ldp-dpsgd: the Gaussian noise on every step's gradient sum
+    CANARY = 22  # cdp-gaussian's one-shot canary audit: the canaries' random directions
 
 
 def _mix(x: np.ndarray) -> np.ndarray:

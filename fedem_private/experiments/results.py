@@ -210,6 +210,13 @@ def run_row(run: Path, root: Path) -> dict[str, Any]:
         # adaptive clipping: the target quantile and the clip the last round ended on
         row["clip_quantile"] = _number(adaptive.get("quantile"))
         row["clip_final"] = _number(adaptive.get("final_clip"))
+        canary = privacy.get("canary_audit") or {}
+        if canary:
+            # the one-shot canary audit: each view's estimate, and whether a view was flagged
+            views = canary.get("views") or {}
+            for view in ("aggregator", "observer"):
+                row[f"canary_eps_hat_{view}"] = _number((views.get(view) or {}).get("eps_hat"))
+            row["canary_ok"] = bool(canary.get("ok"))
     last = _last_row(run / "metrics.csv")
     attacks, verdict = attack_columns(read_records(run / ATTACKS_FILE) or [])
     comm = summary.get("communication") or {}

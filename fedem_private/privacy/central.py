@@ -47,6 +47,7 @@ import torch
 from fedem_private import rng
 from fedem_private.errors import UserError
 from fedem_private.finite import finite_rows
+from fedem_private.privacy.canaries import CanaryAudit
 from fedem_private.privacy.clipping import ClipStats, clip_rows
 
 # the client id that keys the server's one noise draw per round (no real client has it)
@@ -168,7 +169,9 @@ class SecureSum:
     """
 
     def __init__(self, clip: float, noise_multiplier: float, expected_count: float,
-                 seed: int, adaptive: AdaptiveClip | None = None) -> None:
+                 seed: int, adaptive: AdaptiveClip | None = None,
+                 canaries: CanaryAudit | None = None) -> None:
+        self.canaries = canaries  # the one-shot audit's canary clients (fixed clip only)
         self.clip = float(clip)
         self.noise_multiplier = float(noise_multiplier)
         self.expected_count = float(expected_count)
@@ -213,10 +216,15 @@ class SecureSum:
             base, dtype=torch.float64)
         if delta_sum.shape != base.shape:
             raise ValueError(f"sum {tuple(delta_sum.shape)} and base {tuple(base.shape)} differ")
+        if self.canaries is not None:  # inserted canaries join the secure sum
+            extra = self.canaries.contribution(self.round, delta_sum.shape)
+            delta_sum = delta_sum + extra.to(delta_sum.device)
         mean = noisy_mean_delta(delta_sum, clip=self.clip,
                                 noise_multiplier=self.noise_multiplier,
                                 expected_count=self.expected_count, seed=self.seed,
                                 round_=self.round)
+        if self.canaries is not None:  # what the aggregator sees: the noisy sum
+            self.canaries.observe(mean * self.expected_count)
         self._sum = None
         if self.adaptive is not None:
             self._adapt_clip()

@@ -175,6 +175,9 @@ class PrivacyConfig:
     clip_quantile: float | None = None
     clip_lr: float = 0.2
     clip_count_noise: float | None = None
+    # cdp-gaussian: canary clients of the one-shot audit (Andrew et al. 2024), this many
+    # inserted and as many held out (0: no audit; see fedem_private.privacy.canaries)
+    canaries: int = 0
     # ldp-dpsgd (see fedem_private.privacy.dpsgd): the Poisson rate q_e of a client's
     # positives per local step, local steps per round, negatives per step (uniform over the
     # catalogue, data-independent) and the local SGD learning rate
@@ -276,7 +279,22 @@ class PrivacyConfig:
                 raise UserError(f"--clip-count-noise (privacy.clip_count_noise) must be finite "
                                 f"and > 0, got {sb}")
 
+    def _validate_canaries(self) -> None:
+        n = self.canaries
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise UserError(f"--canaries (privacy.canaries) must be an integer >= 0, got {n!r}")
+        if n == 0:
+            return
+        if self.mode not in CENTRAL_MODES:
+            raise UserError(f"--canaries audits the noisy aggregate of cdp-gaussian, not privacy "
+                            f"{self.mode!r}")
+        if n < 2:
+            raise UserError("--canaries needs at least 2 (a Gaussian fit per group)")
+        if self.clip_quantile is not None:
+            raise UserError("--canaries is built for a fixed clip; drop --clip-quantile")
+
     def _validate_central(self) -> None:
+        self._validate_canaries()
         q = _number("sample_rate", self.sample_rate)
         if not 0 < q <= 1:
             raise UserError(f"--sample-rate (privacy.sample_rate) must be in (0, 1], got {q}")

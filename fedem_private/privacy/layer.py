@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from .accounting import CentralBounds, RoundMechanism, compose, dpfedavg_bounds
+from .canaries import CanaryAudit
 from .central import AdaptiveClip, SecureSum, poisson_participants
 from .config import THREAT_MODELS, PrivacyConfig
 from .ledger import PrivacyLedger
@@ -63,11 +64,13 @@ class PrivacyLayer:
             assert self.params.clip is not None and self.params.sample_rate is not None
             assert self.params.noise_multiplier is not None
             p = self.params
+            audit = (CanaryAudit(cfg.canaries, p.clip, p.noise_multiplier, p.sample_rate,
+                                 self.seed) if cfg.canaries else None)
             self.secure = SecureSum(p.clip, p.sum_noise_multiplier if p.adaptive_clip
                                     else p.noise_multiplier, self.expected_count, self.seed,
                                     adaptive=AdaptiveClip(p.clip_quantile, p.clip_lr,
                                                           p.count_noise)
-                                    if p.adaptive_clip else None)
+                                    if p.adaptive_clip else None, canaries=audit)
         self._reset_round()
 
     @property
@@ -313,6 +316,16 @@ class PrivacyLayer:
                 },
             },
         })
+        audit = self.secure.canaries if self.secure is not None else None
+        if audit is not None and audit.projections:
+            rounds = audit.statistics()["aggregator"][2][: audit.count]
+            worst = int(rounds.max(initial=0))
+            agg = (compose(RoundMechanism("gaussian", p.noise_multiplier), worst, p.delta)
+                   .reported if p.noise_multiplier > 0 and worst else math.inf)
+            obs = observer.get("reported")
+            out["canary_audit"] = audit.report(p.delta, {
+                "aggregator": None if math.isinf(agg) else agg,
+                "observer": obs})
         return out
 
     def summary(self) -> dict[str, Any]:
