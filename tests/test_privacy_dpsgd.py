@@ -21,6 +21,7 @@ from scipy import stats as sps
 from fedem_private.errors import UserError
 from fedem_private.models.base import ClientParams
 from fedem_private.models.mf import MFBackbone
+from fedem_private.models.pfedrec import PFedRecBackbone
 from fedem_private.privacy import dpsgd
 from fedem_private.privacy.accounting import (
     RoundMechanism,
@@ -32,7 +33,7 @@ from fedem_private.privacy.config import PrivacyConfig
 from fedem_private.privacy.dpsgd import (
     DpsgdSettings,
     positive_masks,
-    reference_train_mf_client,
+    reference_train_client,
     train_chunk,
 )
 from fedem_private.privacy.ledger import PrivacyLedger
@@ -57,9 +58,10 @@ def _state(k: int, m: int, d: int, seed: int = 0) -> tuple[torch.Tensor, torch.T
 
 
 # ------------------------------------------------------------------------ against opacus
+@pytest.mark.parametrize("backbone", ["mf", "pfedrec"])
 @pytest.mark.parametrize("sigma", [0.0, 1.3], ids=["no-noise", "noise"])
-def test_vectorised_clients_match_opacus_per_client(sigma):
-    """Tables and p_u after S steps equal opacus's DPOptimizer, client by client.
+def test_vectorised_clients_match_opacus_per_client(sigma, backbone):
+    """Tables and private groups after S steps equal opacus's DPOptimizer, client by client.
 
     One client has a single positive (most steps sample nothing: the noise-only
     path), one has none; clips bind for most positives at C = 0.3.
@@ -70,15 +72,20 @@ def test_vectorised_clients_match_opacus_per_client(sigma):
     q, p = _state(len(sizes), m, d)
     st = DpsgdSettings(sample_rate=0.4, clip=0.3, noise_multiplier=sigma, steps=7, negatives=6,
                        lr=0.5, normaliser=1.5)
-    bb = MFBackbone(m, d, 0, 0.1)
-    out, stats = train_chunk(bb, ClientParams(q, {}, {"p": p}), np.arange(len(sizes)), indptr,
+    if backbone == "mf":
+        bb, private = MFBackbone(m, d, 0, 0.1), {"p": p}
+    else:
+        bb = PFedRecBackbone(m, d, 0, 0.1)
+        private = {"w": p, "b": torch.linspace(-0.5, 0.5, len(sizes))}
+    out, stats = train_chunk(bb, ClientParams(q, {}, private), np.arange(len(sizes)), indptr,
                              items, st, seed=3, round_=2)
     assert stats.examples > 0 and 0 < stats.clipped <= stats.examples
     for j in range(len(sizes)):
-        rq, rp = reference_train_mf_client(q[j], p[j], items[indptr[j]: indptr[j + 1]], st, 3,
-                                           2, j)
+        rq, rpriv = reference_train_client(backbone, q[j], {n: t[j] for n, t in private.items()},
+                                           items[indptr[j]: indptr[j + 1]], st, 3, 2, j)
         assert float((rq - out.items[j]).abs().max()) < 1e-5
-        assert float((rp - out.private["p"][j]).abs().max()) < 1e-5
+        for name, value in rpriv.items():
+            assert float((value - out.private[name][j]).abs().max()) < 1e-5, name
 
 
 def test_a_client_trains_the_same_in_any_chunk():
@@ -215,6 +222,7 @@ def _cfg(**over) -> RunConfig:
     ({"federation.merge": "dm"}, "adapter on the client's data without DP"),
     ({"federation.codec": "lora"}, "use --codec full"),
     ({"federation.method": "fedncf"}, "per-example gradients"),
+    ({"federation.backbone": "fedrap"}, "per-example gradients"),
     ({"train.early_stop_tol": 1e-4}, "data-dependent early stop"),
 ])
 def test_refused_in_one_line(over, needle):
@@ -226,6 +234,7 @@ def test_refused_in_one_line(over, needle):
 def test_sm_and_sr_merges_run():
     _cfg(**{"federation.merge": "sm"}).validate()
     _cfg(**{"federation.method": "fedsim"}).validate()  # similarity of LDP uploads is fine
+    _cfg(**{"federation.method": "pfedrec"}).validate()
 
 
 @pytest.mark.parametrize("values,needle", [
@@ -250,6 +259,18 @@ def test_dpsgd_settings_are_refused_for_other_modes():
 
 
 # ------------------------------------------------------------------------ end to end
+def test_pfedrec_runs_end_to_end_and_noises_its_head(tmp_path):
+    from fedem_private.experiments.runner import execute
+
+    cfg = with_overrides(RunConfig(), {
+        "data.dataset": "synthetic", "data.synthetic.n_users": 30, "data.synthetic.n_items": 40,
+        "train.rounds": 2, "train.dim": 8, "federation.method": "pfedrec",
+        "privacy.mode": "ldp-dpsgd", "privacy.epsilon": 8.0, "privacy.dpsgd_steps": 4})
+    summary = execute(cfg, tmp_path / "run")
+    assert summary["privacy"]["epsilon"]["reported"] <= 8.0
+    assert math.isfinite(summary["metrics"]["full"]["hr@10"])
+
+
 def test_end_to_end_run_states_the_relation_and_logs_the_steps(tmp_path):
     from fedem_private.experiments.results import collect
     from fedem_private.experiments.runner import execute

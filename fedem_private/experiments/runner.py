@@ -56,10 +56,12 @@ MOSTLY_CLIPPED = 0.9
 RARELY_CLIPPED = 0.05
 
 
-def clipping_summary(history: list[RoundStats]) -> dict[str, Any] | None:
+def clipping_summary(history: list[RoundStats], what: str = "uploads"
+                     ) -> dict[str, Any] | None:
     """Mean fraction of uploads clipped and mean pre-clip norm over the rounds, plus a
     warning when most uploads were clipped or (noise being scaled to the clip) almost none.
-    None for modes that do not clip."""
+    None for modes that do not clip. ``what`` names what was clipped (ldp-dpsgd: each
+    sampled positive's gradient)."""
     rounds = [h.privacy for h in history if h.privacy.get("frac_clipped") is not None]
     if not rounds:
         return None
@@ -70,17 +72,17 @@ def clipping_summary(history: list[RoundStats]) -> dict[str, Any] | None:
     noisy = any(r.get("noise_scale", 0) > 0 for r in rounds)
     warning = None
     if frac > MOSTLY_CLIPPED:
-        warning = (f"{frac:.0%} of uploads were clipped (mean pre-clip norm {norm:.4g}, clip "
+        warning = (f"{frac:.0%} of {what} were clipped (mean pre-clip norm {norm:.4g}, clip "
                    f"{clip:g}): clipping discarded most of each update; a clip near the "
                    f"pre-clip norm keeps more of it (tuning it on these private norms is not "
                    f"itself private)")
     elif noisy and frac < RARELY_CLIPPED:
-        warning = (f"only {frac:.0%} of uploads were clipped (mean pre-clip norm {norm:.4g}, "
+        warning = (f"only {frac:.0%} of {what} were clipped (mean pre-clip norm {norm:.4g}, "
                    f"clip {clip:g}): the noise is scaled to the clip, so a smaller clip "
                    f"would give the same guarantee with less noise (tuning it on these private "
                    f"norms is not itself private)")
     return {"frac_clipped_mean": frac, "mean_pre_clip_norm": norm, "clip": clip,
-            "warning": warning}
+            "clipped": what, "warning": warning}
 
 
 # select_round -> (metric kind, metric) whose best value picks the reported round
@@ -136,7 +138,8 @@ def summarise(sim: Simulation, history: list[RoundStats], wall: float) -> dict[s
         "seconds_total": wall,
         "metrics": last,
         "privacy": sim.privacy.summary(),
-        "clipping": clipping_summary(history),
+        "clipping": clipping_summary(history, "sampled positives' gradients"
+                                     if sim.privacy.dpsgd else "uploads"),
         "communication": communication_summary(history),
         "version": __version__,
     }

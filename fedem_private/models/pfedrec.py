@@ -101,6 +101,18 @@ class PFedRecBackbone(Backbone):
 
         return params.private["w"], score
 
+    per_example_grads = True
+
+    def example_grads(self, private: dict[str, Tensor], rows: Tensor, items: Tensor,
+                      labels: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        """Per example, with e = sigmoid(w_u . q_i + b_u) - y: d loss / d q_i = e w_u,
+        d loss / d w_u = e q_i, d loss / d b_u = e (local DP-SGD steps all three at once, not
+        PFedRec's alternating head and table steps)."""
+        del items
+        w, b = private["w"], private["b"]
+        err = torch.sigmoid(torch.einsum("abd,ad->ab", rows, w) + b[:, None]) - labels
+        return err[:, :, None] * w[:, None, :], {"b": err, "w": err[:, :, None] * rows}
+
     # ------------------------------------------------------------ reference
     def _head(self, params: ClientParams) -> torch.nn.Linear:
         head = torch.nn.Linear(self.dim, 1)

@@ -232,51 +232,65 @@ def train_chunk(backbone: Backbone, start: ClientParams, clients: np.ndarray,
     return ClientParams(table, {}, private), stats
 
 
-# ------------------------------------------------------------------------- reference (MF)
-class _MF(torch.nn.Module):
-    """MF as opacus sees it: an embedding (the item table) and a bias-free linear (p_u)."""
+# ------------------------------------------------------------------ reference (MF, PFedRec)
+class _Linear(torch.nn.Module):
+    """A dot-product backbone as opacus sees it: an embedding (the item table) and a
+    Linear(d, 1) over the item vector (MF: p_u, no bias; PFedRec: the head w_u, b_u)."""
 
-    def __init__(self, q: Tensor, p: Tensor) -> None:
+    def __init__(self, q: Tensor, weight: Tensor, bias: Tensor | None) -> None:
         super().__init__()
         self.emb = torch.nn.Embedding(q.shape[0], q.shape[1])
-        self.lin = torch.nn.Linear(q.shape[1], 1, bias=False)
+        self.lin = torch.nn.Linear(q.shape[1], 1, bias=bias is not None)
         with torch.no_grad():
             self.emb.weight.copy_(q)
-            self.lin.weight.copy_(p[None])
+            self.lin.weight.copy_(weight[None])
+            if bias is not None:
+                self.lin.bias.copy_(bias.reshape(1))
 
     def forward(self, items: Tensor) -> Tensor:
         return self.lin(self.emb(items)).squeeze(-1)
 
 
-def reference_train_mf_client(q_start: Tensor, p_start: Tensor, positives: np.ndarray,
-                              settings: DpsgdSettings, seed: int, round_: int,
-                              client: int) -> tuple[Tensor, Tensor]:
-    """One MF client's S DP-SGD steps with opacus, the obvious way (the tests' reference).
+def reference_train_client(backbone: str, q_start: Tensor, private: dict[str, Tensor],
+                           positives: np.ndarray, settings: DpsgdSettings, seed: int,
+                           round_: int, client: int) -> tuple[Tensor, dict[str, Tensor]]:
+    """One client's S DP-SGD steps with opacus, the obvious way (the tests' reference).
 
-    opacus's ``GradSampleModule`` computes the per-positive gradients. Its
-    ``DPOptimizer`` clips them, adds the noise from :func:`noise_generator`
-    and divides by L (``expected_batch_size``). The negatives' plain gradient
-    over L is then added, and the wrapped SGD steps. A step that sampled no
-    positive still adds the noise. The batches and negatives are the same
-    draws the vectorised engine makes.
+    ``backbone`` is "mf" (private {"p"}) or "pfedrec" (private {"w", "b"}); ``private``
+    holds that client's groups without the client axis. opacus's ``GradSampleModule``
+    computes the per-positive gradients. Its ``DPOptimizer`` clips them, adds the noise
+    from :func:`noise_generator` and divides by L (``expected_batch_size``). The
+    parameters are handed to it in the engine's noise order (table, then private groups
+    by name). The negatives' plain gradient over L is then added, and the wrapped SGD
+    steps. A step that sampled no positive still adds the noise. The batches and
+    negatives are the same draws the vectorised engine makes.
     """
     from opacus import GradSampleModule
     from opacus.optimizers import DPOptimizer
 
+    if backbone == "mf":
+        model = _Linear(q_start, private["p"], None)
+        order = [model.emb.weight, model.lin.weight]
+    elif backbone == "pfedrec":
+        model = _Linear(q_start, private["w"], private["b"])
+        order = [model.emb.weight, model.lin.bias, model.lin.weight]  # table, "b", "w"
+    else:
+        raise ValueError(f"no DP-SGD reference for backbone {backbone!r}")
     with warnings.catch_warnings():
         # opacus's full backward hook on a module whose input (item ids) needs no gradient
         warnings.filterwarnings("ignore", message="Full backward hook is firing")
-        return _reference_steps(q_start, p_start, positives, settings, seed, round_, client,
-                                GradSampleModule, DPOptimizer)
+        _reference_steps(model, order, positives, settings, seed, round_, client,
+                         GradSampleModule, DPOptimizer)
+    out = {"p": model.lin.weight.detach()[0].clone()} if backbone == "mf" else {
+        "w": model.lin.weight.detach()[0].clone(), "b": model.lin.bias.detach()[0].clone()}
+    return model.emb.weight.detach().clone(), out
 
 
-def _reference_steps(q_start: Tensor, p_start: Tensor, positives: np.ndarray,
+def _reference_steps(model: _Linear, params: list[Tensor], positives: np.ndarray,
                      settings: DpsgdSettings, seed: int, round_: int, client: int,
-                     GradSampleModule, DPOptimizer) -> tuple[Tensor, Tensor]:  # noqa: N803
-    m = q_start.shape[0]
-    model = _MF(q_start, p_start)
+                     GradSampleModule, DPOptimizer) -> None:  # noqa: N803
+    m = model.emb.weight.shape[0]
     gsm = GradSampleModule(model, loss_reduction="sum")
-    params = [model.emb.weight, model.lin.weight]
     opt = DPOptimizer(torch.optim.SGD(params, lr=settings.lr),
                       noise_multiplier=settings.noise_multiplier, max_grad_norm=settings.clip,
                       expected_batch_size=settings.normaliser, loss_reduction="mean",
@@ -307,4 +321,3 @@ def _reference_steps(q_start: Tensor, p_start: Tensor, positives: np.ndarray,
             for prm, g in zip(params, neg, strict=True):
                 prm.grad = prm.grad + g / settings.normaliser
         opt.original_optimizer.step()
-    return model.emb.weight.detach().clone(), model.lin.weight.detach()[0].clone()

@@ -527,7 +527,7 @@ PAPER_CODE_OPTIONS: tuple[tuple[str, str, str, Any, Any], ...] = (
 UNBUILT_OPTIONS: frozenset[str] = frozenset({"batchmerge"})
 # backbones whose local training has the early stop (Backbone.early_stop)
 EARLY_STOP_BACKBONES = ("mf",)
-DPSGD_BACKBONES = ("mf",)  # backbones with per-example gradients (ldp-dpsgd)
+DPSGD_BACKBONES = ("mf", "pfedrec")  # backbones with per-example gradients (ldp-dpsgd)
 # datasets the preset's first-seen order applies to (no timestamps; csv: the file decides)
 UNTIMED_DATASETS = ("filmtrust", "lastfm-2k")
 
