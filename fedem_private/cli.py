@@ -153,6 +153,8 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--dpsgd-negatives", "privacy.dpsgd_negatives", _integer,
      "ldp-dpsgd: negatives per step, uniform over the catalogue (data-independent)"),
     ("--dpsgd-lr", "privacy.dpsgd_lr", _number, "ldp-dpsgd: local SGD learning rate"),
+    ("--dpsgd-adapter-steps", "privacy.dpsgd_adapter_steps", _integer,
+     "ldp-dpsgd with merge em: DP-SGD steps of the merge adapter per round (charged)"),
     ("--epsilon", "privacy.epsilon", _number, "total epsilon target over the rounds (inf ok)"),
     ("--epsilon-round", "privacy.epsilon_round", _number, "per-round epsilon"),
     ("--delta", "privacy.delta", _number, "delta for accounting"),

@@ -33,7 +33,9 @@ from fedem_private.privacy.config import PrivacyConfig
 from fedem_private.privacy.dpsgd import (
     DpsgdSettings,
     positive_masks,
+    reference_train_adapter,
     reference_train_client,
+    train_adapter_chunk,
     train_chunk,
 )
 from fedem_private.privacy.ledger import PrivacyLedger
@@ -86,6 +88,38 @@ def test_vectorised_clients_match_opacus_per_client(sigma, backbone):
         assert float((rq - out.items[j]).abs().max()) < 1e-5
         for name, value in rpriv.items():
             assert float((value - out.private[name][j]).abs().max()) < 1e-5, name
+
+
+@pytest.mark.parametrize("backbone", ["mf", "pfedrec"])
+@pytest.mark.parametrize("sigma", [0.0, 1.1], ids=["no-noise", "noise"])
+def test_dp_adapter_matches_opacus_per_client(sigma, backbone):
+    """EM's adapter trained by DP-SGD (per-example backpropagation through equations 9-10
+    by hand) equals opacus's DPOptimizer on nn.Linear layers, client by client."""
+    from fedem_private.client.merging import MergeConfig, init_merge_state
+
+    m, d, k = 30, 4, 4
+    indptr, items = _clients(m, [8, 1, 0, 14])
+    g = torch.Generator().manual_seed(0)
+    ql, qg = torch.randn(k, m, d, generator=g) * 0.5, torch.randn(k, m, d, generator=g) * 0.5
+    head = torch.randn(k, d, generator=g)
+    if backbone == "mf":
+        bb, private = MFBackbone(m, d, 0, 0.1), {"p": head}
+    else:
+        bb, private = PFedRecBackbone(m, d, 0, 0.1), {"w": head, "b": torch.randn(k, generator=g)}
+    state = init_merge_state(MergeConfig("em"), np.arange(k), d, 0)
+    st = DpsgdSettings(0.5, 0.05, sigma, 4, 5, 0.7, 1.25)
+    w, b, stats = train_adapter_chunk(bb, private, state.weights, state.biases, ql, qg,
+                                      np.arange(k), indptr, items, st, 6, 1, 3)
+    assert 0 < stats.clipped < stats.examples
+    moved = max(float((x - y).abs().max()) for x, y in zip(w, state.weights, strict=True))
+    assert moved > 1e-3
+    for j in range(k):
+        rw, rb = reference_train_adapter(tuple(x[j] for x in state.weights),
+                                         tuple(x[j] for x in state.biases), ql[j], qg[j],
+                                         {n: t[j] for n, t in private.items()},
+                                         items[indptr[j]: indptr[j + 1]], st, 6, 1, 3, j)
+        for ref, got in zip(rw + rb, [t[j] for t in w] + [t[j] for t in b], strict=True):
+            assert float((ref - got).abs().max()) < 1e-5
 
 
 def test_a_client_trains_the_same_in_any_chunk():
@@ -218,8 +252,11 @@ def _cfg(**over) -> RunConfig:
 
 
 @pytest.mark.parametrize("over,needle", [
-    ({"federation.method": "fedem"}, "adapter on the client's data without DP"),
+    ({"federation.method": "fedem"}, "give --dpsgd-adapter-steps"),
     ({"federation.merge": "dm"}, "adapter on the client's data without DP"),
+    ({"privacy.dpsgd_adapter_steps": 3}, "is for merge 'em', not 'sr'"),
+    ({"federation.method": "fedem", "privacy.dpsgd_adapter_steps": 3,
+      "federation.adapter_objective": "holdout"}, "holdout is not built"),
     ({"federation.codec": "lora"}, "use --codec full"),
     ({"federation.method": "fedncf"}, "per-example gradients"),
     ({"federation.backbone": "fedrap"}, "per-example gradients"),
@@ -259,6 +296,39 @@ def test_dpsgd_settings_are_refused_for_other_modes():
 
 
 # ------------------------------------------------------------------------ end to end
+def test_adapter_steps_are_charged_every_round():
+    """S training + S_a adapter steps per round: the ledger composes (S + S_a) R steps."""
+    params = resolve_params(PrivacyConfig(mode="ldp-dpsgd", noise_multiplier=1.2,
+                                          dpsgd_steps=10, dpsgd_adapter_steps=4), 3)
+    ledger = PrivacyLedger(params)
+    for t in (1, 2, 3):
+        ledger.record_round(t, np.array([0]))
+    assert ledger.spent(0)["rdp"] == pytest.approx(dpfedavg_bounds(0.1, 1.2, 42, DELTA).rdp,
+                                                   rel=1e-9)
+    eps = resolve_params(PrivacyConfig(mode="ldp-dpsgd", epsilon=4.0, dpsgd_steps=10,
+                                       dpsgd_adapter_steps=4), 3)
+    plain = resolve_params(PrivacyConfig(mode="ldp-dpsgd", epsilon=4.0, dpsgd_steps=10), 3)
+    assert eps.noise_multiplier > plain.noise_multiplier  # more steps, more noise
+
+
+def test_fedem_runs_under_dpsgd_with_its_adapter_trained_privately(tmp_path):
+    from fedem_private.experiments.runner import execute
+
+    cfg = with_overrides(RunConfig(), {
+        "data.dataset": "synthetic", "data.synthetic.n_users": 30, "data.synthetic.n_items": 40,
+        "train.rounds": 3, "train.dim": 8, "federation.method": "fedem",
+        "privacy.mode": "ldp-dpsgd", "privacy.epsilon": 8.0, "privacy.dpsgd_steps": 4,
+        "privacy.dpsgd_adapter_steps": 3})
+    summary = execute(cfg, tmp_path / "run")
+    p = summary["privacy"]
+    assert p["epsilon"]["reported"] <= 8.0 and p["dpsgd"]["worst_client_steps"] == 21
+    rows = (tmp_path / "run" / "metrics.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    last = dict(zip(header, rows[-1].split(","), strict=True))
+    assert 0 <= float(last["adapter_frac_clipped"]) <= 1  # the adapter trained in round 3
+    assert summary["merge_rho_mean"] is not None
+
+
 def test_pfedrec_runs_end_to_end_and_noises_its_head(tmp_path):
     from fedem_private.experiments.runner import execute
 

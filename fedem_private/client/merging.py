@@ -44,6 +44,9 @@ LEARNED = ("dm", "em")
 # logits (a, B) from the active rows (a,), their user vectors (a, d), item rows (a, B, d)
 # and item ids (a, B)
 ScoreFn = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+# (weights, biases, q_local, q_global) of a chunk -> trained (weights, biases)
+AdapterTrainer = Callable[[tuple[Tensor, ...], tuple[Tensor, ...], Tensor, Tensor],
+                          tuple[tuple[Tensor, ...], tuple[Tensor, ...]]]
 
 
 @dataclass(frozen=True)
@@ -470,17 +473,27 @@ class Merger:
 
     def start(self, idx: Tensor, q_prev: Tensor, sent: Tensor, user_vecs: Tensor,
               score: ScoreFn, steps: Iterable[StepBatch] | None,
-              merging: Tensor | None = None) -> tuple[Tensor, Tensor]:
+              merging: Tensor | None = None,
+              trainer: AdapterTrainer | None = None) -> tuple[Tensor, Tensor]:
         """Train the adapters of clients ``idx`` (DM, EM), then merge (equation 10).
 
         ``merging`` (k,) bool: the clients that received a table this round; the others
         (the FedEM code's ``agg_clients_ratio``, DESIGN 2a) neither train their adapter
         nor merge: their start table is ``q_prev``. None: all merge.
+        ``trainer`` replaces equation 11's Adam training (ldp-dpsgd's DP-SGD adapter): it
+        gets the chunk's (weights, biases), q_prev and sent, and returns the trained pair.
         Returns the start tables (k, m, d) and each client's mean rho (k,).
         """
         if merging is not None and steps is not None:
             steps = _only_rows(steps, merging)
-        if self.learned:
+        if self.learned and trainer is not None:
+            if merging is not None:
+                raise ValueError("a replacement adapter trainer takes every client")
+            assert self.state is not None
+            chunk = take_clients(self.state, idx)
+            w, b = trainer(chunk.weights, chunk.biases, q_prev, sent)
+            self.state = put_clients(self.state, idx, MergeState(tuple(w), tuple(b)))
+        elif self.learned:
             self.state = train_adapter(self.cfg, self.state, idx, q_prev, sent, user_vecs,
                                        steps if steps is not None else (), score)
         chunk_state = take_clients(self.state, idx) if self.state is not None else None

@@ -91,7 +91,8 @@ from fedem_private.simulation.config import (
 
 # modes that take a budget (epsilon); the sweep's epsilons axis applies to them
 BUDGET_MODES = LDP_MODES + CENTRAL_MODES + DPSGD_MODES
-_DPSGD_FIELDS = ("dpsgd_rate", "dpsgd_steps", "dpsgd_negatives", "dpsgd_lr")
+_DPSGD_FIELDS = ("dpsgd_rate", "dpsgd_steps", "dpsgd_negatives", "dpsgd_lr",
+                 "dpsgd_adapter_steps")
 AXES = ("datasets", "methods", "merges", "variants", "aggregations", "codecs", "privacy",
         "epsilons", "seeds", "protocols", "attacks")
 SPEC_KEYS = (*AXES, "data_dirs", "record_rounds", "record_clients")

@@ -185,6 +185,9 @@ class PrivacyConfig:
     dpsgd_steps: int = 20
     dpsgd_negatives: int = 64
     dpsgd_lr: float = 4.0
+    # ldp-dpsgd with merge em: DP-SGD steps of the merge adapter per round (charged like the
+    # training's; 0 refuses em, see RunConfig.validate)
+    dpsgd_adapter_steps: int = 0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -223,13 +226,14 @@ class PrivacyConfig:
     def _validate_dpsgd(self) -> None:
         rate = _number("dpsgd_rate", self.dpsgd_rate)
         lr = _number("dpsgd_lr", self.dpsgd_lr)
-        for name in ("dpsgd_steps", "dpsgd_negatives"):
+        for name in ("dpsgd_steps", "dpsgd_negatives", "dpsgd_adapter_steps"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise UserError(f"privacy.{name} must be an integer, got {value!r}")
         defaults = PrivacyConfig.__dataclass_fields__
         if self.mode not in DPSGD_MODES:
-            changed = [n for n in ("dpsgd_rate", "dpsgd_steps", "dpsgd_negatives", "dpsgd_lr")
+            changed = [n for n in ("dpsgd_rate", "dpsgd_steps", "dpsgd_negatives", "dpsgd_lr",
+                                   "dpsgd_adapter_steps")
                        if getattr(self, n) != defaults[n].default]
             if changed:
                 flag = "--" + changed[0].replace("_", "-")
@@ -241,6 +245,9 @@ class PrivacyConfig:
         if self.dpsgd_steps < 1:
             raise UserError(f"--dpsgd-steps (privacy.dpsgd_steps) must be >= 1, got "
                             f"{self.dpsgd_steps}")
+        if self.dpsgd_adapter_steps < 0:
+            raise UserError(f"--dpsgd-adapter-steps (privacy.dpsgd_adapter_steps) must be >= 0, "
+                            f"got {self.dpsgd_adapter_steps}")
         if self.dpsgd_negatives < 0:
             raise UserError(f"--dpsgd-negatives (privacy.dpsgd_negatives) must be >= 0, got "
                             f"{self.dpsgd_negatives}")

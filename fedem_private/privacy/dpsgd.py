@@ -42,8 +42,9 @@ against opacus's RDP and PRV accountants.
 **What the round loop must guarantee** (``RunConfig.validate`` refuses the
 rest):
 
-- The starting table is public or post-processing: merge ``sr``, or ``sm`` with
-  its fixed rho. Not ``dm`` / ``em``, whose adapter trains on the data without DP.
+- The starting table is public or post-processing: merge ``sr``, ``sm`` with its
+  fixed rho, or ``em`` whose adapter is itself trained by DP-SGD
+  (:func:`train_adapter_chunk`, its steps charged). Not ``dm``.
 - No upload codec and no early stop.
 - A backbone with :meth:`~fedem_private.models.base.Backbone.example_grads` and no
   dense shared groups.
@@ -279,27 +280,27 @@ def reference_train_client(backbone: str, q_start: Tensor, private: dict[str, Te
     with warnings.catch_warnings():
         # opacus's full backward hook on a module whose input (item ids) needs no gradient
         warnings.filterwarnings("ignore", message="Full backward hook is firing")
-        _reference_steps(model, order, positives, settings, seed, round_, client,
-                         GradSampleModule, DPOptimizer)
+        _reference_steps(model, order, q_start.shape[0], positives, settings,
+                         settings.steps, seed, round_, client, GradSampleModule, DPOptimizer)
     out = {"p": model.lin.weight.detach()[0].clone()} if backbone == "mf" else {
         "w": model.lin.weight.detach()[0].clone(), "b": model.lin.bias.detach()[0].clone()}
     return model.emb.weight.detach().clone(), out
 
 
-def _reference_steps(model: _Linear, params: list[Tensor], positives: np.ndarray,
-                     settings: DpsgdSettings, seed: int, round_: int, client: int,
-                     GradSampleModule, DPOptimizer) -> None:  # noqa: N803
-    m = model.emb.weight.shape[0]
+def _reference_steps(model: torch.nn.Module, params: list[Tensor], m: int,
+                     positives: np.ndarray, settings: DpsgdSettings, steps: int, seed: int,
+                     round_: int, client: int, GradSampleModule, DPOptimizer  # noqa: N803
+                     ) -> None:
     gsm = GradSampleModule(model, loss_reduction="sum")
     opt = DPOptimizer(torch.optim.SGD(params, lr=settings.lr),
                       noise_multiplier=settings.noise_multiplier, max_grad_norm=settings.clip,
                       expected_batch_size=settings.normaliser, loss_reduction="mean",
                       generator=noise_generator(seed, round_, client))
-    masks = positive_masks(seed, round_, client, positives.shape[0], settings.steps,
+    masks = positive_masks(seed, round_, client, positives.shape[0], steps,
                            settings.sample_rate)
-    negs = step_negatives(seed, round_, client, settings.steps, settings.negatives, m)
+    negs = step_negatives(seed, round_, client, steps, settings.negatives, m)
     bce = torch.nn.functional.binary_cross_entropy_with_logits
-    for s in range(settings.steps):
+    for s in range(steps):
         opt.zero_grad()
         batch = torch.from_numpy(positives[masks[s]])
         if batch.numel():
@@ -321,3 +322,188 @@ def _reference_steps(model: _Linear, params: list[Tensor], positives: np.ndarray
             for prm, g in zip(params, neg, strict=True):
                 prm.grad = prm.grad + g / settings.normaliser
         opt.original_optimizer.step()
+
+
+# ------------------------------------------------------------ the merge adapter (EM) by DP-SGD
+def _adapter_forward(weights: tuple[Tensor, ...], biases: tuple[Tensor, ...], x: Tensor
+                     ) -> tuple[list[Tensor], list[Tensor], Tensor]:
+    """Equation 9 on (k, B, 2d) rows: (layer inputs h_0 .. h_{L-1}, pre-activations
+    z_1 .. z_L, rho (k, B))."""
+    inputs, pre = [], []
+    h = x
+    last = len(weights) - 1
+    for j, (w, b) in enumerate(zip(weights, biases, strict=True)):
+        inputs.append(h)
+        z = torch.baddbmm(b.unsqueeze(1), h, w)
+        pre.append(z)
+        h = torch.sigmoid(z) if j == last else torch.relu(z)
+    return inputs, pre, h.squeeze(-1)
+
+
+def _adapter_example_grads(backbone: Backbone, private: dict[str, Tensor],
+                           weights: tuple[Tensor, ...], biases: tuple[Tensor, ...],
+                           ql: Tensor, qg: Tensor, items: Tensor, labels: Tensor
+                           ) -> tuple[list[Tensor], list[Tensor], Tensor]:
+    """Per-example backpropagation of the BCE loss through EM's merge into the adapter.
+
+    For example b (item i): q_m = q_l + rho (q_g - q_l) with rho the adapter's output on
+    [q_g - q_l, q_l] (equations 9, 10); the backbone gives d loss / d q_m. Returns (layer
+    inputs h_{j-1} (k, B, fan_in), output deltas d loss / d z_j (k, B, fan_out), per-example
+    squared gradient norms (k, B)): example b's gradient on W_j is h_{j-1,b}^T delta_{j,b}
+    and on b_j delta_{j,b}, so its squared norm is sum_j |h_{j-1,b}|^2 |delta_{j,b}|^2 +
+    |delta_{j,b}|^2, and a weighted sum over examples is one batched product.
+    """
+    diff = qg - ql
+    inputs, pre, rho = _adapter_forward(weights, biases, torch.cat((diff, ql), dim=-1))
+    merged = ql + rho[:, :, None] * diff
+    g_rows, _ = backbone.example_grads(private, merged, items, labels)
+    delta = ((g_rows * diff).sum(-1) * rho * (1 - rho))[:, :, None]  # d loss / d z_L
+    deltas = [delta]
+    for j in range(len(weights) - 1, 0, -1):
+        delta = torch.bmm(delta, weights[j].transpose(1, 2)) * (pre[j - 1] > 0)
+        deltas.append(delta)
+    deltas.reverse()
+    sq = sum((h.pow(2).sum(-1) + 1.0) * dl.pow(2).sum(-1)
+             for h, dl in zip(inputs, deltas, strict=True))
+    return inputs, deltas, sq
+
+
+def train_adapter_chunk(backbone: Backbone, private: dict[str, Tensor],
+                        weights: tuple[Tensor, ...], biases: tuple[Tensor, ...],
+                        q_local: Tensor, q_global: Tensor, clients: np.ndarray,
+                        pos_indptr: np.ndarray, pos_items: np.ndarray, settings: DpsgdSettings,
+                        steps: int, seed: int, round_: int
+                        ) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...], DpsgdStats]:
+    """EM's adapter (equation 11) trained by ``steps`` DP-SGD steps for a chunk of clients.
+
+    The same mechanism as :func:`train_chunk`, on the adapter's parameters with p_u,
+    Q_l and Q_g frozen. Q_l and p_u are the client's state after earlier noisy steps, Q_g
+    is public, so each step is again the subsampled Gaussian (q_e, sigma) in one
+    positive: a Poisson sample of positives, each clipped to C over all adapter
+    parameters, N(0, sigma^2 C^2) on every weight and bias, N data-independent negatives,
+    the sum over L, one SGD step. Its draws come from streams of their own (the
+    training's round key plus ADAPTER_ROUND), so the two phases never share noise. The
+    noise order per client and step is opacus's for nn.Linear layers: for each layer
+    its weight, drawn (fan_out, fan_in), then its bias. Returns the trained (weights,
+    biases) and the statistics.
+    """
+    ws = [w.clone() for w in weights]
+    bs = [b.clone() for b in biases]
+    k, m, d = q_local.shape
+    stats = DpsgdStats()
+    if k == 0 or steps == 0:
+        return tuple(ws), tuple(bs), stats
+    dev, dtype = q_local.device, q_local.dtype
+    c, std = settings.clip, settings.noise_std
+    key = round_ + ADAPTER_ROUND
+    ids = np.asarray(clients, dtype=np.int64).tolist()
+    positives = [_positives(pos_indptr, pos_items, u) for u in ids]
+    masks = [positive_masks(seed, key, u, pos.shape[0], steps, settings.sample_rate)
+             for u, pos in zip(ids, positives, strict=True)]
+    negs = torch.from_numpy(np.stack([step_negatives(seed, key, u, steps, settings.negatives,
+                                                     m) for u in ids])).to(dev)
+    gens = [noise_generator(seed, key, u) for u in ids]
+    offsets = (torch.arange(k, device=dev) * m)[:, None]
+    ql_flat, qg_flat = q_local.reshape(-1, d), q_global.reshape(-1, d)
+    step_size = settings.lr / settings.normaliser
+    for s in range(steps):
+        gw = [torch.zeros_like(w) for w in ws]
+        gb = [torch.zeros_like(b) for b in bs]
+        if std > 0:
+            for j in range(k):
+                for w, b, nw, nb in zip(ws, bs, gw, gb, strict=True):
+                    noise = torch.empty((w.shape[2], w.shape[1]), dtype=dtype)
+                    noise.normal_(0.0, std, generator=gens[j])
+                    nw[j] = noise.T.to(dev)
+                    nb[j] = torch.empty(b.shape[1], dtype=dtype).normal_(
+                        0.0, std, generator=gens[j]).to(dev)
+        picked = [pos[mask[s]] for pos, mask in zip(positives, masks, strict=True)]
+        width = max(p.shape[0] for p in picked)
+        groups = []
+        if width:
+            items = np.zeros((k, width), dtype=np.int64)
+            valid = np.zeros((k, width), dtype=bool)
+            for j, p in enumerate(picked):
+                items[j, : p.shape[0]] = p
+                valid[j, : p.shape[0]] = True
+            groups.append((torch.from_numpy(items).to(dev), torch.from_numpy(valid).to(dev),
+                           1.0))
+        if settings.negatives:
+            groups.append((negs[:, s, :], None, 0.0))
+        for it, valid_t, label in groups:
+            where = (it + offsets).view(-1)
+            ql = ql_flat.index_select(0, where).view(k, -1, d)
+            qg = qg_flat.index_select(0, where).view(k, -1, d)
+            lab = torch.full(it.shape, label, dtype=dtype, device=dev)
+            inputs, deltas, sq = _adapter_example_grads(backbone, private, tuple(ws), tuple(bs),
+                                                        ql, qg, it, lab)
+            if valid_t is None:  # negatives: data-independent, no clip
+                factor = torch.ones_like(sq)
+            else:
+                norm = sq.sqrt()
+                factor = (c / (norm + CLIP_EPS)).clamp(max=1.0) * valid_t
+                stats.examples += int(valid_t.sum())
+                stats.clipped += int(((norm > c) & valid_t).sum())
+                stats.norm_sum += float((norm * valid_t).sum())
+            for j, (h, dl) in enumerate(zip(inputs, deltas, strict=True)):
+                scaled = dl * factor[:, :, None]
+                gw[j].add_(torch.bmm(h.transpose(1, 2), scaled))
+                gb[j].add_(scaled.sum(1))
+        for w, b, nw, nb in zip(ws, bs, gw, gb, strict=True):
+            w.sub_(nw, alpha=step_size)
+            b.sub_(nb, alpha=step_size)
+    return tuple(ws), tuple(bs), stats
+
+
+#: offset of the adapter phase's round key (its draws never meet the training's)
+ADAPTER_ROUND = 1 << 20
+
+
+class _Adapter(torch.nn.Module):
+    """EM's adapter as opacus sees it: nn.Linear layers over [q_g - q_l, q_l] of the
+    example's item (frozen buffers), rho, the merged row and the frozen score head."""
+
+    def __init__(self, weights: tuple[Tensor, ...], biases: tuple[Tensor, ...], ql: Tensor,
+                 qg: Tensor, head: dict[str, Tensor]) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList()
+        for w, b in zip(weights, biases, strict=True):
+            lin = torch.nn.Linear(w.shape[0], w.shape[1])
+            with torch.no_grad():
+                lin.weight.copy_(w.T)
+                lin.bias.copy_(b)
+            self.layers.append(lin)
+        self.register_buffer("ql", ql.clone())
+        self.register_buffer("qg", qg.clone())
+        self.head = {n: t.clone() for n, t in head.items()}
+
+    def forward(self, items: Tensor) -> Tensor:
+        a, g = self.ql[items], self.qg[items]
+        h = torch.cat((g - a, a), dim=-1)
+        for j, lin in enumerate(self.layers):
+            h = lin(h)
+            h = torch.sigmoid(h) if j == len(self.layers) - 1 else torch.relu(h)
+        merged = a + h * (g - a)
+        logit = merged @ (self.head["p"] if "p" in self.head else self.head["w"])
+        return logit + self.head["b"] if "b" in self.head else logit
+
+
+def reference_train_adapter(weights: tuple[Tensor, ...], biases: tuple[Tensor, ...],
+                            q_local: Tensor, q_global: Tensor, private: dict[str, Tensor],
+                            positives: np.ndarray, settings: DpsgdSettings, steps: int,
+                            seed: int, round_: int, client: int
+                            ) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
+    """One client's adapter trained by opacus's DPOptimizer (the tests' reference for
+    :func:`train_adapter_chunk`); weights (fan_in, fan_out) and biases without the client
+    axis, private {"p"} (MF) or {"w", "b"} (PFedRec)."""
+    from opacus import GradSampleModule
+    from opacus.optimizers import DPOptimizer
+
+    model = _Adapter(weights, biases, q_local, q_global, private)
+    params = [p for lin in model.layers for p in (lin.weight, lin.bias)]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Full backward hook is firing")
+        _reference_steps(model, params, q_local.shape[0], positives, settings, steps, seed,
+                         round_ + ADAPTER_ROUND, client, GradSampleModule, DPOptimizer)
+    return (tuple(lin.weight.detach().T.clone() for lin in model.layers),
+            tuple(lin.bias.detach().clone() for lin in model.layers))

@@ -132,10 +132,30 @@ class PrivacyLayer:
         k, m = start.items.shape[:2]
         return new, torch.ones((k, m), dtype=torch.bool, device=start.items.device)
 
+    def train_adapter(self, backbone: Backbone, private: dict[str, torch.Tensor],
+                      weights: tuple[torch.Tensor, ...], biases: tuple[torch.Tensor, ...],
+                      q_local: torch.Tensor, q_global: torch.Tensor, clients: np.ndarray,
+                      pos_indptr: np.ndarray, pos_items: np.ndarray, num_negatives: int
+                      ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+        """ldp-dpsgd with merge em: the chunk's adapters trained by DP-SGD
+        (:func:`.dpsgd.train_adapter_chunk`, ``dpsgd_adapter_steps`` steps, charged in
+        every round by :meth:`end_round`)."""
+        from .dpsgd import DpsgdSettings, train_adapter_chunk
+
+        p = self.params
+        assert self.dpsgd and p.dpsgd_adapter_steps, "train_adapter() is for ldp-dpsgd + em"
+        settings = DpsgdSettings.of(p, num_negatives)
+        w, b, stats = train_adapter_chunk(backbone, private, weights, biases, q_local, q_global,
+                                          clients, pos_indptr, pos_items, settings,
+                                          p.dpsgd_adapter_steps, self.seed, self.round)
+        self._dpsgd_adapter.merge(stats)
+        return w, b
+
     def _reset_round(self) -> None:
         from .dpsgd import DpsgdStats
 
         self._dpsgd = DpsgdStats()
+        self._dpsgd_adapter = DpsgdStats()
         self._n = 0
         self._n_clipped = 0.0
         self._norm_sum = 0.0
@@ -234,6 +254,9 @@ class PrivacyLayer:
             # noise std per entry of a step's sum / mean |entry| of a positive's clipped
             # gradient on its row
             self._signal_sum, self._signal_n = ex.signal_sum, ex.signal_entries
+            ad = self._dpsgd_adapter
+            if ad.examples:
+                out["adapter_frac_clipped"] = ad.clipped / ad.examples
         if self._signal_n and noise_std(self.params) > 0:
             # LDP (DESIGN section 5): noise std per entry over the mean |clipped delta| on
             # the entries of the rows the clients trained; >> 1 explains a flat curve
@@ -340,9 +363,11 @@ class PrivacyLayer:
             p = self.params
             out["dpsgd"] = {
                 "sample_rate": p.dpsgd_rate, "steps_per_round": p.dpsgd_steps,
+                "adapter_steps_per_round": p.dpsgd_adapter_steps,
                 "negatives_per_step": p.dpsgd_negatives, "lr": p.dpsgd_lr,
                 "clip_per_positive": p.clip, "noise_std_per_entry": p.noise_scale,
-                "worst_client_steps": (out.get("worst_client_rounds") or 0) * p.dpsgd_steps,
+                "worst_client_steps": ((out.get("worst_client_rounds") or 0)
+                                       * (p.dpsgd_steps + (p.dpsgd_adapter_steps or 0))),
                 "accounting": ("each local step is the Poisson-subsampled Gaussian mechanism "
                                "(rate q_e, multiplier sigma) under add/remove of one positive; "
                                "a client's rounds x steps composed with dp-accounting's PLD "

@@ -73,6 +73,7 @@ class MechanismParams:
     dpsgd_steps: int | None = None
     dpsgd_negatives: int | None = None
     dpsgd_lr: float | None = None
+    dpsgd_adapter_steps: int | None = None
 
     @property
     def adaptive_clip(self) -> bool:
@@ -112,7 +113,8 @@ class MechanismParams:
         if self.dpsgd:
             assert self.dpsgd_rate is not None and self.dpsgd_steps is not None
             return RoundMechanism("sampled-gaussian", self.noise_multiplier,
-                                  sample_rate=self.dpsgd_rate, steps=self.dpsgd_steps)
+                                  sample_rate=self.dpsgd_rate,
+                                  steps=self.dpsgd_steps + (self.dpsgd_adapter_steps or 0))
         return RoundMechanism(self.noise_kind, self.noise_multiplier)
 
     def nominal_round_mechanism(self) -> RoundMechanism | None:
@@ -149,6 +151,7 @@ class MechanismParams:
             "dpsgd_steps": self.dpsgd_steps,
             "dpsgd_negatives": self.dpsgd_negatives,
             "dpsgd_lr": self.dpsgd_lr,
+            "dpsgd_adapter_steps": self.dpsgd_adapter_steps,
         }
 
 
@@ -274,9 +277,12 @@ def _dpsgd_params(cfg: PrivacyConfig, rounds: int) -> MechanismParams:
     mechanism of multiplier sigma at rate q_e. sigma is given, or calibrated so
     that ``rounds`` x ``dpsgd_steps`` such steps are (cfg.epsilon,
     cfg.delta)-DP (:func:`~fedem_private.privacy.calibration.dpfedavg_noise_multiplier`,
-    the same event). ``epsilon_round`` is one round's ``dpsgd_steps`` steps.
+    the same event). A round also charges ``dpsgd_adapter_steps`` steps of EM's adapter
+    (the same mechanism on the same data), every round, also the first, whose merge
+    trains no adapter. ``epsilon_round`` is one round's steps.
     """
-    q, steps = float(cfg.dpsgd_rate), int(cfg.dpsgd_steps)
+    q = float(cfg.dpsgd_rate)
+    steps = int(cfg.dpsgd_steps) + int(cfg.dpsgd_adapter_steps)
     def mech(z: float) -> RoundMechanism:
         return RoundMechanism("sampled-gaussian", z, sample_rate=q, steps=steps)
 
@@ -294,8 +300,9 @@ def _dpsgd_params(cfg: PrivacyConfig, rounds: int) -> MechanismParams:
     return MechanismParams(
         mode=cfg.mode, delta=cfg.delta, norm="l2", clip=clip, sensitivity=clip,
         noise_kind="gaussian", noise_scale=z * clip, noise_multiplier=z,
-        epsilon_round=eps_round, dpsgd_rate=q, dpsgd_steps=steps,
+        epsilon_round=eps_round, dpsgd_rate=q, dpsgd_steps=int(cfg.dpsgd_steps),
         dpsgd_negatives=int(cfg.dpsgd_negatives), dpsgd_lr=float(cfg.dpsgd_lr),
+        dpsgd_adapter_steps=int(cfg.dpsgd_adapter_steps),
     )
 
 

@@ -473,10 +473,23 @@ class RunConfig:
             raise UserError(f"privacy {mode!r} is built for backbone "
                             f"{', '.join(DPSGD_BACKBONES)} (per-example gradients), not "
                             f"{fed.resolved_backbone!r}")
-        if fed.resolved_merge in LEARNED_MERGES:
-            raise UserError(f"privacy {mode!r}: merge {fed.resolved_merge!r} trains its adapter "
-                            f"on the client's data without DP, so the upload would not be DP; "
-                            f"use --merge sr or sm")
+        merge, adapter_steps = fed.resolved_merge, self.privacy.dpsgd_adapter_steps
+        if merge == "dm":
+            raise UserError(f"privacy {mode!r}: merge 'dm' trains its adapter on the client's "
+                            f"data without DP (no DP-SGD adapter for it), so the upload would "
+                            f"not be DP; use --merge sr, sm or em")
+        if merge == "em" and adapter_steps < 1:
+            raise UserError(f"privacy {mode!r} with merge 'em' trains the adapter by DP-SGD too: "
+                            f"give --dpsgd-adapter-steps N (its steps are charged like the "
+                            f"training's)")
+        if merge != "em" and adapter_steps:
+            raise UserError(f"--dpsgd-adapter-steps is for merge 'em', not {merge!r}")
+        if merge == "em" and fed.adapter_objective != "train":
+            raise UserError(f"privacy {mode!r}: the DP-SGD adapter trains on Poisson samples of "
+                            f"all positives; --adapter-objective holdout is not built for it")
+        if merge == "em" and fed.agg_clients_ratio != 1:
+            raise UserError(f"privacy {mode!r} with merge 'em' is not built for "
+                            f"--agg-clients-ratio below 1")
         if fed.codec != "full":
             raise UserError(f"privacy {mode!r} trains the item table itself; codec "
                             f"{fed.codec!r} is not built for it; use --codec full")

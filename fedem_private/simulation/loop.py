@@ -417,8 +417,15 @@ class Simulation:
                 lc = self.local_cfg  # holdout: samples loses the fold the adapter trains on
                 samples, steps = self.merger.round_samples(t, chunk, samples, lc.epochs,
                                                            lc.batch_size, lc.num_negatives)
+                trainer = None
+                if self.privacy.dpsgd and self.merger.learned:  # the adapter by DP-SGD too
+                    def trainer(w, b, ql, qg, _chunk=chunk, _private=start.private):
+                        return self.privacy.train_adapter(
+                            self.backbone, _private, w, b, ql, qg, _chunk,
+                            self.split.train_indptr, self.split.train_items,
+                            self.local_cfg.num_negatives)
                 start.items, rho = self.merger.start(idx, own_items, sent, user_vecs, score,
-                                                     steps, merging=recv)
+                                                     steps, merging=recv, trainer=trainer)
                 rho_sum += float(rho.sum() if recv is None else rho[recv].sum())
                 rho_n += n_recv
                 merged = True
