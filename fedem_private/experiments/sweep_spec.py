@@ -438,6 +438,10 @@ def grid(spec: SweepSpec) -> list[GridPoint]:
                                        aggregation=agg, codec=codec),
                     privacy=_privacy(base.privacy, mode, eps),
                 )
+                if (cfg.privacy.mode in DPSGD_MODES and cfg.privacy.dpsgd_adapter_steps
+                        and cfg.federation.resolved_merge != "em"):
+                    # the DP-SGD adapter's steps are em's alone (other merges train none)
+                    cfg = replace(cfg, privacy=replace(cfg.privacy, dpsgd_adapter_steps=0))
                 if not all(option_applies(_OPTION_TOKEN[key], cfg.data, cfg.federation)
                            for key in options):
                     continue  # an option of the label that means nothing here: no point
