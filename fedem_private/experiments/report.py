@@ -244,11 +244,13 @@ def clipping_notes(agg: pd.DataFrame) -> list[str]:
             continue
         what = f"{r['dataset']} / {r['protocol']} / {r['variant']} / {r['mode']} ε {_eps_label(r)}"
         norm = _num(r.get("mean_pre_clip_norm_mean", math.nan))
+        # ldp-dpsgd clips each sampled positive's gradient, not the upload
+        unit = "positives' gradients" if r["mode"] == "ldp-dpsgd" else "uploads"
         if frac > MOSTLY_CLIPPED:
-            notes.append(f"{what}: {frac:.0%} of uploads clipped (pre-clip norm {norm}, clip "
+            notes.append(f"{what}: {frac:.0%} of {unit} clipped (pre-clip norm {norm}, clip "
                          f"{_num(r['clip_mean'])}): clipping discards most of each update")
         elif noise > 0 and frac < RARELY_CLIPPED:
-            notes.append(f"{what}: only {frac:.0%} of uploads clipped (pre-clip norm {norm}, "
+            notes.append(f"{what}: only {frac:.0%} of {unit} clipped (pre-clip norm {norm}, "
                          f"clip {_num(r['clip_mean'])}): the noise, scaled to the clip, is "
                          "larger than the updates need")
     return notes

@@ -194,7 +194,8 @@ def point_result(out: Path) -> str | None:
     text = (f"HR@10 {full['hr@10']:.4f}, " if "hr@10" in full else "") + eps_text
     clip = summary.get("clipping") or {}
     if clip.get("warning"):
-        text += f"; {clip['frac_clipped_mean']:.0%} of uploads clipped (see summary.json)"
+        text += (f"; {clip['frac_clipped_mean']:.0%} of {clip.get('clipped', 'uploads')} "
+                 f"clipped (see summary.json)")
     return text
 
 
