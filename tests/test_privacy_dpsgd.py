@@ -80,7 +80,7 @@ def test_vectorised_clients_match_opacus_per_client(sigma, backbone):
         bb = PFedRecBackbone(m, d, 0, 0.1)
         private = {"w": p, "b": torch.linspace(-0.5, 0.5, len(sizes))}
     out, stats = train_chunk(bb, ClientParams(q, {}, private), np.arange(len(sizes)), indptr,
-                             items, st, seed=3, round_=2)
+                             items, st, seed=3, round_=2, lazy_noise=False)
     assert stats.examples > 0 and 0 < stats.clipped <= stats.examples
     for j in range(len(sizes)):
         rq, rpriv = reference_train_client(backbone, q[j], {n: t[j] for n, t in private.items()},
@@ -122,6 +122,42 @@ def test_dp_adapter_matches_opacus_per_client(sigma, backbone):
             assert float((ref - got).abs().max()) < 1e-5
 
 
+def test_lazy_noise_is_exact_without_noise():
+    m, d = 30, 4
+    indptr, items = _clients(m, [11, 1, 0, 7, 25])
+    q, p = _state(5, m, d)
+    st = DpsgdSettings(0.4, 0.3, 0.0, 7, 6, 0.5, 1.5)
+    bb = MFBackbone(m, d, 0, 0.1)
+    runs = [train_chunk(bb, ClientParams(q, {}, {"p": p}), np.arange(5), indptr, items, st, 3, 2,
+                        lazy_noise=lazy)[0] for lazy in (False, True)]
+    assert torch.allclose(runs[0].items, runs[1].items, atol=1e-6, rtol=0)
+    assert torch.allclose(runs[0].private["p"], runs[1].private["p"], atol=1e-6, rtol=0)
+
+
+def test_lazy_noise_has_the_eager_distribution():
+    """Lazy noise (drawn as rows are read) against the eager per-step draws: over 400 seeds
+    each, every entry of the trained table and p_u has the same mean and spread."""
+    m, d = 6, 2
+    indptr, items = np.array([0, 3]), np.array([0, 2, 5])
+    q = torch.tensor([[[0.5, -0.2], [0.1, 0.3], [-0.4, 0.2], [0.0, 0.1], [0.2, 0.2],
+                       [-0.1, 0.4]]])
+    p = torch.tensor([[0.6, -0.3]])
+    st = DpsgdSettings(0.5, 0.5, 1.0, 5, 2, 1.0, 1.0)
+    bb = MFBackbone(m, d, 0, 0.1)
+    out = {}
+    for lazy in (False, True):
+        draws = []
+        for seed in range(400):
+            new, _ = train_chunk(bb, ClientParams(q, {}, {"p": p}), np.array([0]), indptr,
+                                 items, st, seed, 1, lazy_noise=lazy)
+            draws.append(torch.cat([new.items.reshape(-1), new.private["p"].reshape(-1)]))
+        out[lazy] = torch.stack(draws).double()
+    se_mean = torch.sqrt((out[False].var(0) + out[True].var(0)) / 400)
+    assert bool(((out[False].mean(0) - out[True].mean(0)).abs() < 5 * se_mean).all())
+    ratio = out[True].std(0) / out[False].std(0)
+    assert bool(((ratio - 1).abs() < 0.2).all())  # sd ratio's s.e. at n = 400: about 0.05
+
+
 def test_a_client_trains_the_same_in_any_chunk():
     """Draws are keyed by (seed, round, client): chunk composition changes nothing beyond
     float rounding (the padded batch width differs)."""
@@ -156,6 +192,22 @@ def test_each_positive_moves_the_parameters_by_at_most_c():
     assert stats.clipped == 1 and stats.norm_sum > 50
     assert moved <= 0.7 * (1 + 1e-6) and moved == pytest.approx(0.7, rel=1e-4)
     assert torch.equal(out.items[0, :4], q[0, :4])  # no noise: only the positive's row moved
+
+
+@pytest.mark.parametrize("lazy", [False, True], ids=["eager", "lazy"])
+def test_noise_over_steps_adds_up_to_sqrt_s_sigma_c(lazy):
+    """No positive and no negative: S steps move each entry by -lr / L times the sum of S
+    draws of N(0, sigma^2 C^2), lazily or not."""
+    k, m, d, steps = 6, 200, 8, 5
+    st = DpsgdSettings(0.5, 2.0, 1.5, steps, 0, 0.4, 3.0)
+    out, _ = train_chunk(MFBackbone(m, d, 0, 0.1),
+                         ClientParams(torch.zeros(k, m, d), {}, {"p": torch.zeros(k, d)}),
+                         np.arange(k), np.zeros(k + 1, dtype=np.int64),
+                         np.zeros(0, dtype=np.int64), st, 7, 1, lazy_noise=lazy)
+    noise = -out.items.double() / (st.lr / st.normaliser)
+    n = noise.numel()
+    assert float(noise.std()) == pytest.approx(3.0 * math.sqrt(steps), rel=5 * math.sqrt(2 / n))
+    assert bool((noise != 0).all())
 
 
 def test_noise_on_every_entry_has_std_sigma_c():
