@@ -225,3 +225,23 @@ def test_report_source_errors_are_one_line(sweep_root, tmp_path, capsys):
         err = capsys.readouterr().err
         assert needle in err and err.count("\n") == 1, (argv, err)
     assert not (tmp_path / "o" / "results.csv").exists()  # nothing written on an error
+
+
+def test_report_keeps_only_the_variants_asked_for(sweep_root, tmp_path):
+    root, _ = sweep_root
+    write_report(str(root), str(tmp_path / "mf"), variants=["fedmf"])
+    table = pd.read_csv(tmp_path / "mf" / "results.csv")
+    assert set(table["variant"]) == {"fedmf"} and len(table) == 6
+    with pytest.raises(UserError, match="no run of fedncf"):
+        write_report(str(root), str(tmp_path / "none"), variants=["fedncf"])
+
+
+def test_a_table_from_before_backbones_reads_with_each_method_s_backbone(sweep_root, tmp_path):
+    """results.csv of version 0.1.0 had no backbone column: it is filled from the method."""
+    root, _ = sweep_root
+    full = write_report(str(root), str(tmp_path / "full"))[0].parent
+    old = pd.read_csv(full / "results.csv").drop(columns=["backbone"])
+    old.to_csv(tmp_path / "old.csv", index=False)
+    write_report([str(tmp_path / "old.csv")], str(tmp_path / "again"))
+    again = pd.read_csv(tmp_path / "again" / "results.csv")
+    assert set(again["backbone"]) == {"mf"} and len(again) == len(old)

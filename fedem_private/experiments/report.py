@@ -283,18 +283,26 @@ def load_sources(sources: Sequence[str]) -> tuple[pd.DataFrame, list[Path], int]
     return frame, folders, replaced
 
 
-def write_report(sources: str | Sequence[str], out_dir: str | None = None) -> list[Path]:
+def write_report(sources: str | Sequence[str], out_dir: str | None = None,
+                 variants: Sequence[str] | None = None) -> list[Path]:
     """Write results.csv, report.md and the PNG plots; returns the paths written.
 
     ``sources`` is a folder of run directories, or several folders and
     ``results.csv`` files to combine (then ``out_dir`` is required). The
-    output defaults to the single source folder.
+    output defaults to the single source folder. ``variants`` keeps only the
+    runs of those method variants (e.g. ``["fedmf", "fedem-em"]``).
     """
     from fedem_private.experiments import report_plots as rp
 
     names = [str(n) for n in ([sources] if isinstance(sources, str | Path) else sources)]
     check_report_sources(names, out_dir)
     frame, folders, replaced = load_sources(names)
+    if variants:
+        unknown = sorted(set(variants) - set(frame["variant"]))
+        if unknown:
+            raise UserError(f"--variants: no run of {', '.join(unknown)} in the sources (they "
+                            f"hold {', '.join(sorted(set(frame['variant'])))})")
+        frame = frame[frame["variant"].isin(list(variants))].reset_index(drop=True)
     out = Path(out_dir if out_dir else names[0]).expanduser()
     try:
         out.mkdir(parents=True, exist_ok=True)

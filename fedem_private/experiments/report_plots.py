@@ -4,7 +4,8 @@ Epsilon axes are logarithmic; the points without a finite epsilon sit to the
 right of a dashed separator, labelled: ``inf (clip only)`` (an ldp mode with
 eps = inf: clipped, no noise) and ``no DP`` (mode ``none``: neither clipped
 nor noised). One colour per method variant, one line per (variant, privacy
-mode); markers are the mean over seeds, error bars one standard deviation.
+mode), or, for one variant under several modes, one colour per mode; markers
+are the mean over seeds, error bars one standard deviation.
 """
 
 from __future__ import annotations
@@ -81,6 +82,8 @@ def lines(agg: pd.DataFrame) -> list[Line]:
     variants = sorted(agg["variant"].unique())
     colors = {v: f"C{i % 10}" for i, v in enumerate(variants)}
     modes = sorted(m for m in agg["mode"].unique() if m != "none")
+    # one variant under several modes (architectures compared): a colour per mode
+    by_mode = len(variants) == 1 and len(modes) > 1
     protocols = sorted(agg["protocol"].unique())
     out = []
     for v in variants:
@@ -98,6 +101,10 @@ def lines(agg: pd.DataFrame) -> list[Line]:
             if len(protocols) > 1:
                 label += f" · {protocol}"
             style = STYLES[modes.index(mode) % len(STYLES)] if mode in modes else "-"
+            if by_mode and mode in modes:
+                i = modes.index(mode)
+                out.append(Line(label, f"C{i % 10}", style, MARKERS[i % len(MARKERS)], pts))
+                continue
             out.append(Line(label, colors[v], style, MARKERS[variants.index(v) % len(MARKERS)],
                             pts))
     return out

@@ -286,6 +286,14 @@ def read_results(path: str | Path) -> pd.DataFrame:
         raise UserError(f"no such file or directory: {file}") from None
     except (OSError, ValueError, UnicodeDecodeError) as exc:
         raise UserError(f"cannot read {file} as a results table: {exc}") from None
+    if "backbone" not in frame.columns and "method" in frame.columns:
+        # tables written before backbones were a part (version 0.1.0): every method then
+        # was an MF method, so its backbone is the method's own
+        from fedem_private.simulation.config import METHOD_BACKBONE
+
+        frame.insert(frame.columns.get_loc("variant") + 1 if "variant" in frame.columns
+                     else len(frame.columns), "backbone",
+                     frame["method"].map(lambda m: METHOD_BACKBONE.get(m, "mf")))
     missing = [c for c in ID_COLUMNS if c not in frame.columns]
     if missing:
         raise UserError(f"{file} is not a fedem-private results.csv (no column "

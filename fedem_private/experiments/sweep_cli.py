@@ -95,6 +95,9 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``report`` (see :func:`run_report_from_args`)."""
     parser.add_argument("dir", metavar="DIR", nargs="+", help=REPORT_ARGS_HELP["dir"])
     parser.add_argument("--out", default=None, metavar="DIR", help=REPORT_ARGS_HELP["out"])
+    parser.add_argument("--variants", default=None, metavar="LIST",
+                        help="comma-separated method variants to keep (e.g. fedmf,fedem-em); "
+                             "default: every run")
 
 
 def run_report_from_args(args: argparse.Namespace) -> int:
@@ -102,6 +105,8 @@ def run_report_from_args(args: argparse.Namespace) -> int:
     check_report_sources(list(args.dir), args.out)  # before pandas and matplotlib load
     from fedem_private.experiments.report import write_report
 
-    for path in write_report(args.dir, args.out):
+    variants = ([v.strip() for v in args.variants.split(",") if v.strip()]
+                if args.variants else None)
+    for path in write_report(args.dir, args.out, variants=variants):
         print(f"wrote {path}")
     return 0
