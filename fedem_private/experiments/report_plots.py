@@ -49,6 +49,13 @@ def x_key(mode: str, eps_target: float, eps_reported: float) -> float | str:
     return float(eps)
 
 
+def _tick_text(v: float) -> str:
+    """A tick label: 0.3, 16, 1024, and powers of ten from 10^4 as 1e4."""
+    if v >= 1e4 and math.log10(v).is_integer():
+        return f"1e{int(math.log10(v))}"
+    return f"{v:g}"
+
+
 class EpsAxis:
     """Maps epsilons (and the two special points) to x positions on a log10 scale."""
 
@@ -67,8 +74,15 @@ class EpsAxis:
 
     def decorate(self, ax: plt.Axes) -> None:
         ticks = [math.log10(v) for v in self.finite] + [self.pos[k] for k in self.special]
-        labels = [f"{v:g}" for v in self.finite] + [k.replace(" (", "\n(") for k in self.special]
-        ax.set_xticks(ticks, labels)
+        labels = [_tick_text(v) for v in self.finite] + [k.replace(" (", "\n(")
+                                                        for k in self.special]
+        # a label closer than 1/12 of the axis to the last one shown stays unlabelled
+        shown, last = [], -math.inf
+        for i, (t, text) in enumerate(zip(ticks, labels, strict=True)):
+            keep = i >= len(self.finite) or t - last >= self.span / 12
+            shown.append(text if keep else "")
+            last = t if keep else last
+        ax.set_xticks(ticks, shown)
         ax.set_xlabel("total epsilon (log scale)")
         if self.separator is not None:
             ax.axvline(self.separator, color="0.6", linestyle="--", linewidth=0.8)
