@@ -66,6 +66,7 @@ from fedem_private.data import DATASETS, PROTOCOLS
 from fedem_private.errors import UserError
 from fedem_private.privacy.config import (
     CENTRAL_MODES,
+    DPSGD_FIELDS,
     DPSGD_MODES,
     LDP_MODES,
     MODES,
@@ -91,8 +92,6 @@ from fedem_private.simulation.config import (
 
 # modes that take a budget (epsilon); the sweep's epsilons axis applies to them
 BUDGET_MODES = LDP_MODES + CENTRAL_MODES + DPSGD_MODES
-_DPSGD_FIELDS = ("dpsgd_rate", "dpsgd_steps", "dpsgd_negatives", "dpsgd_lr",
-                 "dpsgd_adapter_steps")
 AXES = ("datasets", "methods", "merges", "variants", "aggregations", "codecs", "privacy",
         "epsilons", "seeds", "protocols", "attacks")
 SPEC_KEYS = (*AXES, "data_dirs", "record_rounds", "record_clients")
@@ -402,7 +401,7 @@ def _privacy(base: PrivacyConfig, mode: str, eps: float | None) -> PrivacyConfig
         base = replace(base, sample_rate=1.0)
     if mode not in DPSGD_MODES:  # and the local DP-SGD settings ldp-dpsgd's
         defaults = PrivacyConfig.__dataclass_fields__
-        base = replace(base, **{n: defaults[n].default for n in _DPSGD_FIELDS})
+        base = replace(base, **{n: defaults[n].default for n in DPSGD_FIELDS})
     if mode not in BUDGET_MODES:
         return replace(base, mode=mode, epsilon=None, epsilon_round=None, noise_multiplier=None)
     if eps is None:  # keep the base budget (an ldp base mode always has one)

@@ -48,6 +48,9 @@ LDP_MODES: tuple[str, ...] = ("ldp-laplace", "ldp-gaussian", "ldp-touched-rows")
 CENTRAL_MODES: tuple[str, ...] = ("cdp-gaussian",)
 # modes that make local training itself DP, the upload being post-processing (DESIGN section 5)
 DPSGD_MODES: tuple[str, ...] = ("ldp-dpsgd",)
+# the settings of ldp-dpsgd alone (refused at a non-default value under any other mode)
+DPSGD_FIELDS: tuple[str, ...] = ("dpsgd_rate", "dpsgd_steps", "dpsgd_negatives", "dpsgd_lr",
+                                 "dpsgd_adapter_steps")
 
 
 # What each mode protects, against whom, and what it claims (DESIGN sections 5-6): the
@@ -232,9 +235,7 @@ class PrivacyConfig:
                 raise UserError(f"privacy.{name} must be an integer, got {value!r}")
         defaults = PrivacyConfig.__dataclass_fields__
         if self.mode not in DPSGD_MODES:
-            changed = [n for n in ("dpsgd_rate", "dpsgd_steps", "dpsgd_negatives", "dpsgd_lr",
-                                   "dpsgd_adapter_steps")
-                       if getattr(self, n) != defaults[n].default]
+            changed = [n for n in DPSGD_FIELDS if getattr(self, n) != defaults[n].default]
             if changed:
                 flag = "--" + changed[0].replace("_", "-")
                 raise UserError(f"{flag} (privacy.{changed[0]}) is for ldp-dpsgd, not privacy "
@@ -253,10 +254,14 @@ class PrivacyConfig:
                             f"{self.dpsgd_negatives}")
         if not 0 < lr < math.inf:
             raise UserError(f"--dpsgd-lr (privacy.dpsgd_lr) must be finite and > 0, got {lr}")
+        self._validate_sampled_gaussian_budget("a total budget over all local steps")
+
+    def _validate_sampled_gaussian_budget(self, budget: str) -> None:
+        """A subsampled-Gaussian mode (cdp-gaussian, ldp-dpsgd): calibrated from ``budget``
+        (a total epsilon, or a noise multiplier), delta > 0, an accountant of sampling."""
         if self.epsilon_round is not None:
-            raise UserError(f"privacy {self.mode!r} is calibrated from a total budget over all "
-                            "local steps: give privacy.epsilon or privacy.noise_multiplier, not "
-                            "epsilon_round")
+            raise UserError(f"privacy {self.mode!r} is calibrated from {budget}: give "
+                            "privacy.epsilon or privacy.noise_multiplier, not epsilon_round")
         if self.epsilon is None and self.noise_multiplier is None:
             raise UserError(f"privacy mode {self.mode!r} needs a budget: set privacy.epsilon "
                             "or privacy.noise_multiplier")
@@ -312,18 +317,7 @@ class PrivacyConfig:
                                 f"cdp-gaussian; privacy {self.mode!r} does not sample (use "
                                 f"--client-fraction)")
             return
-        if self.epsilon_round is not None:
-            raise UserError(f"privacy {self.mode!r} is calibrated from a total budget: give "
-                            "privacy.epsilon or privacy.noise_multiplier, not epsilon_round")
-        if self.epsilon is None and self.noise_multiplier is None:
-            raise UserError(f"privacy mode {self.mode!r} needs a budget: set privacy.epsilon "
-                            "or privacy.noise_multiplier")
-        if not self.delta > 0:
-            raise UserError(f"privacy mode {self.mode!r} needs delta > 0 (Gaussian noise gives "
-                            "no pure DP)")
-        if self.accountant not in CENTRAL_ACCOUNTANTS:
-            raise UserError(f"privacy mode {self.mode!r} accounts Poisson subsampling with "
-                            f"{' or '.join(CENTRAL_ACCOUNTANTS)}, not {self.accountant!r}")
+        self._validate_sampled_gaussian_budget("a total budget")
 
     def _validate_clip_auto(self) -> None:
         if self.clip_auto_epsilon is not None:

@@ -141,6 +141,49 @@ def _positives(indptr: np.ndarray, items: np.ndarray, client: int) -> np.ndarray
     return items[indptr[client]: indptr[client + 1]]
 
 
+@dataclass
+class _ChunkDraws:
+    """A chunk's draws for ``steps`` DP-SGD steps keyed by (seed, round key, client): each
+    client's positives, their Poisson masks (steps, n_pos), the negatives (k, steps, N) on
+    ``dev`` and one noise generator per client."""
+
+    positives: list[np.ndarray]
+    masks: list[np.ndarray]
+    negatives: Tensor
+    gens: list[torch.Generator]
+
+    @classmethod
+    def of(cls, clients: np.ndarray, pos_indptr: np.ndarray, pos_items: np.ndarray,
+           settings: DpsgdSettings, steps: int, n_items: int, seed: int, key: int,
+           dev: torch.device) -> _ChunkDraws:
+        ids = np.asarray(clients, dtype=np.int64).tolist()
+        positives = [_positives(pos_indptr, pos_items, u) for u in ids]
+        masks = [positive_masks(seed, key, u, pos.shape[0], steps, settings.sample_rate)
+                 for u, pos in zip(ids, positives, strict=True)]
+        negs = torch.from_numpy(np.stack([step_negatives(seed, key, u, steps,
+                                                         settings.negatives, n_items)
+                                          for u in ids])).to(dev)
+        return cls(positives, masks, negs, [noise_generator(seed, key, u) for u in ids])
+
+    def picked(self, s: int) -> list[np.ndarray]:
+        """Each client's positives sampled at step s."""
+        return [pos[mask[s]] for pos, mask in zip(self.positives, self.masks, strict=True)]
+
+
+def _padded(picked: list[np.ndarray], dev: torch.device) -> tuple[Tensor, Tensor] | None:
+    """(item ids (k, W), valid (k, W)) of a step's sampled positives, zero-padded to the
+    widest client; None when no client sampled any."""
+    width = max(p.shape[0] for p in picked)
+    if not width:
+        return None
+    items = np.zeros((len(picked), width), dtype=np.int64)
+    valid = np.zeros((len(picked), width), dtype=bool)
+    for j, p in enumerate(picked):
+        items[j, : p.shape[0]] = p
+        valid[j, : p.shape[0]] = True
+    return torch.from_numpy(items).to(dev), torch.from_numpy(valid).to(dev)
+
+
 class _LazyTableNoise:
     """The table's noise added when a row is read, not at every step (same distribution).
 
@@ -224,14 +267,9 @@ def train_chunk(backbone: Backbone, start: ClientParams, clients: np.ndarray,
     if k == 0:
         return ClientParams(table, {}, private), stats
     s_count, c, std = settings.steps, settings.clip, settings.noise_std
-    ids = np.asarray(clients, dtype=np.int64).tolist()
-    positives = [_positives(pos_indptr, pos_items, u) for u in ids]
-    masks = [positive_masks(seed, round_, u, pos.shape[0], s_count, settings.sample_rate)
-             for u, pos in zip(ids, positives, strict=True)]
-    negs = torch.from_numpy(np.stack([step_negatives(seed, round_, u, s_count,
-                                                     settings.negatives, m) for u in ids]))
-    negs = negs.to(dev)
-    gens = [noise_generator(seed, round_, u) for u in ids]
+    draws = _ChunkDraws.of(clients, pos_indptr, pos_items, settings, s_count, m, seed, round_,
+                           dev)
+    negs, gens = draws.negatives, draws.gens
     offsets = (torch.arange(k, device=dev) * m)[:, None]
     flat = table.view(-1, d)
     step_size = settings.lr / settings.normaliser
@@ -261,22 +299,17 @@ def train_chunk(backbone: Backbone, start: ClientParams, clients: np.ndarray,
                 grad.zero_()
             for n in names:
                 grad_priv[n].zero_()
-        picked = [pos[mask[s]] for pos, mask in zip(positives, masks, strict=True)]
-        width = max(p.shape[0] for p in picked)
+        picked = draws.picked(s)
+        batch = _padded(picked, dev)
         if lazy is not None:  # the rows this step reads, brought up to date first
             read = [(torch.from_numpy(np.concatenate(
                 [pos + j * m for j, pos in enumerate(picked)])).to(dev))]
             if settings.negatives:
                 read.append((negs[:, s, :] + offsets).view(-1))
             lazy.catch_up(torch.cat(read), s)
-        if width:
-            items = np.zeros((k, width), dtype=np.int64)
-            valid = np.zeros((k, width), dtype=bool)
-            for j, p in enumerate(picked):
-                items[j, : p.shape[0]] = p
-                valid[j, : p.shape[0]] = True
-            items_t = torch.from_numpy(items).to(dev)
-            valid_t = torch.from_numpy(valid).to(dev)
+        if batch is not None:
+            items_t, valid_t = batch
+            width = items_t.shape[1]
             where = (items_t + offsets).view(-1)
             rows = flat.index_select(0, where).view(k, width, d)
             g_rows, g_priv = backbone.example_grads(private, rows, items_t,
@@ -291,11 +324,12 @@ def train_chunk(backbone: Backbone, start: ClientParams, clients: np.ndarray,
             add_rows(where, clipped_rows.reshape(-1, d))
             for n in names:
                 grad_priv[n].add_(torch.einsum("ab,ab...->a...", factor, g_priv[n]))
-            stats.examples += int(valid.sum())
+            n_valid = int(valid_t.sum())
+            stats.examples += n_valid
             stats.clipped += int(((norm > c) & valid_t).sum())
             stats.norm_sum += float((norm * valid_t).sum())
             stats.signal_sum += float(clipped_rows.abs().sum())
-            stats.signal_entries += int(valid.sum()) * d
+            stats.signal_entries += n_valid * d
         if settings.negatives:
             n_items = negs[:, s, :]
             where = (n_items + offsets).view(-1)
@@ -481,13 +515,8 @@ def train_adapter_chunk(backbone: Backbone, private: dict[str, Tensor],
     dev, dtype = q_local.device, q_local.dtype
     c, std = settings.clip, settings.noise_std
     key = round_ + ADAPTER_ROUND
-    ids = np.asarray(clients, dtype=np.int64).tolist()
-    positives = [_positives(pos_indptr, pos_items, u) for u in ids]
-    masks = [positive_masks(seed, key, u, pos.shape[0], steps, settings.sample_rate)
-             for u, pos in zip(ids, positives, strict=True)]
-    negs = torch.from_numpy(np.stack([step_negatives(seed, key, u, steps, settings.negatives,
-                                                     m) for u in ids])).to(dev)
-    gens = [noise_generator(seed, key, u) for u in ids]
+    draws = _ChunkDraws.of(clients, pos_indptr, pos_items, settings, steps, m, seed, key, dev)
+    negs, gens = draws.negatives, draws.gens
     offsets = (torch.arange(k, device=dev) * m)[:, None]
     ql_flat, qg_flat = q_local.reshape(-1, d), q_global.reshape(-1, d)
     step_size = settings.lr / settings.normaliser
@@ -502,17 +531,10 @@ def train_adapter_chunk(backbone: Backbone, private: dict[str, Tensor],
                     nw[j] = noise.T.to(dev)
                     nb[j] = torch.empty(b.shape[1], dtype=dtype).normal_(
                         0.0, std, generator=gens[j]).to(dev)
-        picked = [pos[mask[s]] for pos, mask in zip(positives, masks, strict=True)]
-        width = max(p.shape[0] for p in picked)
-        groups = []
-        if width:
-            items = np.zeros((k, width), dtype=np.int64)
-            valid = np.zeros((k, width), dtype=bool)
-            for j, p in enumerate(picked):
-                items[j, : p.shape[0]] = p
-                valid[j, : p.shape[0]] = True
-            groups.append((torch.from_numpy(items).to(dev), torch.from_numpy(valid).to(dev),
-                           1.0))
+        batch = _padded(draws.picked(s), dev)
+        groups: list[tuple[Tensor, Tensor | None, float]] = []
+        if batch is not None:
+            groups.append((*batch, 1.0))
         if settings.negatives:
             groups.append((negs[:, s, :], None, 0.0))
         for it, valid_t, label in groups:
