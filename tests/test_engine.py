@@ -104,6 +104,20 @@ def test_chunking_does_not_change_results(small_split, method):
     assert (a.state.p - b.state.p).abs().max() < 1e-5
 
 
+def test_chunk_cap_is_wider_on_a_gpu(small_split):
+    """The CPU trains at most MAX_CHUNK clients side by side, a GPU up to MAX_CHUNK_CUDA
+    (the memory budget still bounds both; results do not depend on it, test above)."""
+    from fedem_private.simulation import loop
+
+    sim = Simulation(_cfg(**{"train.memory_budget_mb": 1 << 16}), small_split)
+    assert sim._chunk_size() == loop.MAX_CHUNK
+    sim.device = torch.device("cuda")  # only the cap is read here: no GPU needed
+    assert sim._chunk_size() == loop.MAX_CHUNK_CUDA > loop.MAX_CHUNK
+    tight = Simulation(_cfg(**{"train.memory_budget_mb": 1}), small_split)
+    tight.device = torch.device("cuda")
+    assert 1 <= tight._chunk_size() < loop.MAX_CHUNK
+
+
 def test_client_fraction_only_moves_participants(small_split):
     sim = Simulation(_cfg(**{"train.client_fraction": 0.25}), small_split)
     before = sim.state.q_local.clone()

@@ -83,7 +83,10 @@ from fedem_private.server.pretrain import pretrain_items
 from fedem_private.simulation.config import RunConfig
 
 SERVER = 1 << 40  # client id used to key the server's own random draws
+# the most clients trained side by side (the memory budget may allow fewer): on the CPU
+# larger chunks only pad more; a GPU needs wide chunks to hide its per-kernel overhead
 MAX_CHUNK = 64
+MAX_CHUNK_CUDA = 2048
 
 
 @dataclass
@@ -369,7 +372,8 @@ class Simulation:
             per_client += m * 64 * 4 * 3
         per_client += self.backbone.memory_per_client()
         budget = tr.memory_budget_mb * (1 << 20)
-        return int(max(1, min(MAX_CHUNK, budget // max(per_client, 1))))
+        cap = MAX_CHUNK_CUDA if self.device.type == "cuda" else MAX_CHUNK
+        return int(max(1, min(cap, budget // max(per_client, 1))))
 
     def _chunks(self, clients: np.ndarray, round_: int = 0) -> Iterator[np.ndarray]:
         work = self._workload

@@ -1,0 +1,90 @@
+"""Where a round's time goes, and how the chunk size moves it (issue 19).
+
+    python -m benchmarks.profile_round [--data ml-1m-size|ml-100k|lastfm-2k] [--method fedem]
+                                       [--device cpu|cuda|auto] [--chunks 64,256,1024]
+                                       [--budget-mb 2048] [--profile]
+
+For each chunk cap (the most clients trained side by side; the memory budget
+still bounds it): round 1 is a warm-up, then the seconds of rounds 2 and 3
+and of one evaluation. ``--profile`` adds a cProfile of one more round at the
+last cap (top functions by own time). Prints a table and a final JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import time
+from typing import Any
+
+import torch
+
+from fedem_private.experiments.runner import prepare
+from fedem_private.simulation import loop
+
+from .common import emit, machine, run_config
+from .speed import MEMORY_DATA, _sync
+
+
+def measure(data: str, method: str, device: str, cap: int, budget_mb: int,
+            profile: bool) -> dict[str, Any]:
+    dataset, over = MEMORY_DATA.get(data, (data, {}))
+    cfg = run_config(dataset, **over, **{"federation.method": method, "train.rounds": 10,
+                                         "train.eval_every": 10_000, "train.device": device,
+                                         "train.memory_budget_mb": budget_mb})
+    old = loop.MAX_CHUNK, loop.MAX_CHUNK_CUDA
+    loop.MAX_CHUNK = loop.MAX_CHUNK_CUDA = cap
+    try:
+        sim = prepare(cfg)
+        chunk = sim._chunk_size()
+        sim.step()
+        rounds = [sim.step().seconds for _ in range(2)]
+        t0 = time.perf_counter()
+        sim.evaluate()
+        _sync(sim.device)
+        row: dict[str, Any] = {"data": data, "method": method, "device": sim.device.type,
+                               "cap": cap, "chunk": chunk, "round_s": rounds,
+                               "eval_s": time.perf_counter() - t0}
+        if profile:
+            prof = cProfile.Profile()
+            prof.enable()
+            sim.step()
+            prof.disable()
+            buf = io.StringIO()
+            pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(30)
+            row["profile"] = buf.getvalue()
+    finally:
+        loop.MAX_CHUNK, loop.MAX_CHUNK_CUDA = old
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data", default="ml-100k")
+    ap.add_argument("--method", default="fedem")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--chunks", default=str(loop.MAX_CHUNK),
+                    help="chunk caps to compare (default: the CPU's)")
+    ap.add_argument("--budget-mb", type=int, default=2048)
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args()
+    caps = [int(c) for c in args.chunks.split(",")]
+    rows = []
+    for i, cap in enumerate(caps):
+        row = measure(args.data, args.method, args.device, cap, args.budget_mb,
+                      args.profile and i == len(caps) - 1)
+        rows.append(row)
+        print(f"{row['data']} {row['method']} on {row['device']}: cap {cap:5d} -> chunk "
+              f"{row['chunk']:5d}: rounds {row['round_s'][0]:.2f} / {row['round_s'][1]:.2f} s, "
+              f"evaluation {row['eval_s']:.2f} s", flush=True)
+        if "profile" in row:
+            print(row["profile"])
+    emit({"benchmark": "profile_round", "machine": machine(),
+          "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+          "rows": [{k: v for k, v in r.items() if k != "profile"} for r in rows]})
+
+
+if __name__ == "__main__":
+    main()
