@@ -112,6 +112,17 @@ class Observation:
         return self.upload[sl].astype(np.float64) - self.sent[sl].astype(np.float64)
 
 
+#: ``PublicKnowledge.extra["observation"]`` of a run whose recording holds the released
+#: aggregate of a central mechanism (every client's row is the same two tables) instead
+#: of each client's upload
+AGGREGATE_OBSERVATION = "released-aggregate"
+
+
+def observes_aggregate(public: PublicKnowledge) -> bool:
+    """Whether the recorded rows are a central mechanism's released aggregate."""
+    return public.extra.get("observation") == AGGREGATE_OBSERVATION
+
+
 @dataclass(frozen=True)
 class PublicKnowledge:
     """Hyper-parameters the server knows (DESIGN.md, section 5 threat model).

@@ -56,7 +56,13 @@ from .canary import AUDITED_MODES, canary_audit, claimed_epsilon, params_from_lo
 from .ground_truth import Demographics, GroundTruth, load_demographics, load_ground_truth
 from .imia import assumption_note as imia_assumption
 from .labels import RELATIONS, labels_for
-from .observations import Observation, PublicKnowledge, load_observations, load_public
+from .observations import (
+    Observation,
+    PublicKnowledge,
+    load_observations,
+    load_public,
+    observes_aggregate,
+)
 from .projection import assumption_note as projection_assumption
 from .scoring import score_attack, score_attribute
 
@@ -75,8 +81,18 @@ ASSUMPTIONS = (
     "not certified bounds (audit_certified false), and a violation is a finding to "
     "investigate. The canary record audits the run's own release function with "
     "coin-flipped canaries: its bound is certified at the stated confidence. "
-    "eps_accounted is the per-round epsilon charged for the single upload an attack saw."
+    "eps_accounted is the per-round epsilon charged for the single upload an attack saw. "
+    "Under a central mechanism the attacks see the released aggregate, the same for every "
+    "client: their scores carry the population's signal (popularity) as much as a "
+    "client's, so each item record also scores the clients who sat the round out "
+    "('control', relations_control) and the difference is what participating revealed; "
+    "its eps bounds are not compared with the accounted eps (the canary record is the "
+    "audit of a central mechanism)."
 )
+#: the verdict of an item record on a released aggregate
+AGGREGATE_VERDICT = ("the observation is the released aggregate, shared by every client: "
+                     "item scores measure the population as much as the client (see "
+                     "'control'); the canary record audits the mechanism")
 
 
 def parse_attacks(text: str) -> tuple[str, ...]:
@@ -195,20 +211,36 @@ def _item_record(name: str, obs: Observation, public: PublicKnowledge, gt: Groun
                  ctx: PrivacyContext, seed: int, device: str = "cpu") -> dict[str, Any]:
     t0 = time.perf_counter()
     options = {"device": device} if name in DEVICE_ATTACKS else {}
-    scores = ATTACKS[name](obs, public, **options)  # type: ignore[call-arg]
+    aggregate = observes_aggregate(public)
+    # on a released aggregate every recorded client saw the same tables: score them all,
+    # then the participants (main) and the clients who sat the round out (control) apart
+    seen = (Observation(obs.round, obs.clients, obs.sent, obs.upload,
+                        np.ones_like(obs.participated)) if aggregate else obs)
+    scores = ATTACKS[name](seen, public, **options)  # type: ignore[call-arg]
     seconds = time.perf_counter() - t0
     level = 1.0 - (1.0 - CONFIDENCE) / 2.0  # two bounds, one figure: Bonferroni
-    metrics = {rel: score_attack(scores, labels_for(obs, gt, rel), relation=rel,  # type: ignore[arg-type]
-                                 confidence=level, delta=ctx.delta, seed=seed,
-                                 randomized_membership=False)
-               for rel in RELATIONS}
+
+    def score(rows: np.ndarray) -> dict[str, dict[str, Any]]:
+        s = scores.copy()
+        s[~rows] = np.nan
+        return {rel: score_attack(s, labels_for(obs, gt, rel), relation=rel,  # type: ignore[arg-type]
+                                  confidence=level, delta=ctx.delta, seed=seed,
+                                  randomized_membership=False)
+                for rel in RELATIONS}
+
+    metrics = score(obs.participated)
     lower, source = _lower_bound(metrics)
-    ok, reason = _verdict(lower, ctx, certified=False)
+    ok, reason = (None, AGGREGATE_VERDICT) if aggregate else _verdict(lower, ctx,
+                                                                       certified=False)
+    extra_rows: dict[str, Any] = {}
+    if aggregate:
+        extra_rows = {"relations_control": score(~obs.participated),
+                      "n_control_clients": int((~obs.participated).sum())}
     notes = {"projection": projection_assumption, "imia": imia_assumption}
     note = notes[name](public) if name in notes else None
     extra = {"assumption": note} if note else {}
     return {**extra, "attack": name, "round": obs.round, "seconds": seconds,
-            "n_clients": int(obs.participated.sum()), "relations": metrics,
+            "n_clients": int(obs.participated.sum()), "relations": metrics, **extra_rows,
             "eps_lower_bound": lower, "eps_lower_bound_source": source,
             "eps_accounted": ctx.accounted, "eps_claimed": ctx.claimed[0],
             "eps_accounted_cumulative": ctx.cumulative.get(obs.round),
@@ -381,7 +413,8 @@ def table_rows(report: dict[str, Any]) -> list[dict[str, str]]:
                          "f1": _fmt(r.get("balanced_accuracy")),
                          "base": _fmt(r.get("majority_baseline")), "adv": "-"})
             continue
-        for rel, m in (r.get("relations") or {}).items():
+        control = {f"{rel} (control)": m for rel, m in (r.get("relations_control") or {}).items()}
+        for rel, m in {**(r.get("relations") or {}), **control}.items():
             rows.append({**common, "relation": rel, "auc": _fmt(m.get("auc")),
                          "tpr1": _fmt(m.get("tpr@1%fpr")), "tpr01": _fmt(m.get("tpr@0.1%fpr")),
                          "f1": _fmt(m.get("f1")), "base": _fmt(m.get("f1_random_baseline")),

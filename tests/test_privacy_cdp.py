@@ -289,7 +289,6 @@ def test_infinite_epsilon_is_clip_only_without_guarantee():
     ({"federation.method": "gpfedrec"}, "'graph' needs each client's upload"),
     ({"federation.method": "fedmerge"}, "'fedmerge' needs each client's upload"),
     ({"train.client_fraction": 0.5}, "--client-fraction"),
-    ({"record.rounds": "1"}, "not built yet"),
     ({"privacy.accountant": "basic"}, "rdp or pld, not 'basic'"),
 ])
 def test_refused_under_cdp_in_one_line(over, needle):

@@ -19,6 +19,17 @@ recorded clients, into the run directory:
   the negatives they sampled that round, and ``ground_truth/demographics.npz``
   (e.g. gender, where the dataset has it). Only the scorer reads these.
 
+Under a central mechanism (``cdp-gaussian``, DESIGN section 6) no upload is
+observed: the secure sum hides each client's, and the server sees one noisy
+aggregate a round. A recorded round then holds, for every recorded client, the
+global table it was sent and the one released after the round (the same two
+tables for all), with ``participated`` True for the round's Poisson-sampled
+clients; ``public.json`` says ``"observation": "released-aggregate"``. The
+ground truth of a client that sat the round out is the sample it would have
+drawn (the same keyed draw), so the attacks can score it as a control: what
+the aggregate reveals about a client it does not contain is the population's
+signal (popularity), not the client's.
+
 Which clients: the first N client ids of the split (ids ``0 .. N-1`` of the
 re-indexed users that survived the split), a deterministic choice that does
 not depend on the data, the seed or chunking. ``"last"`` is the run's final
@@ -36,13 +47,22 @@ from pathlib import Path
 import numpy as np
 
 from attacks.ground_truth import save_demographics, save_ground_truth
-from attacks.observations import Observation, PublicKnowledge, save_observation, save_public
+from attacks.observations import (
+    AGGREGATE_OBSERVATION,
+    Observation,
+    PublicKnowledge,
+    save_observation,
+    save_public,
+)
 from fedem_private.errors import UserError
+from fedem_private.models.base import draw_samples
 from fedem_private.simulation.config import RecordConfig
-from fedem_private.simulation.loop import ChunkView, Simulation
+from fedem_private.simulation.loop import AggregateView, ChunkView, Simulation
 
 STORE_DTYPE = "float32"
 SELECTION_RULE = "first N client ids of the split (0 .. N-1)"
+#: public.json's ``extra["observation"]`` when each client's upload was recorded
+OBSERVED_UPLOADS = "uploads"
 
 
 @dataclass(frozen=True)
@@ -101,6 +121,7 @@ def public_knowledge(sim: Simulation, rounds: Sequence[int], clients: np.ndarray
             "recorded_rounds": [int(r) for r in rounds],
             "recorded_clients": int(clients.shape[0]),
             "recorded_client_rule": SELECTION_RULE,
+            "observation": AGGREGATE_OBSERVATION if sim.privacy.central else OBSERVED_UPLOADS,
         },
     )
 
@@ -172,12 +193,39 @@ class Recorder:
         self._write(obs, positives, negatives)
 
 
+    def on_aggregate(self, view: AggregateView) -> None:
+        """A central round: every recorded client saw the same sent and released tables."""
+        if view.round not in self.rounds:
+            return
+        sim, clients = self.sim, self.clients
+        k = clients.shape[0]
+        took = np.zeros(sim.split.n_users, dtype=bool)
+        took[np.asarray(view.participants, dtype=np.int64)] = True
+        sent = view.sent.detach().cpu().numpy().astype(np.float32)
+        released = view.released.detach().cpu().numpy().astype(np.float32)
+        obs = Observation(view.round, clients, np.broadcast_to(sent, (k, *sent.shape)),
+                          np.broadcast_to(released, (k, *released.shape)), took[clients])
+        # every recorded client's keyed draw of the round: what a participant trained on,
+        # and for the others the control's negatives (a pure function of seed, round, client)
+        s = draw_samples(sim.seed, view.round, clients, sim.split.train_indptr,
+                         sim.split.train_items, *sim.excl, sim.split.n_items,
+                         sim.local_cfg.num_negatives)
+        positives = [sim.split.train_of(int(c)) for c in clients]
+        negatives = [s.negatives[s.negatives_indptr[j]: s.negatives_indptr[j + 1]]
+                     for j in range(k)]
+        self._write(obs, positives, negatives)
+
+
 def recording_setup(spec: RecordSpec) -> Callable[[Simulation, Path], None]:
-    """A ``setup`` for :func:`~fedem_private.experiments.runner.execute`: attach a Recorder."""
+    """A ``setup`` for :func:`~fedem_private.experiments.runner.execute`: attach a Recorder
+    (to the uploads, or under a central mechanism to the released aggregates)."""
 
     def setup(sim: Simulation, run_dir: Path) -> None:
         recorder = Recorder(sim, run_dir, spec)
         recorder.write_static()
-        sim.observers.append(recorder)
+        if sim.privacy.central:
+            sim.aggregate_observers.append(recorder.on_aggregate)
+        else:
+            sim.observers.append(recorder)
 
     return setup

@@ -114,7 +114,9 @@ def attack_columns(records: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
     membership relation (``relations``) are flattened from the primary relation
     (``positive_vs_sampled``, IMIA's convention, or the only one there is) as
     ``<attack>_<metric>``, and from any other as ``<attack>_<relation>_<metric>``
-    for AUC, TPR at 1% FPR and advantage. Verdict: ``pass`` when every record
+    for AUC, TPR at 1% FPR and advantage; a central run's control (the clients
+    who sat the round out, ``relations_control``) as ``<attack>_control_<metric>``
+    for the same three, from the primary relation. Verdict: ``pass`` when every record
     with an ``audit_ok`` verdict has it true, ``FAIL`` when any is false, empty
     when none has one (nothing to audit, e.g. mode ``none``).
     """
@@ -139,6 +141,13 @@ def attack_columns(records: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
                     short = _column(relation.removeprefix("positive_"))
                     out.update(_scalars(f"{prefix}_{short}", {
                         k: metrics.get(k) for k in SECONDARY_METRICS if k in metrics}))
+        control = rec.get("relations_control")  # a central run's released aggregate
+        if isinstance(control, dict) and control:
+            primary = PRIMARY_RELATION if PRIMARY_RELATION in control else next(iter(control))
+            if isinstance(control[primary], dict):
+                out.update(_scalars(f"{prefix}_control", {
+                    k: control[primary].get(k) for k in SECONDARY_METRICS
+                    if k in control[primary]}))
     oks = [rec["audit_ok"] for rec in records if rec.get("audit_ok") is not None]
     verdict = "" if not oks else ("pass" if all(bool(v) for v in oks) else "FAIL")
     return out, verdict

@@ -459,10 +459,6 @@ class RunConfig:
                 raise UserError(f"privacy {self.privacy.mode!r} samples clients itself (Poisson, "
                                 f"--sample-rate); leave --client-fraction at 1, got "
                                 f"{self.train.client_fraction:g}")
-            if self.record.rounds is not None:
-                raise UserError(f"recording under privacy {self.privacy.mode!r} (the noisy "
-                                f"aggregates, DESIGN section 6) is not built yet; drop "
-                                f"--record-rounds")
         return self
 
     def _check_dpsgd(self) -> None:

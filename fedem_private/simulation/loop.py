@@ -105,6 +105,23 @@ class ChunkView:
 
 
 @dataclass
+class AggregateView:
+    """One round of a central mechanism as the server sees it (DESIGN section 6).
+
+    Under ``cdp-gaussian`` no upload is observed: the secure sum hides each one and
+    only the noisy aggregate is released. ``sent`` is the global item table of the
+    round's start, ``released`` the one after the noisy aggregate was applied (both
+    (m, d)); ``participants`` are the round's Poisson-sampled clients, known to the
+    aggregator but not to observers of the released models.
+    """
+
+    round: int
+    participants: np.ndarray
+    sent: torch.Tensor
+    released: torch.Tensor
+
+
+@dataclass
 class RoundStats:
     """One row of metrics.csv."""
 
@@ -218,6 +235,8 @@ class Simulation:
         n_samples = split.train_counts * (1 + tr.num_negatives)
         self._workload = num_steps(n_samples, self.local_cfg)
         self.observers: list[Callable[[ChunkView], None]] = []
+        # under a central mechanism, called once per round with the released aggregate
+        self.aggregate_observers: list[Callable[[AggregateView], None]] = []
         if self.cfg.privacy.clip_auto:
             self._auto_clip()
 
@@ -399,6 +418,8 @@ class Simulation:
             self.dense.begin_round(part_mask)
         self.privacy.begin_round(t)
         central = self.privacy.central
+        before = (self.aggregator.table.detach().clone()
+                  if central and self.aggregate_observers else None)
         peft = self._peft_round(t)
         setup_bytes = self._start_codec() if peft and self.codec_server is None else 0
         if self.codec_server is not None:
@@ -492,6 +513,10 @@ class Simulation:
         if self.dense is not None:
             self.dense.end_round()
         st.q_global = self.aggregator.table
+        if before is not None:
+            view = AggregateView(t, clients, before, self.aggregator.table)
+            for observe_aggregate in self.aggregate_observers:
+                observe_aggregate(view)
         privacy_stats = self.privacy.end_round(clients)
         st.round = t
         if self.device.type == "cuda":  # the round's kernels run asynchronously: time them all
