@@ -91,6 +91,9 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--lora-rank", "federation.lora_rank", _integer, "lora: rank k_L"),
     ("--hash-size", "federation.hash_size", _integer, "hash: table rows d_H"),
     ("--hash-functions", "federation.hash_functions", _integer, "hash: number h of functions"),
+    ("--hash-senet", "federation.hash_senet", _integer,
+     "hash: 0 pools the h vectors by their mean; r > 0 weights them by a SENet of hidden "
+     "width r * h, trained and uploaded with the table (the paper's Hash(S): r = 16)"),
     ("--rq-levels", "federation.rq_levels", _integer, "rqvae: code length l"),
     ("--rq-codebook", "federation.rq_codebook", _integer, "rqvae: codebook size d_R"),
     ("--peft-init", "federation.peft_init", str,

@@ -56,11 +56,16 @@ GROUPS = {"mf": [("p", "theta")], "pfedrec": [("w", "b"), ("theta",)],
 
 
 @pytest.mark.parametrize("backbone", ["mf", "pfedrec", "ncf"])
-@pytest.mark.parametrize("name", ["lora", "hash", "rqvae", "c-lora"])
+@pytest.mark.parametrize("name", ["lora", "hash", "rqvae", "c-lora", "hash+senet",
+                                  "c-hash+senet"])
 @pytest.mark.parametrize("merged", [False, True], ids=["base-e0", "base-merged"])
 def test_peft_training_equals_decode_then_full_table_reference(small_split, float64, backbone,
                                                                name, merged):
-    """A chunk trained through PeftRows vs one client at a time, whole table decoded."""
+    """A chunk trained through PeftRows vs one client at a time, whole table decoded
+    (``+senet``: the hash codec with its SENet, whose weights autograd differentiates
+    in the reference, through the whole decoded table)."""
+    name, senet = name.removesuffix("+senet"), name.endswith("+senet")
+    peft = PeftConfig(**{**SMALL.__dict__, "hash_senet": 2 if senet else 0})
     sp = small_split
     cfg = LocalTrainConfig(epochs=2, batch_size=32, lr=0.05, grad_clip=0.5 if merged else None)
     excl = exclusion_csr(sp, "strict")
@@ -70,10 +75,13 @@ def test_peft_training_equals_decode_then_full_table_reference(small_split, floa
     samples = draw_samples(0, 1, order, sp.train_indptr, sp.train_items, *excl, sp.n_items, 4)
     bb = models.build(backbone, sp.n_items, 8, seed=0, init_std=0.1)
     codec = codecs.build(name, sp.n_items, 8, {n: tuple(v.shape) for n, v in
-                                               bb.init_dense().items()}, SMALL)
-    assert isinstance(codec, PeftCodec)
+                                               bb.init_dense().items()}, peft)
+    assert isinstance(codec, PeftCodec) and codec.senet == senet
     e0 = torch.randn(sp.n_items, 8, generator=torch.Generator().manual_seed(1)) * 0.1
     theta0 = codec.prepare(e0, 0, 0.1)
+    if senet:  # weights far from uniform, so that the SENet's gradients matter
+        assert set(theta0) == {"H", "W1", "W2"}
+        theta0["W1"], theta0["W2"] = theta0["W1"] * 10, theta0["W2"] * 10
     if "B" in theta0:  # a started LoRA, so that both A and B get gradients
         theta0["B"] = torch.randn(theta0["B"].shape) * 0.1
     k = len(order)
@@ -308,3 +316,32 @@ def test_zero_init_starts_at_e0_and_normal_does_not(small_split, name):
     assert tables["zero"] == 0 and tables["normal"] > 0.01
     with pytest.raises(UserError, match="--peft-init"):
         _cfg(**{"federation.codec": name, "federation.peft_init": "xavier"}).validate()
+
+
+def test_senet_hash_codec_weights_uploads_and_refusals(small_split):
+    """SENet (FedPEFT equations 6-9): with W2 = 0 every weight is sigmoid(0) = 1/2, which
+    for h = 2 is mean pooling exactly; W1, W2 are uploaded (bytes) and only for hash."""
+    m, d = small_split.n_items, 8
+    mean = codecs.build("hash", m, d, {}, SMALL)
+    se = codecs.build("hash", m, d, {}, PeftConfig(**{**SMALL.__dict__, "hash_senet": 4}))
+    assert isinstance(mean, PeftCodec) and isinstance(se, PeftCodec) and se.senet
+    h = SMALL.hash_functions
+    assert se.shapes["W1"] == (4 * h, h) and se.shapes["W2"] == (h, 4 * h)
+    assert se.upload_bytes() == mean.upload_bytes() + 4 * 2 * (4 * h * h)
+    e0 = torch.randn(m, d, generator=torch.Generator().manual_seed(2))
+    th_mean, th_se = mean.prepare(e0, 0, 0.1), se.prepare(e0, 0, 0.1)
+    assert torch.equal(th_mean["H"], th_se["H"])  # same hashes, same draw of H
+    zero_w2 = {"H": th_se["H"][None], "W1": th_se["W1"][None],
+               "W2": torch.zeros_like(th_se["W2"])[None]}
+    torch.testing.assert_close(se.table(zero_w2), mean.table({"H": th_mean["H"][None]}))
+    varied = {n: v[None] * 10 for n, v in th_se.items()}
+    assert not torch.allclose(se.table(varied), mean.table({"H": varied["H"]}))
+    # a run with it: theta carries W1, W2 to the server
+    sim = Simulation(_cfg(**{"federation.codec": "hash", "federation.hash_senet": 4}),
+                     small_split)
+    sim.run()
+    assert sim.codec.senet and {"W1", "W2"} <= set(sim.codec_server.params)
+    with pytest.raises(UserError, match="needs --codec hash or c-hash"):
+        _cfg(**{"federation.codec": "lora", "federation.hash_senet": 4}).validate()
+    with pytest.raises(UserError, match="positive expansion ratio"):
+        _cfg(**{"federation.codec": "hash", "federation.hash_senet": -1}).validate()

@@ -20,7 +20,10 @@ the frozen base E0, and every item vector is E0[i] + f_theta(i):
   at the start (equations 1-2);
 - ``hash``: theta = H (d_H, d), f(i) = mean_j H[h_j(i)] over h universal hash
   functions h_j(i) = ((a_j i + b_j) mod p) mod d_H chosen by the server
-  (equations 3-5, mean pooling);
+  (equations 3-5, mean pooling); with ``hash_senet`` r > 0, f(i) = sum_j w_ij
+  H[h_j(i)] with weights from a squeeze-and-excitation net, w_i = sigmoid(W2
+  relu(W1 s_i)), s_ij the mean of H[h_j(i)]'s entries, W1 (r h, h) and W2
+  (h, r h) trained and uploaded with H (equations 6-9);
 - ``rqvae``: theta = codebooks C_0..C_{l-1} (d_R, d each), f(i) =
   sum_j C_j[c_ij], the codes c_i fixed on the server by residual k-means
   of E0 (equation 11; k-means stands in for a trained RQ-VAE).
@@ -112,6 +115,9 @@ class PeftConfig:
     lora_rank: int = 4  # k_L
     hash_size: int = 512  # d_H
     hash_functions: int = 2  # h
+    # hash: 0 pools the h vectors by their mean (equations 4-5); r > 0 weights them by a
+    # SENet (equations 6-9) of hidden width r * h (the paper's expansion ratio r_h = 16)
+    hash_senet: int = 0
     rq_levels: int = 3  # l
     rq_codebook: int = 128  # d_R
     # theta's start: "normal" N(0, s^2) as the full table (the paper's choice for the
@@ -150,6 +156,9 @@ class PeftCodec:
             self.shapes = {"A": (n_items, cfg.lora_rank), "B": (dim, cfg.lora_rank)}
         elif self.kind == "hash":
             self.shapes = {"H": (cfg.hash_size, dim)}
+            if cfg.hash_senet > 0:  # the SENet's two matrices, trained and aggregated too
+                h, h1 = cfg.hash_functions, cfg.hash_senet * cfg.hash_functions
+                self.shapes.update({"W1": (h1, h), "W2": (h, h1)})
         elif self.kind == "rqvae":
             self.shapes = {"C": (cfg.rq_levels * cfg.rq_codebook, dim)}
         else:
@@ -157,6 +166,7 @@ class PeftCodec:
         self.all_shapes = {**self.shapes, **self.dense_shapes}
         self.sizes = {n: math.prod(s) for n, s in self.all_shapes.items()}
         self.rows = -(-sum(self.sizes.values()) // dim)
+        self.senet = self.kind == "hash" and cfg.hash_senet > 0
         self.e0: Tensor | None = None
         self.codes: Tensor | None = None  # (m, nb) bucket rows of each item (hash, rqvae)
         self.code_weights: Tensor | None = None  # (nb,) weight of each bucket row
@@ -217,6 +227,12 @@ class PeftCodec:
         table = theta["H" if self.kind == "hash" else "C"]  # (k, R, d)
         assert self.codes is not None and self.code_weights is not None
         k = table.shape[0]
+        if self.senet:
+            nb = self.codes.shape[1]
+            v = table.index_select(1, self.codes.reshape(-1)).view(k, self.m, nb, self.d)
+            w = senet_weights(v.reshape(k, self.m * nb, self.d).mean(-1).view(k, self.m, nb),
+                              theta["W1"], theta["W2"])
+            return (w.unsqueeze(-1) * v).sum(2)
         out = torch.zeros((k, self.m, self.d), dtype=table.dtype, device=table.device)
         for j in range(self.codes.shape[1]):
             out.add_(table.index_select(1, self.codes[:, j]), alpha=float(self.code_weights[j]))
@@ -333,7 +349,17 @@ class _PeftItemRows(ItemRows):
         idx = self.brows.index_select(0, flat)  # (n, nb)
         rows = self.table.reshape(-1, self.d).index_select(0, idx.reshape(-1)).view(
             n, -1, self.d)
+        if self.codec.senet:
+            return self._senet_rows(rows, self.owner.index_select(0, flat)), idx
         return torch.einsum("nbd,b->nd", rows, self.codec.code_weights), idx
+
+    def _senet_rows(self, rows: Tensor, own: Tensor, w1: Tensor | None = None,
+                    w2: Tensor | None = None) -> Tensor:
+        """sum_j w_ij v_ij for the rows' hash vectors (n, h, d) and owners' SENets (eq. 8)."""
+        w1 = self.theta["W1"].index_select(0, own) if w1 is None else w1
+        w2 = self.theta["W2"].index_select(0, own) if w2 is None else w2
+        w = senet_weights(rows.mean(-1)[:, None], w1, w2)[:, 0]  # (n, h)
+        return (w.unsqueeze(-1) * rows).sum(1)
 
     def gather(self, flat: Tensor) -> Tensor:
         part, aux = self._part(flat)
@@ -354,6 +380,20 @@ class _PeftItemRows(ItemRows):
             self.g["B"][:act] += torch.bmm(g3.transpose(1, 2), aux.view(act, self.bsz, kl))
             return
         assert self.codec.code_weights is not None
+        if self.codec.senet:  # the weights depend on H and on W1, W2: autograd on the rows
+            own = self.owner.index_select(0, flat)
+            with torch.enable_grad():
+                rows = self.table.reshape(-1, self.d).index_select(0, aux.reshape(-1)).view(
+                    n, -1, self.d).detach().requires_grad_(True)
+                w1 = self.theta["W1"].index_select(0, own).detach().requires_grad_(True)
+                w2 = self.theta["W2"].index_select(0, own).detach().requires_grad_(True)
+                part = self._senet_rows(rows, own, w1, w2)
+                g_rows, g1, g2 = torch.autograd.grad(part, (rows, w1, w2), grad_rows)
+            self.g["H"].view(-1, self.d).index_add_(0, aux.reshape(-1),
+                                                    g_rows.reshape(-1, self.d))
+            self.g["W1"].index_add_(0, own, g1)
+            self.g["W2"].index_add_(0, own, g2)
+            return
         w = self.codec.code_weights
         contrib = (grad_rows[:, None, :] * w[None, :, None]).reshape(-1, self.d)
         self.grads[0].view(-1, self.d).index_add_(0, aux.reshape(-1), contrib)
@@ -381,6 +421,16 @@ class _PeftItemRows(ItemRows):
         keep = torch.from_numpy(valid.reshape(-1)).to(dev)
         touched.view(-1)[(self.owner * self.m + self.ids)[keep]] = True
         return q_local, touched
+
+
+def senet_weights(s: Tensor, w1: Tensor, w2: Tensor) -> Tensor:
+    """FedPEFT's equation 7: w = sigmoid(W2 relu(W1 s)), batched over the first axis.
+
+    s (k, n, h) squeezed hash vectors (equation 6), W1 (k, h1, h), W2 (k, h, h1);
+    returns (k, n, h).
+    """
+    hidden = torch.relu(torch.bmm(s, w1.transpose(1, 2)))
+    return torch.sigmoid(torch.bmm(hidden, w2.transpose(1, 2)))
 
 
 def code_itemsize(codebook: int) -> int:

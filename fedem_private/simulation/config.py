@@ -196,6 +196,7 @@ class FederationConfig:
     lora_rank: int = 4  # lora: k_L
     hash_size: int = 512  # hash: d_H
     hash_functions: int = 2  # hash: h
+    hash_senet: int = 0  # hash: 0 mean pooling; r > 0 a SENet of hidden width r * h
     rq_levels: int = 3  # rqvae: l
     rq_codebook: int = 128  # rqvae: d_R
     peft_init: str = "normal"  # hash / rqvae: theta ~ N(0, s^2) ("normal") or 0 ("zero")
@@ -247,6 +248,12 @@ class FederationConfig:
             if getattr(self, name) < 1:
                 raise UserError(f"--{name.replace('_', '-')} (federation.{name}) must be a "
                                 f"positive integer, got {getattr(self, name)}")
+        if self.hash_senet < 0:
+            raise UserError(f"--hash-senet (federation.hash_senet) must be 0 (mean pooling) "
+                            f"or a positive expansion ratio, got {self.hash_senet}")
+        if self.hash_senet and self.codec not in ("hash", "c-hash"):
+            raise UserError(f"--hash-senet weights the hash codec's vectors; it needs --codec "
+                            f"hash or c-hash, not {self.codec!r}")
         if self.graph_topk < 0 or self.graph_layers < 1:
             raise UserError("federation.graph_topk must be >= 0 and graph_layers >= 1")
         if self.merge_k < 1:
@@ -694,6 +701,7 @@ LATER_FIELDS: dict[tuple[str, ...], Any] = {
     ("federation", "lora_rank"): 4,
     ("federation", "hash_size"): 512,
     ("federation", "hash_functions"): 2,
+    ("federation", "hash_senet"): 0,
     ("federation", "rq_levels"): 3,
     ("federation", "rq_codebook"): 128,
     ("federation", "peft_init"): "normal",

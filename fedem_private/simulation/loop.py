@@ -296,6 +296,7 @@ class Simulation:
                       else None)
         peft = codecs.PeftConfig(warmup=fed.peft_warmup, lora_rank=fed.lora_rank,
                                  hash_size=fed.hash_size, hash_functions=fed.hash_functions,
+                                 hash_senet=fed.hash_senet,
                                  rq_levels=fed.rq_levels, rq_codebook=fed.rq_codebook,
                                  init=fed.peft_init)
         self.codec = codecs.build(fed.codec, m, self.cfg.train.dim,
