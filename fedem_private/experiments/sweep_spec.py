@@ -357,7 +357,8 @@ def variant_label(fed: FederationConfig) -> str:
     other than ``full`` after ``~``; FedMerge's K, when not the default 4,
     after ``-k`` (``fedmerge-k8``, ``fedmerge-em-k2``); the adapter's ``holdout``
     objective after ``-holdout``, with its folds when not the default 5
-    (``fedem-em-holdout``, ``fedem-em-holdout-f3``).
+    (``fedem-em-holdout``, ``fedem-em-holdout-f3``); the hash codec's SENet ratio after
+    ``-senet`` (``fedmf~hash-senet16``).
     """
     method = fed.resolved_method
     default_agg, default_merge = METHOD_DEFAULTS[method]
@@ -376,6 +377,8 @@ def variant_label(fed: FederationConfig) -> str:
         label += f"+{fed.resolved_backbone}"
     if fed.codec != "full":
         label += f"~{fed.codec}"
+    if fed.hash_senet:
+        label += f"-senet{fed.hash_senet}"
     return label
 
 
