@@ -109,3 +109,14 @@ def test_results_carry_the_control(clip_only):
     assert verdict == ""  # nothing audited by an item attack on an aggregate
     assert 0.0 <= out["projection_control_auc"] <= 1.0
     assert out["projection_control_auc"] != out["projection_auc"]
+
+
+def test_report_explains_the_control(clip_only, tmp_path):
+    from fedem_private.experiments.report import write_report
+
+    run, _ = clip_only
+    run_attacks(run, ["projection"], rounds=[3])
+    written = write_report(str(run.parent), str(tmp_path / "report"))
+    text = next(p for p in written if p.name == "report.md").read_text()
+    assert "projection_control AUC" in text
+    assert "`<attack>_control`: under `cdp-gaussian`" in text

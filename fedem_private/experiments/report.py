@@ -391,6 +391,13 @@ def write_report(sources: str | Sequence[str], out_dir: str | None = None,
            "ε, `FAIL` when one does (a privacy-layer bug to investigate; bounds on natural "
            "data are estimates, the `canary` audit is the certified one), `–` when the mode "
            "claims no guarantee (nothing to audit).", ""]
+    if any("_control_auc" in str(c) for c in agg.columns):
+        md[-1:] = ["- `<attack>_control`: under `cdp-gaussian` the attacks see the released "
+                   "aggregate, the same for every client, so each is also scored on the "
+                   "recorded clients who sat the round out; participants' AUC minus the "
+                   "control's is what taking part revealed, the rest is the population's "
+                   "signal. No ε bound is judged on an aggregate (the `canary` audit is "
+                   "that mechanism's).", ""]
     report = out / REPORT_FILE
     write_text_atomic(report, "\n".join(md))
     return [report, *written]
