@@ -350,15 +350,15 @@ class _PeftItemRows(ItemRows):
         rows = self.table.reshape(-1, self.d).index_select(0, idx.reshape(-1)).view(
             n, -1, self.d)
         if self.codec.senet:
-            return self._senet_rows(rows, self.owner.index_select(0, flat)), idx
+            act = n // self.bsz
+            return self._senet_rows(rows, self.theta["W1"][:act], self.theta["W2"][:act]), idx
         return torch.einsum("nbd,b->nd", rows, self.codec.code_weights), idx
 
-    def _senet_rows(self, rows: Tensor, own: Tensor, w1: Tensor | None = None,
-                    w2: Tensor | None = None) -> Tensor:
-        """sum_j w_ij v_ij for the rows' hash vectors (n, h, d) and owners' SENets (eq. 8)."""
-        w1 = self.theta["W1"].index_select(0, own) if w1 is None else w1
-        w2 = self.theta["W2"].index_select(0, own) if w2 is None else w2
-        w = senet_weights(rows.mean(-1)[:, None], w1, w2)[:, 0]  # (n, h)
+    def _senet_rows(self, rows: Tensor, w1: Tensor, w2: Tensor) -> Tensor:
+        """sum_j w_ij v_ij (equation 8) for a step's rows (n, h, d): the batches of clients
+        0 .. a - 1 in order, B rows each, weighted by those clients' SENets w1, w2 (a, ...)."""
+        a, nb = w1.shape[0], rows.shape[1]
+        w = senet_weights(rows.mean(-1).view(a, -1, nb), w1, w2).view(-1, nb)  # (n, h)
         return (w.unsqueeze(-1) * rows).sum(1)
 
     def gather(self, flat: Tensor) -> Tensor:
@@ -381,18 +381,18 @@ class _PeftItemRows(ItemRows):
             return
         assert self.codec.code_weights is not None
         if self.codec.senet:  # the weights depend on H and on W1, W2: autograd on the rows
-            own = self.owner.index_select(0, flat)
+            act = n // self.bsz
             with torch.enable_grad():
                 rows = self.table.reshape(-1, self.d).index_select(0, aux.reshape(-1)).view(
                     n, -1, self.d).detach().requires_grad_(True)
-                w1 = self.theta["W1"].index_select(0, own).detach().requires_grad_(True)
-                w2 = self.theta["W2"].index_select(0, own).detach().requires_grad_(True)
-                part = self._senet_rows(rows, own, w1, w2)
+                w1 = self.theta["W1"][:act].detach().requires_grad_(True)
+                w2 = self.theta["W2"][:act].detach().requires_grad_(True)
+                part = self._senet_rows(rows, w1, w2)
                 g_rows, g1, g2 = torch.autograd.grad(part, (rows, w1, w2), grad_rows)
             self.g["H"].view(-1, self.d).index_add_(0, aux.reshape(-1),
                                                     g_rows.reshape(-1, self.d))
-            self.g["W1"].index_add_(0, own, g1)
-            self.g["W2"].index_add_(0, own, g2)
+            self.g["W1"][:act] += g1
+            self.g["W2"][:act] += g2
             return
         w = self.codec.code_weights
         contrib = (grad_rows[:, None, :] * w[None, :, None]).reshape(-1, self.d)
