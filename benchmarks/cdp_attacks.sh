@@ -2,12 +2,13 @@
 # cdp-gaussian (issue 20, DESIGN section 6): the item attacks on what the server sees under
 # secure aggregation, the released aggregate. The issue-20 target setting (ML-100K strict,
 # FedMF, 40 rounds, q = 0.2, clip C = 50, delta 1e-5), eps in {inf (clip only), 16, 4, 1},
-# three
-# seeds; the last round recorded for the first 200 clients. Each item attack is scored on
+# three seeds; the last round recorded for the first 200 clients. Each item attack is scored on
 # the recorded clients who took part in that round and, as a control, on those who sat it
 # out (what the aggregate says about a client it does not contain).
 # Resumable: a finished run directory (and its attacks.json) is kept.
 #   bash benchmarks/cdp_attacks.sh
+#   fedem-private report runs/cdp_attacks --out benchmarks/results/cdp_attacks
+#   python -m benchmarks.control_table benchmarks/results/cdp_attacks/results.csv
 set -u
 cd "$(dirname "$0")/.."
 for SEED in 0 1 2; do for EPS in inf 16 4 1; do

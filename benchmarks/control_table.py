@@ -24,7 +24,7 @@ def main() -> None:
     df = pd.read_csv(ap.parse_args().results)
     print("| eps | attack | seeds | AUC participants | AUC control | difference |")
     print("|---|---|---|---|---|---|")
-    for eps, group in df.groupby("eps_target", dropna=False, sort=False):
+    for eps, group in sorted(df.groupby("eps_target", dropna=False), key=lambda g: -g[0]):
         for name in ATTACKS:
             main_col, ctrl_col = f"{name}_auc", f"{name}_control_auc"
             if main_col not in group or ctrl_col not in group:
