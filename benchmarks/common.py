@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 from pathlib import Path
@@ -23,6 +24,18 @@ def data_dir(name: str) -> str:
     if not path.is_dir():
         raise SystemExit(f"benchmark needs the {name} dataset at {path}; set FEDEM_DATA_ROOT")
     return str(path)
+
+
+def seed_noise(m1: float, s1: float, n1: int, m2: float, s2: float, n2: int
+               ) -> tuple[float, float, bool]:
+    """(difference of means m1 - m2, twice its standard error, whether it exceeds that).
+
+    The standard error of a difference of two independent means, sqrt(s1^2 / n1 +
+    s2^2 / n2): a rough two-sided 95% rule for a handful of seeds.
+    """
+    two_se = 2 * math.sqrt(s1 * s1 / n1 + s2 * s2 / n2)
+    diff = m1 - m2
+    return diff, two_se, abs(diff) > two_se
 
 
 def machine() -> dict[str, Any]:

@@ -14,6 +14,8 @@ import math
 
 import pandas as pd
 
+from .common import seed_noise
+
 DEFAULT_LR, DEFAULT_CLIP = 4.0, 1.0
 
 
@@ -30,12 +32,12 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for (lr, clip), g in df.groupby(["lr", "clip"]):
         s, f = g["hr10_sampled"], g["hr10_full"]
-        se = math.sqrt(s.var(ddof=1) / len(s) + base.var(ddof=1) / len(base))
-        diff = s.mean() - base.mean()
-        verdict = "beyond seed noise" if abs(diff) > 2 * se else "within seed noise"
+        diff, two_se, beyond = seed_noise(s.mean(), s.std(ddof=1), len(s), base.mean(),
+                                          base.std(ddof=1), len(base))
+        verdict = "beyond seed noise" if beyond else "within seed noise"
         print(f"| {lr:g} | {clip:g} | {len(s)} | {s.mean():.3f} ± {s.std(ddof=1):.3f} | "
               f"{f.mean():.4f} ± {f.std(ddof=1):.4f} | {g['frac_clipped'].mean():.2f} / "
-              f"{g['mean_pre_clip_norm'].mean():.1f} | {diff:+.3f} (2 s.e. {2 * se:.3f}, "
+              f"{g['mean_pre_clip_norm'].mean():.1f} | {diff:+.3f} (2 s.e. {two_se:.3f}, "
               f"{verdict}) |")
 
 

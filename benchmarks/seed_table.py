@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .common import seed_noise
+
 
 def _runs(roots: list[str]) -> list[dict]:
     out = []
@@ -74,10 +76,9 @@ def main() -> None:
             m, s, n = cells[args.metric]
             verdict = ""
             if variant != args.baseline and base[2] > 1 and n > 1:
-                diff = m - base[0]
-                se = math.sqrt(s * s / n + base[1] ** 2 / base[2])
-                verdict = (f"{diff:+.4f} ({'exceeds' if abs(diff) > 2 * se else 'within'} "
-                           f"seed noise, 2 s.e. = {2 * se:.4f})")
+                diff, two_se, beyond = seed_noise(m, s, n, *base)
+                verdict = (f"{diff:+.4f} ({'exceeds' if beyond else 'within'} "
+                           f"seed noise, 2 s.e. = {two_se:.4f})")
             label = f"{data}, {proto}" + ("" if mode == "none" else f", {mode}")
             print(f"| {label} | {variant} | {n} | {_fmt(*cells['sampled'][:2])} | "
                   f"{_fmt(*cells['full'][:2])} | {_fmt(*cells['entropy'][:2])} | "
