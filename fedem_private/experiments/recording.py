@@ -55,7 +55,7 @@ from attacks.observations import (
     save_public,
 )
 from fedem_private.errors import UserError
-from fedem_private.models.base import draw_samples
+from fedem_private.models.base import ClientSamples, draw_samples
 from fedem_private.simulation.config import RecordConfig
 from fedem_private.simulation.loop import AggregateView, ChunkView, Simulation
 
@@ -187,11 +187,15 @@ class Recorder:
         sent = view.sent.detach()[idx].cpu().numpy().astype(np.float32, copy=True)
         upload = view.upload.detach()[idx].cpu().numpy().astype(np.float32, copy=True)
         obs = Observation(view.round, clients, sent, upload, np.ones(rows.size, dtype=bool))
-        s = view.samples
-        positives = [self.sim.split.train_of(int(c)) for c in clients]
-        negatives = [s.negatives[s.negatives_indptr[j]: s.negatives_indptr[j + 1]] for j in idx]
-        self._write(obs, positives, negatives)
+        self._write(obs, *self._truth(clients, view.samples, idx))
 
+    def _truth(self, clients: np.ndarray, samples: ClientSamples, rows: Sequence[int]
+               ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """The clients' training positives, and the negatives rows ``rows`` of ``samples``
+        drew (row rows[j] is clients[j]'s)."""
+        positives = [self.sim.split.train_of(int(c)) for c in clients]
+        ptr = samples.negatives_indptr
+        return positives, [samples.negatives[ptr[j]: ptr[j + 1]] for j in rows]
 
     def on_aggregate(self, view: AggregateView) -> None:
         """A central round: every recorded client saw the same sent and released tables."""
@@ -210,10 +214,7 @@ class Recorder:
         s = draw_samples(sim.seed, view.round, clients, sim.split.train_indptr,
                          sim.split.train_items, *sim.excl, sim.split.n_items,
                          sim.local_cfg.num_negatives)
-        positives = [sim.split.train_of(int(c)) for c in clients]
-        negatives = [s.negatives[s.negatives_indptr[j]: s.negatives_indptr[j + 1]]
-                     for j in range(k)]
-        self._write(obs, positives, negatives)
+        self._write(obs, *self._truth(clients, s, range(k)))
 
 
 def recording_setup(spec: RecordSpec) -> Callable[[Simulation, Path], None]:

@@ -107,6 +107,12 @@ def _scalars(prefix: str, values: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _primary(relations: dict[str, Any]) -> str:
+    """The relation a record's headline columns come from (PRIMARY_RELATION, or the only
+    one there is)."""
+    return PRIMARY_RELATION if PRIMARY_RELATION in relations else next(iter(relations))
+
+
 def attack_columns(records: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
     """Flatten the last recorded round of each attack; plus the audit verdict.
 
@@ -131,7 +137,7 @@ def attack_columns(records: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
         out.update(_scalars(prefix, {k: v for k, v in rec.items() if k != "attack"}))
         relations = rec.get("relations")
         if isinstance(relations, dict) and relations:
-            primary = PRIMARY_RELATION if PRIMARY_RELATION in relations else next(iter(relations))
+            primary = _primary(relations)
             for relation, metrics in relations.items():
                 if not isinstance(metrics, dict):
                     continue
@@ -143,7 +149,7 @@ def attack_columns(records: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
                         k: metrics.get(k) for k in SECONDARY_METRICS if k in metrics}))
         control = rec.get("relations_control")  # a central run's released aggregate
         if isinstance(control, dict) and control:
-            primary = PRIMARY_RELATION if PRIMARY_RELATION in control else next(iter(control))
+            primary = _primary(control)
             if isinstance(control[primary], dict):
                 out.update(_scalars(f"{prefix}_control", {
                     k: control[primary].get(k) for k in SECONDARY_METRICS
