@@ -181,7 +181,8 @@ RUN_SWITCHES: list[tuple[str, str, str]] = [
     ("--shared-eval-negatives", "data.shared_eval_negatives",
      "one set of 99 sampled negatives for validation and test (authors' code)"),
     ("--merge-every-batch", "federation.merge_every_batch",
-     "em / dm: merge on every local batch and evaluate the merged table (authors' code)"),
+     "em, backbone mf: an adapter step then a table step through the merge on every local "
+     "batch; evaluate the merged table (authors' code)"),
 ]
 
 

@@ -60,7 +60,8 @@ def test_paper_code_preset_turns_on_what_applies():
     assert fedem.data.protocol == "paper"
     assert protocol_options(fedem) == {"min_user_ratings": 10, "shared_eval_negatives": True,
                                        "select_round": "best-test", "early_stop_tol": 1e-4,
-                                       "agg_clients_ratio": 0.1, "similarity": "pca"}
+                                       "agg_clients_ratio": 0.1, "similarity": "pca",
+                                       "merge_every_batch": True}
     assert protocol_label(fedem) == "paper-code"
     fedmf = _cfg("paper-code", "fedmf", dataset="filmtrust")  # no similarity aggregation
     assert protocol_options(fedmf) == {"min_user_ratings": 10, "first_seen_order": True,
@@ -360,9 +361,11 @@ def test_attribution_sweep_file_expands_to_its_points():
 
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "attribution.toml"
     points = grid(load_spec(path))
-    assert len(points) == 42
+    assert len(points) == 45
     labels = {(p.variant, protocol_label(p.config)) for p in points}
     assert ("fedem-em", "paper+agg10") in labels and ("fedmf", "paper+agg10") not in labels
+    assert ("fedem-em", "paper+batchmerge") in labels
+    assert ("fedmf", "paper+batchmerge") not in labels
     assert all(p.config.train.rounds == 100 for p in points)
 
 
@@ -386,7 +389,7 @@ def test_cli_flags_and_the_protocol_line(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["--method", "fedem", "--merge-every-batch"], "not built yet"),
+    (["--method", "fedem", "--merge", "dm", "--merge-every-batch"], "use --merge em"),
     (["--method", "fedmf", "--agg-clients-ratio", "0.1"], "agg-clients-ratio"),
     (["--method", "fedmf", "--similarity", "pca"], "--similarity pca"),
     (["--protocol", "paper-codes"], "unknown protocol"),

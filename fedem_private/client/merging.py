@@ -35,7 +35,17 @@ from torch import Tensor
 from fedem_private import rng
 from fedem_private.client.holdout import OBJECTIVES, split_samples, withheld_counts
 from fedem_private.errors import UserError
-from fedem_private.models.base import ClientSamples
+from fedem_private.models.base import (
+    ClientSamples,
+    Compact,
+    CompactRows,
+    LocalTrainConfig,
+    Plan,
+    adam_buffers,
+    epoch_orders,
+    fused_adam,
+    stops_early,
+)
 from fedem_private.optim import AdamConfig, MaskedAdam
 
 STRATEGIES = ("sr", "sm", "dm", "em")
@@ -62,6 +72,10 @@ class MergeConfig:
     # "holdout" (a rotating fold withheld from local training; fedem_private.client.holdout)
     adapter_objective: str = "train"
     adapter_folds: int = 5  # holdout: F folds of each client's positives
+    # DESIGN 2a, the FedEM code: merge on every local batch (adapter step, then item step,
+    # both through the merge) instead of once before local training, and evaluate the merged
+    # table (:class:`BatchMergeRows`); em only
+    every_batch: bool = False
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -87,6 +101,12 @@ class MergeConfig:
         if self.adapter_objective == "holdout" and self.strategy not in LEARNED:
             raise UserError(f"adapter_objective 'holdout' trains the merge adapter, but merge "
                             f"{self.strategy!r} has none; use em or dm")
+        if self.every_batch and self.strategy != "em":
+            raise UserError(f"merging on every batch (the FedEM code) is built for merge em; "
+                            f"got {self.strategy!r}")
+        if self.every_batch and self.adapter_objective != "train":
+            raise UserError("merging on every batch trains the adapter on the training "
+                            "batches themselves; it cannot use adapter_objective 'holdout'")
 
 
 @dataclass(frozen=True)
@@ -358,6 +378,183 @@ def train_adapter(cfg: MergeConfig, state: MergeState | None, client_rows: Tenso
     return trained if client_rows is None else put_clients(state, client_rows, trained)
 
 
+# ---------------------------------------------------------------- merging on every batch
+
+
+class BatchMergeRows(CompactRows):
+    """Item rows trained through the merge on every batch: the FedEM code (DESIGN 2a).
+
+    The published code does not train the adapter once before local training
+    (equation 11) and then train the merged table (equation 12). Each local
+    batch of a client that received a table this round runs two steps:
+
+    1. the adapter's: the batch's rows are merged, Q_l[i] + rho_i (Q_g[i] - Q_l[i])
+       (equation 10, with rho_i from equation 9 on [Q_g[i] - Q_l[i], Q_l[i]]), the
+       backbone's loss on them is back-propagated to the adapter, and the adapter
+       takes one Adam step (lr ``adapter_lr``; p_u and Q_l do not move);
+    2. the item table's: the rows are merged again with the updated adapter, and
+       the loss's gradient flows through the merge (rho's dependence on Q_l
+       included) into Q_l, which takes the backbone's own Adam step.
+
+    The local table Q_l (never the merged one) is what the client keeps and
+    uploads. A client that received no table this round (``merging`` False)
+    trains its own rows as :class:`~fedem_private.models.base.CompactRows` does and
+    its adapter does not move. Both Adam states start fresh each round, one step
+    count per client (a client's s-th step is step s + 1 of both), as the code's
+    per-round optimisers do.
+
+    ``q_start`` (k, m, d) is each client's starting local table (the code merges
+    once with the stored adapter at the start of the round; the caller does
+    that), ``q_global`` (k, m, d) the table it received, ``adapters`` the
+    chunk's adapters; :meth:`adapters` gives them trained.
+    """
+
+    pre_steps = True
+
+    def __init__(self, q_start: Tensor, plan: Plan, q_global: Tensor, adapters: MergeState,
+                 adapter_lr: float, merging: Tensor | None = None) -> None:
+        super().__init__(q_start, plan)
+        k, d = q_start.shape[0], q_start.shape[-1]
+        if adapters.n_clients != k or q_global.shape != q_start.shape:
+            raise ValueError(f"{adapters.n_clients} adapters and a global table "
+                             f"{tuple(q_global.shape)} for local tables {tuple(q_start.shape)}")
+        self.flat_global = Compact.of(q_global, plan).table.view(-1, d)
+        self.n_layers = len(adapters.weights)
+        self.params = [t.detach().clone() for t in (*adapters.weights, *adapters.biases)]
+        self.agrad, self.am1, self.am2 = adam_buffers(self.params)
+        self.adam = LocalTrainConfig(lr=adapter_lr, betas=(0.9, 0.999), eps=1e-8)
+        self.merging = (torch.ones(k, dtype=torch.bool, device=q_start.device)
+                        if merging is None else merging.to(q_start.device).bool())
+        self.batch = plan.loc.shape[1]
+        # the last gather's graph: (flat, local rows leaf, adapter leaves, merged rows)
+        self._graph: tuple[Tensor, Tensor, list[Tensor], Tensor] | None = None
+
+    def gather(self, flat: Tensor) -> Tensor:
+        a = flat.numel() // self.batch
+        d = self.flat_table.shape[1]
+        with torch.enable_grad():
+            ql = self.flat_table.index_select(0, flat).view(a, self.batch, d)
+            ql.requires_grad_(True)
+            leaves = [t[:a].detach().requires_grad_(True) for t in self.params]
+            qg = self.flat_global.index_select(0, flat).view(a, self.batch, d)
+            rho = adapter_forward(tuple(leaves[:self.n_layers]), tuple(leaves[self.n_layers:]),
+                                  adapter_input(ql, qg))
+            merged = ql + rho.unsqueeze(-1) * (qg - ql)
+            merged = torch.where(self.merging[:a, None, None], merged, ql)
+        self._graph = (flat, ql, leaves, merged)
+        return merged.detach().view(-1, d)
+
+    def _grads(self, flat: Tensor, grad_rows: Tensor, inputs: list[Tensor]) -> tuple[Tensor, ...]:
+        if self._graph is None or self._graph[0] is not flat:
+            raise ValueError("gradients must be for the rows of the last gather")
+        merged = self._graph[3]
+        return torch.autograd.grad(merged, inputs, grad_rows.view_as(merged),
+                                   retain_graph=True)
+
+    def pre_step(self, a: int, flat: Tensor, grad_rows: Tensor, s: int) -> None:
+        """Step 1 (the adapter's): one Adam step of the first ``a`` clients' adapters."""
+        assert self._graph is not None
+        grads = self._grads(flat, grad_rows, self._graph[2])
+        for grad, buf in zip(grads, self.agrad, strict=True):
+            buf[:a].copy_(grad)
+        fused_adam([t[:a] for t in self.params], [t[:a] for t in self.agrad],
+                   [t[:a] for t in self.am1], [t[:a] for t in self.am2], s + 1, self.adam)
+
+    def add_grad(self, flat: Tensor, grad_rows: Tensor) -> None:
+        """Step 2's gradient: through the merge into the local rows."""
+        assert self._graph is not None
+        (grad_local,) = self._grads(flat, grad_rows, [self._graph[1]])
+        self._graph = None
+        self.flat_grad.index_add_(0, flat, grad_local.reshape(-1, grad_local.shape[-1]))
+
+    def adapters(self) -> MergeState:
+        """The chunk's adapters as trained so far."""
+        return MergeState(tuple(self.params[:self.n_layers]), tuple(self.params[self.n_layers:]))
+
+    def save(self, j: int) -> object:
+        return (self.table[j].clone(), [t[j].clone() for t in self.params])
+
+    def load(self, j: int, saved: object) -> None:
+        table, params = saved  # type: ignore[misc]
+        self.table[j] = table
+        for t, v in zip(self.params, params, strict=True):
+            t[j] = v
+
+
+class BatchMergeFactory:
+    """Builds a chunk's :class:`BatchMergeRows` for the backbone (a ``RowsFactory``) and
+    keeps it, so the caller can take the trained adapters back."""
+
+    def __init__(self, q_global: Tensor, adapters: MergeState, adapter_lr: float,
+                 merging: Tensor | None) -> None:
+        self.q_global, self.adapters, self.merging = q_global, adapters, merging
+        self.lr = adapter_lr
+        self.made: BatchMergeRows | None = None
+
+    def __call__(self, q_start: Tensor, plan: Plan) -> BatchMergeRows:
+        self.made = BatchMergeRows(q_start, plan, self.q_global, self.adapters, self.lr,
+                                   self.merging)
+        return self.made
+
+
+def reference_batch_merge_client(q_start: Tensor, q_global: Tensor, p_start: Tensor,
+                             weights: tuple[Tensor, ...], biases: tuple[Tensor, ...],
+                             items: np.ndarray, labels: np.ndarray, cfg: LocalTrainConfig,
+                             adapter_lr: float, seed: int, round_: int, client: int
+                             ) -> tuple[Tensor, Tensor, tuple[Tensor, ...], tuple[Tensor, ...]]:
+    """One MF client's round with the merge on every batch, written plainly (the
+    reference :class:`BatchMergeRows` is tested against).
+
+    q_start, q_global (m, d), p_start (d,), one client's adapter (weights
+    (fan_in, fan_out), biases (fan_out,)); the batches and the early stop are
+    those of :func:`~fedem_private.models.mf.reference_train_client`. Per batch:
+    zero the adapter's gradient, merge the batch's rows, loss, backward, adapter
+    Adam step; zero the table's and p's gradients, merge again, loss, backward,
+    table and p Adam step. Returns (Q_l, p, weights, biases) trained.
+    """
+    q = torch.nn.Parameter(q_start.detach().clone())
+    p = torch.nn.Parameter(p_start.detach().clone())
+    ws = [torch.nn.Parameter(w.detach().clone()) for w in weights]
+    bs = [torch.nn.Parameter(b.detach().clone()) for b in biases]
+    opt = torch.optim.Adam([q, p], lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
+    opt_adapter = torch.optim.Adam([*ws, *bs], lr=adapter_lr, betas=(0.9, 0.999), eps=1e-8)
+    items_t = torch.from_numpy(items)
+    labels_t = torch.from_numpy(labels).to(q.dtype)
+
+    def batch_loss(batch: Tensor) -> Tensor:
+        ql, qg = q[items_t[batch]], q_global[items_t[batch]]
+        h = torch.cat((qg - ql, ql), dim=-1)
+        for j, (w, b) in enumerate(zip(ws, bs, strict=True)):
+            h = h @ w + b
+            h = torch.sigmoid(h) if j == len(ws) - 1 else torch.relu(h)
+        merged = ql + h * (qg - ql)  # h: (B, 1), one rho per row
+        return F.binary_cross_entropy_with_logits(merged @ p, labels_t[batch])
+
+    n = items.shape[0]
+    orders = epoch_orders(seed, round_, client, n, cfg.epochs) if n else []
+    prev = None
+    for order in orders:
+        if prev is not None and stops_early(*prev, cfg.early_stop_tol):
+            break  # the FedEM code's early stop, as in the MF reference
+        epoch_loss = 0.0
+        order_t = torch.from_numpy(order)
+        for start in range(0, n, cfg.batch_size):
+            batch = order_t[start: start + cfg.batch_size]
+            opt_adapter.zero_grad()
+            batch_loss(batch).backward()
+            opt_adapter.step()
+            opt.zero_grad()
+            loss = batch_loss(batch)
+            epoch_loss += float(loss.detach())
+            loss.backward()
+            if cfg.grad_clip is not None and q.grad.norm() > cfg.grad_clip:
+                q.grad.mul_(cfg.grad_clip / q.grad.norm())
+            opt.step()
+        prev = (math.inf if prev is None else prev[1], epoch_loss)
+    return (q.detach(), p.detach(), tuple(w.detach() for w in ws),
+            tuple(b.detach() for b in bs))
+
+
 # ---------------------------------------------------------------- the client's merge step
 
 
@@ -434,6 +631,41 @@ class Merger:
         """Whether adapters are trained (DM, EM)."""
         return self.cfg.strategy in LEARNED
 
+    @property
+    def every_batch(self) -> bool:
+        """Whether the adapter trains on every local batch, through the merge, and the merged
+        table is evaluated (the FedEM code, DESIGN 2a; :class:`BatchMergeRows`)."""
+        return self.cfg.every_batch
+
+    def batch_rows(self, idx: Tensor, sent: Tensor,
+                   merging: Tensor | None = None) -> BatchMergeFactory:
+        """The item rows clients ``idx`` train through when merging on every batch: their
+        received tables ``sent`` (k, m, d) and their adapters (``merging`` (k,) bool: who
+        received one; None: all). Hand the factory back to :meth:`keep_trained` after."""
+        assert self.state is not None
+        return BatchMergeFactory(sent, take_clients(self.state, idx), self.cfg.adapter_lr,
+                                 merging)
+
+    def keep_trained(self, idx: Tensor, rows: BatchMergeFactory) -> None:
+        """Keep the adapters clients ``idx`` trained in local training (:meth:`batch_rows`)."""
+        if rows.made is None:  # no local training ran (an empty chunk)
+            return
+        assert self.state is not None
+        self.state = put_clients(self.state, idx, rows.made.adapters())
+
+    def evaluated(self, idx: Tensor, q_local: Tensor, sent: Tensor | None,
+                  receives: Tensor | None) -> Tensor:
+        """The item tables clients ``idx`` are evaluated with: their own ``q_local``, or,
+        merging on every batch, Q_l merged with the table the server has for them next
+        (``sent``; only where ``receives``, None: all), as the FedEM code evaluates."""
+        if not self.every_batch or sent is None:
+            return q_local
+        assert self.state is not None
+        merged = merge(self.cfg, take_clients(self.state, idx), q_local, sent)
+        if receives is not None:
+            merged = torch.where(receives.view(-1, 1, 1), merged, q_local)
+        return merged
+
     def withholds(self, round_: int) -> bool:
         """Whether round t takes a fold out of local training: ``holdout``, DM/EM, t > 1."""
         return self.learned and self.cfg.adapter_objective == "holdout" and round_ > 1
@@ -461,7 +693,7 @@ class Merger:
         (:func:`~fedem_private.client.holdout.split_samples`), and local
         training gets the rest. SR / SM train no adapter: (samples, None).
         """
-        if not self.learned:
+        if not self.learned or self.every_batch:
             return samples, None
         epochs, bsz = self.cfg.adapter_epochs, batch_size
         if not self.withholds(round_):
@@ -482,11 +714,16 @@ class Merger:
         nor merge: their start table is ``q_prev``. None: all merge.
         ``trainer`` replaces equation 11's Adam training (ldp-dpsgd's DP-SGD adapter): it
         gets the chunk's (weights, biases), q_prev and sent, and returns the trained pair.
+        Merging on every batch (:attr:`every_batch`), nothing is trained here: the start
+        table is the merge with the adapter as the last round left it (the FedEM code), and
+        the adapter trains in local training (:meth:`batch_rows`).
         Returns the start tables (k, m, d) and each client's mean rho (k,).
         """
         if merging is not None and steps is not None:
             steps = _only_rows(steps, merging)
-        if self.learned and trainer is not None:
+        if self.every_batch:
+            pass  # the adapter trains in local training, on every batch (batch_rows)
+        elif self.learned and trainer is not None:
             if merging is not None:
                 raise ValueError("a replacement adapter trainer takes every client")
             assert self.state is not None

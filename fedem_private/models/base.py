@@ -389,6 +389,25 @@ class ItemRows(ABC):
     def close(self) -> tuple[Tensor, Tensor]:
         """(each client's trained item table (k, m, d), rows it trained on (k, m) bool)."""
 
+    #: whether the rows have parameters of their own that take a step on each batch before
+    #: the item step (the FedEM code's merge on every batch, DESIGN 2a): a backbone that
+    #: trains through ItemRows then, at every step, first gathers the batch, hands d loss /
+    #: d (those vectors) to :meth:`pre_step`, and only then gathers again for its own step
+    pre_steps: ClassVar[bool] = False
+
+    def pre_step(self, a: int, flat: Tensor, grad_rows: Tensor, s: int) -> None:
+        """The rows' own step s for the first ``a`` clients, from d loss / d (the item
+        vectors :meth:`gather` gave for ``flat``) (n, d). Only where :attr:`pre_steps`."""
+        raise NotImplementedError(f"{type(self).__name__} has no step of its own")
+
+    def save(self, j: int) -> object:
+        """A copy of client j's trained state (for the early stop, DESIGN 2a)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot save a client's state")
+
+    def load(self, j: int, saved: object) -> None:
+        """Client j's trained state back to what :meth:`save` gave."""
+        raise NotImplementedError(f"{type(self).__name__} cannot load a client's state")
+
 
 class CompactRows(ItemRows):
     """The item table's own touched rows, trained with Adam in a compact table (exact; see
@@ -418,6 +437,13 @@ class CompactRows(ItemRows):
 
     def close(self) -> tuple[Tensor, Tensor]:
         return self.compact.scatter(self.q_start)
+
+    def save(self, j: int) -> object:
+        return self.table[j].clone()
+
+    def load(self, j: int, saved: object) -> None:
+        assert isinstance(saved, Tensor)
+        self.table[j] = saved
 
 
 #: builds the :class:`ItemRows` of a chunk from its starting tables (k, m, d) and plan

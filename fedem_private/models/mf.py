@@ -66,8 +66,12 @@ def train_chunk(q_start: torch.Tensor, p: torch.Tensor, clients: np.ndarray,
     gp, mp, vp = torch.zeros_like(pc), torch.zeros_like(pc), torch.zeros_like(pc)
     stop = _EarlyStop(plan, samples, cfg, items, pc) if cfg.early_stop_tol > 0 else None
     for s, a, flat, y, w in plan.schedule():
-        q_rows = items.gather(flat).view(a, -1, d)
         pa = pc[:a]
+        if items.pre_steps:  # the rows' own parameters step first on this batch
+            q_rows = items.gather(flat).view(a, -1, d)
+            dlogit = (torch.sigmoid(torch.bmm(q_rows, pa[:, :, None]).squeeze(2)) - y) * w
+            items.pre_step(a, flat, (dlogit[:, :, None] * pa[:, None, :]).reshape(-1, d), s)
+        q_rows = items.gather(flat).view(a, -1, d)
         logits = torch.bmm(q_rows, pa[:, :, None]).squeeze(2)
         dlogit = (torch.sigmoid(logits) - y) * w  # d(mean BCE over the batch)/d logit
         items.add_grad(flat, (dlogit[:, :, None] * pa[:, None, :]).reshape(-1, d))
@@ -88,9 +92,9 @@ class _EarlyStop:
     A client's epoch loss is the sum of its batch losses (the mean BCE of each
     batch, before that batch's step). After an epoch e >= 1 whose loss changed
     by less than ``early_stop_tol`` relative to epoch e - 1's, the client's
-    parameters at that moment (its compact item rows and p_u) are kept; it goes
-    on stepping in lock-step with the others, but those later steps are
-    discarded by :meth:`restore`. Nothing it does afterwards touches another
+    parameters at that moment (its item rows, with anything the rows train
+    themselves, and p_u) are kept; it goes on stepping in lock-step with the
+    others, but those later steps are discarded by :meth:`restore`. Nothing it does afterwards touches another
     client, so the result is each client's own early-stopped training.
     """
 
@@ -102,7 +106,7 @@ class _EarlyStop:
         self.nb = np.maximum(-(-np.diff(samples.indptr) // cfg.batch_size), 1)
         self.loss = np.zeros((k, cfg.epochs), dtype=np.float64)
         self.stopped = np.zeros(k, dtype=bool)
-        self.saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.saved: dict[int, tuple[object, torch.Tensor]] = {}
 
     def after_step(self, s: int, a: int, logits, y, w) -> None:
         nb = self.nb[:a]
@@ -113,12 +117,12 @@ class _EarlyStop:
             e = s // int(nb[j])
             if stops_early(self.loss[j, e - 1], self.loss[j, e], self.cfg.early_stop_tol):
                 self.stopped[j] = True
-                self.saved[j] = (self.items.table[j].clone(), self.p[j].clone())
+                self.saved[j] = (self.items.save(j), self.p[j].clone())
 
     def restore(self) -> None:
         """Each stopped client's parameters back to where it stopped."""
-        for j, (table, p) in self.saved.items():
-            self.items.table[j] = table
+        for j, (rows, p) in self.saved.items():
+            self.items.load(j, rows)
             self.p[j] = p
 
 

@@ -327,9 +327,19 @@ class FederationConfig:
         if self.similarity != "eq13" and agg != "similarity":
             raise UserError(f"--similarity {self.similarity} is a similarity aggregation's; "
                             f"aggregation {agg!r} has none; use --aggregation similarity")
-        if self.merge_every_batch and merge not in LEARNED_MERGES:
-            raise UserError(f"--merge-every-batch merges with the adapter on every batch, but "
-                            f"merge {merge!r} has none; use --merge em or dm")
+        if self.merge_every_batch and merge != "em":
+            raise UserError(f"--merge-every-batch merges with the adapter on every batch (the "
+                            f"FedEM code's EM), but merge is {merge!r}; use --merge em")
+        if self.merge_every_batch and self.resolved_backbone not in BATCH_MERGE_BACKBONES:
+            raise UserError(f"--merge-every-batch is built for backbone "
+                            f"{', '.join(BATCH_MERGE_BACKBONES)} (the FedEM code's FCF), not "
+                            f"{self.resolved_backbone!r}")
+        if self.merge_every_batch and self.codec != "full":
+            raise UserError(f"--merge-every-batch trains the item table through the merge; "
+                            f"codec {self.codec!r} trains its own parameters; use --codec full")
+        if self.merge_every_batch and self.adapter_objective != "train":
+            raise UserError("--merge-every-batch trains the adapter on the training batches "
+                            "themselves; it cannot use --adapter-objective holdout")
         if self.server_lr != 1.0 or self.server_momentum != 0.0:
             if agg not in PEFT_AGGREGATIONS:
                 raise UserError(f"--server-lr / --server-momentum step the one global table of a "
@@ -493,6 +503,9 @@ class RunConfig:
         if merge == "em" and fed.agg_clients_ratio != 1:
             raise UserError(f"privacy {mode!r} with merge 'em' is not built for "
                             f"--agg-clients-ratio below 1")
+        if fed.merge_every_batch:
+            raise UserError(f"privacy {mode!r} trains the adapter by its own DP-SGD steps; "
+                            f"--merge-every-batch is not built for it")
         if fed.codec != "full":
             raise UserError(f"privacy {mode!r} trains the item table itself; codec "
                             f"{fed.codec!r} is not built for it; use --codec full")
@@ -540,7 +553,9 @@ PAPER_CODE_OPTIONS: tuple[tuple[str, str, str, Any, Any], ...] = (
     ("earlystop", "train", "early_stop_tol", 1e-4, 0.0),
 )
 # options not built yet: the preset leaves them off (and the sweep labels refuse them)
-UNBUILT_OPTIONS: frozenset[str] = frozenset({"batchmerge"})
+UNBUILT_OPTIONS: frozenset[str] = frozenset()
+# backbones whose local training can merge on every batch (the FedEM code's FCF is MF)
+BATCH_MERGE_BACKBONES = ("mf",)
 # backbones whose local training has the early stop (Backbone.early_stop)
 EARLY_STOP_BACKBONES = ("mf",)
 DPSGD_BACKBONES = ("mf", "pfedrec")  # backbones with per-example gradients (ldp-dpsgd)
@@ -566,7 +581,8 @@ def option_applies(token: str, data: DataConfig, fed: FederationConfig) -> bool:
     if token == "earlystop":
         return fed.resolved_backbone in EARLY_STOP_BACKBONES and fed.codec == "full"
     if token == "batchmerge":
-        return fed.resolved_merge in LEARNED_MERGES
+        return (fed.resolved_merge == "em" and fed.resolved_backbone in BATCH_MERGE_BACKBONES
+                and fed.codec == "full" and fed.adapter_objective == "train")
     return True
 
 

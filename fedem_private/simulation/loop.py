@@ -215,7 +215,8 @@ class Simulation:
                                      adapter_lr=fed.adapter_lr,
                                      adapter_epochs=fed.adapter_epochs,
                                      adapter_objective=fed.adapter_objective,
-                                     adapter_folds=fed.adapter_folds)
+                                     adapter_folds=fed.adapter_folds,
+                                     every_batch=fed.merge_every_batch)
         self.privacy = PrivacyLayer(self.cfg.privacy, rounds=tr.rounds,
                                     n_clients=split.n_users, lr=tr.lr,
                                     sizes=split.train_counts, seed=self.seed)
@@ -455,7 +456,9 @@ class Simulation:
                 rho_sum += float(rho.sum() if recv is None else rho[recv].sum())
                 rho_n += n_recv
                 merged = True
-            rows = None
+            rows = batch_rows = None
+            if merged and self.merger.every_batch:  # the FedEM code: merge on every batch
+                rows = batch_rows = self.merger.batch_rows(idx, sent, recv)
             if peft:
                 assert self.codec_server is not None and isinstance(self.codec, codecs.PeftCodec)
                 theta_sent = self.codec_server.sent(k)
@@ -470,12 +473,14 @@ class Simulation:
             else:
                 new, touched = self.backbone.train_chunk(start, chunk, samples, self.local_cfg,
                                                          t, rows=rows)
+            if batch_rows is not None:
+                self.merger.keep_trained(idx, batch_rows)
             st.q_local[idx] = new.items
             for name, value in new.private.items():
                 st.private[name][idx] = value
             for name, value in new.dense.items():
                 st.dense_local[name][idx] = value
-            if rows is not None:
+            if peft:
                 enc_sent = self.codec.encode(theta_sent, dense_sent)
                 enc_new = self.codec.encode(rows.theta, new.dense)
                 touched_rows = self.codec.touched(k)
@@ -483,7 +488,7 @@ class Simulation:
                 enc_sent = self.full_codec.encode(sent, dense_sent)
                 enc_new = self.full_codec.encode(new.items, new.dense)
                 touched_rows = self.full_codec.touched(touched)
-            wire = self.codec if rows is not None else self.full_codec
+            wire = self.codec if peft else self.full_codec
             if central:  # into the secure sum: no upload is released or observed
                 self.privacy.contribute(enc_sent, enc_new, chunk)
                 up_bytes += k * wire_bytes(wire.decode(enc_new[:1]))
@@ -491,7 +496,7 @@ class Simulation:
             released = self.privacy.release(enc_sent, enc_new, chunk, touched_rows)
             decoded = wire.decode(released)
             up_bytes += k * wire_bytes(decoded)
-            if rows is not None:
+            if peft:
                 assert self.codec_server is not None
                 theta_up, dense_upload = decoded
                 self.codec_server.add(idx, theta_up)
@@ -555,7 +560,10 @@ class Simulation:
             self.dense.take_aggregate({name: value[0] for name, value in dense.items()})
 
     def evaluate(self) -> dict[str, dict[str, float]]:
-        """HR/NDCG of every client's own current model (its Q_l and private groups)."""
+        """HR/NDCG of every client's own current model (its Q_l and private groups).
+
+        Merging on every batch (the FedEM code, DESIGN 2a), a client that will receive a
+        table next round is evaluated with Q_l merged with it, as that code does."""
         acc = RankAccumulator(self.split.n_users)
         n = self.split.n_users
         size = max(1, self._chunk_size() * 4)
@@ -563,8 +571,12 @@ class Simulation:
             for start in range(0, n, size):
                 users = np.arange(start, min(n, start + size))
                 idx = self._index(users)
-                acc.add_scores(users, self.backbone.scores(self.state.params(idx)),
-                               self.eval_sets)
+                params = self.state.params(idx)
+                if self.merger.every_batch:
+                    params.items = self.merger.evaluated(idx, params.items,
+                                                         self.aggregator.sent(idx),
+                                                         self.aggregator.receives(idx))
+                acc.add_scores(users, self.backbone.scores(params), self.eval_sets)
         return acc.result()
 
     def run(self, on_round: Callable[[RoundStats], None] | None = None) -> list[RoundStats]:
