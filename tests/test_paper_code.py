@@ -369,6 +369,20 @@ def test_attribution_sweep_file_expands_to_its_points():
     assert all(p.config.train.rounds == 100 for p in points)
 
 
+def test_attribution_subset_files_are_points_of_the_full_grid():
+    """benchmarks/attribution_batchmerge.toml runs into runs/attribution: each of its points
+    must be a point of attribution.toml, same directory and same config identity."""
+    from pathlib import Path
+
+    from fedem_private.experiments.sweep_spec import grid, load_spec
+
+    bench = Path(__file__).resolve().parents[1] / "benchmarks"
+    full = {p.name: p.digest(False) for p in grid(load_spec(bench / "attribution.toml"))}
+    part = grid(load_spec(bench / "attribution_batchmerge.toml"))
+    assert len(part) == 9
+    assert all(full.get(p.name) == p.digest(False) for p in part)
+
+
 # ------------------------------------------------------------------ command line
 def test_cli_flags_and_the_protocol_line(tmp_path, capsys):
     from fedem_private.cli import main
