@@ -370,7 +370,7 @@ def test_attribution_sweep_file_expands_to_its_points():
 
 
 def test_attribution_subset_files_are_points_of_the_full_grid():
-    """benchmarks/attribution_batchmerge.toml runs into runs/attribution: each of its points
+    """benchmarks/attribution_fedem.toml runs into runs/attribution: each of its points
     must be a point of attribution.toml, same directory and same config identity."""
     from pathlib import Path
 
@@ -378,8 +378,8 @@ def test_attribution_subset_files_are_points_of_the_full_grid():
 
     bench = Path(__file__).resolve().parents[1] / "benchmarks"
     full = {p.name: p.digest(False) for p in grid(load_spec(bench / "attribution.toml"))}
-    part = grid(load_spec(bench / "attribution_batchmerge.toml"))
-    assert len(part) == 9
+    part = grid(load_spec(bench / "attribution_fedem.toml"))
+    assert len(part) == 18
     assert all(full.get(p.name) == p.digest(False) for p in part)
 
 
