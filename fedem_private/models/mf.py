@@ -94,8 +94,9 @@ class _EarlyStop:
     by less than ``early_stop_tol`` relative to epoch e - 1's, the client's
     parameters at that moment (its item rows, with anything the rows train
     themselves, and p_u) are kept; it goes on stepping in lock-step with the
-    others, but those later steps are discarded by :meth:`restore`. Nothing it does afterwards touches another
-    client, so the result is each client's own early-stopped training.
+    others, but those later steps are discarded by :meth:`restore`. Nothing it
+    does afterwards touches another client, so the result is each client's own
+    early-stopped training.
     """
 
     def __init__(self, plan, samples: ClientSamples, cfg: LocalTrainConfig, items, p):
