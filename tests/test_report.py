@@ -245,3 +245,30 @@ def test_a_table_from_before_backbones_reads_with_each_method_s_backbone(sweep_r
     write_report([str(tmp_path / "old.csv")], str(tmp_path / "again"))
     again = pd.read_csv(tmp_path / "again" / "results.csv")
     assert set(again["backbone"]) == {"mf"} and len(again) == len(old)
+
+
+def test_bytes_figure_gives_each_mechanism_its_own_panels(tmp_path, monkeypatch):
+    """Two mechanisms at the same epsilon: separate panels, so one label never means both."""
+    import pandas as pd
+
+    from fedem_private.experiments import report_plots as rp
+
+    rows = []
+    for mode, eps, hr in (("none", rp.NO_DP, 0.30), ("ldp-laplace", 16.0, 0.11),
+                          ("ldp-gaussian", 16.0, 0.12), ("ldp-gaussian", rp.CLIP_ONLY, 0.2)):
+        for codec, size in (("full", 107_648), ("lora", 27_168)):
+            rows.append({"protocol": "strict", "mode": mode, "variant": f"fedmf~{codec}",
+                         "codec": codec, "x_key": eps, "bytes_up_last_mean": size,
+                         "hr10_full_mean": hr, "hr10_full_std": 0.0})
+    saved = {}
+
+    def keep(fig, path):
+        saved["titles"] = [ax.get_title() for ax in fig.axes]
+        saved["points"] = [len(ax.lines) for ax in fig.axes]
+        return path
+
+    monkeypatch.setattr(rp, "_save", keep)
+    rp.bytes_figure(pd.DataFrame(rows), "ml-100k", tmp_path / "f.png", "1")
+    assert saved["titles"] == ["protocol strict · ldp-gaussian", "protocol strict · ldp-laplace"]
+    # gaussian: no-DP, eps 16 and clip-only for two codecs; laplace: no-DP and eps 16
+    assert saved["points"][0] > saved["points"][1] > 0

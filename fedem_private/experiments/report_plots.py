@@ -238,21 +238,26 @@ def frontier_figure(agg: pd.DataFrame, dataset: str, attacks: Sequence[str], pat
 
 
 def bytes_figure(agg: pd.DataFrame, dataset: str, path: Path, n_seeds: str) -> Path:
-    """HR@10 (full) against bytes uploaded per client per round, one panel per protocol.
+    """HR@10 (full) against bytes uploaded per client per round: a panel per protocol and
+    privacy mechanism.
 
     For runs that differ in upload codec (FedPEFT, DESIGN section 11): x is the
     last round's upload (the codec's steady state, after its warm-up; log
     scale), colour the method (``variant`` without its ``~codec``), marker the
     codec, and each point is labelled with its epsilon when any run is private.
+    Each mechanism has its own panels (the non-private runs sit with every
+    private mechanism's), so one epsilon label never stands for two mechanisms.
     """
-    protocols = sorted(agg["protocol"].unique())
-    fig, axes = plt.subplots(1, len(protocols), figsize=(max(6.0, 5.8 * len(protocols)), 4.6),
+    private_modes = sorted({str(m) for m in agg["mode"]} - {"none"})
+    panels = [(protocol, mode) for protocol in sorted(agg["protocol"].unique())
+              for mode in (private_modes or ["none"])]
+    fig, axes = plt.subplots(1, len(panels), figsize=(max(6.0, 5.8 * len(panels)), 4.6),
                              squeeze=False)
     methods = sorted({str(v).split("~")[0] for v in agg["variant"]})
     codecs = sorted({str(c) for c in agg["codec"]}) if "codec" in agg else ["full"]
-    private = bool((agg["mode"] != "none").any())
-    for ax, protocol in zip(axes[0], protocols, strict=True):
-        sub = agg[agg["protocol"] == protocol]
+    private = bool(private_modes)
+    for ax, (protocol, mode) in zip(axes[0], panels, strict=True):
+        sub = agg[(agg["protocol"] == protocol) & agg["mode"].isin([mode, "none"])]
         for (variant, key), rows in sub.groupby(["variant", "x_key"], sort=True):
             method = str(variant).split("~")[0]
             codec = str(rows["codec"].iloc[0]) if "codec" in rows else "full"
@@ -269,7 +274,7 @@ def bytes_figure(agg: pd.DataFrame, dataset: str, path: Path, n_seeds: str) -> P
         ax.set_ylim(bottom=0)
         ax.set_xlabel("bytes uploaded per client per round (last round, log scale)")
         ax.set_ylabel("HR@10, full ranking")
-        ax.set_title(f"protocol {protocol}")
+        ax.set_title(f"protocol {protocol}" + (f" · {mode}" if private else ""))
         ax.grid(alpha=0.3, which="both")
         handles, labels = ax.get_legend_handles_labels()
         seen = dict(zip(labels, handles, strict=True))
