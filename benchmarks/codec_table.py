@@ -13,23 +13,16 @@ error, :func:`benchmarks.common.seed_noise`).
 from __future__ import annotations
 
 import argparse
-import math
 
 import pandas as pd
 
-from .common import seed_noise
+from .common import fmt_mean_std, mean_std, seed_noise
 
 CODECS = ("full", "lora", "hash", "rqvae", "c-lora")
 
 
 def _mean_std(values: pd.Series) -> tuple[float, float, int]:
-    n = int(values.count())
-    std = float(values.std(ddof=1)) if n > 1 else float("nan")
-    return float(values.mean()), std, n
-
-
-def _fmt(mean: float, std: float) -> str:
-    return f"{mean:.4f}" if math.isnan(std) else f"{mean:.4f} ± {std:.4f}"
+    return mean_std(values.dropna().tolist())
 
 
 def codec_rows(results: pd.DataFrame) -> list[str]:
@@ -54,8 +47,9 @@ def codec_rows(results: pd.DataFrame) -> list[str]:
             if codec != "full" and n > 1 and bn > 1:
                 diff, two_se, beyond = seed_noise(sm, ss, n, bm, bs, bn)
                 verdict = f"{diff:+.4f} ({two_se:.4f}), {'beyond' if beyond else 'within'}"
-            lines.append(f"| {dataset} | {protocol} | {method} | {codec} | {n} | {_fmt(sm, ss)} | "
-                         f"{_fmt(fm, fs)} | {kb} | {share} | {verdict} |")
+            lines.append(f"| {dataset} | {protocol} | {method} | {codec} | {n} | "
+                         f"{fmt_mean_std(sm, ss)} | {fmt_mean_std(fm, fs)} | {kb} | {share} | "
+                         f"{verdict} |")
     return lines
 
 

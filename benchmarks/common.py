@@ -9,6 +9,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from fedem_private.experiments.runner import last_merge_rho, prepare
@@ -36,6 +37,22 @@ def seed_noise(m1: float, s1: float, n1: int, m2: float, s2: float, n2: int
     two_se = 2 * math.sqrt(s1 * s1 / n1 + s2 * s2 / n2)
     diff = m1 - m2
     return diff, two_se, abs(diff) > two_se
+
+
+def mean_std(values: list[float | None]) -> tuple[float, float, int]:
+    """(mean, std with ddof 1, count) of the values given, None left out; std NaN for one
+    value, and (NaN, NaN, 0) for none."""
+    a = np.asarray([v for v in values if v is not None], dtype=float)
+    if a.size == 0:
+        return math.nan, math.nan, 0
+    return float(a.mean()), float(a.std(ddof=1)) if a.size > 1 else math.nan, int(a.size)
+
+
+def fmt_mean_std(m: float, s: float) -> str:
+    """"m ± s" to 4 decimals; "m" alone when s is NaN (one seed), "-" when m is NaN."""
+    if math.isnan(m):
+        return "-"
+    return f"{m:.4f}" if math.isnan(s) else f"{m:.4f} ± {s:.4f}"
 
 
 def machine() -> dict[str, Any]:

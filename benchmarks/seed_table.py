@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from collections import defaultdict
 from pathlib import Path
 
-import numpy as np
-
+from .common import fmt_mean_std as _fmt
+from .common import mean_std as _ms
 from .common import seed_noise
 
 
@@ -41,19 +40,6 @@ def _runs(roots: list[str]) -> list[dict]:
                 "rho": s.get("merge_rho_mean"),
             })
     return out
-
-
-def _ms(values: list[float]) -> tuple[float, float, int]:
-    a = np.asarray([v for v in values if v is not None], dtype=float)
-    if a.size == 0:
-        return math.nan, math.nan, 0
-    return float(a.mean()), float(a.std(ddof=1)) if a.size > 1 else math.nan, int(a.size)
-
-
-def _fmt(m: float, s: float) -> str:
-    if math.isnan(m):
-        return "-"
-    return f"{m:.4f}" if math.isnan(s) else f"{m:.4f} ± {s:.4f}"
 
 
 def main() -> None:
