@@ -11,7 +11,9 @@
 # (nothing left to run; it writes the file's sweep.toml and results.csv). Every
 # step resumes: finished run directories are skipped. The ML-100K PFedRec points
 # of benchmarks/dpsgd_pfedrec.toml have the same configurations and are copied in
-# first when runs/dpsgd_pfedrec exists.
+# first when runs/dpsgd_pfedrec exists. It runs `python -m fedem_private`, so the
+# code is the checkout's it runs in (a git worktree pins it), not whichever copy
+# an editable install points the `fedem-private` command at.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/headline2}
@@ -26,9 +28,9 @@ trap 'rm -rf "$TMP"' EXIT
 for SEED in 0 1 2; do
   for A in laplace dpsgd cdp; do
     sed "s/^seeds = .*/seeds = [$SEED]/" "benchmarks/headline_$A.toml" > "$TMP/headline_$A.toml"
-    fedem-private sweep "$TMP/headline_$A.toml" --out "$OUT/$A" --jobs "$JOBS" --no-progress
+    python -m fedem_private sweep "$TMP/headline_$A.toml" --out "$OUT/$A" --jobs "$JOBS" --no-progress
   done
 done
 for A in laplace dpsgd cdp; do
-  fedem-private sweep "benchmarks/headline_$A.toml" --out "$OUT/$A" --jobs "$JOBS" --no-progress
+  python -m fedem_private sweep "benchmarks/headline_$A.toml" --out "$OUT/$A" --jobs "$JOBS" --no-progress
 done
