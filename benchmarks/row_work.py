@@ -86,7 +86,8 @@ def main() -> None:
     for r in rows:
         print(f"{r['dataset']} {r['method']}: reference {r['reference']:,} row-steps, "
               f"vectorised {r['padded']:,} ({r['valid']:,} without padding): reference / "
-              f"vectorised {r['reference_over_padded']:.2f}x, padding {r['padded_over_valid']:.2f}x")
+              f"vectorised {r['reference_over_padded']:.2f}x, "
+              f"padding {r['padded_over_valid']:.2f}x")
     emit({"benchmark": "row_work", "machine": machine(), "rows": rows})
 
 

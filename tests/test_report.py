@@ -272,3 +272,56 @@ def test_bytes_figure_gives_each_mechanism_its_own_panels(tmp_path, monkeypatch)
     assert saved["titles"] == ["protocol strict · ldp-gaussian", "protocol strict · ldp-laplace"]
     # gaussian: no-DP, eps 16 and clip-only for two codecs; laplace: no-DP and eps 16
     assert saved["points"][0] > saved["points"][1] > 0
+
+
+def test_architectures_get_a_row_of_panels_each(tmp_path, monkeypatch):
+    """Two methods under two private modes: a row per mode, each with only its own lines
+    (and the runs without privacy); one method under two modes stays on one row."""
+    import pandas as pd
+
+    from fedem_private.experiments import report_plots as rp
+
+    rows = []
+    for variant in ("fedmf", "pfedrec"):
+        for mode, eps, hr in (("none", rp.NO_DP, 0.30), ("ldp-dpsgd", 16.0, 0.13),
+                              ("ldp-dpsgd", 4.0, 0.11), ("cdp-gaussian", 1.0, 0.25)):
+            rows.append({"protocol": "strict", "mode": mode, "variant": variant, "x_key": eps,
+                         "hr10_full_mean": hr, "hr10_full_std": 0.0,
+                         "hr10_sampled_mean": hr, "hr10_sampled_std": 0.0,
+                         "projection_auc_mean": 0.5, "projection_auc_std": 0.0})
+    agg = pd.DataFrame(rows)
+    groups = rp.architectures(agg)
+    assert [m for m, _ in groups] == ["cdp-gaussian", "ldp-dpsgd"]
+    assert set(groups[0][1]["mode"]) == {"cdp-gaussian", "none"}
+    assert len(rp.architectures(agg[agg["variant"] == "fedmf"])) == 1
+    saved = {}
+
+    def keep(fig, path):
+        saved["titles"] = [ax.get_title() for ax in fig.axes]
+        saved["lines"] = [len(ax.get_legend_handles_labels()[1]) for ax in fig.axes]
+        return path
+
+    monkeypatch.setattr(rp, "_save", keep)
+    rp.utility_figure(agg, "ml-100k", tmp_path / "u.png", 0.006, "1")
+    assert saved["titles"] == ["cdp-gaussian: HR@10, full ranking",
+                               "cdp-gaussian: HR@10, sampled (1 + 99 negatives)",
+                               "ldp-dpsgd: HR@10, full ranking",
+                               "ldp-dpsgd: HR@10, sampled (1 + 99 negatives)"]
+    # each panel: the two methods' lines and the random-ranking line
+    assert saved["lines"] == [3, 3, 3, 3]
+    rp.attack_figure(agg, "ml-100k", ["projection"], tmp_path / "a.png", "1")
+    assert len(saved["titles"]) == 2 and saved["titles"][1].startswith("ldp-dpsgd: ")
+    rp.frontier_figure(agg, "ml-100k", ["projection"], tmp_path / "f.png", "1")
+    assert len(saved["titles"]) == 2 and saved["titles"][0].startswith("cdp-gaussian: ")
+
+
+def test_a_method_keeps_its_colour_across_architecture_rows():
+    import pandas as pd
+
+    from fedem_private.experiments import report_plots as rp
+
+    agg = pd.DataFrame([{"protocol": "strict", "mode": "ldp-dpsgd", "variant": v, "x_key": 4.0}
+                        for v in ("fedmf", "pfedrec")])
+    only_pfedrec = agg[agg["variant"] == "pfedrec"]
+    assert rp.lines(only_pfedrec)[0].color == "C0"  # alone, the first colour
+    assert rp.lines(only_pfedrec, ["fedmf", "pfedrec"])[0].color == "C1"  # as in the full set

@@ -4,8 +4,10 @@ Epsilon axes are logarithmic; the points without a finite epsilon sit to the
 right of a dashed separator, labelled: ``inf (clip only)`` (an ldp mode with
 eps = inf: clipped, no noise) and ``no DP`` (mode ``none``: neither clipped
 nor noised). One colour per method variant, one line per (variant, privacy
-mode), or, for one variant under several modes, one colour per mode; markers
-are the mean over seeds, error bars one standard deviation.
+mode), or, for one variant under several modes, one colour per mode; when
+several variants run under several private modes (architectures compared),
+each mode gets its own row of panels. Markers are the mean over seeds, error
+bars one standard deviation.
 """
 
 from __future__ import annotations
@@ -91,10 +93,15 @@ class EpsAxis:
         ax.set_xlim(min(ticks_all) - pad, max(ticks_all) + pad)
 
 
-def lines(agg: pd.DataFrame) -> list[Line]:
-    """Group the aggregated rows into lines; mode ``none`` joins every line of its variant."""
+def lines(agg: pd.DataFrame, palette: Sequence[str] | None = None) -> list[Line]:
+    """Group the aggregated rows into lines; mode ``none`` joins every line of its variant.
+
+    ``palette``: the variants in colour order (default: those of ``agg``, sorted), so
+    panels that each show some of the variants colour a variant alike.
+    """
     variants = sorted(agg["variant"].unique())
-    colors = {v: f"C{i % 10}" for i, v in enumerate(variants)}
+    order = list(palette) if palette is not None else variants
+    colors = {v: f"C{order.index(v) % 10}" for v in variants}
     modes = sorted(m for m in agg["mode"].unique() if m != "none")
     # one variant under several modes (architectures compared): a colour per mode
     by_mode = len(variants) == 1 and len(modes) > 1
@@ -119,7 +126,7 @@ def lines(agg: pd.DataFrame) -> list[Line]:
                 i = modes.index(mode)
                 out.append(Line(label, f"C{i % 10}", style, MARKERS[i % len(MARKERS)], pts))
                 continue
-            out.append(Line(label, colors[v], style, MARKERS[variants.index(v) % len(MARKERS)],
+            out.append(Line(label, colors[v], style, MARKERS[order.index(v) % len(MARKERS)],
                             pts))
     return out
 
@@ -150,41 +157,67 @@ def _plot_vs_eps(ax: plt.Axes, all_lines: list[Line], axis: EpsAxis, column: str
     ax.grid(alpha=0.3)
 
 
+def architectures(agg: pd.DataFrame) -> list[tuple[str | None, pd.DataFrame]]:
+    """The rows of panels a figure gets: one per privacy mode when several methods run under
+    several private modes (architectures compared), each with that mode's rows and the
+    runs without privacy; otherwise one, (None, every row).
+
+    With one method the modes stay on one panel, a colour each (see :func:`lines`).
+    """
+    modes = sorted(str(m) for m in agg["mode"].unique() if m != "none")
+    if len(modes) < 2 or agg["variant"].nunique() < 2:
+        return [(None, agg)]
+    return [(m, agg[agg["mode"].isin([m, "none"])]) for m in modes]
+
+
+def _titled(mode: str | None, title: str) -> str:
+    return title if mode is None else f"{mode}: {title}"
+
+
 def utility_figure(agg: pd.DataFrame, dataset: str, path: Path, random_full: float,
                    n_seeds: str) -> Path:
-    """HR@10 (full ranking and sampled) against epsilon."""
-    all_lines = lines(agg)
-    axis = EpsAxis(list(agg["x_key"]))
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharex=False)
-    for ax, column, title, rand in (
-            (axes[0], "hr10_full", "HR@10, full ranking", random_full),
-            (axes[1], "hr10_sampled", "HR@10, sampled (1 + 99 negatives)", 0.1)):
-        _plot_vs_eps(ax, all_lines, axis, column)
-        if rand > 0:
-            ax.axhline(rand, color="0.4", linestyle=":", linewidth=1,
-                       label=f"random ranking (≈{rand:.2g})")
-        ax.set_ylim(bottom=0)
-        ax.set_title(title)
-        ax.set_ylabel("HR@10")
-        ax.legend(fontsize=8, loc="best")
+    """HR@10 (full ranking and sampled) against epsilon; a row of panels per architecture
+    (:func:`architectures`), each with its own epsilon axis."""
+    groups = architectures(agg)
+    fig, axes = plt.subplots(len(groups), 2, figsize=(11, 4.2 * len(groups)), sharex=False,
+                             squeeze=False)
+    palette = sorted(agg["variant"].unique())
+    for row, (mode, sub) in zip(axes, groups, strict=True):
+        all_lines = lines(sub, palette)
+        axis = EpsAxis(list(sub["x_key"]))
+        for ax, column, title, rand in (
+                (row[0], "hr10_full", "HR@10, full ranking", random_full),
+                (row[1], "hr10_sampled", "HR@10, sampled (1 + 99 negatives)", 0.1)):
+            _plot_vs_eps(ax, all_lines, axis, column)
+            if rand > 0:
+                ax.axhline(rand, color="0.4", linestyle=":", linewidth=1,
+                           label=f"random ranking (≈{rand:.2g})")
+            ax.set_ylim(bottom=0)
+            ax.set_title(_titled(mode, title))
+            ax.set_ylabel("HR@10")
+            ax.legend(fontsize=8, loc="best")
     fig.suptitle(f"{dataset}: utility vs privacy budget ({_over(n_seeds)})")
     return _save(fig, path)
 
 
 def attack_figure(agg: pd.DataFrame, dataset: str, attacks: Sequence[str], path: Path,
                   n_seeds: str) -> Path:
-    """Attack AUC against epsilon, one panel per attack."""
-    all_lines = lines(agg)
-    axis = EpsAxis(list(agg["x_key"]))
-    fig, axes = plt.subplots(1, len(attacks), figsize=(max(8.0, 5.5 * len(attacks)), 4.4),
+    """Attack AUC against epsilon, one panel per attack (a row per architecture)."""
+    groups = architectures(agg)
+    fig, axes = plt.subplots(len(groups), len(attacks),
+                             figsize=(max(8.0, 5.5 * len(attacks)), 4.4 * len(groups)),
                              squeeze=False)
-    for ax, attack in zip(axes[0], attacks, strict=True):
-        _plot_vs_eps(ax, all_lines, axis, f"{attack}_auc")
-        ax.axhline(0.5, color="0.4", linestyle=":", linewidth=1, label="random guess (0.5)")
-        ax.set_ylim(min(ax.get_ylim()[0], 0.45), 1.03)
-        ax.set_title(f"{attack} attack (last recorded round)")
-        ax.set_ylabel("attack AUC (further from 0.5 = more leakage)")
-    axes[0][0].legend(fontsize=8, loc="best")
+    palette = sorted(agg["variant"].unique())
+    for row, (mode, sub) in zip(axes, groups, strict=True):
+        all_lines = lines(sub, palette)
+        axis = EpsAxis(list(sub["x_key"]))
+        for ax, attack in zip(row, attacks, strict=True):
+            _plot_vs_eps(ax, all_lines, axis, f"{attack}_auc")
+            ax.axhline(0.5, color="0.4", linestyle=":", linewidth=1, label="random guess (0.5)")
+            ax.set_ylim(min(ax.get_ylim()[0], 0.45), 1.03)
+            ax.set_title(_titled(mode, f"{attack} attack (last recorded round)"))
+            ax.set_ylabel("attack AUC (further from 0.5 = more leakage)")
+        row[0].legend(fontsize=8, loc="best")
     fig.suptitle(f"{dataset}: attack success vs privacy budget ({_over(n_seeds)})")
     return _save(fig, path)
 
@@ -199,18 +232,30 @@ def _eps_text(key: float | str) -> str:
 
 def frontier_figure(agg: pd.DataFrame, dataset: str, attacks: Sequence[str], path: Path,
                     n_seeds: str) -> Path:
-    """HR@10 (full) against attack AUC: the utility / privacy trade-off, one line per method.
+    """HR@10 (full) against attack AUC: the utility / privacy trade-off, one line per method
+    (a row of panels per architecture, :func:`architectures`).
 
     The x axis is the AUC in the attacker's better orientation, max(AUC, 1 - AUC): an AUC
     of 0.1 means the score ranks members below non-members, and a server that knows the
     sign (one bit, e.g. from a canary) flips it and has AUC 0.9. Without the fold, a
     reversed attack would sit on the "private" side of the plot.
     """
-    all_lines = lines(agg)
-    axis = EpsAxis(list(agg["x_key"]))
-    fig, axes = plt.subplots(1, len(attacks), figsize=(max(8.0, 5.5 * len(attacks)), 4.8),
+    groups = architectures(agg)
+    fig, axes = plt.subplots(len(groups), len(attacks),
+                             figsize=(max(8.0, 5.5 * len(attacks)), 4.8 * len(groups)),
                              squeeze=False)
-    for ax, attack in zip(axes[0], attacks, strict=True):
+    palette = sorted(agg["variant"].unique())
+    for row, (mode, sub) in zip(axes, groups, strict=True):
+        _frontier_row(row, sub, attacks, mode, palette)
+    fig.suptitle(f"{dataset}: utility vs attack success ({_over(n_seeds)})")
+    return _save(fig, path)
+
+
+def _frontier_row(row: Sequence[plt.Axes], agg: pd.DataFrame, attacks: Sequence[str],
+                  mode: str | None, palette: Sequence[str]) -> None:
+    all_lines = lines(agg, palette)
+    axis = EpsAxis(list(agg["x_key"]))
+    for ax, attack in zip(row, attacks, strict=True):
         col = f"{attack}_auc"
         labels: list[tuple[int, str, np.ndarray, np.ndarray, list[str]]] = []
         for i, line in enumerate(all_lines):
@@ -230,11 +275,9 @@ def frontier_figure(agg: pd.DataFrame, dataset: str, attacks: Sequence[str], pat
         _label_points(ax, labels)
         ax.set_xlabel(f"{attack} attack AUC, better orientation: max(AUC, 1 - AUC)")
         ax.set_ylabel("HR@10, full ranking")
-        ax.set_title(f"{attack}: better is up and to the left")
+        ax.set_title(_titled(mode, f"{attack}: better is up and to the left"))
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=8, loc="best")
-    fig.suptitle(f"{dataset}: utility vs attack success ({_over(n_seeds)})")
-    return _save(fig, path)
+    row[0].legend(fontsize=8, loc="best")
 
 
 def bytes_figure(agg: pd.DataFrame, dataset: str, path: Path, n_seeds: str) -> Path:
