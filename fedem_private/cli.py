@@ -65,6 +65,18 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--early-stop-tol", "train.early_stop_tol", _number,
      "stop a client's local training when its epoch loss changes by less than this, "
      "relatively (0: off; authors' code: 1e-4)"),
+    ("--optimizer", "train.optimizer", str,
+     "local optimiser: adam (default) or sgd (plain SGD, the published FedRAP code's; "
+     "backbone fedrap)"),
+    ("--lr-head", "train.lr_head", _number,
+     "sgd: learning rate of the private head (default: --lr; FedRAP code: lr_network)"),
+    ("--weight-decay", "train.weight_decay", _number,
+     "sgd: L2 weight decay on every trained tensor, whole tables included (FedRAP code: "
+     "l2_regularization)"),
+    ("--lr-batch-decay", "train.lr_batch_decay", _number,
+     "sgd: the rates' factor after every local step (FedRAP code: 0.95)"),
+    ("--lr-round-decay", "train.lr_round_decay", _number,
+     "sgd: the rates' factor per round (FedRAP code: 0.97)"),
     ("--min-rating", "data.min_rating", _number,
      "positives are the pairs rated >= this (default: every rated pair; datasets with "
      "ratings only)"),

@@ -58,6 +58,27 @@ class LocalTrainConfig:
     # DESIGN 2a (the FedEM code): a client stops after the epoch whose loss (the sum of its
     # batch losses) changed by less than this relative to the previous epoch's; 0: off
     early_stop_tol: float = 0.0
+    # "adam" or "sgd" (torch.optim.SGD without momentum; backbones that build it only). Under
+    # sgd: the head's rate (None: lr), L2 weight decay, the rates' factor per step and per
+    # round (see :func:`sgd_rates`)
+    optimizer: str = "adam"
+    lr_head: float | None = None
+    weight_decay: float = 0.0
+    lr_batch_decay: float = 1.0
+    lr_round_decay: float = 1.0
+
+
+def sgd_rates(cfg: LocalTrainConfig, round_: int, steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """The (items, head) learning rates of local steps 0 .. steps - 1 in round ``round_`` (1-based).
+
+    Step s of round t runs at lr * lr_round_decay^(t - 1) * lr_batch_decay^s: a rate
+    that decays per round, and within the round an ExponentialLR stepped after every
+    batch (the published FedRAP code's schedule, fresh for each client each round).
+    The head's rates are the same with lr_head (default lr) in place of lr.
+    """
+    factor = cfg.lr_round_decay ** (round_ - 1) * cfg.lr_batch_decay ** np.arange(steps)
+    head = cfg.lr if cfg.lr_head is None else cfg.lr_head
+    return cfg.lr * factor, head * factor
 
 
 def stops_early(prev: float, cur: float, tol: float) -> bool:
@@ -508,6 +529,8 @@ class Backbone(ABC):
     #: whether local training goes through :class:`ItemRows` (``rows=``), so an upload
     #: codec can train its own parameters in place of the item table (DESIGN section 11)
     trains_item_rows: ClassVar[bool] = False
+    #: the local optimisers its train_chunk builds (``LocalTrainConfig.optimizer``)
+    optimizers: ClassVar[tuple[str, ...]] = ("adam",)
 
     def __init__(self, n_items: int, dim: int, seed: int, init_std: float) -> None:
         self.n_items, self.dim, self.seed, self.init_std = n_items, dim, seed, init_std

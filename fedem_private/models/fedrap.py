@@ -15,6 +15,17 @@ over head, P_u and C, fresh every round. Defaults lambda = mu = 0.1 as in the
 authors' code (whose lambda/mu schedule is computed but never reaches the
 loss, so the constants are what ran).
 
+``--optimizer sgd`` trains as the published code does instead (its
+``model/engine.py``): plain SGD without momentum, the head at its own rate
+(``lr_head``) and P_u and C at ``lr``, L2 weight decay on all three (whole
+tables: an embedding's dense gradient makes every row decay at every step),
+the rates multiplied by ``lr_batch_decay`` after every batch (a fresh
+ExponentialLR per client and round) and by ``lr_round_decay`` per round. The
+compact table trains the touched rows; the other rows only decay, applied in
+closed form at the end of the round (:func:`untouched_decay`). The published
+code's early stop, batch size and reported round are separate settings
+(``--early-stop-tol`` is not built for this backbone).
+
 Shared: only C, the "item table" of the other parts: the server averages it
 (the ``fedrap`` preset uses uniform weights, the published plain mean), and
 elastic merging merges the downloaded common table with the client's own
@@ -52,7 +63,21 @@ from fedem_private.models.base import (
     linear_init,
     make_plan,
     reference_batches,
+    sgd_rates,
 )
+
+
+def sgd_step(param: Tensor, grad: Tensor, lr: float, weight_decay: float) -> None:
+    """One torch.optim.SGD step without momentum, in place: p -= lr * (g + weight_decay * p)."""
+    step = torch.add(grad, param, alpha=weight_decay) if weight_decay else grad
+    param.add_(step, alpha=-lr)
+
+
+def untouched_decay(lr: np.ndarray, steps: np.ndarray, weight_decay: float) -> Tensor:
+    """Per client j, prod over its steps s < steps[j] of (1 - lr[s] * weight_decay): what
+    weight decay alone does to a row whose gradient stays zero (float64, (k,))."""
+    factors = np.concatenate(([1.0], np.cumprod(1.0 - np.asarray(lr) * weight_decay)))
+    return torch.from_numpy(factors[np.asarray(steps, dtype=np.int64)])
 
 
 class FedRAPBackbone(Backbone):
@@ -60,6 +85,7 @@ class FedRAPBackbone(Backbone):
 
     name = "fedrap"
     trains_item_rows = False
+    optimizers = ("adam", "sgd")  # sgd: the published code's (module docstring)
     dot_product = True  # logit = w_u . (P_u[i] + C[i]) + b_u: linear in the uploaded C[i]
 
     def __init__(self, n_items: int, dim: int, seed: int, init_std: float,
@@ -100,7 +126,12 @@ class FedRAPBackbone(Backbone):
         w = start.private["w"].clone().contiguous()
         b = start.private["b"].clone().contiguous()
         params = [cp, w, b]
-        grads, m1, m2 = adam_buffers(params)
+        sgd = cfg.optimizer == "sgd"
+        if sgd:  # no moments: gradients only, and each step's rates
+            grads, m1, m2 = [torch.zeros_like(t) for t in params], [], []
+            lr_items, lr_head = sgd_rates(cfg, round_, int(plan.steps.max(initial=0)))
+        else:
+            grads, m1, m2 = adam_buffers(params)
         gcp, gw, gb = grads
         cpflat, gcpflat = cp.view(-1, 2 * d), gcp.view(-1, 2 * d)
         for s, a, flat, y, wgt in plan.schedule():
@@ -121,10 +152,22 @@ class FedRAPBackbone(Backbone):
             gcpflat.index_add_(0, flat, g.view(-1, 2 * d))
             if cfg.grad_clip is not None:  # paper mode: the uploaded table's gradient
                 clip_rows_l2(gcp[:a, :, :d], cfg.grad_clip)
-            fused_adam([t[:a] for t in params], [g[:a] for g in grads], [t[:a] for t in m1],
-                       [t[:a] for t in m2], s + 1, cfg)
+            if sgd:
+                rates = (float(lr_items[s]), float(lr_head[s]), float(lr_head[s]))
+                for t, g, lr in zip(params, grads, rates, strict=True):
+                    sgd_step(t[:a], g[:a], lr, cfg.weight_decay)
+            else:
+                fused_adam([t[:a] for t in params], [g[:a] for g in grads],
+                           [t[:a] for t in m1], [t[:a] for t in m2], s + 1, cfg)
             clear_grad(gcp, a, flat, plan)
+        if sgd and cfg.weight_decay > 0:
+            # rows outside the compact table had zero gradients but still decayed at each
+            # of the client's steps: p * prod_s (1 - lr_s * weight_decay)
+            cp_start.mul_(untouched_decay(lr_items, plan.steps, cfg.weight_decay)
+                          .to(cp_start)[:, None, None])
         cp_local, touched = both.scatter(cp_start, inplace=True)  # cp_start is ours
+        if sgd and cfg.weight_decay > 0:
+            touched = torch.ones_like(touched)  # every row moved
         c_local, p_local = cp_local[..., :d].contiguous(), cp_local[..., d:].contiguous()
         return ClientParams(c_local, {}, {"personal": p_local, "w": w, "b": b}), touched
 
@@ -157,8 +200,17 @@ class FedRAPBackbone(Backbone):
         with torch.no_grad():
             head.weight.copy_(start.private["w"][0][None])
             head.bias.copy_(start.private["b"][0][None])
-        opt = torch.optim.Adam([c, p, *head.parameters()], lr=cfg.lr, betas=cfg.betas,
-                               eps=cfg.eps)
+        if cfg.optimizer == "sgd":  # the published code's: per-group rates, per-batch decay
+            lr_items, lr_head = sgd_rates(cfg, round_, 1)
+            opt: torch.optim.Optimizer = torch.optim.SGD(
+                [{"params": [c, p], "lr": float(lr_items[0])},
+                 {"params": list(head.parameters()), "lr": float(lr_head[0])}],
+                lr=float(lr_items[0]), weight_decay=cfg.weight_decay)
+            sched = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=cfg.lr_batch_decay)
+        else:
+            opt = torch.optim.Adam([c, p, *head.parameters()], lr=cfg.lr, betas=cfg.betas,
+                                   eps=cfg.eps)
+            sched = None
         items_t, labels_t = torch.from_numpy(items), torch.from_numpy(labels).to(c.dtype)
         for sel in reference_batches(self.seed, round_, client, items.shape[0], cfg):
             pi, ci = p[items_t[sel]], c[items_t[sel]]
@@ -171,6 +223,8 @@ class FedRAPBackbone(Backbone):
             if cfg.grad_clip is not None and c.grad.norm() > cfg.grad_clip:
                 c.grad.mul_(cfg.grad_clip / c.grad.norm())
             opt.step()
+            if sched is not None:
+                sched.step()
         private = {"personal": p.detach()[None].clone(), "w": head.weight.detach()[0][None].clone(),
                    "b": head.bias.detach().clone()}
         return ClientParams(c.detach()[None].clone(), {}, private)

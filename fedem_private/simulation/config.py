@@ -144,6 +144,16 @@ class TrainConfig:
     # DESIGN 2a, option 8: a client stops local training when the relative change of its
     # epoch loss is below this (0: off; the authors' code: 1e-4)
     early_stop_tol: float = 0.0
+    # local training's optimiser: "adam" (the default, every backbone) or "sgd" (plain
+    # torch.optim.SGD, no momentum: the published FedRAP code's; OPTIMIZER_BACKBONES). The
+    # next four apply to sgd only: the private head's rate (None: lr), L2 weight decay on
+    # every trained tensor (whole tables included), the rate's factor after every local
+    # step (an ExponentialLR stepped per batch) and per round (round t: factor^(t-1))
+    optimizer: str = "adam"
+    lr_head: float | None = None
+    weight_decay: float = 0.0
+    lr_batch_decay: float = 1.0
+    lr_round_decay: float = 1.0
 
     def validate(self) -> None:
         for name in ("rounds", "local_epochs", "batch_size", "dim", "num_negatives",
@@ -164,6 +174,37 @@ class TrainConfig:
             raise UserError(f"--early-stop-tol (train.early_stop_tol) must be in [0, 1), "
                             f"got {self.early_stop_tol}")
         check_device(self.device)
+        self._validate_optimizer()
+
+    def _validate_optimizer(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise UserError(f"unknown --optimizer (train.optimizer) {self.optimizer!r}; choose "
+                            f"one of {', '.join(OPTIMIZERS)}")
+        if self.lr_head is not None and not (math.isfinite(self.lr_head) and self.lr_head > 0):
+            raise UserError(f"--lr-head (train.lr_head) must be a positive number, got "
+                            f"{self.lr_head}")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise UserError(f"--weight-decay (train.weight_decay) must be >= 0, got "
+                            f"{self.weight_decay}")
+        for name in ("lr_batch_decay", "lr_round_decay"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and 0 < value <= 1):
+                raise UserError(f"--{name.replace('_', '-')} (train.{name}) must be in (0, 1], "
+                                f"got {value}")
+        if self.optimizer != "sgd":
+            changed = [n for n, d in SGD_FIELDS.items() if getattr(self, n) != d]
+            if changed:
+                raise UserError(f"--{changed[0].replace('_', '-')} (train.{changed[0]}) is a "
+                                f"setting of --optimizer sgd, not {self.optimizer!r}")
+
+
+#: local optimisers; "sgd" is built for OPTIMIZER_BACKBONES only
+OPTIMIZERS = ("adam", "sgd")
+#: the settings of --optimizer sgd alone, with their defaults
+SGD_FIELDS: dict[str, Any] = {"lr_head": None, "weight_decay": 0.0, "lr_batch_decay": 1.0,
+                              "lr_round_decay": 1.0}
+#: backbones whose local training has --optimizer sgd (the published FedRAP code's)
+OPTIMIZER_BACKBONES = ("fedrap",)
 
 
 @dataclass(frozen=True)
@@ -455,6 +496,11 @@ class RunConfig:
                 raise UserError(f"--early-stop-tol stops training of the item table itself; "
                                 f"codec {self.federation.codec!r} trains its own parameters; "
                                 f"use --codec full")
+        if self.train.optimizer != "adam":
+            backbone = self.federation.resolved_backbone
+            if backbone not in OPTIMIZER_BACKBONES:
+                raise UserError(f"--optimizer {self.train.optimizer} is built for backbone "
+                                f"{', '.join(OPTIMIZER_BACKBONES)}, not {backbone!r}")
         for token, section, name, _, default in PAPER_CODE_OPTIONS:
             if token in UNBUILT_OPTIONS and getattr(getattr(self, section), name) != default:
                 raise UserError(f"{section}.{name}: the option is not built yet (DESIGN 2a)")
@@ -732,6 +778,11 @@ LATER_FIELDS: dict[tuple[str, ...], Any] = {
     ("federation", "agg_clients_ratio"): 1.0,
     ("federation", "similarity"): "eq13",
     ("federation", "merge_every_batch"): False,
+    ("train", "optimizer"): "adam",
+    ("train", "lr_head"): None,
+    ("train", "weight_decay"): 0.0,
+    ("train", "lr_batch_decay"): 1.0,
+    ("train", "lr_round_decay"): 1.0,
 }
 
 

@@ -223,7 +223,11 @@ class Simulation:
         self.local_cfg = LocalTrainConfig(epochs=tr.local_epochs, batch_size=tr.batch_size,
                                           lr=tr.lr, num_negatives=tr.num_negatives,
                                           grad_clip=self.privacy.local_grad_clip,
-                                          early_stop_tol=tr.early_stop_tol)
+                                          early_stop_tol=tr.early_stop_tol,
+                                          optimizer=tr.optimizer, lr_head=tr.lr_head,
+                                          weight_decay=tr.weight_decay,
+                                          lr_batch_decay=tr.lr_batch_decay,
+                                          lr_round_decay=tr.lr_round_decay)
         self.excl = exclusion_csr(split, self.cfg.data.protocol)
         self.eval_sets: EvalSets = build_eval_sets(split, self.cfg.data.protocol, self.seed,
                                                    validation=validation_kind(self.cfg))
@@ -232,6 +236,9 @@ class Simulation:
                                      tr.init_std, options={"gpfedrec_reg": fed.gpfedrec_reg,
                                                            "fedrap_lambda": fed.fedrap_lambda,
                                                            "fedrap_mu": fed.fedrap_mu})
+        if self.local_cfg.optimizer not in self.backbone.optimizers:
+            raise UserError(f"--optimizer {self.local_cfg.optimizer} is not built for backbone "
+                            f"{self.backbone.name!r}")
         self._build_parts()
         n_samples = split.train_counts * (1 + tr.num_negatives)
         self._workload = num_steps(n_samples, self.local_cfg)

@@ -1,0 +1,141 @@
+"""--optimizer sgd (the published FedRAP code's local optimiser): vectorised rounds against
+torch.optim.SGD + ExponentialLR per client, the closed-form decay of untouched rows, the
+rates' schedule and the refusals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fedem_private import models
+from fedem_private.data.split import exclusion_csr
+from fedem_private.errors import UserError
+from fedem_private.models.base import (
+    ClientParams,
+    LocalTrainConfig,
+    draw_samples,
+    make_plan,
+    num_steps,
+    sgd_rates,
+)
+from fedem_private.models.fedrap import untouched_decay
+from fedem_private.simulation import reference
+from fedem_private.simulation.config import (
+    OPTIMIZER_BACKBONES,
+    RunConfig,
+    identity_dict,
+    with_overrides,
+)
+from fedem_private.simulation.loop import Simulation
+
+SGD = {"train.optimizer": "sgd", "train.lr": 3.0, "train.lr_head": 0.05,
+       "train.weight_decay": 0.01, "train.lr_batch_decay": 0.95, "train.lr_round_decay": 0.97}
+
+
+def _cfg(**over):
+    base = {"train.rounds": 3, "train.local_epochs": 2, "train.batch_size": 32,
+            "train.dim": 8, "train.eval_every": 100, "data.synthetic.n_users": 30,
+            "federation.method": "fedrap"}
+    base.update(over)
+    return with_overrides(RunConfig(), base)
+
+
+@pytest.fixture
+def float64():
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)
+
+
+@pytest.mark.parametrize("merge,over", [
+    ("sr", SGD), ("em", SGD), ("sr", {**SGD, "train.weight_decay": 0.0}),
+    ("em", {**SGD, "train.lr_head": None, "train.lr": 0.5})],
+    ids=["published-shape", "published-shape-em", "no-decay", "one-rate-em"])
+def test_sgd_rounds_equal_the_per_client_reference(small_split, float64, merge, over):
+    """Rounds 1 and 2 (round decay, and EM's merge, active in round 2) against one
+    torch.optim.SGD with its ExponentialLR per client."""
+    sim = Simulation(_cfg(**over, **{"federation.merge": merge}), small_split)
+    for _ in range(2):
+        ref = reference.simulation_round(sim)
+        sim.step()
+        assert (sim.state.q_local - ref["q_local"]).abs().max() < 1e-9
+        for name, value in sim.state.private.items():
+            assert (value - ref["private"][name]).abs().max() < 1e-9
+        assert (sim.state.q_global - ref["q_global"]).abs().max() < 1e-9
+
+
+def test_rows_no_batch_touched_decay_by_the_product_of_step_factors(small_split, float64):
+    """Weight decay moves every row of P_u and C (the published code's dense embedding
+    gradients): a row outside a client's samples ends at start * prod_s (1 - lr_s wd)."""
+    sp = small_split
+    cfg = LocalTrainConfig(epochs=2, batch_size=32, optimizer="sgd", lr=3.0, lr_head=0.05,
+                           weight_decay=0.01, lr_batch_decay=0.95)
+    excl = exclusion_csr(sp, "strict")
+    clients = np.arange(sp.n_users)
+    s = draw_samples(0, 1, clients, sp.train_indptr, sp.train_items, *excl, sp.n_items,
+                     cfg.num_negatives)
+    order = clients[np.argsort(-num_steps(np.diff(s.indptr), cfg), kind="stable")]
+    samples = draw_samples(0, 1, order, sp.train_indptr, sp.train_items, *excl, sp.n_items,
+                           cfg.num_negatives)
+    bb = models.build("fedrap", sp.n_items, 8, seed=0, init_std=0.1)
+    k = len(order)
+    start = ClientParams(bb.init_items().expand(k, -1, -1).clone(), {},
+                         bb.init_private(order))
+    new, touched = bb.train_chunk(start, order, samples, cfg, 1)
+    assert touched.all()  # every row moved
+    plan = make_plan(0, 1, order, samples, cfg, torch.float64)
+    lr, _ = sgd_rates(cfg, 1, int(plan.steps.max()))
+    factor = untouched_decay(lr, plan.steps, cfg.weight_decay)
+    checked = 0
+    for j in range(k):
+        outside = np.setdiff1d(np.arange(sp.n_items), plan.touched[j])
+        for name, table in (("items", new.items), ("personal", new.private["personal"])):
+            begin = start.items if name == "items" else start.private["personal"]
+            assert torch.allclose(table[j, outside], begin[j, outside] * factor[j],
+                                  rtol=1e-12, atol=0)
+            checked += outside.size
+        assert factor[j] < 1
+    assert checked > 0
+
+
+def test_untouched_decay_is_the_product_of_step_factors():
+    lr = np.array([1.0, 0.5, 0.25])
+    got = untouched_decay(lr, np.array([0, 1, 3]), 0.1).numpy()
+    assert got == pytest.approx([1.0, 0.9, 0.9 * 0.95 * 0.975])
+
+
+def test_sgd_rates_follow_the_published_schedule():
+    cfg = LocalTrainConfig(optimizer="sgd", lr=100.0, lr_head=0.1, lr_batch_decay=0.95,
+                           lr_round_decay=0.97)
+    items, head = sgd_rates(cfg, 3, 4)
+    assert items == pytest.approx(100.0 * 0.97 ** 2 * 0.95 ** np.arange(4))
+    assert head == pytest.approx(0.1 * 0.97 ** 2 * 0.95 ** np.arange(4))
+    items, head = sgd_rates(LocalTrainConfig(optimizer="sgd", lr=2.0), 1, 2)
+    assert list(items) == list(head) == [2.0, 2.0]
+
+
+def test_sgd_is_refused_where_it_is_not_built():
+    with pytest.raises(UserError, match="built for backbone fedrap, not 'mf'"):
+        _cfg(**{"federation.method": "fedmf", "train.optimizer": "sgd"}).validate()
+    with pytest.raises(UserError, match="--weight-decay .* setting of --optimizer sgd"):
+        _cfg(**{"train.weight_decay": 0.1}).validate()
+    with pytest.raises(UserError, match="unknown --optimizer"):
+        _cfg(**{"train.optimizer": "adagrad"}).validate()
+    with pytest.raises(UserError, match="lr-batch-decay"):
+        _cfg(**{**SGD, "train.lr_batch_decay": 1.5}).validate()
+
+
+def test_the_backbones_that_build_sgd_are_the_configs_list():
+    built = tuple(name for name in models.BACKBONES
+                  if "sgd" in models.build(name, 5, 2, seed=0, init_std=0.1).optimizers)
+    assert built == OPTIMIZER_BACKBONES
+
+
+def test_defaults_leave_run_identities_unchanged():
+    """The new settings at their defaults are not part of a run's identity (old sweeps
+    resume), and a non-default one is."""
+    plain = identity_dict(_cfg())
+    assert "optimizer" not in plain["train"] and "weight_decay" not in plain["train"]
+    assert identity_dict(_cfg(**SGD))["train"]["optimizer"] == "sgd"
