@@ -66,10 +66,13 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
      "stop a client's local training when its epoch loss changes by less than this, "
      "relatively (0: off; authors' code: 1e-4)"),
     ("--optimizer", "train.optimizer", str,
-     "local optimiser: adam (default) or sgd (plain SGD, the published FedRAP code's; "
-     "backbone fedrap)"),
+     "local optimiser: adam (default) or sgd (plain SGD, the published FedRAP and GPFedRec "
+     "codes'; backbones fedrap, gpfedrec); --lr is then the item tables' rate"),
     ("--lr-head", "train.lr_head", _number,
-     "sgd: learning rate of the private head (default: --lr; FedRAP code: lr_network)"),
+     "sgd: learning rate of the private head or MLP (default: --lr; FedRAP code: "
+     "lr_network)"),
+    ("--lr-user", "train.lr_user", _number,
+     "sgd: learning rate of the user embedding (default: --lr; backbone gpfedrec)"),
     ("--weight-decay", "train.weight_decay", _number,
      "sgd: L2 weight decay on every trained tensor, whole tables included (FedRAP code: "
      "l2_regularization)"),

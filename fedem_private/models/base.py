@@ -59,32 +59,41 @@ class LocalTrainConfig:
     # batch losses) changed by less than this relative to the previous epoch's; 0: off
     early_stop_tol: float = 0.0
     # "adam" or "sgd" (torch.optim.SGD without momentum; backbones that build it only). Under
-    # sgd: the head's rate (None: lr), L2 weight decay, the rates' factor per step and per
-    # round (see :func:`sgd_rates`)
+    # sgd: the head's and the user embedding's rates (None: lr), L2 weight decay, the rates'
+    # factor per step and per round (see :func:`sgd_rates`)
     optimizer: str = "adam"
     lr_head: float | None = None
+    lr_user: float | None = None
     weight_decay: float = 0.0
     lr_batch_decay: float = 1.0
     lr_round_decay: float = 1.0
-
-
-def sgd_rates(cfg: LocalTrainConfig, round_: int, steps: int) -> tuple[np.ndarray, np.ndarray]:
-    """The (items, head) learning rates of local steps 0 .. steps - 1 in round ``round_`` (1-based).
-
-    Step s of round t runs at lr * lr_round_decay^(t - 1) * lr_batch_decay^s: a rate
-    that decays per round, and within the round an ExponentialLR stepped after every
-    batch (the published FedRAP code's schedule, fresh for each client each round).
-    The head's rates are the same with lr_head (default lr) in place of lr.
-    """
-    factor = cfg.lr_round_decay ** (round_ - 1) * cfg.lr_batch_decay ** np.arange(steps)
-    head = cfg.lr if cfg.lr_head is None else cfg.lr_head
-    return cfg.lr * factor, head * factor
 
 
 def stops_early(prev: float, cur: float, tol: float) -> bool:
     """Whether an epoch loss ``cur`` after ``prev`` stops local training (DESIGN 2a):
     |cur - prev| / |prev| < tol (the FedEM code's early stop; tol 0 never stops)."""
     return tol > 0 and abs(cur - prev) < tol * abs(prev)
+
+
+def sgd_rates(cfg: LocalTrainConfig, round_: int, steps: int) -> dict[str, np.ndarray]:
+    """The learning rates of local steps 0 .. steps - 1 in round ``round_`` (1-based), per
+    parameter group: "items" (the item-side tables, lr), "head" (a private head or MLP,
+    lr_head) and "user" (a user embedding, lr_user); the last two default to lr.
+
+    Step s of round t runs at rate * lr_round_decay^(t - 1) * lr_batch_decay^s: a rate
+    that decays per round, and within the round an ExponentialLR stepped after every
+    batch (the published FedRAP code's schedule, fresh for each client each round).
+    """
+    factor = cfg.lr_round_decay ** (round_ - 1) * cfg.lr_batch_decay ** np.arange(steps)
+    base = {"items": cfg.lr, "head": cfg.lr if cfg.lr_head is None else cfg.lr_head,
+            "user": cfg.lr if cfg.lr_user is None else cfg.lr_user}
+    return {group: rate * factor for group, rate in base.items()}
+
+
+def sgd_step(param: Tensor, grad: Tensor, lr: float, weight_decay: float) -> None:
+    """One torch.optim.SGD step without momentum, in place: p -= lr * (g + weight_decay * p)."""
+    step = torch.add(grad, param, alpha=weight_decay) if weight_decay else grad
+    param.add_(step, alpha=-lr)
 
 
 @dataclass(frozen=True)

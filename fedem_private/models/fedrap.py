@@ -64,13 +64,8 @@ from fedem_private.models.base import (
     make_plan,
     reference_batches,
     sgd_rates,
+    sgd_step,
 )
-
-
-def sgd_step(param: Tensor, grad: Tensor, lr: float, weight_decay: float) -> None:
-    """One torch.optim.SGD step without momentum, in place: p -= lr * (g + weight_decay * p)."""
-    step = torch.add(grad, param, alpha=weight_decay) if weight_decay else grad
-    param.add_(step, alpha=-lr)
 
 
 def untouched_decay(lr: np.ndarray, steps: np.ndarray, weight_decay: float) -> Tensor:
@@ -129,7 +124,8 @@ class FedRAPBackbone(Backbone):
         sgd = cfg.optimizer == "sgd"
         if sgd:  # no moments: gradients only, and each step's rates
             grads, m1, m2 = [torch.zeros_like(t) for t in params], [], []
-            lr_items, lr_head = sgd_rates(cfg, round_, int(plan.steps.max(initial=0)))
+            rates = sgd_rates(cfg, round_, int(plan.steps.max(initial=0)))
+            lr_items, lr_head = rates["items"], rates["head"]
         else:
             grads, m1, m2 = adam_buffers(params)
         gcp, gw, gb = grads
@@ -153,8 +149,8 @@ class FedRAPBackbone(Backbone):
             if cfg.grad_clip is not None:  # paper mode: the uploaded table's gradient
                 clip_rows_l2(gcp[:a, :, :d], cfg.grad_clip)
             if sgd:
-                rates = (float(lr_items[s]), float(lr_head[s]), float(lr_head[s]))
-                for t, g, lr in zip(params, grads, rates, strict=True):
+                step_rates = (float(lr_items[s]), float(lr_head[s]), float(lr_head[s]))
+                for t, g, lr in zip(params, grads, step_rates, strict=True):
                     sgd_step(t[:a], g[:a], lr, cfg.weight_decay)
             else:
                 fused_adam([t[:a] for t in params], [g[:a] for g in grads],
@@ -201,11 +197,11 @@ class FedRAPBackbone(Backbone):
             head.weight.copy_(start.private["w"][0][None])
             head.bias.copy_(start.private["b"][0][None])
         if cfg.optimizer == "sgd":  # the published code's: per-group rates, per-batch decay
-            lr_items, lr_head = sgd_rates(cfg, round_, 1)
+            first = {g: float(r[0]) for g, r in sgd_rates(cfg, round_, 1).items()}
             opt: torch.optim.Optimizer = torch.optim.SGD(
-                [{"params": [c, p], "lr": float(lr_items[0])},
-                 {"params": list(head.parameters()), "lr": float(lr_head[0])}],
-                lr=float(lr_items[0]), weight_decay=cfg.weight_decay)
+                [{"params": [c, p], "lr": first["items"]},
+                 {"params": list(head.parameters()), "lr": first["head"]}],
+                lr=first["items"], weight_decay=cfg.weight_decay)
             sched = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=cfg.lr_batch_decay)
         else:
             opt = torch.optim.Adam([c, p, *head.parameters()], lr=cfg.lr, betas=cfg.betas,

@@ -11,7 +11,12 @@ aggregator's *anchor*):
 
     BCE + reg * mean_{i, k} (Q[i, k] - Q_g[u][i, k])^2      (reg = 1 by default)
 
-the published MSE over the whole m x d table. That term moves every row, so
+the published MSE over the whole m x d table.
+
+``--optimizer sgd`` trains as the published code's ``engine.py`` does: plain
+SGD with three rates, the MLP at ``lr_head``, p_u at ``lr_user`` and the item
+table at ``lr`` (that code sets them from one rate: lr, lr / sample ratio x
+eta - lr and lr x m x eta - lr). That term moves every row, so
 training runs on the full table (no compact touched-row table) and the whole
 table changes in every upload. With an aggregator that sends no anchor (any
 but ``graph``) the regulariser is off and only trained rows move.
@@ -39,6 +44,8 @@ from fedem_private.models.base import (
     fused_adam,
     make_plan,
     reference_batches,
+    sgd_rates,
+    sgd_step,
 )
 from fedem_private.models.ncf import NCFBackbone
 
@@ -49,6 +56,7 @@ class GPFedRecBackbone(NCFBackbone):
     name = "gpfedrec"
     trains_item_rows = False
     dot_product = False
+    optimizers = ("adam", "sgd")  # sgd: the published code's (module docstring)
 
     def __init__(self, n_items: int, dim: int, seed: int, init_std: float,
                  reg: float = 1.0) -> None:
@@ -89,7 +97,13 @@ class GPFedRecBackbone(NCFBackbone):
         pc = start.private["p"].clone().contiguous()
         mlp = {n: start.private[n].clone().contiguous() for n in self.names}
         params = [q, pc, *(mlp[n] for n in self.names)]
-        grads, m1, m2 = adam_buffers(params)
+        sgd = cfg.optimizer == "sgd"
+        if sgd:  # no moments; the groups' rates: table, user embedding, MLP
+            grads, m1, m2 = [torch.zeros_like(t) for t in params], [], []
+            rates = sgd_rates(cfg, round_, int(plan.steps.max(initial=0)))
+            groups = ["items", "user"] + ["head"] * len(self.names)
+        else:
+            grads, m1, m2 = adam_buffers(params)
         gq = grads[0]
         qflat, gflat = q.view(-1, d), gq.view(-1, d)
         for s, a, flat, y, w in plan.schedule():
@@ -99,10 +113,14 @@ class GPFedRecBackbone(NCFBackbone):
                 gq[:a].add_(q[:a] - anchor[:a], alpha=scale)
             if cfg.grad_clip is not None:
                 clip_rows_l2(gq[:a], cfg.grad_clip)
-            fused_adam([t[:a] for t in params], [g[:a] for g in grads], [t[:a] for t in m1],
-                       [t[:a] for t in m2], s + 1, cfg)
+            if sgd:
+                for t, g, group in zip(params, grads, groups, strict=True):
+                    sgd_step(t[:a], g[:a], float(rates[group][s]), cfg.weight_decay)
+            else:
+                fused_adam([t[:a] for t in params], [g[:a] for g in grads],
+                           [t[:a] for t in m1], [t[:a] for t in m2], s + 1, cfg)
         q_local, touched = compact.scatter(q_start)
-        if anchor is None:  # only trained rows moved
+        if anchor is None and not (sgd and cfg.weight_decay > 0):  # only trained rows moved
             rows = np.zeros((k, m), dtype=bool)
             for j in range(k):
                 items, _ = samples.of(j)
@@ -126,8 +144,17 @@ class GPFedRecBackbone(NCFBackbone):
         p = torch.nn.Parameter(start.private["p"][0].detach().clone())
         net = self.reference_net(ClientParams(start.items, self._mlp(start), start.private))
         anchor = start.anchor[0] if (start.anchor is not None and self.reg > 0) else None
-        opt = torch.optim.Adam([q, p, *net.parameters()], lr=cfg.lr, betas=cfg.betas,
-                               eps=cfg.eps)
+        sched = None
+        if cfg.optimizer == "sgd":  # the published code's three rates (and our decay options)
+            first = {g: float(r[0]) for g, r in sgd_rates(cfg, round_, 1).items()}
+            opt: torch.optim.Optimizer = torch.optim.SGD(
+                [{"params": [q], "lr": first["items"]}, {"params": [p], "lr": first["user"]},
+                 {"params": list(net.parameters()), "lr": first["head"]}],
+                lr=first["items"], weight_decay=cfg.weight_decay)
+            sched = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=cfg.lr_batch_decay)
+        else:
+            opt = torch.optim.Adam([q, p, *net.parameters()], lr=cfg.lr, betas=cfg.betas,
+                                   eps=cfg.eps)
         items_t, labels_t = torch.from_numpy(items), torch.from_numpy(labels).to(q.dtype)
         for batch in reference_batches(self.seed, round_, client, items.shape[0], cfg):
             qi = q[items_t[batch]]
@@ -140,6 +167,8 @@ class GPFedRecBackbone(NCFBackbone):
             if cfg.grad_clip is not None and q.grad.norm() > cfg.grad_clip:
                 q.grad.mul_(cfg.grad_clip / q.grad.norm())
             opt.step()
+            if sched is not None:
+                sched.step()
         private: dict[str, Tensor] = {"p": p.detach()[None].clone()}
         linears = [mod for mod in net if isinstance(mod, torch.nn.Linear)]
         for j, lin in enumerate(linears):

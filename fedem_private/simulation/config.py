@@ -145,12 +145,15 @@ class TrainConfig:
     # epoch loss is below this (0: off; the authors' code: 1e-4)
     early_stop_tol: float = 0.0
     # local training's optimiser: "adam" (the default, every backbone) or "sgd" (plain
-    # torch.optim.SGD, no momentum: the published FedRAP code's; OPTIMIZER_BACKBONES). The
-    # next four apply to sgd only: the private head's rate (None: lr), L2 weight decay on
-    # every trained tensor (whole tables included), the rate's factor after every local
-    # step (an ExponentialLR stepped per batch) and per round (round t: factor^(t-1))
+    # torch.optim.SGD, no momentum: the published FedRAP and GPFedRec codes';
+    # OPTIMIZER_BACKBONES). The next five apply to sgd only: the rates of the private head
+    # or MLP and of the user embedding (None: lr; lr itself is the item tables'), L2
+    # weight decay on every trained tensor (whole tables included), the rates' factor
+    # after every local step (an ExponentialLR stepped per batch) and per round (round t:
+    # factor^(t-1))
     optimizer: str = "adam"
     lr_head: float | None = None
+    lr_user: float | None = None
     weight_decay: float = 0.0
     lr_batch_decay: float = 1.0
     lr_round_decay: float = 1.0
@@ -180,9 +183,11 @@ class TrainConfig:
         if self.optimizer not in OPTIMIZERS:
             raise UserError(f"unknown --optimizer (train.optimizer) {self.optimizer!r}; choose "
                             f"one of {', '.join(OPTIMIZERS)}")
-        if self.lr_head is not None and not (math.isfinite(self.lr_head) and self.lr_head > 0):
-            raise UserError(f"--lr-head (train.lr_head) must be a positive number, got "
-                            f"{self.lr_head}")
+        for name in ("lr_head", "lr_user"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise UserError(f"--{name.replace('_', '-')} (train.{name}) must be a positive "
+                                f"number, got {value}")
         if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
             raise UserError(f"--weight-decay (train.weight_decay) must be >= 0, got "
                             f"{self.weight_decay}")
@@ -201,10 +206,12 @@ class TrainConfig:
 #: local optimisers; "sgd" is built for OPTIMIZER_BACKBONES only
 OPTIMIZERS = ("adam", "sgd")
 #: the settings of --optimizer sgd alone, with their defaults
-SGD_FIELDS: dict[str, Any] = {"lr_head": None, "weight_decay": 0.0, "lr_batch_decay": 1.0,
-                              "lr_round_decay": 1.0}
-#: backbones whose local training has --optimizer sgd (the published FedRAP code's)
-OPTIMIZER_BACKBONES = ("fedrap",)
+SGD_FIELDS: dict[str, Any] = {"lr_head": None, "lr_user": None, "weight_decay": 0.0,
+                              "lr_batch_decay": 1.0, "lr_round_decay": 1.0}
+#: backbones whose local training has --optimizer sgd (the published codes')
+OPTIMIZER_BACKBONES = ("gpfedrec", "fedrap")
+#: backbones with a user embedding (--lr-user)
+USER_EMBEDDING_BACKBONES = ("gpfedrec",)
 
 
 @dataclass(frozen=True)
@@ -501,6 +508,9 @@ class RunConfig:
             if backbone not in OPTIMIZER_BACKBONES:
                 raise UserError(f"--optimizer {self.train.optimizer} is built for backbone "
                                 f"{', '.join(OPTIMIZER_BACKBONES)}, not {backbone!r}")
+            if self.train.lr_user is not None and backbone not in USER_EMBEDDING_BACKBONES:
+                raise UserError(f"--lr-user is the rate of a user embedding; backbone "
+                                f"{backbone!r} has none")
         for token, section, name, _, default in PAPER_CODE_OPTIONS:
             if token in UNBUILT_OPTIONS and getattr(getattr(self, section), name) != default:
                 raise UserError(f"{section}.{name}: the option is not built yet (DESIGN 2a)")
@@ -780,6 +790,7 @@ LATER_FIELDS: dict[tuple[str, ...], Any] = {
     ("federation", "merge_every_batch"): False,
     ("train", "optimizer"): "adam",
     ("train", "lr_head"): None,
+    ("train", "lr_user"): None,
     ("train", "weight_decay"): 0.0,
     ("train", "lr_batch_decay"): 1.0,
     ("train", "lr_round_decay"): 1.0,

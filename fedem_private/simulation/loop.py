@@ -225,6 +225,7 @@ class Simulation:
                                           grad_clip=self.privacy.local_grad_clip,
                                           early_stop_tol=tr.early_stop_tol,
                                           optimizer=tr.optimizer, lr_head=tr.lr_head,
+                                          lr_user=tr.lr_user,
                                           weight_decay=tr.weight_decay,
                                           lr_batch_decay=tr.lr_batch_decay,
                                           lr_round_decay=tr.lr_round_decay)

@@ -1,6 +1,6 @@
-"""--optimizer sgd (the published FedRAP code's local optimiser): vectorised rounds against
-torch.optim.SGD + ExponentialLR per client, the closed-form decay of untouched rows, the
-rates' schedule and the refusals."""
+"""--optimizer sgd (the published FedRAP and GPFedRec codes' local optimiser): vectorised
+rounds against torch.optim.SGD + ExponentialLR per client, the closed-form decay of
+untouched rows, the rates' schedule and the refusals."""
 
 from __future__ import annotations
 
@@ -66,6 +66,22 @@ def test_sgd_rounds_equal_the_per_client_reference(small_split, float64, merge, 
         assert (sim.state.q_global - ref["q_global"]).abs().max() < 1e-9
 
 
+@pytest.mark.parametrize("over", [
+    {"train.optimizer": "sgd", "train.lr": 2.0, "train.lr_user": 0.7, "train.lr_head": 0.1},
+    {**SGD, "train.lr_user": 0.7}], ids=["published-shape", "with-decays"])
+def test_gpfedrec_sgd_rounds_equal_the_per_client_reference(small_split, float64, over):
+    """GPFedRec's three rates (item table, user embedding, MLP) over two rounds, the
+    graph's regulariser active from round 2, against one torch.optim.SGD per client."""
+    sim = Simulation(_cfg(**over, **{"federation.method": "gpfedrec"}), small_split)
+    for _ in range(2):
+        ref = reference.simulation_round(sim)
+        sim.step()
+        assert (sim.state.q_local - ref["q_local"]).abs().max() < 1e-9
+        for name, value in sim.state.private.items():
+            assert (value - ref["private"][name]).abs().max() < 1e-9
+        assert (sim.state.q_global - ref["q_global"]).abs().max() < 1e-9
+
+
 def test_rows_no_batch_touched_decay_by_the_product_of_step_factors(small_split, float64):
     """Weight decay moves every row of P_u and C (the published code's dense embedding
     gradients): a row outside a client's samples ends at start * prod_s (1 - lr_s wd)."""
@@ -86,7 +102,7 @@ def test_rows_no_batch_touched_decay_by_the_product_of_step_factors(small_split,
     new, touched = bb.train_chunk(start, order, samples, cfg, 1)
     assert touched.all()  # every row moved
     plan = make_plan(0, 1, order, samples, cfg, torch.float64)
-    lr, _ = sgd_rates(cfg, 1, int(plan.steps.max()))
+    lr = sgd_rates(cfg, 1, int(plan.steps.max()))["items"]
     factor = untouched_decay(lr, plan.steps, cfg.weight_decay)
     checked = 0
     for j in range(k):
@@ -109,18 +125,24 @@ def test_untouched_decay_is_the_product_of_step_factors():
 def test_sgd_rates_follow_the_published_schedule():
     cfg = LocalTrainConfig(optimizer="sgd", lr=100.0, lr_head=0.1, lr_batch_decay=0.95,
                            lr_round_decay=0.97)
-    items, head = sgd_rates(cfg, 3, 4)
-    assert items == pytest.approx(100.0 * 0.97 ** 2 * 0.95 ** np.arange(4))
-    assert head == pytest.approx(0.1 * 0.97 ** 2 * 0.95 ** np.arange(4))
-    items, head = sgd_rates(LocalTrainConfig(optimizer="sgd", lr=2.0), 1, 2)
-    assert list(items) == list(head) == [2.0, 2.0]
+    rates = sgd_rates(cfg, 3, 4)
+    assert rates["items"] == pytest.approx(100.0 * 0.97 ** 2 * 0.95 ** np.arange(4))
+    assert rates["head"] == pytest.approx(0.1 * 0.97 ** 2 * 0.95 ** np.arange(4))
+    assert rates["user"] == pytest.approx(rates["items"])  # lr_user defaults to lr
+    rates = sgd_rates(LocalTrainConfig(optimizer="sgd", lr=2.0, lr_user=0.5), 1, 2)
+    assert list(rates["items"]) == list(rates["head"]) == [2.0, 2.0]
+    assert list(rates["user"]) == [0.5, 0.5]
 
 
 def test_sgd_is_refused_where_it_is_not_built():
-    with pytest.raises(UserError, match="built for backbone fedrap, not 'mf'"):
+    with pytest.raises(UserError, match="built for backbone gpfedrec, fedrap, not 'mf'"):
         _cfg(**{"federation.method": "fedmf", "train.optimizer": "sgd"}).validate()
+    with pytest.raises(UserError, match="not 'pfedrec'"):
+        _cfg(**{"federation.method": "pfedrec", "train.optimizer": "sgd"}).validate()
     with pytest.raises(UserError, match="--weight-decay .* setting of --optimizer sgd"):
         _cfg(**{"train.weight_decay": 0.1}).validate()
+    with pytest.raises(UserError, match="--lr-user .* backbone 'fedrap' has none"):
+        _cfg(**{**SGD, "train.lr_user": 0.5}).validate()
     with pytest.raises(UserError, match="unknown --optimizer"):
         _cfg(**{"train.optimizer": "adagrad"}).validate()
     with pytest.raises(UserError, match="lr-batch-decay"):
