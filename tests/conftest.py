@@ -55,6 +55,30 @@ def small_split():
 
 
 @pytest.fixture
+def sorted_chunk(small_split):
+    """A function of a LocalTrainConfig giving (clients sorted by steps, descending, and
+    their round-1 samples): one chunk of every client of ``small_split``, as the loop
+    hands a backbone (seed 0, strict exclusions)."""
+    import numpy as np
+
+    from fedem_private.data.split import exclusion_csr
+    from fedem_private.models.base import draw_samples, num_steps
+
+    sp = small_split
+    excl = exclusion_csr(sp, "strict")
+
+    def make(cfg):
+        clients = np.arange(sp.n_users)
+        first = draw_samples(0, 1, clients, sp.train_indptr, sp.train_items, *excl,
+                             sp.n_items, cfg.num_negatives)
+        order = clients[np.argsort(-num_steps(np.diff(first.indptr), cfg), kind="stable")]
+        return order, draw_samples(0, 1, order, sp.train_indptr, sp.train_items, *excl,
+                                   sp.n_items, cfg.num_negatives)
+
+    return make
+
+
+@pytest.fixture
 def float64():
     """Run a test with torch's default dtype float64 (restored afterwards)."""
     old = torch.get_default_dtype()

@@ -18,7 +18,6 @@ from fedem_private.models.base import (
     ClientParams,
     LocalTrainConfig,
     draw_samples,
-    num_steps,
 )
 from fedem_private.simulation import reference
 from fedem_private.simulation.config import RunConfig, with_overrides
@@ -39,17 +38,11 @@ def _max_diff(a: dict, b: dict) -> float:
 
 
 @pytest.mark.parametrize("backbone", BACKBONES)
-def test_local_training_equals_reference(small_split, backbone):
+def test_local_training_equals_reference(small_split, sorted_chunk, backbone):
     """One chunk, every client trained at once vs one at a time with torch.optim.Adam."""
     sp = small_split
     cfg = LocalTrainConfig(epochs=2, batch_size=32, lr=0.1)
-    excl = exclusion_csr(sp, "strict")
-    clients = np.arange(sp.n_users)
-    s = draw_samples(0, 1, clients, sp.train_indptr, sp.train_items, *excl, sp.n_items,
-                     cfg.num_negatives)
-    order = clients[np.argsort(-num_steps(np.diff(s.indptr), cfg), kind="stable")]
-    samples = draw_samples(0, 1, order, sp.train_indptr, sp.train_items, *excl, sp.n_items,
-                           cfg.num_negatives)
+    order, samples = sorted_chunk(cfg)
     bb = models.build(backbone, sp.n_items, 8, seed=0, init_std=0.1)
     k = len(order)
     q0 = bb.init_items().expand(k, -1, -1).clone()

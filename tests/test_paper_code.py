@@ -289,21 +289,14 @@ def test_agg_clients_ratio_sends_tables_only_to_the_sampled(small_split):
 
 # ------------------------------------------------------------------ 8: early stop
 @pytest.mark.parametrize("tol", [0.02, 0.1])
-def test_early_stop_equals_per_client_reference(small_split, tol):
+def test_early_stop_equals_per_client_reference(small_split, sorted_chunk, tol):
     """Lock-step training with the per-client early stop vs one client at a time."""
     from fedem_private import models
-    from fedem_private.data.split import exclusion_csr
-    from fedem_private.models.base import ClientParams, LocalTrainConfig, draw_samples, num_steps
+    from fedem_private.models.base import ClientParams, LocalTrainConfig
 
     sp = small_split
     cfg = LocalTrainConfig(epochs=6, batch_size=32, lr=0.1, early_stop_tol=tol)
-    excl = exclusion_csr(sp, "strict")
-    clients = np.arange(sp.n_users)
-    s = draw_samples(0, 1, clients, sp.train_indptr, sp.train_items, *excl, sp.n_items,
-                     cfg.num_negatives)
-    order = clients[np.argsort(-num_steps(np.diff(s.indptr), cfg), kind="stable")]
-    samples = draw_samples(0, 1, order, sp.train_indptr, sp.train_items, *excl, sp.n_items,
-                           cfg.num_negatives)
+    order, samples = sorted_chunk(cfg)
     bb = models.build("mf", sp.n_items, 8, seed=0, init_std=0.1)
     k = len(order)
     q0 = bb.init_items().expand(k, -1, -1).clone()

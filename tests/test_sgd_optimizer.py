@@ -9,14 +9,11 @@ import pytest
 import torch
 
 from fedem_private import models
-from fedem_private.data.split import exclusion_csr
 from fedem_private.errors import UserError
 from fedem_private.models.base import (
     ClientParams,
     LocalTrainConfig,
-    draw_samples,
     make_plan,
-    num_steps,
     sgd_rates,
 )
 from fedem_private.models.fedrap import untouched_decay
@@ -41,12 +38,14 @@ def _cfg(**over):
     return with_overrides(RunConfig(), base)
 
 
-@pytest.fixture
-def float64():
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
+def _rounds_match_the_reference(sim: Simulation, rounds: int = 2) -> None:
+    for _ in range(rounds):
+        ref = reference.simulation_round(sim)
+        sim.step()
+        assert (sim.state.q_local - ref["q_local"]).abs().max() < 1e-9
+        for name, value in sim.state.private.items():
+            assert (value - ref["private"][name]).abs().max() < 1e-9
+        assert (sim.state.q_global - ref["q_global"]).abs().max() < 1e-9
 
 
 @pytest.mark.parametrize("merge,over", [
@@ -56,14 +55,8 @@ def float64():
 def test_sgd_rounds_equal_the_per_client_reference(small_split, float64, merge, over):
     """Rounds 1 and 2 (round decay, and EM's merge, active in round 2) against one
     torch.optim.SGD with its ExponentialLR per client."""
-    sim = Simulation(_cfg(**over, **{"federation.merge": merge}), small_split)
-    for _ in range(2):
-        ref = reference.simulation_round(sim)
-        sim.step()
-        assert (sim.state.q_local - ref["q_local"]).abs().max() < 1e-9
-        for name, value in sim.state.private.items():
-            assert (value - ref["private"][name]).abs().max() < 1e-9
-        assert (sim.state.q_global - ref["q_global"]).abs().max() < 1e-9
+    _rounds_match_the_reference(Simulation(_cfg(**over, **{"federation.merge": merge}),
+                                           small_split))
 
 
 @pytest.mark.parametrize("over", [
@@ -72,29 +65,18 @@ def test_sgd_rounds_equal_the_per_client_reference(small_split, float64, merge, 
 def test_gpfedrec_sgd_rounds_equal_the_per_client_reference(small_split, float64, over):
     """GPFedRec's three rates (item table, user embedding, MLP) over two rounds, the
     graph's regulariser active from round 2, against one torch.optim.SGD per client."""
-    sim = Simulation(_cfg(**over, **{"federation.method": "gpfedrec"}), small_split)
-    for _ in range(2):
-        ref = reference.simulation_round(sim)
-        sim.step()
-        assert (sim.state.q_local - ref["q_local"]).abs().max() < 1e-9
-        for name, value in sim.state.private.items():
-            assert (value - ref["private"][name]).abs().max() < 1e-9
-        assert (sim.state.q_global - ref["q_global"]).abs().max() < 1e-9
+    _rounds_match_the_reference(Simulation(_cfg(**over, **{"federation.method": "gpfedrec"}),
+                                           small_split))
 
 
-def test_rows_no_batch_touched_decay_by_the_product_of_step_factors(small_split, float64):
+def test_rows_no_batch_touched_decay_by_the_product_of_step_factors(small_split, float64,
+                                                                    sorted_chunk):
     """Weight decay moves every row of P_u and C (the published code's dense embedding
     gradients): a row outside a client's samples ends at start * prod_s (1 - lr_s wd)."""
     sp = small_split
     cfg = LocalTrainConfig(epochs=2, batch_size=32, optimizer="sgd", lr=3.0, lr_head=0.05,
                            weight_decay=0.01, lr_batch_decay=0.95)
-    excl = exclusion_csr(sp, "strict")
-    clients = np.arange(sp.n_users)
-    s = draw_samples(0, 1, clients, sp.train_indptr, sp.train_items, *excl, sp.n_items,
-                     cfg.num_negatives)
-    order = clients[np.argsort(-num_steps(np.diff(s.indptr), cfg), kind="stable")]
-    samples = draw_samples(0, 1, order, sp.train_indptr, sp.train_items, *excl, sp.n_items,
-                           cfg.num_negatives)
+    order, samples = sorted_chunk(cfg)
     bb = models.build("fedrap", sp.n_items, 8, seed=0, init_std=0.1)
     k = len(order)
     start = ClientParams(bb.init_items().expand(k, -1, -1).clone(), {},

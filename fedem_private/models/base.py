@@ -90,6 +90,21 @@ def sgd_rates(cfg: LocalTrainConfig, round_: int, steps: int) -> dict[str, np.nd
     return {group: rate * factor for group, rate in base.items()}
 
 
+def reference_optimizer(groups: dict[str, list[Tensor]], cfg: LocalTrainConfig, round_: int
+                        ) -> tuple[torch.optim.Optimizer,
+                                   torch.optim.lr_scheduler.LRScheduler | None]:
+    """One client's torch optimiser for a reference path: Adam over every group, or, under
+    ``optimizer == "sgd"``, torch.optim.SGD with a rate per group ("items", "head", "user";
+    :func:`sgd_rates`), weight decay, and an ExponentialLR to step after every batch."""
+    if cfg.optimizer != "sgd":
+        params = [t for group in groups.values() for t in group]
+        return torch.optim.Adam(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps), None
+    first = {g: float(r[0]) for g, r in sgd_rates(cfg, round_, 1).items()}
+    opt = torch.optim.SGD([{"params": ts, "lr": first[g]} for g, ts in groups.items()],
+                          lr=first["items"], weight_decay=cfg.weight_decay)
+    return opt, torch.optim.lr_scheduler.ExponentialLR(opt, gamma=cfg.lr_batch_decay)
+
+
 def sgd_step(param: Tensor, grad: Tensor, lr: float, weight_decay: float) -> None:
     """One torch.optim.SGD step without momentum, in place: p -= lr * (g + weight_decay * p)."""
     step = torch.add(grad, param, alpha=weight_decay) if weight_decay else grad

@@ -63,6 +63,7 @@ from fedem_private.models.base import (
     linear_init,
     make_plan,
     reference_batches,
+    reference_optimizer,
     sgd_rates,
     sgd_step,
 )
@@ -196,17 +197,9 @@ class FedRAPBackbone(Backbone):
         with torch.no_grad():
             head.weight.copy_(start.private["w"][0][None])
             head.bias.copy_(start.private["b"][0][None])
-        if cfg.optimizer == "sgd":  # the published code's: per-group rates, per-batch decay
-            first = {g: float(r[0]) for g, r in sgd_rates(cfg, round_, 1).items()}
-            opt: torch.optim.Optimizer = torch.optim.SGD(
-                [{"params": [c, p], "lr": first["items"]},
-                 {"params": list(head.parameters()), "lr": first["head"]}],
-                lr=first["items"], weight_decay=cfg.weight_decay)
-            sched = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=cfg.lr_batch_decay)
-        else:
-            opt = torch.optim.Adam([c, p, *head.parameters()], lr=cfg.lr, betas=cfg.betas,
-                                   eps=cfg.eps)
-            sched = None
+        # Adam, or the published code's SGD: per-group rates, per-batch decay
+        opt, sched = reference_optimizer({"items": [c, p], "head": list(head.parameters())},
+                                         cfg, round_)
         items_t, labels_t = torch.from_numpy(items), torch.from_numpy(labels).to(c.dtype)
         for sel in reference_batches(self.seed, round_, client, items.shape[0], cfg):
             pi, ci = p[items_t[sel]], c[items_t[sel]]

@@ -44,6 +44,7 @@ from fedem_private.models.base import (
     fused_adam,
     make_plan,
     reference_batches,
+    reference_optimizer,
     sgd_rates,
     sgd_step,
 )
@@ -144,17 +145,9 @@ class GPFedRecBackbone(NCFBackbone):
         p = torch.nn.Parameter(start.private["p"][0].detach().clone())
         net = self.reference_net(ClientParams(start.items, self._mlp(start), start.private))
         anchor = start.anchor[0] if (start.anchor is not None and self.reg > 0) else None
-        sched = None
-        if cfg.optimizer == "sgd":  # the published code's three rates (and our decay options)
-            first = {g: float(r[0]) for g, r in sgd_rates(cfg, round_, 1).items()}
-            opt: torch.optim.Optimizer = torch.optim.SGD(
-                [{"params": [q], "lr": first["items"]}, {"params": [p], "lr": first["user"]},
-                 {"params": list(net.parameters()), "lr": first["head"]}],
-                lr=first["items"], weight_decay=cfg.weight_decay)
-            sched = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=cfg.lr_batch_decay)
-        else:
-            opt = torch.optim.Adam([q, p, *net.parameters()], lr=cfg.lr, betas=cfg.betas,
-                                   eps=cfg.eps)
+        # Adam, or the published code's SGD with its three rates (and our decay options)
+        opt, sched = reference_optimizer({"items": [q], "user": [p],
+                                          "head": list(net.parameters())}, cfg, round_)
         items_t, labels_t = torch.from_numpy(items), torch.from_numpy(labels).to(q.dtype)
         for batch in reference_batches(self.seed, round_, client, items.shape[0], cfg):
             qi = q[items_t[batch]]
