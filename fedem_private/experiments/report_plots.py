@@ -170,6 +170,15 @@ def architectures(agg: pd.DataFrame) -> list[tuple[str | None, pd.DataFrame]]:
     return [(m, agg[agg["mode"].isin([m, "none"])]) for m in modes]
 
 
+def _panel_rows(agg: pd.DataFrame) -> list[tuple[str | None, list[Line], EpsAxis]]:
+    """Per row of panels (:func:`architectures`): its mode, its lines, coloured by the
+    variants of the whole table so a method looks the same in every row, and its own
+    epsilon axis."""
+    palette = sorted(agg["variant"].unique())
+    return [(mode, lines(sub, palette), EpsAxis(list(sub["x_key"])))
+            for mode, sub in architectures(agg)]
+
+
 def _titled(mode: str | None, title: str) -> str:
     return title if mode is None else f"{mode}: {title}"
 
@@ -178,13 +187,10 @@ def utility_figure(agg: pd.DataFrame, dataset: str, path: Path, random_full: flo
                    n_seeds: str) -> Path:
     """HR@10 (full ranking and sampled) against epsilon; a row of panels per architecture
     (:func:`architectures`), each with its own epsilon axis."""
-    groups = architectures(agg)
-    fig, axes = plt.subplots(len(groups), 2, figsize=(11, 4.2 * len(groups)), sharex=False,
+    rows = _panel_rows(agg)
+    fig, axes = plt.subplots(len(rows), 2, figsize=(11, 4.2 * len(rows)), sharex=False,
                              squeeze=False)
-    palette = sorted(agg["variant"].unique())
-    for row, (mode, sub) in zip(axes, groups, strict=True):
-        all_lines = lines(sub, palette)
-        axis = EpsAxis(list(sub["x_key"]))
+    for row, (mode, all_lines, axis) in zip(axes, rows, strict=True):
         for ax, column, title, rand in (
                 (row[0], "hr10_full", "HR@10, full ranking", random_full),
                 (row[1], "hr10_sampled", "HR@10, sampled (1 + 99 negatives)", 0.1)):
@@ -203,14 +209,11 @@ def utility_figure(agg: pd.DataFrame, dataset: str, path: Path, random_full: flo
 def attack_figure(agg: pd.DataFrame, dataset: str, attacks: Sequence[str], path: Path,
                   n_seeds: str) -> Path:
     """Attack AUC against epsilon, one panel per attack (a row per architecture)."""
-    groups = architectures(agg)
-    fig, axes = plt.subplots(len(groups), len(attacks),
-                             figsize=(max(8.0, 5.5 * len(attacks)), 4.4 * len(groups)),
+    rows = _panel_rows(agg)
+    fig, axes = plt.subplots(len(rows), len(attacks),
+                             figsize=(max(8.0, 5.5 * len(attacks)), 4.4 * len(rows)),
                              squeeze=False)
-    palette = sorted(agg["variant"].unique())
-    for row, (mode, sub) in zip(axes, groups, strict=True):
-        all_lines = lines(sub, palette)
-        axis = EpsAxis(list(sub["x_key"]))
+    for row, (mode, all_lines, axis) in zip(axes, rows, strict=True):
         for ax, attack in zip(row, attacks, strict=True):
             _plot_vs_eps(ax, all_lines, axis, f"{attack}_auc")
             ax.axhline(0.5, color="0.4", linestyle=":", linewidth=1, label="random guess (0.5)")
@@ -240,21 +243,18 @@ def frontier_figure(agg: pd.DataFrame, dataset: str, attacks: Sequence[str], pat
     sign (one bit, e.g. from a canary) flips it and has AUC 0.9. Without the fold, a
     reversed attack would sit on the "private" side of the plot.
     """
-    groups = architectures(agg)
-    fig, axes = plt.subplots(len(groups), len(attacks),
-                             figsize=(max(8.0, 5.5 * len(attacks)), 4.8 * len(groups)),
+    rows = _panel_rows(agg)
+    fig, axes = plt.subplots(len(rows), len(attacks),
+                             figsize=(max(8.0, 5.5 * len(attacks)), 4.8 * len(rows)),
                              squeeze=False)
-    palette = sorted(agg["variant"].unique())
-    for row, (mode, sub) in zip(axes, groups, strict=True):
-        _frontier_row(row, sub, attacks, mode, palette)
+    for row, (mode, all_lines, axis) in zip(axes, rows, strict=True):
+        _frontier_row(row, all_lines, axis, attacks, mode)
     fig.suptitle(f"{dataset}: utility vs attack success ({_over(n_seeds)})")
     return _save(fig, path)
 
 
-def _frontier_row(row: Sequence[plt.Axes], agg: pd.DataFrame, attacks: Sequence[str],
-                  mode: str | None, palette: Sequence[str]) -> None:
-    all_lines = lines(agg, palette)
-    axis = EpsAxis(list(agg["x_key"]))
+def _frontier_row(row: Sequence[plt.Axes], all_lines: list[Line], axis: EpsAxis,
+                  attacks: Sequence[str], mode: str | None) -> None:
     for ax, attack in zip(row, attacks, strict=True):
         col = f"{attack}_auc"
         labels: list[tuple[int, str, np.ndarray, np.ndarray, list[str]]] = []

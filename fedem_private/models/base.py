@@ -111,6 +111,37 @@ def sgd_step(param: Tensor, grad: Tensor, lr: float, weight_decay: float) -> Non
     param.add_(step, alpha=-lr)
 
 
+class LocalOptimizer:
+    """The step of a backbone that trains (k, ...) parameters in lock-step itself: fused
+    Adam over the first ``a`` clients (the default), or, under ``cfg.optimizer == "sgd"``,
+    :func:`sgd_step` with each parameter's group rate at step s (:func:`sgd_rates`).
+
+    ``groups`` names each parameter's group ("items", "head" or "user"); ``steps`` is
+    the chunk's longest client. ``grads`` are the zeroed gradient buffers the backbone
+    fills before each :meth:`step`.
+    """
+
+    def __init__(self, params: list[Tensor], groups: list[str], cfg: LocalTrainConfig,
+                 round_: int, steps: int) -> None:
+        self.params, self.cfg = params, cfg
+        self.sgd = cfg.optimizer == "sgd"
+        if self.sgd:  # no moments
+            self.grads = [torch.zeros_like(t) for t in params]
+            self.group_rates = sgd_rates(cfg, round_, steps)
+            self.rates = [self.group_rates[g] for g in groups]
+        else:
+            self.grads, self.m1, self.m2 = adam_buffers(params)
+
+    def step(self, a: int, s: int) -> None:
+        """Step s (0-based) of the first ``a`` clients."""
+        if self.sgd:
+            for t, g, rates in zip(self.params, self.grads, self.rates, strict=True):
+                sgd_step(t[:a], g[:a], float(rates[s]), self.cfg.weight_decay)
+        else:
+            fused_adam([t[:a] for t in self.params], [g[:a] for g in self.grads],
+                       [t[:a] for t in self.m1], [t[:a] for t in self.m2], s + 1, self.cfg)
+
+
 @dataclass(frozen=True)
 class ClientSamples:
     """One round's training samples for a list of clients (CSR over clients)."""

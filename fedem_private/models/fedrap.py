@@ -53,19 +53,16 @@ from fedem_private.models.base import (
     ClientParams,
     ClientSamples,
     Compact,
+    LocalOptimizer,
     LocalTrainConfig,
     RowsFactory,
     ScoreFn,
-    adam_buffers,
     clear_grad,
     clip_rows_l2,
-    fused_adam,
     linear_init,
     make_plan,
     reference_batches,
     reference_optimizer,
-    sgd_rates,
-    sgd_step,
 )
 
 
@@ -121,15 +118,9 @@ class FedRAPBackbone(Backbone):
         cp = both.table
         w = start.private["w"].clone().contiguous()
         b = start.private["b"].clone().contiguous()
-        params = [cp, w, b]
-        sgd = cfg.optimizer == "sgd"
-        if sgd:  # no moments: gradients only, and each step's rates
-            grads, m1, m2 = [torch.zeros_like(t) for t in params], [], []
-            rates = sgd_rates(cfg, round_, int(plan.steps.max(initial=0)))
-            lr_items, lr_head = rates["items"], rates["head"]
-        else:
-            grads, m1, m2 = adam_buffers(params)
-        gcp, gw, gb = grads
+        opt = LocalOptimizer([cp, w, b], ["items", "head", "head"], cfg, round_,
+                             int(plan.steps.max(initial=0)))
+        gcp, gw, gb = opt.grads
         cpflat, gcpflat = cp.view(-1, 2 * d), gcp.view(-1, 2 * d)
         for s, a, flat, y, wgt in plan.schedule():
             rows = cpflat.index_select(0, flat).view(a, -1, 2 * d)
@@ -149,21 +140,16 @@ class FedRAPBackbone(Backbone):
             gcpflat.index_add_(0, flat, g.view(-1, 2 * d))
             if cfg.grad_clip is not None:  # paper mode: the uploaded table's gradient
                 clip_rows_l2(gcp[:a, :, :d], cfg.grad_clip)
-            if sgd:
-                step_rates = (float(lr_items[s]), float(lr_head[s]), float(lr_head[s]))
-                for t, g, lr in zip(params, grads, step_rates, strict=True):
-                    sgd_step(t[:a], g[:a], lr, cfg.weight_decay)
-            else:
-                fused_adam([t[:a] for t in params], [g[:a] for g in grads],
-                           [t[:a] for t in m1], [t[:a] for t in m2], s + 1, cfg)
+            opt.step(a, s)
             clear_grad(gcp, a, flat, plan)
-        if sgd and cfg.weight_decay > 0:
+        decays = opt.sgd and cfg.weight_decay > 0
+        if decays:
             # rows outside the compact table had zero gradients but still decayed at each
             # of the client's steps: p * prod_s (1 - lr_s * weight_decay)
-            cp_start.mul_(untouched_decay(lr_items, plan.steps, cfg.weight_decay)
-                          .to(cp_start)[:, None, None])
+            cp_start.mul_(untouched_decay(opt.group_rates["items"], plan.steps,
+                                          cfg.weight_decay).to(cp_start)[:, None, None])
         cp_local, touched = both.scatter(cp_start, inplace=True)  # cp_start is ours
-        if sgd and cfg.weight_decay > 0:
+        if decays:
             touched = torch.ones_like(touched)  # every row moved
         c_local, p_local = cp_local[..., :d].contiguous(), cp_local[..., d:].contiguous()
         return ClientParams(c_local, {}, {"personal": p_local, "w": w, "b": b}), touched

@@ -11,15 +11,15 @@ aggregator's *anchor*):
 
     BCE + reg * mean_{i, k} (Q[i, k] - Q_g[u][i, k])^2      (reg = 1 by default)
 
-the published MSE over the whole m x d table.
+the published MSE over the whole m x d table. That term moves every row, so
+training runs on the full table (no compact touched-row table) and the whole
+table changes in every upload. With an aggregator that sends no anchor (any
+but ``graph``) the regulariser is off and only trained rows move.
 
 ``--optimizer sgd`` trains as the published code's ``engine.py`` does: plain
 SGD with three rates, the MLP at ``lr_head``, p_u at ``lr_user`` and the item
 table at ``lr`` (that code sets them from one rate: lr, lr / sample ratio x
-eta - lr and lr x m x eta - lr). That term moves every row, so
-training runs on the full table (no compact touched-row table) and the whole
-table changes in every upload. With an aggregator that sends no anchor (any
-but ``graph``) the regulariser is off and only trained rows move.
+eta - lr and lr x m x eta - lr).
 
 :meth:`GPFedRecBackbone.reference_train_client` is the obvious counterpart
 (``nn.Sequential``, ``F.mse_loss``, ``torch.optim.Adam``).
@@ -36,17 +36,14 @@ from fedem_private.models.base import (
     ClientParams,
     ClientSamples,
     Compact,
+    LocalOptimizer,
     LocalTrainConfig,
     RowsFactory,
     ScoreFn,
-    adam_buffers,
     clip_rows_l2,
-    fused_adam,
     make_plan,
     reference_batches,
     reference_optimizer,
-    sgd_rates,
-    sgd_step,
 )
 from fedem_private.models.ncf import NCFBackbone
 
@@ -98,13 +95,9 @@ class GPFedRecBackbone(NCFBackbone):
         pc = start.private["p"].clone().contiguous()
         mlp = {n: start.private[n].clone().contiguous() for n in self.names}
         params = [q, pc, *(mlp[n] for n in self.names)]
-        sgd = cfg.optimizer == "sgd"
-        if sgd:  # no moments; the groups' rates: table, user embedding, MLP
-            grads, m1, m2 = [torch.zeros_like(t) for t in params], [], []
-            rates = sgd_rates(cfg, round_, int(plan.steps.max(initial=0)))
-            groups = ["items", "user"] + ["head"] * len(self.names)
-        else:
-            grads, m1, m2 = adam_buffers(params)
+        opt = LocalOptimizer(params, ["items", "user"] + ["head"] * len(self.names), cfg,
+                             round_, int(plan.steps.max(initial=0)))
+        grads = opt.grads
         gq = grads[0]
         qflat, gflat = q.view(-1, d), gq.view(-1, d)
         for s, a, flat, y, w in plan.schedule():
@@ -114,14 +107,9 @@ class GPFedRecBackbone(NCFBackbone):
                 gq[:a].add_(q[:a] - anchor[:a], alpha=scale)
             if cfg.grad_clip is not None:
                 clip_rows_l2(gq[:a], cfg.grad_clip)
-            if sgd:
-                for t, g, group in zip(params, grads, groups, strict=True):
-                    sgd_step(t[:a], g[:a], float(rates[group][s]), cfg.weight_decay)
-            else:
-                fused_adam([t[:a] for t in params], [g[:a] for g in grads],
-                           [t[:a] for t in m1], [t[:a] for t in m2], s + 1, cfg)
+            opt.step(a, s)
         q_local, touched = compact.scatter(q_start)
-        if anchor is None and not (sgd and cfg.weight_decay > 0):  # only trained rows moved
+        if anchor is None and not (opt.sgd and cfg.weight_decay > 0):  # only trained rows moved
             rows = np.zeros((k, m), dtype=bool)
             for j in range(k):
                 items, _ = samples.of(j)

@@ -80,7 +80,7 @@ from fedem_private.models.base import (
 from fedem_private.privacy.layer import PrivacyLayer
 from fedem_private.server import aggregators
 from fedem_private.server.pretrain import pretrain_items
-from fedem_private.simulation.config import RunConfig
+from fedem_private.simulation.config import SGD_FIELDS, RunConfig
 
 SERVER = 1 << 40  # client id used to key the server's own random draws
 # the most clients trained side by side (the memory budget may allow fewer): on the CPU
@@ -224,11 +224,8 @@ class Simulation:
                                           lr=tr.lr, num_negatives=tr.num_negatives,
                                           grad_clip=self.privacy.local_grad_clip,
                                           early_stop_tol=tr.early_stop_tol,
-                                          optimizer=tr.optimizer, lr_head=tr.lr_head,
-                                          lr_user=tr.lr_user,
-                                          weight_decay=tr.weight_decay,
-                                          lr_batch_decay=tr.lr_batch_decay,
-                                          lr_round_decay=tr.lr_round_decay)
+                                          optimizer=tr.optimizer,
+                                          **{n: getattr(tr, n) for n in SGD_FIELDS})
         self.excl = exclusion_csr(split, self.cfg.data.protocol)
         self.eval_sets: EvalSets = build_eval_sets(split, self.cfg.data.protocol, self.seed,
                                                    validation=validation_kind(self.cfg))
