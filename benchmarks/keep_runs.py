@@ -1,0 +1,67 @@
+"""Keep a sweep's finished runs in git without their recordings, and bring them back.
+
+``runs/`` is not committed, and a fresh machine starts without it: a long grid
+interrupted at the end of a session would start again from nothing. This copies
+the small files of every finished run directory (those that hold
+``summary.json``) from one folder to another, keeping the layout: the files a
+sweep needs to count the point as done (``summary.json``, ``sweep_point.json``,
+``attacks.json``) and the ones ``results.csv`` is built from (``config.toml``,
+``metrics.csv``, ``privacy_ledger.json``). The recordings (``observations/``,
+``ground_truth/``) stay behind: the attacks on them have already run, and their
+scores are in ``attacks.json``.
+
+    python -m benchmarks.keep_runs runs/headline2 benchmarks/results/headline2/runs   # keep
+    python -m benchmarks.keep_runs benchmarks/results/headline2/runs runs/headline2   # resume
+
+A run already present at the destination is left as it is (never overwritten);
+a directory without ``summary.json`` (a run in flight) is not copied.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+KEPT = ("summary.json", "sweep_point.json", "attacks.json", "config.toml", "metrics.csv",
+        "privacy_ledger.json")
+
+
+def keep(src: Path, dst: Path) -> tuple[int, int]:
+    """Copy the kept files of each finished run under ``src`` to ``dst``; (copied, present)."""
+    copied = present = 0
+    for summary in sorted(src.rglob("summary.json")):
+        run = summary.parent
+        if any(part.startswith(".") for part in run.relative_to(src).parts):
+            continue  # a sweep's temporary directory
+        target = dst / run.relative_to(src)
+        if (target / "summary.json").is_file():
+            present += 1
+            continue
+        tmp = target.with_name(target.name + ".keep-tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for name in KEPT:
+            if (run / name).is_file():
+                shutil.copy2(run / name, tmp / name)
+        tmp.rename(target)  # all of it or nothing, like the sweep's own run directories
+        copied += 1
+    return copied, present
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("src", type=Path, help="folder of run directories")
+    parser.add_argument("dst", type=Path, help="where their small files go")
+    args = parser.parse_args(argv)
+    if not args.src.is_dir():
+        print(f"keep_runs: {args.src} is not a folder", file=sys.stderr)
+        return 2
+    copied, present = keep(args.src, args.dst)
+    print(f"keep_runs: {copied} runs copied to {args.dst}, {present} already there")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
