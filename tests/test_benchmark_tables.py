@@ -38,3 +38,34 @@ def test_codec_table_refuses_private_runs():
     frame.loc[0, "mode"] = "ldp-laplace"
     with pytest.raises(SystemExit, match="private runs"):
         codec_rows(frame)
+
+
+def _headline_rows(values: dict[tuple[str, float], list[float]]) -> pd.DataFrame:
+    rows = []
+    for (variant, eps), hrs in values.items():
+        for seed, hr in enumerate(hrs):
+            rows.append({"dataset": "d", "protocol": "strict", "mode": "cdp-gaussian",
+                         "variant": variant, "eps_target": eps, "seed": seed,
+                         "hr10_sampled": hr, "hr10_full": hr / 10,
+                         "projection_auc": 0.3, "support_auc": 0.55})
+    return pd.DataFrame(rows)
+
+
+def test_headline_table_chance_and_em_verdicts():
+    from benchmarks.headline_table import above, attack_table, em_table, utility_table
+
+    inf = float("inf")
+    df = _headline_rows({("fedmf", inf): [0.30, 0.31, 0.29], ("fedmf", 4.0): [0.15, 0.16, 0.14],
+                         ("fedmf", 1.0): [0.10, 0.13, 0.07],  # mean 0.10: not above chance
+                         ("fedmf-em", inf): [0.20, 0.21, 0.19], ("fedmf-em", 4.0): [0.15, 0.17,
+                                                                                    0.13]})
+    assert above(df[(df.variant == "fedmf") & (df.eps_target == 4.0)], 0.006)
+    assert not above(df[(df.variant == "fedmf") & (df.eps_target == 1.0)], 0.006)
+    # full chance above the full HR@10 (0.015) fails the setting even when sampled passes
+    assert not above(df[(df.variant == "fedmf") & (df.eps_target == 4.0)], 0.02)
+    table = utility_table(df, "d", 0.006)
+    fedmf = next(line for line in table.splitlines() if "| fedmf |" in line)
+    assert "0.300 / 0.030 *" in fedmf and fedmf.endswith("| 3 | 4 |")
+    em = next(line for line in em_table(df, "d").splitlines() if "fedmf-em vs fedmf" in line)
+    assert "-0.100 beyond" in em and "+0.000 |" in em  # eps 4: same means, no verdict
+    assert "0.700 (fedmf, projection)" in attack_table(df, "d")  # max(AUC, 1 - AUC)
