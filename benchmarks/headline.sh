@@ -2,15 +2,16 @@
 # The headline redone (issue 20): five methods under three privacy architectures.
 #
 #   bash benchmarks/headline.sh                   # OUT=runs/headline2 JOBS=1 by default
-#   ARCHS="laplace dpsgd_ml100k" bash benchmarks/headline.sh & ARCHS="cdp dpsgd" bash benchmarks/headline.sh
+#   ARCHS="laplace dpsgd_ml100k laplace_large" bash benchmarks/headline.sh & ARCHS="cdp dpsgd" bash benchmarks/headline.sh
 #                                                 # two runners that never share a run
 #   python -m benchmarks.keep_runs runs/headline2 benchmarks/results/headline2/runs   # keep
 #   fedem-private report benchmarks/results/headline/results.csv \
+#       benchmarks/results/ldp_large/results.csv benchmarks/results/ldp_large_filmtrust/results.csv \
 #       benchmarks/results/dpsgd/results.csv benchmarks/results/dpsgd_fedem/results.csv \
 #       benchmarks/results/dpsgd_pfedrec/results.csv runs/headline2 \
 #       --variants fedmf,fedmf-em,fedem-em,pfedrec,pfedrec-em --out benchmarks/results/headline2
 #
-# Runs benchmarks/headline_{laplace,dpsgd,dpsgd_ml100k,cdp}.toml seed by seed (seed
+# Runs benchmarks/headline_{laplace,laplace_large,dpsgd,dpsgd_ml100k,cdp}.toml seed by seed (seed
 # 0 of all of them first, so a first full pass lands early), then each whole file
 # once more (nothing left to run; it writes the file's sweep.toml and results.csv).
 # Every step resumes: finished run directories are skipped, and the finished runs
@@ -23,7 +24,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/headline2}
 JOBS=${JOBS:-1}
-ARCHS=${ARCHS:-laplace dpsgd dpsgd_ml100k cdp}
+ARCHS=${ARCHS:-laplace laplace_large dpsgd dpsgd_ml100k cdp}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 if [ -d benchmarks/results/headline2/runs ]; then
   python -m benchmarks.keep_runs benchmarks/results/headline2/runs "$OUT"
