@@ -4,7 +4,7 @@
 #   bash benchmarks/headline.sh                   # OUT=runs/headline2 JOBS=1 by default
 #   ARCHS="laplace dpsgd_ml100k laplace_large" bash benchmarks/headline.sh & ARCHS="cdp dpsgd" bash benchmarks/headline.sh
 #                                                 # two runners that never share a run
-#   python -m benchmarks.keep_runs runs/headline2 benchmarks/results/headline2/runs   # keep
+#   python -m benchmarks.keep_runs runs/headline2 benchmarks/results/headline2/kept   # keep
 #   fedem-private report benchmarks/results/headline/results.csv \
 #       benchmarks/results/ldp_large/results.csv benchmarks/results/ldp_large_filmtrust/results.csv \
 #       benchmarks/results/dpsgd/results.csv benchmarks/results/dpsgd_fedem/results.csv \
@@ -15,7 +15,7 @@
 # 0 of all of them first, so a first full pass lands early), then each whole file
 # once more (nothing left to run; it writes the file's sweep.toml and results.csv).
 # Every step resumes: finished run directories are skipped, and the finished runs
-# kept in git (benchmarks/results/headline2/runs, small files only, see
+# kept in git (benchmarks/results/headline2/kept, small files only, see
 # benchmarks/keep_runs.py) are copied in first, so a fresh clone goes on where the
 # last kept run stopped. It runs `python -m fedem_private`, so the code is the
 # checkout's it runs in (a git worktree pins it), not whichever copy an editable
@@ -26,8 +26,8 @@ OUT=${OUT:-runs/headline2}
 JOBS=${JOBS:-1}
 ARCHS=${ARCHS:-laplace laplace_large dpsgd dpsgd_ml100k cdp}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-if [ -d benchmarks/results/headline2/runs ]; then
-  python -m benchmarks.keep_runs benchmarks/results/headline2/runs "$OUT"
+if [ -d benchmarks/results/headline2/kept ]; then
+  python -m benchmarks.keep_runs benchmarks/results/headline2/kept "$OUT"
 fi
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT

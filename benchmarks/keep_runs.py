@@ -6,12 +6,13 @@ the small files of every finished run directory (those that hold
 ``summary.json``) from one folder to another, keeping the layout: the files a
 sweep needs to count the point as done (``summary.json``, ``sweep_point.json``,
 ``attacks.json``) and the ones ``results.csv`` is built from (``config.toml``,
-``metrics.csv``, ``privacy_ledger.json``). The recordings (``observations/``,
-``ground_truth/``) stay behind: the attacks on them have already run, and their
-scores are in ``attacks.json``.
+``metrics.csv``), about 17 KB a run. What stays behind: the recordings
+(``observations/``, ``ground_truth/``; the attacks on them have already run, and
+their scores are in ``attacks.json``) and ``privacy_ledger.json`` (the per-round
+ledger, 0.2-1.5 MB a run; its totals are in ``summary.json``).
 
-    python -m benchmarks.keep_runs runs/headline2 benchmarks/results/headline2/runs   # keep
-    python -m benchmarks.keep_runs benchmarks/results/headline2/runs runs/headline2   # resume
+    python -m benchmarks.keep_runs runs/headline2 benchmarks/results/headline2/kept   # keep
+    python -m benchmarks.keep_runs benchmarks/results/headline2/kept runs/headline2   # resume
 
 A run already present at the destination is left as it is (never overwritten);
 a directory without ``summary.json`` (a run in flight) is not copied.
@@ -24,8 +25,7 @@ import shutil
 import sys
 from pathlib import Path
 
-KEPT = ("summary.json", "sweep_point.json", "attacks.json", "config.toml", "metrics.csv",
-        "privacy_ledger.json")
+KEPT = ("summary.json", "sweep_point.json", "attacks.json", "config.toml", "metrics.csv")
 
 
 def keep(src: Path, dst: Path) -> tuple[int, int]:
