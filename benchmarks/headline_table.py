@@ -19,7 +19,10 @@ markdown:
    the difference of sampled HR@10 means, marked "beyond" when it exceeds twice its
    standard error sqrt(s1^2/n1 + s2^2/n2);
 3. the largest attack AUC (projection or support, max(AUC, 1 - AUC)) per
-   (architecture, eps), over methods, seeds averaged.
+   (architecture, eps), over methods, seeds averaged; where the runs have one, the
+   same attack's AUC on the control clients (``cdp-gaussian``: clients that sat the
+   round out, whom the released aggregate cannot contain), so what the attack reads
+   from popularity alone is beside what it reads from membership.
 """
 
 from __future__ import annotations
@@ -144,7 +147,8 @@ def attack_table(df: pd.DataFrame, dataset: str) -> str:
     cols = [c for c in ("projection_auc", "support_auc") if c in sub.columns]
     if not cols:
         return "(no attack scores)"
-    for c in cols:
+    controls = {c: c.replace("_auc", "_control_auc") for c in cols}
+    for c in cols + [v for v in controls.values() if v in sub.columns]:
         sub[c] = np.maximum(sub[c], 1 - sub[c])
     eps_all = sorted(sub.eps_target.unique(), key=lambda e: -e)
     lines = ["| architecture | " + " | ".join(_eps_text(e) for e in eps_all) + " |",
@@ -162,7 +166,13 @@ def attack_table(df: pd.DataFrame, dataset: str) -> str:
                 continue
             flat = means.stack()
             var, attack = flat.idxmax()
-            cells.append(f"{flat.max():.3f} ({var}, {attack.split('_')[0]})")
+            text = f"{flat.max():.3f} ({var}, {attack.split('_')[0]}"
+            control = controls[attack]
+            if control in g.columns:
+                value = g.loc[g.variant == var, control].mean()
+                if not math.isnan(value):
+                    text += f"; control {value:.3f}"
+            cells.append(text + ")")
         lines.append(f"| {arch} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
