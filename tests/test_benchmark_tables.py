@@ -69,3 +69,39 @@ def test_headline_table_chance_and_em_verdicts():
     em = next(line for line in em_table(df, "d").splitlines() if "fedmf-em vs fedmf" in line)
     assert "-0.100 beyond" in em and "+0.000 |" in em  # eps 4: same means, no verdict
     assert "0.700 (fedmf, projection)" in attack_table(df, "d")  # max(AUC, 1 - AUC)
+
+
+def _fake_run(root: Path, variant: str, seed: int, hr: float, rhos: list[float]) -> None:
+    import json
+
+    run = root / "d" / variant / "none" / "strict" / f"seed{seed}"
+    run.mkdir(parents=True)
+    metrics = {"sampled": {"hr@10": hr}, "full": {"hr@10": hr / 10}}
+    (run / "summary.json").write_text(json.dumps({"dataset": "d", "seed": seed,
+                                                  "metrics": metrics}))
+    (run / "sweep_point.json").write_text(json.dumps(
+        {"name": f"d/{variant}/none/strict/seed{seed}"}))
+    pd.DataFrame({"round": [10 * (i + 1) for i in range(len(rhos))],
+                  "rho_mean": rhos}).to_csv(run / "metrics.csv", index=False)
+
+
+def test_holdout_table_verdicts_trajectory_and_identity(tmp_path, capsys):
+    import json
+
+    from benchmarks.holdout_table import main
+
+    runs, abl = tmp_path / "runs", tmp_path / "ablation"
+    abl.mkdir()
+    for seed, (mf, em) in enumerate([(0.50, 0.20), (0.52, 0.21), (0.48, 0.19)]):
+        for variant, hr in (("FedMF-SR", mf), ("FedSim-SR", mf), ("FedSim-EM", em)):
+            metrics = {"sampled": {"hr@10": hr}, "full": {"hr@10": hr / 10}}
+            (abl / f"d__strict__{variant}__seed{seed}.json").write_text(json.dumps(
+                {"dataset": "d", "variant": variant, "seed": seed, "metrics": metrics}))
+        _fake_run(runs, "fedem-em-holdout", seed, em + 0.002, [0.5, 0.3 + seed / 10])
+    _fake_run(runs, "fedem-em", 0, 0.25, [0.4, 0.2])  # not the ablation's 0.20
+    assert main([str(runs), "--ablation", str(abl)]) == 0
+    out = capsys.readouterr().out
+    assert "| FedMF | 3 | 0.5000 ± 0.0200 |" in out and "-0.2980 (beyond noise" in out
+    assert "+0.0020 (within noise" in out  # holdout vs FedEM (train)
+    assert "| holdout (3 seeds) | 0.500 | 0.400 |" in out and "| train (1 seed) | 0.400 |" in out
+    assert "d train seed 0 at round 100 against the ablation's record: DIFFERENT" in out
