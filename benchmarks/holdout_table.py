@@ -9,9 +9,9 @@ Reads the holdout sweep's run directories (``benchmarks/holdout.toml`` and
 markdown:
 
 1. per dataset, sampled and full HR@10 at round 100 (mean ± std over seeds) of
-   FedMF, FedSim, FedEM (train) from the ablation and FedEM (holdout) from the
-   runs, with holdout's difference from FedMF and from FedEM (train) in sampled
-   HR@10, "beyond" seed noise when larger than twice its standard error;
+   FedMF, FedSim, FedEM (train) from the ablation, FedEM (train) and FedEM
+   (holdout) from the runs, with holdout's difference from each in sampled HR@10,
+   "beyond" seed noise when larger than twice its standard error;
 2. rho (EM's mean weight on the server's table, eq. 10) every 10 rounds: holdout
    (mean over seeds) and train (the runs of ``holdout_train.toml``);
 3. whether each train run here equals the ablation's record at round 100 (the
@@ -29,7 +29,16 @@ import pandas as pd
 
 from .common import fmt_mean_std, mean_std, seed_noise
 
-ABLATION = {"FedMF-SR": "FedMF", "FedSim-SR": "FedSim", "FedSim-EM": "FedEM (train)"}
+ABLATION = {"FedMF-SR": "FedMF (ablation)", "FedSim-SR": "FedSim (ablation)",
+            "FedSim-EM": "FedEM (train) (ablation)"}
+
+
+def verdict(m1: float, s1: float, n1: int, m2: float, s2: float, n2: int) -> str:
+    """``+0.0123 (beyond noise, 2 s.e. 0.0100)``; no verdict with one seed on a side."""
+    if n1 < 2 or n2 < 2:
+        return f"{m1 - m2:+.4f} (one seed: no noise estimate)"
+    diff, two_se, beyond = seed_noise(m1, s1, n1, m2, s2, n2)
+    return f"{diff:+.4f} ({'beyond' if beyond else 'within'} noise, 2 s.e. {two_se:.4f})"
 
 
 def runs(root: Path) -> pd.DataFrame:
@@ -80,10 +89,14 @@ def main(argv: list[str] | None = None) -> int:
             a = abl[(abl.dataset == ds) & (abl.variant == name)]
             m, s, n = mean_std(list(a.sampled))
             fm, fs, _ = mean_std(list(a.full))
-            diff, two_se, beyond = seed_noise(hm, hs, hn, m, s, n)
             print(f"| {name} | {n} | {fmt_mean_std(m, s)} | {fmt_mean_std(fm, fs)} | "
-                  f"{diff:+.4f} ({'beyond' if beyond else 'within'} noise, 2 s.e. "
-                  f"{two_se:.4f}) |")
+                  f"{verdict(hm, hs, hn, m, s, n)} |")
+        tr = train[train.dataset == ds]
+        if not tr.empty:
+            m, s, n = mean_std(list(tr.sampled))
+            fm, fs, _ = mean_std(list(tr.full))
+            print(f"| FedEM (train), this grid | {n} | {fmt_mean_std(m, s)} | "
+                  f"{fmt_mean_std(fm, fs)} | {verdict(hm, hs, hn, m, s, n)} |")
         fm, fs, _ = mean_std(list(h.full))
         print(f"| FedEM (holdout) | {hn} | {fmt_mean_std(hm, hs)} | {fmt_mean_std(fm, fs)} |"
               " |\n")
@@ -102,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {label} | " + " | ".join(f"{v:.3f}" for v in row) + " |")
         print()
         for _, t in train[train.dataset == ds].iterrows():
-            rec = abl[(abl.dataset == ds) & (abl.variant == "FedEM (train)")
+            rec = abl[(abl.dataset == ds) & (abl.variant == ABLATION["FedSim-EM"])
                       & (abl.seed == t.seed)]
             if rec.empty:
                 continue

@@ -101,7 +101,8 @@ def test_holdout_table_verdicts_trajectory_and_identity(tmp_path, capsys):
     _fake_run(runs, "fedem-em", 0, 0.25, [0.4, 0.2])  # not the ablation's 0.20
     assert main([str(runs), "--ablation", str(abl)]) == 0
     out = capsys.readouterr().out
-    assert "| FedMF | 3 | 0.5000 ± 0.0200 |" in out and "-0.2980 (beyond noise" in out
+    assert "| FedMF (ablation) | 3 | 0.5000 ± 0.0200 |" in out and "-0.2980 (beyond noise" in out
+    assert "| FedEM (train), this grid | 1 | 0.2500 |" in out and "one seed: no noise" in out
     assert "+0.0020 (within noise" in out  # holdout vs FedEM (train)
     assert "| holdout (3 seeds) | 0.500 | 0.400 |" in out and "| train (1 seed) | 0.400 |" in out
     assert "d train seed 0 at round 100 against the ablation's record: DIFFERENT" in out
