@@ -35,6 +35,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .common import mean_std, seed_noise
+
 ARCH = {"ldp-laplace": "ldp-laplace", "ldp-dpsgd": "ldp-dpsgd", "cdp-gaussian": "cdp-gaussian"}
 ORDER = ["fedmf", "fedmf-em", "fedem-em", "pfedrec", "pfedrec-em"]
 BASE = {"fedmf-em": "fedmf", "fedem-em": "fedmf", "pfedrec-em": "pfedrec"}
@@ -55,11 +57,8 @@ def full_chance(dataset: str, data_root: Path | None, seed: int = 0) -> float | 
 
 
 def _stats(values: pd.Series) -> tuple[float, float, int]:
-    v = values.dropna().astype(float)
-    n = len(v)
-    if n == 0:
-        return math.nan, math.nan, 0
-    return float(v.mean()), float(v.std(ddof=1)) if n > 1 else 0.0, n
+    """:func:`~benchmarks.common.mean_std` of a column (NaN left out)."""
+    return mean_std(list(values.dropna().astype(float)))
 
 
 def _eps_text(eps: float) -> str:
@@ -136,8 +135,8 @@ def em_table(df: pd.DataFrame, dataset: str) -> str:
                 if n1 < 2 or n2 < 2:
                     cells.append(f"{diff:+.3f} (1 seed)")
                     continue
-                se = math.sqrt(s1 ** 2 / n1 + s2 ** 2 / n2)
-                cells.append(f"{diff:+.3f}{' beyond' if abs(diff) > 2 * se else ''}")
+                _, _, beyond = seed_noise(m1, s1, n1, m2, s2, n2)
+                cells.append(f"{diff:+.3f}{' beyond' if beyond else ''}")
             lines.append(f"| {arch} | {var} vs {base} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from fedem_private.experiments.results import find_runs
+
 from .common import fmt_mean_std, mean_std, seed_noise
 
 ABLATION = {"FedMF-SR": "FedMF (ablation)", "FedSim-SR": "FedSim (ablation)",
@@ -43,12 +45,10 @@ def verdict(m1: float, s1: float, n1: int, m2: float, s2: float, n2: int) -> str
 
 def runs(root: Path) -> pd.DataFrame:
     rows = []
-    for summary in sorted(root.rglob("summary.json")):
-        if any(part.startswith(".") for part in summary.relative_to(root).parts):
-            continue
-        s = json.loads(summary.read_text())
-        name = json.loads((summary.parent / "sweep_point.json").read_text())["name"]
-        metrics = pd.read_csv(summary.parent / "metrics.csv")
+    for run in find_runs(root):
+        s = json.loads((run / "summary.json").read_text())
+        name = json.loads((run / "sweep_point.json").read_text())["name"]
+        metrics = pd.read_csv(run / "metrics.csv")
         rows.append({"dataset": s["dataset"], "variant": name.split("/")[1],
                      "seed": s["seed"], "sampled": s["metrics"]["sampled"]["hr@10"],
                      "full": s["metrics"]["full"]["hr@10"], "metrics": metrics,

@@ -25,16 +25,15 @@ import shutil
 import sys
 from pathlib import Path
 
+from fedem_private.experiments.results import find_runs
+
 KEPT = ("summary.json", "sweep_point.json", "attacks.json", "config.toml", "metrics.csv")
 
 
 def keep(src: Path, dst: Path) -> tuple[int, int]:
     """Copy the kept files of each finished run under ``src`` to ``dst``; (copied, present)."""
     copied = present = 0
-    for summary in sorted(src.rglob("summary.json")):
-        run = summary.parent
-        if any(part.startswith(".") for part in run.relative_to(src).parts):
-            continue  # a sweep's temporary directory
+    for run in find_runs(src):  # hidden folders (a sweep's temporary ones) are skipped
         target = dst / run.relative_to(src)
         if (target / "summary.json").is_file():
             present += 1
