@@ -134,7 +134,8 @@ def cross_sq_distances(tables: Tensor, rows_a: Tensor | None, rows_b: Tensor | N
     (na + nb) * chunk_rows * d values). Each chunk is centred on the mean of
     the b tables first (distances do not change; cancellation does); with all
     clients on both sides only the Gram blocks on and above the diagonal are
-    multiplied. Tiny negatives from rounding are clamped to 0 and a client's
+    multiplied, and the squared norms are the Gram matrix's diagonal (the
+    same products, so no second pass over the tables). Tiny negatives from rounding are clamped to 0 and a client's
     distance to itself is exactly 0.
 
     ``precision`` is the dtype of each chunk's products. "float32" (the
@@ -172,12 +173,11 @@ def cross_sq_distances(tables: Tensor, rows_a: Tensor | None, rows_b: Tensor | N
             _add_symmetric_gram(gram, xb)
         else:
             gram += (xa @ xb.T).to(torch.float64)
-        sq_b += xb.to(torch.float64).square().sum(dim=1)
-        if not same:
+            sq_b += xb.to(torch.float64).square().sum(dim=1)
             sq_a += xa.to(torch.float64).square().sum(dim=1)
     if same:
-        sq_a = sq_b
         gram = (gram + gram.T).mul_(0.5)  # diagonal blocks: exactly symmetric despite GEMM
+        sq_a = sq_b = gram.diagonal().clone()  # the norms from the same products
     dist = (sq_a[:, None] + sq_b[None, :] - 2.0 * gram).clamp_(min=0.0)
     _zero_self_distances(dist, rows_a, rows_b, n)
     if work == torch.float32 and not _recompute_cancelled(dist, tables, rows_a, rows_b, sq_a,
