@@ -6,9 +6,9 @@ round with the best sampled test HR@10 (the authors' reporting for FedEM; read f
 metrics.csv, so every run has it), mean ± std over the seeds found, each label's
 difference from `paper` with a seed-noise verdict (the difference of means against
 twice its standard error, :func:`benchmarks.common.seed_noise`), and the published
-figure (FedEM paper, Table 1, ML-100K).
+figure (FedEM paper, Table 1), per dataset.
 
-    python -m benchmarks.attribution_table runs/attribution
+    python -m benchmarks.attribution_table runs/attribution [more run roots ...]
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ import numpy as np
 
 from .common import seed_noise
 
-# the FedEM paper's Table 1, ML-100K HR@10 (sampled: 99 negatives)
-PUBLISHED = {"fedmf": 0.4889, "fedem-em": 0.9958}
+# the FedEM paper's Table 1, HR@10 (sampled: 99 negatives)
+PUBLISHED = {("ml-100k", "fedmf"): 0.4889, ("ml-100k", "fedem-em"): 0.9958,
+             ("filmtrust", "fedmf"): 0.6577, ("filmtrust", "fedem-em"): 0.8932}
 ORDER = ("paper", "paper+min10", "paper+sharedneg", "paper+besttest", "paper+agg10",
          "paper+pcasim", "paper+batchmerge", "paper+earlystop", "paper-code")
 
@@ -45,7 +46,8 @@ def runs(root: str) -> list[dict]:
             continue
         s = json.loads(summary.read_text())
         point = json.loads((summary.parent / "sweep_point.json").read_text())
-        out.append({"variant": point["name"].split("/")[1],
+        name = point["name"].split("/")
+        out.append({"dataset": name[0], "variant": name[1],
                     "protocol": s.get("protocol_label") or s["protocol"], "seed": s["seed"],
                     "last": s["metrics"]["sampled"]["hr@10"],
                     "best": best_test(summary.parent / "metrics.csv"),
@@ -75,31 +77,42 @@ def _diff(cell: tuple[float, float, int], base: tuple[float, float, int]) -> str
     return f"{diff:+.3f} ({'beyond' if beyond else 'within'} noise)"
 
 
+def table(rows: list[dict]) -> list[str]:
+    """The markdown table's lines, datasets in order of appearance, then methods."""
+    groups: dict[tuple[str, str, str], list[dict]] = defaultdict(list)
+    for r in rows:
+        groups[(r["dataset"], r["variant"], r["protocol"])].append(r)
+    lines = ["| dataset | method | protocol | seeds | HR@10 round 100 | vs paper | "
+             "HR@10 best test round | vs paper (best) | rho | published |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    datasets = list(dict.fromkeys(r["dataset"] for r in rows))
+    for dataset in datasets:
+        for variant in ("fedmf", "fedem-em"):
+            paper = groups.get((dataset, variant, "paper"), [])
+            base_last = _ms([r["last"] for r in paper])
+            base_best = _ms([r["best"] for r in paper])
+            for proto in ORDER:
+                cell_rows = groups.get((dataset, variant, proto))
+                if not cell_rows:
+                    continue
+                last = _ms([r["last"] for r in cell_rows])
+                best = _ms([r["best"] for r in cell_rows])
+                rho = _ms([r["rho"] for r in cell_rows])
+                same = proto == "paper"
+                published = PUBLISHED.get((dataset, variant), "-")
+                lines.append(
+                    f"| {dataset} | {variant} | {proto} | {last[2]} | {_cell(*last)} | "
+                    f"{'' if same else _diff(last, base_last)} | {_cell(*best)} | "
+                    f"{'' if same else _diff(best, base_best)} | "
+                    f"{'-' if rho[2] == 0 else f'{rho[0]:.3f}'} | {published} |")
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("root")
+    ap.add_argument("roots", nargs="+", help="folders holding run directories")
     args = ap.parse_args()
-    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
-    for r in runs(args.root):
-        groups[(r["variant"], r["protocol"])].append(r)
-    print("| method | protocol | seeds | HR@10 round 100 | vs paper | HR@10 best test round | "
-          "vs paper (best) | rho | published |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for variant in ("fedmf", "fedem-em"):
-        base_last = _ms([r["last"] for r in groups.get((variant, "paper"), [])])
-        base_best = _ms([r["best"] for r in groups.get((variant, "paper"), [])])
-        for proto in ORDER:
-            rows = groups.get((variant, proto))
-            if not rows:
-                continue
-            last = _ms([r["last"] for r in rows])
-            best = _ms([r["best"] for r in rows])
-            rho = _ms([r["rho"] for r in rows])
-            same = proto == "paper"
-            print(f"| {variant} | {proto} | {last[2]} | {_cell(*last)} | "
-                  f"{'' if same else _diff(last, base_last)} | {_cell(*best)} | "
-                  f"{'' if same else _diff(best, base_best)} | "
-                  f"{'-' if rho[2] == 0 else f'{rho[0]:.3f}'} | {PUBLISHED[variant]} |")
+    print("\n".join(table([r for root in args.roots for r in runs(root)])))
 
 
 if __name__ == "__main__":
