@@ -1,6 +1,6 @@
 """The FedEM paper's Table 3 beside what we measure: each backbone as published and +EM.
 
-    python -m benchmarks.table3 [RESULTS.csv ...]
+    python -m benchmarks.table3 [--selected] [RESULTS.csv ...]
 
 Reads one or more ``results.csv`` files written by ``fedem-private report``
 (default: ``benchmarks/results/backbones/results.csv``) and prints, per
@@ -9,6 +9,11 @@ full HR@10 / NDCG@10 as mean ± std (ddof 1) over those seeds, the paper's
 HR@10 / NDCG@10, and, for each backbone, the EM gain with a flag saying
 whether it exceeds seed noise: the two means differ by more than twice the
 larger standard deviation (needs 2+ seeds on each side; "?" otherwise).
+
+``--selected`` reads each run's reported round instead of its last (the
+``*_selected`` columns a run with ``train.select_round`` writes, e.g. under
+``paper-code``: best validation or best test HR@10, each method's code's rule); a
+run without them is refused.
 """
 
 from __future__ import annotations
@@ -56,6 +61,19 @@ def gain(base: pd.Series, em: pd.Series) -> str:
     return f"{diff:+.4f} ({'beyond' if abs(diff) > noise else 'within'} seed noise)"
 
 
+def selected(frame: pd.DataFrame) -> pd.DataFrame:
+    """The frame with each metric replaced by its value at the run's reported round."""
+    cols = [f"{m}_selected" for m in METRICS]
+    missing = [c for c in cols if c not in frame.columns]
+    if missing or frame[cols].isna().any().any():
+        raise SystemExit("--selected needs runs that report a selected round "
+                         "(train.select_round, e.g. the paper-code protocol); some have none")
+    out = frame.copy()
+    for m in METRICS:
+        out[m] = frame[f"{m}_selected"]
+    return out
+
+
 def table(frame: pd.DataFrame) -> str:
     lines = ["| dataset | protocol | method | seeds | sampled HR@10 | sampled NDCG@10 | "
              "full HR@10 | full NDCG@10 | paper HR@10 / NDCG@10 | EM gain (sampled HR@10) |",
@@ -77,9 +95,12 @@ def table(frame: pd.DataFrame) -> str:
 
 
 def main(argv: list[str]) -> int:
-    paths = [Path(a) for a in argv] or [DEFAULT]
+    use_selected = "--selected" in argv
+    paths = [Path(a) for a in argv if a != "--selected"] or [DEFAULT]
     frame = pd.concat([pd.read_csv(p) for p in paths], ignore_index=True)
     frame = frame.drop_duplicates(subset=["run"], keep="last")
+    if use_selected:
+        frame = selected(frame)
     print(table(frame))
     return 0
 

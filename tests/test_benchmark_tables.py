@@ -140,3 +140,21 @@ def test_attribution_table_per_dataset_best_round_and_verdicts(tmp_path):
     assert "| 0.650 ± 0.010 | -0.150 (beyond noise) | 0.700 ± 0.010 | -0.150 (beyond noise)" in code
     assert code.endswith("| 0.6577 |")
     assert rows[("ml-100k", "paper")].endswith("| 0.4889 |")
+
+
+def test_table3_selected_reads_the_reported_round():
+    from benchmarks.table3 import METRICS, selected, table
+
+    rows = []
+    for seed in range(3):
+        row = {"run": f"r{seed}", "dataset": "ml-100k", "protocol": "paper-code",
+               "variant": "fedmf", "seed": seed}
+        for m in METRICS:
+            row[m], row[f"{m}_selected"] = 0.1, 0.5 + seed / 100
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    assert "| 0.5100 ± 0.0100 |" in table(selected(frame))
+    assert "| 0.1000 ± 0.0000 |" in table(frame)
+    frame.loc[1, "hr10_sampled_selected"] = float("nan")
+    with pytest.raises(SystemExit, match="selected round"):
+        selected(frame)
