@@ -135,8 +135,8 @@ def cross_sq_distances(tables: Tensor, rows_a: Tensor | None, rows_b: Tensor | N
     the b tables first (distances do not change; cancellation does); with all
     clients on both sides only the Gram blocks on and above the diagonal are
     multiplied, and the squared norms are the Gram matrix's diagonal (the
-    same products, so no second pass over the tables). Tiny negatives from rounding are clamped to 0 and a client's
-    distance to itself is exactly 0.
+    same products, so no second pass over the tables). Tiny negatives from
+    rounding are clamped to 0 and a client's distance to itself is exactly 0.
 
     ``precision`` is the dtype of each chunk's products. "float32" (the
     default; the uploads are float32 already; float64 tables are still
