@@ -29,8 +29,9 @@ PUBLISHED = {("ml-100k", "fedmf"): 0.4889, ("ml-100k", "fedem-em"): 0.9958,
              ("filmtrust", "fedmf"): 0.6577, ("filmtrust", "fedem-em"): 0.8932,
              # from a different LastFM-2K file than ../shared/datasets/lastfm-2k's
              ("lastfm-2k", "fedmf"): 0.5934, ("lastfm-2k", "fedem-em"): 0.7935}
-ORDER = ("strict", "paper", "paper+min10", "paper+sharedneg", "paper+besttest", "paper+agg10",
-         "paper+pcasim", "paper+batchmerge", "paper+earlystop", "paper-code")
+ORDER = ("strict", "paper", "paper+min10", "paper+firstseen", "paper+sharedneg",
+         "paper+besttest", "paper+agg10", "paper+pcasim", "paper+batchmerge",
+         "paper+earlystop", "paper-code")
 
 
 def best_test(metrics_csv: Path) -> float:
