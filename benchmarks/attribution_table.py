@@ -20,9 +20,9 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-import numpy as np
+from fedem_private.experiments.results import find_runs
 
-from .common import seed_noise
+from .common import mean_std, seed_noise
 
 # the FedEM paper's Table 1, HR@10 (sampled: 99 negatives)
 PUBLISHED = {("ml-100k", "fedmf"): 0.4889, ("ml-100k", "fedem-em"): 0.9958,
@@ -44,25 +44,21 @@ def best_test(metrics_csv: Path) -> float:
 
 def runs(root: str) -> list[dict]:
     out = []
-    for summary in sorted(Path(root).rglob("summary.json")):
-        if any(part.startswith(".") for part in summary.parts):
-            continue
-        s = json.loads(summary.read_text())
-        point = json.loads((summary.parent / "sweep_point.json").read_text())
+    for run in find_runs(root):  # hidden folders (a sweep's temporary ones) are skipped
+        s = json.loads((run / "summary.json").read_text())
+        point = json.loads((run / "sweep_point.json").read_text())
         name = point["name"].split("/")
         out.append({"dataset": name[0], "variant": name[1],
                     "protocol": s.get("protocol_label") or s["protocol"], "seed": s["seed"],
                     "last": s["metrics"]["sampled"]["hr@10"],
-                    "best": best_test(summary.parent / "metrics.csv"),
+                    "best": best_test(run / "metrics.csv"),
                     "rho": s.get("merge_rho_mean")})
     return out
 
 
-def _ms(values: list[float]) -> tuple[float, float, int]:
-    a = np.asarray([v for v in values if v is not None and not math.isnan(v)], dtype=float)
-    if a.size == 0:
-        return math.nan, math.nan, 0
-    return float(a.mean()), float(a.std(ddof=1)) if a.size > 1 else math.nan, int(a.size)
+def _ms(values: list[float | None]) -> tuple[float, float, int]:
+    """:func:`~benchmarks.common.mean_std` with NaN left out too (a run without a curve)."""
+    return mean_std([v for v in values if v is not None and not math.isnan(v)])
 
 
 def _cell(m: float, s: float, n: int) -> str:
