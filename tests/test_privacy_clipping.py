@@ -135,3 +135,14 @@ def test_finite_rows_matches_entrywise_check() -> None:
     expected = torch.isfinite(x).flatten(1).all(dim=1)
     assert finite_rows(x).tolist() == expected.tolist() == [True, False, False, False, True, True]
     assert finite_rows(torch.zeros(0, 4)).shape == (0,)
+
+
+@pytest.mark.parametrize("norm", ["l1", "l2"])
+def test_row_whose_rounded_norm_is_the_bound_is_still_clipped(norm: str) -> None:
+    """Hypothesis's counterexample: the float64 norm of [1, 1.46e-224] rounds to exactly 1,
+    the exact one is above 1; the returned row must be within the bound exactly."""
+    delta = torch.tensor([[[1.0, 1.45516383e-224]]], dtype=torch.float64)
+    clipped, stats = CLIPS[norm](delta, 1.0)
+    _check_bound(clipped, 1.0, norm)
+    assert stats.fraction_clipped == 1.0
+    assert torch.equal(CLIPS[norm](clipped, 1.0)[0], clipped)

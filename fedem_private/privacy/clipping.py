@@ -1,14 +1,17 @@
 """Per-client norm clipping of whole update tables, in float64.
 
 clip_p(x, C) = x * min(1, C / ||x||_p), with the norm over a client's whole
-table (all m x d entries). Rows with ||x||_p <= C are returned bit for bit;
-rows above C are scaled to C * (1 - 2**-30) and then re-checked (and shrunk
-again if needed) so that their float64 norm (``torch.linalg.vector_norm``,
-rescaled where it would over- or underflow) is <= C. The 2**-30 margin exceeds the
-worst-case relative error of float64 summation (n * 2**-53) for tables of up
-to 2**23 entries, so the exact real-valued norm of the returned float64
-table is <= C too. Clipping is idempotent: a clipped row is below C, so
-clipping it again leaves it unchanged.
+table (all m x d entries), applied against the limit L = C * (1 - 2**-30).
+Rows whose float64 norm (``torch.linalg.vector_norm``, rescaled where it
+would over- or underflow) is <= L are returned bit for bit; rows above L are
+scaled to L * (1 - 2**-30) and then re-checked (and shrunk again if needed)
+so that their float64 norm is <= L. The 2**-30 margin between L and C exceeds
+the worst-case relative error of float64 summation (n * 2**-53) for tables of
+up to 2**23 entries, so the exact real-valued norm of every returned row,
+clipped or not, is <= C. (Comparing the computed norm with C itself would
+let a row whose rounded norm is C, but whose exact norm is above it, through
+unclipped.) Clipping is idempotent: a returned row's float64 norm is <= L,
+so clipping it again leaves it unchanged.
 
 Norms are computed without overflow or underflow: rows whose plain norm is
 not finite or is tiny are re-measured after dividing by their largest
@@ -36,7 +39,8 @@ class ClipStats:
 
     ``norms`` are the pre-clip per-client norms (float64, shape (k,), inf if
     the norm exceeds the float64 range); ``fraction_clipped`` is the share of
-    clients with norm > bound; ``mean_norm`` is the mean of ``norms`` (NaN for
+    clients that were scaled (norm > bound * (1 - 2**-30), see the module
+    docstring); ``mean_norm`` is the mean of ``norms`` (NaN for
     k = 0).
     """
 
@@ -67,7 +71,8 @@ def _row_norms(flat: torch.Tensor, norm: str) -> torch.Tensor:
 
 
 def _scale_rows_to(rows: torch.Tensor, bound: float, norm: str) -> torch.Tensor:
-    """Rows (all with norm > bound) scaled so their float64 norm is <= bound."""
+    """Rows (all with norm > bound) scaled so their float64 norm is <= bound (here the
+    limit L of the module docstring)."""
     p = _ord(norm)
     amax = rows.abs().amax(dim=1)
     unit = rows / amax[:, None]  # entries in [-1, 1], norm in [1, n]: no over/underflow
@@ -93,7 +98,7 @@ def clip_rows(delta: torch.Tensor, bound: float, norm: str) -> tuple[torch.Tenso
     """Clip each client's table (first axis = client) to ``norm`` ("l1" or "l2") <= bound.
 
     Implements x * min(1, C / ||x||_p) with the safety margin described in the
-    module docstring. Returns a new float64 tensor of the same shape (the input
+    module docstring: every returned row's exact norm is <= bound. Returns a new float64 tensor of the same shape (the input
     is not modified) and the ClipStats. Raises UserError on NaN or Inf entries
     (the norm, hence any bound, is undefined) and on a bound that is not finite
     and positive.
@@ -111,10 +116,11 @@ def clip_rows(delta: torch.Tensor, bound: float, norm: str) -> tuple[torch.Tenso
         rows = (~finite).nonzero().squeeze(1).tolist()
         raise UserError(f"non-finite value (NaN or Inf) in the update of row(s) {rows[:10]}")
     norms = _row_norms(flat, norm)
-    over = norms > c
+    limit = c * SAFETY
+    over = norms > limit
     if bool(over.any()):
         idx = over.nonzero().squeeze(1)
-        flat[idx] = _scale_rows_to(flat[idx], c, norm)
+        flat[idx] = _scale_rows_to(flat[idx], limit, norm)
     stats = ClipStats(
         norm=norm,
         bound=c,
