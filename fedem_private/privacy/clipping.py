@@ -98,8 +98,9 @@ def clip_rows(delta: torch.Tensor, bound: float, norm: str) -> tuple[torch.Tenso
     """Clip each client's table (first axis = client) to ``norm`` ("l1" or "l2") <= bound.
 
     Implements x * min(1, C / ||x||_p) with the safety margin described in the
-    module docstring: every returned row's exact norm is <= bound. Returns a new float64 tensor of the same shape (the input
-    is not modified) and the ClipStats. Raises UserError on NaN or Inf entries
+    module docstring: every returned row's exact norm is <= bound. Returns a
+    new float64 tensor of the same shape (the input is not modified) and the
+    ClipStats. Raises UserError on NaN or Inf entries
     (the norm, hence any bound, is undefined) and on a bound that is not finite
     and positive.
     """
