@@ -300,3 +300,35 @@ def test_the_documented_example_is_a_valid_sweep():
     ml = [p for p in points if p.name.startswith("ml-100k/")]
     assert ml and all(p.config.data.data_dir == "../shared/datasets/ml-100k" for p in ml)
     assert all(p.config.train.rounds == 10 for p in points)
+
+
+def test_missing_data_dir_refuses_to_start_and_writes_nothing(tmp_path, capsys):
+    """A dataset that points still to run cannot find is one exit-2 line before anything is
+    written, not one failure per point; points already done need no data."""
+    from fedem_private.cli import main
+
+    spec = tmp_path / "real.toml"
+    spec.write_text('[sweep]\ndatasets = ["ml-100k"]\nmethods = ["fedmf"]\nseeds = [0, 1]\n'
+                    f'[sweep.data_dirs]\nml-100k = "{tmp_path / "nowhere"}"\n' + TINY_BASE)
+    root = tmp_path / "out"
+    with pytest.raises(UserError, match=r"directory not found: .*nowhere: 2 runs of"):
+        run_sweep(str(spec), str(root), jobs=1, progress=False)
+    assert not root.exists()
+    assert main(["sweep", str(spec), "--out", str(root), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "nothing was run" in err and not root.exists()
+
+
+def test_data_check_looks_only_at_points_still_to_run(tmp_path, stub):
+    """A finished sweep whose data has since moved still resumes (there is nothing to run)."""
+    data = tmp_path / "ml-100k"
+    data.mkdir()
+    (data / "u.data").write_text("".join(f"{u}\t{(u + k) % 30 + 1}\t5\t{u * 100 + k}\n"
+                                         for u in range(1, 13) for k in range(8)))
+    spec = tmp_path / "real.toml"
+    spec.write_text('[sweep]\ndatasets = ["ml-100k"]\nmethods = ["fedmf"]\nseeds = [0]\n'
+                    f'[sweep.data_dirs]\nml-100k = "{data}"\n' + TINY_BASE)
+    root = tmp_path / "out"
+    assert run_sweep(str(spec), str(root), jobs=1, progress=False) == 0
+    data.rename(tmp_path / "moved")
+    assert run_sweep(str(spec), str(root), jobs=1, progress=False) == 0

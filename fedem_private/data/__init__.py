@@ -16,7 +16,32 @@ DATASETS = ("synthetic", *LOADERS)
 RATED_DATASETS = ("ml-100k", "ml-1m", "filmtrust", "csv")
 
 __all__ = ["DATASETS", "PROTOCOLS", "RATED_DATASETS", "Interactions", "Split", "SyntheticConfig",
-           "leave_one_out", "load_dataset"]
+           "dataset_problem", "leave_one_out", "load_dataset"]
+
+
+def dataset_problem(name: str, data_dir: str | Path | None = None,
+                    cache_dir: Path | None = None) -> str | None:
+    """Why :func:`load_dataset` could not find ``name``'s files, as one line; None if it can.
+
+    Checks only what can be checked without reading (the folder or file named, or a
+    cached copy), so a sweep can refuse to start instead of failing every point; the
+    loaders still check each file they read.
+    """
+    if name == "synthetic":
+        return None
+    if name not in LOADERS:
+        return f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}"
+    if data_dir is not None:
+        path = Path(data_dir).expanduser()
+        if path.exists():
+            return None
+        return f"dataset {name}: {'file' if name == 'csv' else 'directory'} not found: {path}"
+    if name == "csv":
+        return "dataset csv needs --data-dir pointing at the CSV file"
+    if cached_dir(name, cache_dir) is None:
+        hint = (f"run `fedem-private datasets download {name}` or " if name in REGISTRY else "")
+        return f"dataset {name}: no --data-dir given and no cached copy; {hint}pass --data-dir DIR"
+    return None
 
 
 def load_dataset(name: str, data_dir: str | Path | None = None, *, seed: int = 0,
@@ -35,15 +60,12 @@ def load_dataset(name: str, data_dir: str | Path | None = None, *, seed: int = 0
     rating = {} if min_rating is None else {"min_rating": min_rating}
     if name == "synthetic":
         return generate(synthetic or SyntheticConfig(), seed)
-    if name not in LOADERS:
-        raise UserError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
-    if data_dir is not None:
+    if name not in LOADERS or data_dir is None:
+        problem = dataset_problem(name, data_dir, cache_dir)
+        if problem is not None:
+            raise UserError(problem)
+    if data_dir is not None:  # the loader names a missing folder or file itself
         return LOADERS[name](Path(data_dir).expanduser(), **rating)
-    if name == "csv":
-        raise UserError("dataset csv needs --data-dir pointing at the CSV file")
     cached = cached_dir(name, cache_dir)
-    if cached is None:
-        hint = (f"run `fedem-private datasets download {name}` or " if name in REGISTRY else "")
-        raise UserError(f"dataset {name}: no --data-dir given and no cached copy; {hint}"
-                        f"pass --data-dir DIR")
+    assert cached is not None  # dataset_problem found it
     return LOADERS[name](cached, **rating)

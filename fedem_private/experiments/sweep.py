@@ -36,6 +36,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from fedem_private.data import dataset_problem
 from fedem_private.errors import UserError
 from fedem_private.experiments import attack_step, ray_tasks, runner
 from fedem_private.experiments.attack_step import ATTACKS_FILE, AttackStep, read_records
@@ -408,6 +409,22 @@ def _write_errors(root: Path, outcomes: list[Outcome], complete: bool) -> Path |
     return path
 
 
+def _check_data(todo: list[GridPoint], source: str) -> None:
+    """Refuse to start when a dataset that points still to run need cannot be found, rather
+    than fail each of those points (one line: the first problem and how many points)."""
+    problems: dict[str, int] = {}
+    for p in todo:
+        problem = dataset_problem(p.config.data.dataset, p.config.data.data_dir)
+        if problem is not None:
+            problems[problem] = problems.get(problem, 0) + 1
+    if problems:
+        first, count = next(iter(problems.items()))
+        more = f" (and {plural(len(problems) - 1, 'more problem')})" if len(problems) > 1 else ""
+        raise UserError(f"{first}{more}: {plural(sum(problems.values()), 'run')} of {source} "
+                        "need it; nothing was run (check [sweep.data_dirs]: relative paths "
+                        "are read from the folder the sweep runs in)")
+
+
 def run_sweep(spec_path: str | None, out_dir: str | None, jobs: int | None = None,
               force: bool = False, progress: bool = True, ray: str | None = None) -> int:
     """Run (or resume) a sweep; returns the exit code (0 when every point finished).
@@ -446,6 +463,8 @@ def run_sweep(spec_path: str | None, out_dir: str | None, jobs: int | None = Non
         todo = [p for p in points if point_state(
             root / p.name, p.digest(recording and bool(p.attacks)),
             p.attacks if recording else ()) != "done"]
+    if ray is None or ray == ray_tasks.LOCAL:  # a cluster's workers may hold data we lack
+        _check_data(todo, spec.source)
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
