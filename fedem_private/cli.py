@@ -380,9 +380,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
               f"{sm.get('hr@10', float('nan')):.4f}  NDCG@10 {sm.get('ndcg@10', float('nan')):.4f}"
               f"  (the headline above is the last round's)")
     print(privacy_text(summary.get("privacy")))
-    warning = (summary.get("clipping") or {}).get("warning")
-    if warning:
-        print(f"{PROG}: warning: {warning}", file=sys.stderr)
+    for part in ("clipping", "cold_items"):
+        warning = (summary.get(part) or {}).get("warning")
+        if warning:
+            print(f"{PROG}: warning: {warning}", file=sys.stderr)
     print(f"seconds per round: {summary['seconds_per_round']:.3f}")
     return 0
 

@@ -130,3 +130,19 @@ def test_console_entry_point_runs(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "fedem_private", "datasets", "list"],
                           capture_output=True, text=True)
     assert proc.returncode == 0 and "ml-100k" in proc.stdout
+
+
+def test_many_cold_test_items_warn_once_on_stderr(tmp_path, capsys):
+    """A file whose latest interactions are items only that user has: the summary counts them
+    and the run warns (one line) that HR@10 cannot credit those users for what was learned."""
+    rows = [f"u{u},i{(u + k) % 12},1,{k}" for u in range(30) for k in range(6)]
+    rows += [f"u{u},own{u},1,9" for u in range(20)]  # 20 of 30 users' latest: their own
+    data = tmp_path / "cold.csv"
+    data.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "run"
+    assert main(["run", "--dataset", "csv", "--data-dir", str(data), "--out", str(out),
+                 "--method", "fedmf", *TINY]) == 0
+    cold = json.loads((out / "summary.json").read_text())["cold_items"]
+    assert cold["test_share"] == pytest.approx(20 / 30)
+    err = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(err) == 1 and "67% of the users' test items appear in no training" in err[0]

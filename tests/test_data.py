@@ -19,7 +19,7 @@ from fedem_private.data import SyntheticConfig, generate, leave_one_out, load_da
 from fedem_private.data.download import REGISTRY, Source, download
 from fedem_private.data.interactions import from_raw
 from fedem_private.data.negatives import sample_excluding
-from fedem_private.data.split import exclusion_csr
+from fedem_private.data.split import cold_share, exclusion_csr
 from fedem_private.errors import UserError
 
 
@@ -124,6 +124,18 @@ def test_leave_one_out_without_time_is_seeded():
     a, b, c = leave_one_out(d, 1), leave_one_out(d, 1), leave_one_out(d, 2)
     assert np.array_equal(a.test_items, b.test_items)
     assert not np.array_equal(a.test_items, c.test_items)
+
+
+def test_cold_share_counts_held_out_items_no_training_positive_has():
+    users = np.array([0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2])
+    items = np.array([1, 2, 3, 9, 1, 2, 3, 4, 2, 3, 4, 1])
+    ts = np.array([1, 2, 3, 4] * 3, dtype=float)  # the last column is each user's test item
+    sp = leave_one_out(from_raw("t", users, items, ts), seed=0)
+    # training positives: {1, 2}, {1, 2}, {2, 3}; test items 9 (user 0's alone) and 4
+    # (user 2 holds it out for validation) are cold, 1 is not
+    assert cold_share(sp) == pytest.approx(2 / 3)
+    # validation items 3, 3 (user 2 trains on it) and 4 (nobody does)
+    assert cold_share(sp, sp.val_items) == pytest.approx(1 / 3)
 
 
 def test_everyone_filtered_is_user_error():

@@ -53,7 +53,8 @@ LEGACY_KEYS = ["dataset", "method", "variant", "aggregation", "merge", "protocol
 TAIL_COLUMNS = ["codec", "bytes_up", "bytes_down", "bytes_up_last", "bytes_total",
                 "guarantee", "clip",
                 "noise_scale", "noise_to_signal", "frac_clipped",
-                "mean_pre_clip_norm", "rho_mean", "rounds", "n_users", "n_items", "audit",
+                "mean_pre_clip_norm", "rho_mean", "rounds", "n_users", "n_items",
+                "cold_test_share", "audit",
                 "neighbouring", "trust_model", "amplification", "seconds_per_round",
                 "seconds_total"]
 
@@ -254,6 +255,8 @@ def run_row(run: Path, root: Path) -> dict[str, Any]:
         "rounds": summary.get("rounds"),
         "n_users": summary.get("n_users"),
         "n_items": summary.get("n_items"),
+        # users whose test item no training positive has (empty for runs written before)
+        "cold_test_share": _number((summary.get("cold_items") or {}).get("test_share")),
         "audit": verdict,
         "neighbouring": privacy.get("neighbouring"),
         "trust_model": privacy.get("trust_model"),

@@ -10,6 +10,7 @@ from typing import Any
 from fedem_private._version import __version__
 from fedem_private.data import leave_one_out, load_dataset
 from fedem_private.data.attributes import item_attributes
+from fedem_private.data.split import cold_share
 from fedem_private.experiments.rundir import RunDir
 from fedem_private.simulation.config import (
     RunConfig,
@@ -85,6 +86,27 @@ def clipping_summary(history: list[RoundStats], what: str = "uploads"
             "clipped": what, "warning": warning}
 
 
+# cold test items: above this share of users, the run's summary carries a warning
+MANY_COLD = 0.25
+
+
+def cold_items_summary(sim: Simulation) -> dict[str, Any]:
+    """The share of users whose test (and validation) item no training positive contains
+    (:func:`~fedem_private.data.split.cold_share`), with a warning above :data:`MANY_COLD`:
+    their hits can only come from an item the model was never trained towards."""
+    test = cold_share(sim.split)
+    out: dict[str, Any] = {"test_share": test,
+                           "val_share": cold_share(sim.split, sim.split.val_items),
+                           "warning": None}
+    if test > MANY_COLD:
+        why = (" (first-seen order: a user's last items are often ones only that user has)"
+               if sim.cfg.data.first_seen_order else "")
+        out["warning"] = (f"{test:.0%} of the users' test items appear in no training "
+                          f"interaction{why}; training meets them only as negatives, so "
+                          f"HR@10 mostly measures the other users")
+    return out
+
+
 # select_round -> (metric kind, metric) whose best value picks the reported round
 SELECTION_KEYS = {"best-test": ("sampled", "hr@10"), "best-val": ("val", "hr@10")}
 
@@ -141,6 +163,7 @@ def summarise(sim: Simulation, history: list[RoundStats], wall: float) -> dict[s
         "clipping": clipping_summary(history, "sampled positives' gradients"
                                      if sim.privacy.dpsgd else "uploads"),
         "communication": communication_summary(history),
+        "cold_items": cold_items_summary(sim),
         "version": __version__,
     }
     options = protocol_options(cfg)

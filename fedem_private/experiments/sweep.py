@@ -197,6 +197,9 @@ def point_result(out: Path) -> str | None:
     if clip.get("warning"):
         text += (f"; {clip['frac_clipped_mean']:.0%} of {clip.get('clipped', 'uploads')} "
                  f"clipped (see summary.json)")
+    cold = summary.get("cold_items") or {}
+    if cold.get("warning"):
+        text += f"; {cold['test_share']:.0%} of test items cold (see summary.json)"
     return text
 
 
