@@ -7,7 +7,9 @@ and exit with code 2; nothing already written is lost or half-written.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -438,8 +440,32 @@ def _cmd_datasets(args: argparse.Namespace) -> int:
     return 0
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's time limit, ``kill``), taken like Ctrl-C: the run in progress
+    removes its temporary directory, a sweep writes results.csv, and nothing finished is
+    lost."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise Terminated
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the exit code."""
+    """Entry point; returns the exit code (2: a user error; 130: Ctrl-C; 143: SIGTERM)."""
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main else None
+    try:
+        return _main(argv)
+    except Terminated:
+        print(f"{PROG}: terminated; finished run directories are intact (run the same "
+              f"command again to resume)", file=sys.stderr)
+        return 143
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     try:
         args = build_parser().parse_args(argv)
         if args.command == "run":
@@ -460,7 +486,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        if isinstance(exc, Terminated):
+            raise
         print(f"{PROG}: interrupted; finished run directories are intact", file=sys.stderr)
         return 130
 

@@ -332,3 +332,42 @@ def test_data_check_looks_only_at_points_still_to_run(tmp_path, stub):
     assert run_sweep(str(spec), str(root), jobs=1, progress=False) == 0
     data.rename(tmp_path / "moved")
     assert run_sweep(str(spec), str(root), jobs=1, progress=False) == 0
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_sigterm_stops_a_sweep_cleanly_and_it_resumes(tmp_path, jobs):
+    """SIGTERM (a scheduler's time limit) mid-point: exit 143, the point in progress leaves no
+    temporary directory, finished runs and results.csv stay, and the same command resumes."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    base = TINY_BASE.replace("rounds = 2", "rounds = 40").replace("n_users = 40",
+                                                                  "n_users = 300")
+    spec = write_spec(tmp_path / "s.toml", 'methods = ["fedmf"]\nseeds = [0, 1, 2, 3, 4, 5]',
+                      base)
+    root = tmp_path / "out"
+    cmd = [sys.executable, "-m", "fedem_private", "sweep", str(spec), "--out", str(root),
+           "--jobs", str(jobs), "--no-progress"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if list(root.rglob("summary.json")) and hidden(root):  # one done, one in progress
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the sweep ended before it could be stopped mid-point"
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert "terminated" in err and "interrupted" in out
+    assert hidden(root) == []
+    done = len(list(root.rglob("summary.json")))
+    assert 1 <= done < 6 and (root / "results.csv").is_file()
+    again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert again.returncode == 0, again.stderr
+    assert f"{done} already done, {6 - done} to run" in again.stdout
+    assert len(list(root.rglob("summary.json"))) == 6 and hidden(root) == []

@@ -227,10 +227,12 @@ def _on_sigint(signum: int, frame: Any) -> None:
 
 
 def _init_worker(threads: int, stop: Any, interruptible: bool) -> None:
-    """Worker setup: thread count, the shared stop flag, Ctrl-C as the parent takes it."""
+    """Worker setup: thread count, the shared stop flag, Ctrl-C as the parent takes it, and
+    SIGTERM as Ctrl-C."""
     global _STOP
     _STOP = stop
     signal.signal(signal.SIGINT, _on_sigint if interruptible else signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _on_sigint)  # a deliberate stop, even in the background
     import torch
 
     torch.set_num_threads(threads)
@@ -346,8 +348,8 @@ def _run_parallel(points: list[GridPoint], root: Path, force: bool, jobs: int,
         stop.set()
         for child in mp.active_children():  # reach workers the signal did not
             if child.pid is not None:
-                try:
-                    os.kill(child.pid, signal.SIGINT)
+                try:  # SIGTERM: workers take it as Ctrl-C even where they ignore SIGINT
+                    os.kill(child.pid, signal.SIGTERM)
                 except OSError:
                     pass
         pool.shutdown(wait=True, cancel_futures=True)
