@@ -305,6 +305,14 @@ def privacy_text(privacy: dict[str, Any] | None) -> str:
     mode = privacy.get("mode", "none")
     if mode == "none":
         return "privacy: none (no clipping, no noise: no privacy guarantee)"
+    if mode == "paper":  # noise, but no accountant: only the paper's own figure
+        heuristic = (privacy.get("paper_heuristic") or {}).get("epsilon_summed_worst_client")
+        return (f"privacy: paper (the FedEM paper's recipe: gradient clip "
+                f"{privacy.get('paper_clip', float('nan')):g} in training, Laplace noise "
+                f"{privacy.get('noise_scale', float('nan')):g} on every upload)  its heuristic "
+                f"eps (worst client, summed) "
+                + ("-" if heuristic is None else f"{float(heuristic):.4g}")
+                + ": NOT a DP guarantee")
     eps = (privacy.get("epsilon") or {}).get("reported")
     eps = None if eps is None else float(eps)
     if eps is None or eps == float("inf"):
@@ -323,9 +331,7 @@ def privacy_text(privacy: dict[str, Any] | None) -> str:
                 f"(worst client) {eps:.4g}")
     if privacy.get("delta"):
         text += f" at delta {privacy['delta']:g}"
-    if mode == "paper":
-        text += " (the FedEM paper's heuristic, not a DP guarantee)"
-    elif mode == "ldp-touched-rows":
+    if mode == "ldp-touched-rows":
         text += " (INSECURE: the touched rows leak at any eps)"
     auto = privacy.get("clip_auto")
     if auto:

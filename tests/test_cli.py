@@ -146,3 +146,20 @@ def test_many_cold_test_items_warn_once_on_stderr(tmp_path, capsys):
     assert cold["test_share"] == pytest.approx(20 / 30)
     err = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
     assert len(err) == 1 and "67% of the users' test items appear in no training" in err[0]
+
+
+def test_paper_privacy_is_described_as_noise_without_a_guarantee(tmp_path, capsys):
+    """The paper's recipe adds noise but has no accountant: neither the run's privacy line nor
+    the sweep's log line may call it 'no noise' / 'eps ∞', and both name its heuristic."""
+    from fedem_private.experiments.sweep import point_result
+
+    cfg = _synthetic_toml(tmp_path / "c.toml", rounds=2)
+    out = tmp_path / "run"
+    assert main(["run", "--config", str(cfg), "--out", str(out), "--privacy", "paper",
+                 *TINY]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("privacy:"))
+    heuristic = json.loads((out / "summary.json").read_text())["privacy"]["paper_heuristic"]
+    assert "Laplace noise 0.1" in line and "NOT a DP guarantee" in line and "∞" not in line
+    assert f"{heuristic['epsilon_summed_worst_client']:.4g}" in line
+    logged = point_result(out)
+    assert "Laplace 0.1" in logged and "no DP guarantee" in logged and "∞" not in logged

@@ -188,6 +188,11 @@ def point_result(out: Path) -> str | None:
     eps = (privacy.get("epsilon") or {}).get("reported")
     if privacy.get("mode", "none") == "none":
         eps_text = "no DP"
+    elif privacy.get("mode") == "paper":  # noise without an accountant
+        heuristic = (privacy.get("paper_heuristic") or {}).get("epsilon_summed_worst_client")
+        eps_text = (f"paper's Laplace {privacy.get('noise_scale', float('nan')):g}, heuristic "
+                    f"eps {float('nan') if heuristic is None else float(heuristic):.3g} "
+                    f"(no DP guarantee)")
     elif eps is None or float(eps) == float("inf"):
         eps_text = "eps ∞ (no noise)"
     else:
