@@ -325,3 +325,18 @@ def test_a_method_keeps_its_colour_across_architecture_rows():
     only_pfedrec = agg[agg["variant"] == "pfedrec"]
     assert rp.lines(only_pfedrec)[0].color == "C0"  # alone, the first colour
     assert rp.lines(only_pfedrec, ["fedmf", "pfedrec"])[0].color == "C1"  # as in the full set
+
+
+def test_paper_mode_shows_its_heuristic_eps_labelled_not_a_guarantee(tmp_path):
+    """Mode ``paper`` has no accountant: results.csv keeps its heuristic eps apart from the
+    bounds (all empty, no guarantee) and the report labels it as the paper's heuristic."""
+    spec = write_spec(tmp_path / "spec.toml", 'methods = ["fedem"]\nprivacy = ["paper"]\n'
+                      'seeds = [0]', TINY_BASE)
+    assert run_sweep(str(spec), str(tmp_path / "runs"), jobs=1, progress=False) == 0
+    row = pd.read_csv(tmp_path / "runs" / "results.csv").iloc[0]
+    assert row["mode"] == "paper" and not row["guarantee"]
+    assert all(math.isnan(row[c]) for c in EPS_COLUMNS)
+    assert row["eps_paper_heuristic"] > 0
+    report = write_report([str(tmp_path / "runs")], str(tmp_path / "rep"))
+    text = next(p for p in report if str(p).endswith(".md")).read_text()
+    assert f"{row['eps_paper_heuristic']:.3f} (paper's heuristic)" in text

@@ -51,7 +51,7 @@ NAMED_KEYS = {"data.dataset", "data.protocol", "federation.method", "federation.
 LEGACY_KEYS = ["dataset", "method", "variant", "aggregation", "merge", "protocol", "mode",
                "eps_target", "seed", "rounds", "clip", "n_users", "n_items"]
 TAIL_COLUMNS = ["codec", "bytes_up", "bytes_down", "bytes_up_last", "bytes_total",
-                "guarantee", "clip",
+                "guarantee", "eps_paper_heuristic", "clip",
                 "noise_scale", "noise_to_signal", "frac_clipped",
                 "mean_pre_clip_norm", "rho_mean", "rounds", "n_users", "n_items",
                 "cold_test_share", "audit",
@@ -251,6 +251,9 @@ def run_row(run: Path, root: Path) -> dict[str, Any]:
         "noise_to_signal": _number((privacy.get("noise_to_signal") or {}).get("mean_over_rounds")),
         "frac_clipped": _number(last.get("frac_clipped")),
         "mean_pre_clip_norm": _number(last.get("mean_pre_clip_norm")),
+        # mode paper: the FedEM paper's own eps (worst client, summed), NOT a guarantee
+        "eps_paper_heuristic": _number((privacy.get("paper_heuristic") or {}).get(
+            "epsilon_summed_worst_client")),
         "rho_mean": _number(summary.get("merge_rho_mean")),
         "rounds": summary.get("rounds"),
         "n_users": summary.get("n_users"),
