@@ -158,3 +158,26 @@ def test_table3_selected_reads_the_reported_round():
     frame.loc[1, "hr10_sampled_selected"] = float("nan")
     with pytest.raises(SystemExit, match="selected round"):
         selected(frame)
+    # a run that reports its last round (strict: no select_round) keeps its last values
+    frame["cfg.train.select_round"] = ["best-test", "last", "best-test"]
+    assert "| 0.3733 ± 0.2369 |" in table(selected(frame))  # 0.50, 0.10, 0.52
+
+
+def test_tables_label_paper_ldp_runs_and_show_each_table_s_published_figure():
+    from benchmarks.table3 import table
+
+    rows = [{"run": f"{v}{mode}", "dataset": "ml-100k", "protocol": "paper-code",
+             "variant": v, "mode": mode, "seed": 0, "hr10_sampled": 0.9,
+             "ndcg10_sampled": 0.8, "hr10_full": 0.5, "ndcg10_full": 0.4}
+            for v, mode in [("fedem-em", "none"), ("fedem-em", "paper"), ("fedem-dm", "none"),
+                            ("fedmf", "none"), ("fedmf-em", "none")]]
+    text = table(pd.DataFrame(rows))
+    assert "| fedem-em | 1 |" in text and "0.9958 / 0.9427" in text  # Table 1
+    assert "| fedem-em + paper LDP | 1 |" in text and "0.9936 / 0.9399" in text  # Table 4
+    assert "0.9427 / 0.8175" in text  # Table 2's FedSim-DM
+    lines = text.splitlines()
+    assert lines.index(next(x for x in lines if "| fedem-em |" in x)) < lines.index(
+        next(x for x in lines if "paper LDP" in x))
+    fedem = next(x for x in lines if "| fedem-em |" in x)
+    assert fedem.endswith("|  |")  # FedEM is not "FedEM's backbone + EM": no gain column
+    assert next(x for x in lines if "| fedmf-em |" in x).endswith("+0.0000 (?) |")
