@@ -181,3 +181,66 @@ def test_tables_label_paper_ldp_runs_and_show_each_table_s_published_figure():
     fedem = next(x for x in lines if "| fedem-em |" in x)
     assert fedem.endswith("|  |")  # FedEM is not "FedEM's backbone + EM": no gain column
     assert next(x for x in lines if "| fedmf-em |" in x).endswith("+0.0000 (?) |")
+
+
+def _score_rows(variant: str, protocol: str, values: list[float], **extra) -> list[dict]:
+    return [{"run": f"{variant}/{protocol}/{extra.get('mode', 'none')}/{seed}",
+             "dataset": extra.get("dataset", "ml-100k"), "variant": variant,
+             "protocol": protocol, "seed": seed, "mode": extra.get("mode", "none"),
+             "hr10_sampled": v, "method": variant.split("-")[0], "backbone": "mf",
+             "aggregation": "fedavg", "merge": "sr", "eps_target": None,
+             **{k: x for k, x in extra.items() if k not in ("dataset", "mode")}}
+            for seed, v in enumerate(values)]
+
+
+def test_scorecard_verdict_uses_the_prediction_interval_of_one_more_seed():
+    from benchmarks.scorecard import verdict
+
+    # s = 0.01, n = 3: 2 s sqrt(4/3) = 0.0231
+    assert verdict(0.50, 0.01, 3, 0.48) == "+0.020 reproduced"
+    assert verdict(0.50, 0.01, 3, 0.475) == "+0.025 above"
+    assert verdict(0.50, 0.01, 3, 0.53) == "-0.030 below"
+    assert verdict(0.50, float("nan"), 1, 0.40) == "+0.100 (1 seed)"
+    assert verdict(float("nan"), float("nan"), 0, 0.40) == "-"
+
+
+def test_scorecard_reads_sources_labels_runs_and_later_sources_win(tmp_path):
+    import json
+
+    from benchmarks.scorecard import main, runs, scorecard
+    from benchmarks.table3 import METRICS
+
+    # a benchmarks.ablation folder: Table 2's FedSim-SR under strict, 2 seeds
+    abl = tmp_path / "ablation"
+    abl.mkdir()
+    for seed, hr in enumerate([0.20, 0.30]):
+        (abl / f"ml-100k__strict__FedSim-SR__seed{seed}.json").write_text(json.dumps(
+            {"dataset": "ml-100k", "protocol": "strict", "variant": "FedSim-SR", "seed": seed,
+             "metrics": {"sampled": {"hr@10": hr}}, "privacy": {"mode": "none"}}))
+    rows = (_score_rows("fedsim", "strict", [0.25])  # replaces the ablation's seed 0
+            + _score_rows("fedmf", "paper-code", [0.1, 0.1, 0.1],
+                          **{f"{m}_selected": 0.49 for m in METRICS},
+                          **{"cfg.train.select_round": "best-test"})
+            + _score_rows("fedrap", "paper-code", [0.7], **{"cfg.train.optimizer": "sgd"})
+            + _score_rows("fedem-em", "paper-code", [0.95], mode="paper")
+            + _score_rows("fedmf", "strict", [0.01], mode="ldp-laplace")
+            + _score_rows("fedmf", "strict", [0.5], dataset="lastfm-2k"))
+    csv = tmp_path / "results.csv"
+    pd.DataFrame(rows).to_csv(csv, index=False)
+    frame = runs([abl, csv])
+    fedsim = frame[frame["variant"] == "fedsim"].sort_values("seed")["hr10_sampled"].tolist()
+    assert fedsim == [0.25, 0.30]
+    assert set(frame["variant"]) >= {"fedrap (sgd)", "fedem-em + paper LDP"}
+    assert "ldp-laplace" not in set(frame["mode"])  # a real mechanism is not the paper's
+    text = "\n".join(scorecard(frame))
+    # paper-code at the reported round: 0.49 on all 3 seeds against 0.4889
+    assert "| fedmf | 1, 2, 3 | 0.4889 | 0.490 ± 0.000 (3) | +0.001 above |" in text
+    assert "| fedrap (sgd) | 1, 3 | 0.8897 | 0.700 (1) | -0.190 (1 seed) |" in text
+    lines = text.splitlines()
+    assert lines.index(next(x for x in lines if x.startswith("| fedrap (sgd) |"))) == \
+        lines.index(next(x for x in lines if x.startswith("| fedrap |"))) + 1
+    assert "| fedem-em + paper LDP | 4 | 0.9936 | 0.950 (1) |" in text
+    assert "| fedsim | 2 | 0.6320 | - | - | - | 0.275 ± 0.035 (2) |" in text
+    assert "another file" in text  # LastFM-2K's published figures
+    assert "Not run here: fedem-private sweep benchmarks/ml1m.toml" in text
+    assert main([str(tmp_path / "missing.csv")]) == 2

@@ -1,0 +1,210 @@
+"""Every published number of the FedEM paper's Tables 1-4 beside ours, one line each (issue 17).
+
+    python -m benchmarks.scorecard SOURCE [SOURCE ...] [--dataset NAME ...]
+
+A SOURCE is a ``results.csv`` written by ``fedem-private report``, a folder of run
+directories (a sweep's output, or the small files ``benchmarks/keep_runs.py`` keeps), or
+a folder of ``benchmarks.ablation`` records (``<dataset>__<protocol>__<variant>__seed<k>.json``,
+the Table 2 runs made before the sweep existed). A run found twice counts once: the same
+(dataset, method, protocol, privacy mode, optimiser, seed) from a later SOURCE replaces an
+earlier one, so list older records first.
+
+For each published (dataset, method) figure (sampled HR@10; ``benchmarks.table3`` holds
+the published values) it prints the tables that publish it, the figure, and ours as
+mean ± standard deviation over seeds (ddof 1) with the number of seeds, under three
+protocols:
+
+- ``paper-code`` at each run's reported round (the authors' code's rule: best test or
+  best validation HR@10, :func:`benchmarks.table3.selected`), with the verdict against
+  the published figure: **reproduced** when it lies within the 2-sigma prediction interval
+  of one more seed of ours, |ours - published| <= 2 s sqrt(1 + 1/n) (s our seeds' standard
+  deviation, n their number: the published figure is one run with seed noise of its own),
+  **above** or **below** beyond that, and ``1 seed`` when one seed cannot say;
+- ``paper`` and ``strict`` at round 100.
+
+Runs of a backbone trained with its published code's optimiser (``train.optimizer =
+"sgd"``) are their own rows, ``<method> (sgd)``, beside the same published figure; runs
+under the paper's privacy recipe are ``fedem-em + paper LDP`` (Table 4). Published
+LastFM-2K figures come from another file than the one run here (DESIGN 2a). A dataset
+with published figures and no runs at all (ML-1M on these machines) gets one line that
+says so, with the command that fills it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from fedem_private.errors import UserError
+from fedem_private.experiments.results import collect, read_results
+
+from .table3 import LDP_SUFFIX, PAPER, PAPER_LDP, selected
+
+# which of the paper's tables publish each method's figure
+TABLES = {"fedmf": "1, 2, 3", "fedncf": "1, 3", "pfedrec": "1, 3", "gpfedrec": "1, 3",
+          "fedrap": "1, 3", "fedem-em": "1, 2", "fedsim": "2", "fedem-sm": "2",
+          "fedem-dm": "2", "fedmf-em": "3", "fedncf-em": "3", "pfedrec-em": "3",
+          "gpfedrec-em": "3", "fedrap-em": "3", "fedem-em" + LDP_SUFFIX: "4"}
+ORDER = ["fedmf", "fedncf", "pfedrec", "gpfedrec", "fedrap", "fedem-em", "fedsim",
+         "fedem-sm", "fedem-dm", "fedmf-em", "fedncf-em", "pfedrec-em", "gpfedrec-em",
+         "fedrap-em", "fedem-em" + LDP_SUFFIX]
+PROTOCOLS = ("paper-code", "paper", "strict")
+DATASETS = ("ml-100k", "filmtrust", "lastfm-2k", "ml-1m")
+# benchmarks.ablation's variant names -> the sweep's
+ABLATION = {"FedMF-SR": "fedmf", "FedSim-SR": "fedsim", "FedSim-SM": "fedem-sm",
+            "FedSim-DM": "fedem-dm", "FedSim-EM": "fedem-em"}
+FILL = {"ml-1m": "fedem-private sweep benchmarks/ml1m.toml --out runs/ml1m (needs the "
+                 "GroupLens ML-1M files in data/ml-1m)"}
+NOTES = {"lastfm-2k": "the published LastFM-2K figures describe another file (1,600 users, "
+                      "12,454 items) than the one run here (1,892 users, 17,632 items)"}
+
+
+def _ablation_records(folder: Path) -> pd.DataFrame:
+    rows = []
+    for path in sorted(folder.glob("*__*__*__seed*.json")):
+        rec = json.loads(path.read_text())
+        variant = ABLATION.get(rec.get("variant", ""))
+        if variant is None:
+            continue
+        rows.append({"run": f"ablation/{path.stem}", "dataset": rec["dataset"],
+                     "variant": variant, "protocol": rec["protocol"], "seed": rec["seed"],
+                     "mode": rec.get("privacy", {}).get("mode", "none"),
+                     "hr10_sampled": rec["metrics"]["sampled"]["hr@10"]})
+    return pd.DataFrame(rows)
+
+
+def load(source: str | Path) -> pd.DataFrame:
+    """The runs of one SOURCE (see the module docstring) as a results frame."""
+    path = Path(source)
+    if path.is_file():
+        return read_results(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"no such results.csv or folder: {path}")
+    if any(path.glob("*__*__*__seed*.json")):
+        return _ablation_records(path)
+    return collect(path)
+
+
+def runs(sources: list[str | Path]) -> pd.DataFrame:
+    """Every run of the sources, each once, labelled and at its reported round."""
+    frames = [f for f in (load(s) for s in sources) if not f.empty]
+    if not frames:
+        return pd.DataFrame(columns=["run", "dataset", "variant", "protocol", "seed",
+                                     "hr10_sampled"])
+    frame = pd.concat(frames, ignore_index=True)
+    frame = selected(frame) if "hr10_sampled_selected" in frame.columns else frame.copy()
+    if "cfg.train.optimizer" in frame.columns:
+        sgd = frame["cfg.train.optimizer"] == "sgd"
+        frame.loc[sgd, "variant"] = frame.loc[sgd, "variant"] + " (sgd)"
+    mode = frame["mode"].fillna("none") if "mode" in frame.columns else "none"
+    frame["mode"] = mode
+    frame.loc[frame["mode"] == "paper", "variant"] += LDP_SUFFIX
+    # a real privacy mechanism is not in the paper's tables
+    frame = frame[frame["mode"].isin(["none", "paper"])]
+    return frame.drop_duplicates(subset=["dataset", "variant", "protocol", "seed"],
+                                 keep="last")
+
+
+def _stats(values: pd.Series) -> tuple[float, float, int]:
+    values = values.dropna()
+    n = len(values)
+    if n == 0:
+        return math.nan, math.nan, 0
+    return float(values.mean()), float(values.std(ddof=1)) if n > 1 else math.nan, n
+
+
+def _cell(m: float, s: float, n: int) -> str:
+    if n == 0:
+        return "-"
+    if n == 1:
+        return f"{m:.3f} (1)"
+    return f"{m:.3f} ± {s:.3f} ({n})"
+
+
+def verdict(m: float, s: float, n: int, published: float) -> str:
+    """Ours (mean m, std s over n seeds) against a published figure (module docstring)."""
+    if n == 0:
+        return "-"
+    diff = m - published
+    if n == 1:
+        return f"{diff:+.3f} (1 seed)"
+    if abs(diff) <= 2 * s * math.sqrt(1 + 1 / n):
+        return f"{diff:+.3f} reproduced"
+    return f"{diff:+.3f} {'above' if diff > 0 else 'below'}"
+
+
+def _published(dataset: str, variant: str) -> float | None:
+    base = variant.removesuffix(" (sgd)")
+    if base.endswith(LDP_SUFFIX):
+        figure = PAPER_LDP.get(dataset) if base == "fedem-em" + LDP_SUFFIX else None
+    else:
+        figure = PAPER.get((dataset, base))
+    return None if figure is None else figure[0]
+
+
+def _variants(frame: pd.DataFrame, dataset: str) -> list[str]:
+    """The published methods of ``dataset``, then any (sgd) row after its method's."""
+    have = set(frame.loc[frame["dataset"] == dataset, "variant"])
+    out = []
+    for v in ORDER:
+        if _published(dataset, v) is None:
+            continue
+        out.append(v)
+        out.extend(sorted(x for x in have if x.removesuffix(" (sgd)") == v and x != v))
+    return out
+
+
+def scorecard(frame: pd.DataFrame, datasets: list[str] | None = None) -> list[str]:
+    """The scorecard's markdown lines (module docstring)."""
+    lines = []
+    for dataset in datasets or list(DATASETS):
+        sub = frame[frame["dataset"] == dataset]
+        lines.append(f"#### {dataset}: sampled HR@10, published against ours")
+        lines.append("")
+        if sub.empty:
+            lines.append(f"Not run here: {FILL.get(dataset, 'no runs in these sources')}.")
+            lines.append("")
+            continue
+        if dataset in NOTES:
+            lines.extend([f"Note: {NOTES[dataset]}.", ""])
+        lines.append("| method | tables | published | paper-code (reported round) | "
+                     "vs published | paper (round 100) | strict (round 100) |")
+        lines.append("|---|---|---|---|---|---|---|")
+        for variant in _variants(frame, dataset):
+            figure = _published(dataset, variant)
+            assert figure is not None
+            cells = {}
+            for protocol in PROTOCOLS:
+                rows = sub[(sub["variant"] == variant) & (sub["protocol"] == protocol)]
+                cells[protocol] = _stats(rows["hr10_sampled"])
+            base = variant.removesuffix(" (sgd)")
+            lines.append(f"| {variant} | {TABLES.get(base, '')} | {figure:.4f} | "
+                         f"{_cell(*cells['paper-code'])} | "
+                         f"{verdict(*cells['paper-code'], figure)} | "
+                         f"{_cell(*cells['paper'])} | {_cell(*cells['strict'])} |")
+        lines.append("")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("sources", nargs="+", help="results.csv files and run folders")
+    ap.add_argument("--dataset", action="append", choices=DATASETS,
+                    help="only this dataset (repeatable; default: all four)")
+    args = ap.parse_args(argv)
+    try:
+        frame = runs(args.sources)
+    except (FileNotFoundError, UserError) as exc:
+        print(f"scorecard: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(scorecard(frame, args.dataset)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
