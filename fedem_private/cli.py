@@ -68,8 +68,9 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
      "stop a client's local training when its epoch loss changes by less than this, "
      "relatively (0: off; authors' code: 1e-4)"),
     ("--optimizer", "train.optimizer", str,
-     "local optimiser: adam (default) or sgd (plain SGD, the published FedRAP and GPFedRec "
-     "codes'; backbones fedrap, gpfedrec); --lr is then the item tables' rate"),
+     "local optimiser: adam (default) or sgd (plain SGD, the published PFedRec, FedRAP and "
+     "GPFedRec codes'; backbones pfedrec, fedrap, gpfedrec); --lr is then the item tables' "
+     "rate"),
     ("--lr-head", "train.lr_head", _number,
      "sgd: learning rate of the private head or MLP (default: --lr; FedRAP code: "
      "lr_network)"),

@@ -1,4 +1,4 @@
-"""--optimizer sgd (the published FedRAP and GPFedRec codes' local optimiser): vectorised
+"""--optimizer sgd (the published PFedRec, FedRAP and GPFedRec codes' local optimiser): vectorised
 rounds against torch.optim.SGD + ExponentialLR per client, the closed-form decay of
 untouched rows, the rates' schedule and the refusals."""
 
@@ -15,8 +15,8 @@ from fedem_private.models.base import (
     LocalTrainConfig,
     make_plan,
     sgd_rates,
+    untouched_decay,
 )
-from fedem_private.models.fedrap import untouched_decay
 from fedem_private.simulation import reference
 from fedem_private.simulation.config import (
     OPTIMIZER_BACKBONES,
@@ -69,6 +69,37 @@ def test_gpfedrec_sgd_rounds_equal_the_per_client_reference(small_split, float64
                                            small_split))
 
 
+@pytest.mark.parametrize("merge,over", [
+    ("sr", {"train.optimizer": "sgd", "train.lr": 4.0, "train.lr_head": 0.1}),
+    ("em", {"train.optimizer": "sgd", "train.lr": 4.0, "train.lr_head": 0.1}),
+    ("sr", SGD)], ids=["published-shape", "published-shape-em", "with-decays"])
+def test_pfedrec_sgd_rounds_equal_the_per_client_reference(small_split, float64, merge, over):
+    """PFedRec's two steps per batch (head, then table with the updated head), each by SGD
+    at its own rate, over two rounds, against two torch.optim.SGD (with their
+    ExponentialLR) per client; with weight decay every row of the table moves."""
+    _rounds_match_the_reference(Simulation(_cfg(**over, **{"federation.method": "pfedrec",
+                                                            "federation.merge": merge}),
+                                           small_split))
+
+
+def test_pfedrec_sgd_without_decay_moves_only_batch_rows(small_split, float64, sorted_chunk):
+    """SGD has no moments: a row no batch touched keeps its start value exactly, and the
+    touched mask is the rows of the client's samples."""
+    cfg = LocalTrainConfig(epochs=2, batch_size=32, optimizer="sgd", lr=4.0, lr_head=0.1)
+    order, samples = sorted_chunk(cfg)
+    bb = models.build("pfedrec", small_split.n_items, 8, seed=0, init_std=0.1)
+    k = len(order)
+    start = ClientParams(bb.init_items().expand(k, -1, -1).clone(), {}, bb.init_private(order))
+    new, touched = bb.train_chunk(start, order, samples, cfg, 1)
+    for j in range(k):
+        items, _ = samples.of(j)
+        mask = np.zeros(small_split.n_items, dtype=bool)
+        mask[items] = True
+        assert np.array_equal(touched[j].numpy(), mask)
+        assert torch.equal(new.items[j, ~mask], start.items[j, ~mask])
+        assert not torch.equal(new.items[j, mask], start.items[j, mask])
+
+
 def test_rows_no_batch_touched_decay_by_the_product_of_step_factors(small_split, float64,
                                                                     sorted_chunk):
     """Weight decay moves every row of P_u and C (the published code's dense embedding
@@ -117,10 +148,14 @@ def test_sgd_rates_follow_the_published_schedule():
 
 
 def test_sgd_is_refused_where_it_is_not_built():
-    with pytest.raises(UserError, match="built for backbone gpfedrec, fedrap, not 'mf'"):
+    with pytest.raises(UserError, match="built for backbone pfedrec, gpfedrec, fedrap, not 'mf'"):
         _cfg(**{"federation.method": "fedmf", "train.optimizer": "sgd"}).validate()
-    with pytest.raises(UserError, match="not 'pfedrec'"):
-        _cfg(**{"federation.method": "pfedrec", "train.optimizer": "sgd"}).validate()
+    with pytest.raises(UserError, match="codec 'lora' trains its own parameters"):
+        _cfg(**{"federation.method": "pfedrec", "train.optimizer": "sgd",
+                "federation.codec": "lora"}).validate()
+    with pytest.raises(UserError, match="own DP-SGD steps; --optimizer sgd"):
+        _cfg(**{"federation.method": "pfedrec", "train.optimizer": "sgd",
+                "privacy.mode": "ldp-dpsgd", "privacy.epsilon": 8.0}).validate()
     with pytest.raises(UserError, match="--weight-decay .* setting of --optimizer sgd"):
         _cfg(**{"train.weight_decay": 0.1}).validate()
     with pytest.raises(UserError, match="--lr-user .* backbone 'fedrap' has none"):

@@ -522,6 +522,45 @@ class CompactRows(ItemRows):
         self.table[j] = saved
 
 
+def untouched_decay(lr: np.ndarray, steps: np.ndarray, weight_decay: float) -> Tensor:
+    """Per client j, prod over its steps s < steps[j] of (1 - lr[s] * weight_decay): what
+    weight decay alone does to a row whose gradient stays zero (float64, (k,))."""
+    factors = np.concatenate(([1.0], np.cumprod(1.0 - np.asarray(lr) * weight_decay)))
+    return torch.from_numpy(factors[np.asarray(steps, dtype=np.int64)])
+
+
+class SGDRows(CompactRows):
+    """The item table's own touched rows trained by plain SGD without momentum
+    (:func:`sgd_step` at rate ``rates[s]`` for step s, L2 ``weight_decay``): the optimiser
+    of ``--optimizer sgd`` for a backbone that trains through :class:`ItemRows`.
+
+    Exact like :class:`CompactRows`: without weight decay a row with a zero gradient
+    does not move under SGD. With weight decay every row of the table moves at every
+    step (torch.optim.SGD decays the whole parameter): the rows outside the compact
+    table are scaled once at :meth:`close` by :func:`untouched_decay`, and every row
+    counts as touched.
+    """
+
+    def __init__(self, q_start: Tensor, plan: Plan, rates: np.ndarray,
+                 weight_decay: float) -> None:
+        super().__init__(q_start, plan)
+        self.rates, self.weight_decay = np.asarray(rates, dtype=np.float64), weight_decay
+
+    def step(self, a: int, flat: Tensor, s: int, cfg: LocalTrainConfig) -> None:
+        if cfg.grad_clip is not None:
+            clip_rows_l2(self.grad[:a], cfg.grad_clip)
+        sgd_step(self.table[:a], self.grad[:a], float(self.rates[s]), self.weight_decay)
+        clear_grad(self.grad, a, flat, self.plan)
+
+    def close(self) -> tuple[Tensor, Tensor]:
+        if self.weight_decay <= 0:
+            return self.compact.scatter(self.q_start)
+        decay = untouched_decay(self.rates, self.plan.steps, self.weight_decay)
+        q_decayed = self.q_start * decay.to(self.q_start)[:, None, None]
+        q_local, touched = self.compact.scatter(q_decayed, inplace=True)  # q_decayed is ours
+        return q_local, torch.ones_like(touched)
+
+
 #: builds the :class:`ItemRows` of a chunk from its starting tables (k, m, d) and plan
 RowsFactory = Callable[[Tensor, "Plan"], ItemRows]
 

@@ -63,14 +63,8 @@ from fedem_private.models.base import (
     make_plan,
     reference_batches,
     reference_optimizer,
+    untouched_decay,
 )
-
-
-def untouched_decay(lr: np.ndarray, steps: np.ndarray, weight_decay: float) -> Tensor:
-    """Per client j, prod over its steps s < steps[j] of (1 - lr[s] * weight_decay): what
-    weight decay alone does to a row whose gradient stays zero (float64, (k,))."""
-    factors = np.concatenate(([1.0], np.cumprod(1.0 - np.asarray(lr) * weight_decay)))
-    return torch.from_numpy(factors[np.asarray(steps, dtype=np.int64)])
 
 
 class FedRAPBackbone(Backbone):

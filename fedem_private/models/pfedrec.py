@@ -12,9 +12,16 @@ optimiser, DESIGN section 3; the published code's choice of optimiser is not
 part of the method). The client is evaluated with its own fine-tuned table
 and head.
 
+``--optimizer sgd`` trains as the published code's ``engine.py`` does: the same
+two steps per batch, each by plain SGD without momentum, the head at
+``lr_head`` and the item table at ``lr`` (that code sets the head's rate to lr
+and the table's to lr x m x eta, eta = 80 by default; L2 weight decay 0 by
+default), the table through :class:`~fedem_private.models.base.SGDRows`.
+
 Gradients are linear in the head and written by hand: for logit z = w . q + b,
 dz/dw = q, dz/db = 1, dz/dq = w. :meth:`PFedRecBackbone.reference_train_client`
-runs the same two steps with ``nn.Linear`` and two ``torch.optim.Adam``.
+runs the same two steps with ``nn.Linear`` and two ``torch.optim.Adam`` (or two
+``torch.optim.SGD``).
 """
 
 from __future__ import annotations
@@ -30,13 +37,16 @@ from fedem_private.models.base import (
     ClientParams,
     ClientSamples,
     CompactRows,
+    LocalOptimizer,
     LocalTrainConfig,
     RowsFactory,
     ScoreFn,
-    fused_adam,
+    SGDRows,
     linear_init,
     make_plan,
     reference_batches,
+    reference_optimizer,
+    sgd_rates,
 )
 
 
@@ -46,6 +56,7 @@ class PFedRecBackbone(Backbone):
     name = "pfedrec"
     dot_product = True  # logit = w_u . q_i + b_u: a dot product with w_u, plus a constant
     trains_item_rows = True
+    optimizers = ("adam", "sgd")  # sgd: the published code's (module docstring)
 
     def init_private(self, clients: np.ndarray) -> dict[str, Tensor]:
         """Each client's head, nn.Linear(d, 1)'s init keyed by (seed, client)."""
@@ -67,11 +78,18 @@ class PFedRecBackbone(Backbone):
         k, m, d = q_start.shape
         plan = make_plan(self.seed, round_, clients, samples, cfg, q_start.dtype,
                          device=q_start.device)
-        items = (rows or CompactRows)(q_start, plan)
+        steps = int(plan.steps.max(initial=0))
+        if cfg.optimizer == "sgd":
+            if rows is not None:
+                raise ValueError("--optimizer sgd trains the item table itself (codec full)")
+            rates = sgd_rates(cfg, round_, steps)["items"]
+            items = SGDRows(q_start, plan, rates, cfg.weight_decay)
+        else:
+            items = (rows or CompactRows)(q_start, plan)
         w = start.private["w"].clone().contiguous()
         b = start.private["b"].clone().contiguous()
-        gw, mw, vw = torch.zeros_like(w), torch.zeros_like(w), torch.zeros_like(w)
-        gb, mb, vb = torch.zeros_like(b), torch.zeros_like(b), torch.zeros_like(b)
+        head = LocalOptimizer([w, b], ["head", "head"], cfg, round_, steps)
+        gw, gb = head.grads
         for s, a, flat, y, wgt in plan.schedule():
             q_rows = items.gather(flat).view(a, -1, d)
             # 1. head step, item table frozen
@@ -79,8 +97,7 @@ class PFedRecBackbone(Backbone):
             dlogit = (torch.sigmoid(logits) - y) * wgt
             gw[:a] = torch.bmm(dlogit[:, None, :], q_rows).squeeze(1)
             gb[:a] = dlogit.sum(dim=1)
-            fused_adam([w[:a], b[:a]], [gw[:a], gb[:a]], [mw[:a], mb[:a]], [vw[:a], vb[:a]],
-                       s + 1, cfg)
+            head.step(a, s)
             # 2. item-table step with the updated head frozen
             logits = torch.bmm(q_rows, w[:a, :, None]).squeeze(2) + b[:a, None]
             dlogit = (torch.sigmoid(logits) - y) * wgt
@@ -124,11 +141,13 @@ class PFedRecBackbone(Backbone):
     def reference_train_client(self, start: ClientParams, items: np.ndarray, labels: np.ndarray,
                                cfg: LocalTrainConfig, round_: int,
                                client: int) -> ClientParams:
-        """One client (k = 1): per batch, an Adam step on the head, then one on the table."""
+        """One client (k = 1): per batch, an Adam (or SGD) step on the head, then one on the
+        table; under SGD each optimiser's ExponentialLR steps after every batch."""
         q = torch.nn.Parameter(start.items[0].detach().clone())
         head = self._head(start)
-        opt_head = torch.optim.Adam(head.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
-        opt_items = torch.optim.Adam([q], lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
+        opt_head, sched_head = reference_optimizer({"head": list(head.parameters())}, cfg,
+                                                   round_)
+        opt_items, sched_items = reference_optimizer({"items": [q]}, cfg, round_)
         items_t, labels_t = torch.from_numpy(items), torch.from_numpy(labels).to(q.dtype)
         for batch in reference_batches(self.seed, round_, client, items.shape[0], cfg):
             for opt in (opt_head, opt_items):
@@ -141,6 +160,9 @@ class PFedRecBackbone(Backbone):
                         and q.grad.norm() > cfg.grad_clip):
                     q.grad.mul_(cfg.grad_clip / q.grad.norm())
                 opt.step()
+            for sched in (sched_head, sched_items):
+                if sched is not None:
+                    sched.step()
         private = {"w": head.weight.detach()[0].clone()[None],
                    "b": head.bias.detach().clone()}
         return ClientParams(q.detach()[None], {}, private)

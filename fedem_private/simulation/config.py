@@ -145,7 +145,7 @@ class TrainConfig:
     # epoch loss is below this (0: off; the authors' code: 1e-4)
     early_stop_tol: float = 0.0
     # local training's optimiser: "adam" (the default, every backbone) or "sgd" (plain
-    # torch.optim.SGD, no momentum: the published FedRAP and GPFedRec codes';
+    # torch.optim.SGD, no momentum: the published PFedRec, FedRAP and GPFedRec codes';
     # OPTIMIZER_BACKBONES). The next five apply to sgd only: the rates of the private head
     # or MLP and of the user embedding (None: lr; lr itself is the item tables'), L2
     # weight decay on every trained tensor (whole tables included), the rates' factor
@@ -209,7 +209,7 @@ OPTIMIZERS = ("adam", "sgd")
 SGD_FIELDS: dict[str, Any] = {"lr_head": None, "lr_user": None, "weight_decay": 0.0,
                               "lr_batch_decay": 1.0, "lr_round_decay": 1.0}
 #: backbones whose local training has --optimizer sgd (the published codes')
-OPTIMIZER_BACKBONES = ("gpfedrec", "fedrap")
+OPTIMIZER_BACKBONES = ("pfedrec", "gpfedrec", "fedrap")
 #: backbones with a user embedding (--lr-user)
 USER_EMBEDDING_BACKBONES = ("gpfedrec",)
 
@@ -511,6 +511,14 @@ class RunConfig:
             if self.train.lr_user is not None and backbone not in USER_EMBEDDING_BACKBONES:
                 raise UserError(f"--lr-user is the rate of a user embedding; backbone "
                                 f"{backbone!r} has none")
+            if self.federation.codec != "full":
+                raise UserError(f"--optimizer {self.train.optimizer} trains the item table "
+                                f"itself; codec {self.federation.codec!r} trains its own "
+                                f"parameters with Adam; use --codec full")
+            if self.privacy.mode in DPSGD_MODES:
+                raise UserError(f"privacy {self.privacy.mode!r} trains by its own DP-SGD "
+                                f"steps; --optimizer {self.train.optimizer} is not built for "
+                                f"it; drop --optimizer")
         for token, section, name, _, default in PAPER_CODE_OPTIONS:
             if token in UNBUILT_OPTIONS and getattr(getattr(self, section), name) != default:
                 raise UserError(f"{section}.{name}: the option is not built yet (DESIGN 2a)")
