@@ -1,13 +1,15 @@
 """Every published number of the FedEM paper's Tables 1-4 beside ours, one line each (issue 17).
 
-    python -m benchmarks.scorecard SOURCE [SOURCE ...] [--dataset NAME ...]
+    python -m benchmarks.scorecard [--committed] [SOURCE ...] [--dataset NAME ...]
 
 A SOURCE is a ``results.csv`` written by ``fedem-private report``, a folder of run
 directories (a sweep's output, or the small files ``benchmarks/keep_runs.py`` keeps), or
 a folder of ``benchmarks.ablation`` records (``<dataset>__<protocol>__<variant>__seed<k>.json``,
 the Table 2 runs made before the sweep existed). A run found twice counts once: the same
 (dataset, method, protocol, privacy mode, optimiser, seed) from a later SOURCE replaces an
-earlier one, so list older records first.
+earlier one, so list older records first. ``--committed`` reads the results committed
+under ``benchmarks/results`` that BENCHMARKS.md's scorecard is made from (:data:`COMMITTED`),
+before any SOURCE given.
 
 For each published (dataset, method) figure (sampled HR@10; ``benchmarks.table3`` holds
 the published values) it prints the tables that publish it, the figure, and ours as
@@ -191,14 +193,32 @@ def scorecard(frame: pd.DataFrame, datasets: list[str] | None = None) -> list[st
     return lines
 
 
+#: the committed results behind BENCHMARKS.md's scorecard, oldest first (``--committed``):
+#: Table 2's ablation records and Table 3's grids at round 100, then the runs kept from the
+#: attribution, FilmTrust / LastFM-2K, Tables 1-4 under paper-code and the published
+#: optimisers' grids
+COMMITTED = ("ablation", "backbones/results.csv", "table3/results.csv",
+             "attribution/results.csv", "attribution/kept", "paper_code/kept", "lastfm/kept",
+             "table3_paper_code/kept", "table2_paper_code/kept", "table4_paper_code/kept",
+             "pfedrec_sgd/kept", "gpfedrec_sgd/kept", "fedrap_sgd/kept")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("sources", nargs="+", help="results.csv files and run folders")
+    ap.add_argument("sources", nargs="*", help="results.csv files and run folders")
+    ap.add_argument("--committed", action="store_true",
+                    help="read the committed results under benchmarks/results (COMMITTED), "
+                         "before any SOURCE given")
     ap.add_argument("--dataset", action="append", choices=DATASETS,
                     help="only this dataset (repeatable; default: all four)")
     args = ap.parse_args(argv)
+    root = Path(__file__).resolve().parent / "results"
+    sources = [root / name for name in COMMITTED] if args.committed else []
+    sources += args.sources
+    if not sources:
+        ap.error("give SOURCE folders or results.csv files, or --committed")
     try:
-        frame = runs(args.sources)
+        frame = runs(sources)
     except (FileNotFoundError, UserError) as exc:
         print(f"scorecard: {exc}", file=sys.stderr)
         return 2

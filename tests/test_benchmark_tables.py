@@ -244,3 +244,18 @@ def test_scorecard_reads_sources_labels_runs_and_later_sources_win(tmp_path):
     assert "another file" in text  # LastFM-2K's published figures
     assert "Not run here: fedem-private sweep benchmarks/ml1m.toml" in text
     assert main([str(tmp_path / "missing.csv")]) == 2
+
+
+def test_scorecard_committed_reads_every_committed_source(capsys):
+    from benchmarks.scorecard import COMMITTED, main
+
+    root = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    missing = [name for name in COMMITTED if not (root / name).exists()]
+    assert not missing, f"COMMITTED names sources that are not committed: {missing}"
+    assert main(["--committed", "--dataset", "ml-100k"]) == 0
+    text = capsys.readouterr().out
+    # FedMF's three attribution seeds under paper-code, at their reported round
+    assert "| fedmf | 1, 2, 3 | 0.4889 | 0.487 ± 0.009 (3) |" in text
+    with pytest.raises(SystemExit) as exc:
+        main([])  # neither SOURCE nor --committed
+    assert exc.value.code == 2
