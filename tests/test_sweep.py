@@ -31,6 +31,13 @@ def hidden(root: Path) -> list[Path]:
     return [p for p in root.rglob(".*")]
 
 
+def finished(root: Path) -> list[Path]:
+    """The summaries of finished runs: a point in progress writes its summary.json inside its
+    hidden temporary directory before the atomic rename, and that one does not count."""
+    return [p for p in root.rglob("summary.json")
+            if not any(part.startswith(".") for part in p.relative_to(root).parts)]
+
+
 def complete(root: Path, name: str) -> bool:
     d = root / name
     return all((d / f).is_file() for f in ("summary.json", "config.toml", "metrics.csv",
@@ -356,7 +363,7 @@ def test_sigterm_stops_a_sweep_cleanly_and_it_resumes(tmp_path, jobs):
                             env=env)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None:
-        if list(root.rglob("summary.json")) and hidden(root):  # one done, one in progress
+        if finished(root) and hidden(root):  # one done, one in progress
             break
         time.sleep(0.05)
     assert proc.poll() is None, "the sweep ended before it could be stopped mid-point"
@@ -365,9 +372,9 @@ def test_sigterm_stops_a_sweep_cleanly_and_it_resumes(tmp_path, jobs):
     assert proc.returncode == 143, err
     assert "terminated" in err and "interrupted" in out
     assert hidden(root) == []
-    done = len(list(root.rglob("summary.json")))
+    done = len(finished(root))
     assert 1 <= done < 6 and (root / "results.csv").is_file()
     again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert again.returncode == 0, again.stderr
     assert f"{done} already done, {6 - done} to run" in again.stdout
-    assert len(list(root.rglob("summary.json"))) == 6 and hidden(root) == []
+    assert len(finished(root)) == 6 and hidden(root) == []
