@@ -45,7 +45,8 @@ import pandas as pd
 from fedem_private.errors import UserError
 from fedem_private.experiments.results import collect, read_results
 
-from .table3 import LDP_SUFFIX, PAPER, PAPER_LDP, selected
+from .common import mean_std
+from .table3 import LDP_SUFFIX, published, selected
 
 # which of the paper's tables publish each method's figure
 TABLES = {"fedmf": "1, 2, 3", "fedncf": "1, 3", "pfedrec": "1, 3", "gpfedrec": "1, 3",
@@ -112,14 +113,6 @@ def runs(sources: list[str | Path]) -> pd.DataFrame:
                                  keep="last")
 
 
-def _stats(values: pd.Series) -> tuple[float, float, int]:
-    values = values.dropna()
-    n = len(values)
-    if n == 0:
-        return math.nan, math.nan, 0
-    return float(values.mean()), float(values.std(ddof=1)) if n > 1 else math.nan, n
-
-
 def _cell(m: float, s: float, n: int) -> str:
     if n == 0:
         return "-"
@@ -141,11 +134,8 @@ def verdict(m: float, s: float, n: int, published: float) -> str:
 
 
 def _published(dataset: str, variant: str) -> float | None:
-    base = variant.removesuffix(" (sgd)")
-    if base.endswith(LDP_SUFFIX):
-        figure = PAPER_LDP.get(dataset) if base == "fedem-em" + LDP_SUFFIX else None
-    else:
-        figure = PAPER.get((dataset, base))
+    """The published HR@10 of a row label, an ``(sgd)`` row sharing its method's figure."""
+    figure = published(dataset, variant.removesuffix(" (sgd)"))
     return None if figure is None else figure[0]
 
 
@@ -183,7 +173,7 @@ def scorecard(frame: pd.DataFrame, datasets: list[str] | None = None) -> list[st
             cells = {}
             for protocol in PROTOCOLS:
                 rows = sub[(sub["variant"] == variant) & (sub["protocol"] == protocol)]
-                cells[protocol] = _stats(rows["hr10_sampled"])
+                cells[protocol] = mean_std(rows["hr10_sampled"].dropna().tolist())
             base = variant.removesuffix(" (sgd)")
             lines.append(f"| {variant} | {TABLES.get(base, '')} | {figure:.4f} | "
                          f"{_cell(*cells['paper-code'])} | "
