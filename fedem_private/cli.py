@@ -59,8 +59,9 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
      "also report a selected round: last (off), best-test (best sampled test HR@10: FedEM, "
      "FedRAP code), best-val (best validation HR@10: PFedRec, GPFedRec code) or auto"),
     ("--agg-clients-ratio", "federation.agg_clients_ratio", _number,
-     "similarity aggregation over this random share of the round's uploads; only those "
-     "clients get a new table (authors' code: 0.1)"),
+     "aggregate this random share of the round's uploads; only those clients get a new "
+     "table (authors' code: 0.1, FedEM's similarity aggregation; also fedavg, uniform, "
+     "graph)"),
     ("--similarity", "federation.similarity", str,
      "similarity aggregation: eq13 (the paper) or pca (the authors' code: 1-D PCA, "
      "1 / (1 + L2), > 0.9 -> 1, no 1 / (1 + alpha))"),

@@ -88,13 +88,31 @@ def test_protocol_labels_round_trip():
         parse_protocol_label("paper-code+min10")
 
 
-@pytest.mark.parametrize("over, needle", [
-    ({"federation.agg_clients_ratio": 0.1}, "agg-clients-ratio"),
-    ({"federation.similarity": "pca"}, "--similarity pca"),
+@pytest.mark.parametrize("method, over, needle", [
+    ("fedmf", {"federation.similarity": "pca"}, "--similarity pca"),
+    ("local", {"federation.agg_clients_ratio": 0.1}, "agg-clients-ratio"),
+    ("fedmerge", {"federation.agg_clients_ratio": 0.1}, "agg-clients-ratio"),
+    ("fedncf", {"federation.agg_clients_ratio": 0.1}, "shared MLP"),
+    ("fedmf", {"federation.agg_clients_ratio": 0.1, "federation.codec": "lora"},
+     "codec full"),
+    ("fedmf", {"federation.agg_clients_ratio": 0.1, "privacy.mode": "cdp-gaussian",
+               "privacy.epsilon": 8.0}, "agg-clients-ratio"),
 ])
-def test_similarity_options_need_similarity_aggregation(over, needle):
+def test_options_refused_where_they_mean_nothing(method, over, needle):
     with pytest.raises(UserError, match=needle):
-        _cfg("paper", "fedmf", **over)
+        _cfg("paper", method, **over)
+
+
+def test_agg10_stays_fedem_only_in_the_preset_and_in_sweep_labels():
+    """The share is the FedEM code's, for its similarity aggregation: the preset and the
+    sweep's ``+agg10`` never put it on another aggregation (set the field to ask that)."""
+    assert _cfg("paper-code", "pfedrec").federation.agg_clients_ratio == 1.0
+    assert _cfg("paper-code", "gpfedrec", **{"federation.merge": "em"}
+                ).federation.agg_clients_ratio == 1.0
+    asked = _cfg("paper-code", "pfedrec", **{"federation.merge": "em",
+                                             "federation.agg_clients_ratio": 0.1})
+    assert asked.federation.agg_clients_ratio == 0.1
+    assert protocol_label(asked) == "paper+min10+sharedneg+bestval+agg10"
 
 
 @pytest.mark.parametrize("over, needle", [
@@ -397,7 +415,7 @@ def test_cli_flags_and_the_protocol_line(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, needle", [
     (["--method", "fedem", "--merge", "dm", "--merge-every-batch"], "use --merge em"),
-    (["--method", "fedmf", "--agg-clients-ratio", "0.1"], "agg-clients-ratio"),
+    (["--method", "local", "--agg-clients-ratio", "0.1"], "agg-clients-ratio"),
     (["--method", "fedmf", "--similarity", "pca"], "--similarity pca"),
     (["--protocol", "paper-codes"], "unknown protocol"),
 ])
@@ -411,6 +429,71 @@ def test_cli_refusals_are_one_line(tmp_path, capsys, argv, needle):
 
 
 # ------------------------------------------------------------------ a round, end to end
+@pytest.mark.parametrize("method, merge", [("fedmf", "sr"), ("pfedrec", "em"),
+                                           ("fedrap", "em"), ("gpfedrec", "em"),
+                                           ("gpfedrec", "sr")])
+def test_sampled_share_of_other_aggregations_equals_per_client_reference(
+        small_split, method, merge):
+    """--agg-clients-ratio on the sums (FedAvg, FedRAP's uniform mean) and GPFedRec's graph:
+    rounds 1-3 against the one-client-at-a-time loop, which sums (or builds the graph
+    over) the keyed 30% of the uploads and lets only their owners start from the server's
+    table (and merge) next round."""
+    from fedem_private.simulation import reference
+
+    over = {"train.rounds": 4, "train.local_epochs": 2, "train.batch_size": 32,
+            "train.dim": 8, "train.eval_every": 100, "federation.method": method,
+            "federation.merge": merge, "federation.agg_clients_ratio": 0.3,
+            "data.protocol": "paper"}
+    sim = Simulation(with_overrides(RunConfig(), over), small_split)
+    n = small_split.n_users
+    for t in (1, 2, 3):
+        before = sim.aggregator.receiving
+        ref = reference.simulation_round(sim)
+        stats = sim.step()
+        assert (sim.state.q_local - ref["q_local"]).abs().max() < 1e-4
+        for name, value in ref["private"].items():
+            assert (sim.state.private[name] - value).abs().max() < 1e-4
+        assert (sim.state.q_global - ref["q_global"]).abs().max() < 1e-4
+        got = sim.aggregator.receiving.cpu()
+        assert torch.equal(got, ref["server"]["receiving"])
+        assert int(got.sum()) == int(np.ceil(0.3 * n))
+        if before is not None:  # another round samples other uploads (keyed by round)
+            assert not torch.equal(got, before.cpu())
+        if "personal" in ref["server"]:
+            assert (sim.aggregator.personal.cpu() - ref["server"]["personal"]).abs().max() < 1e-4
+        if ref["rho_mean"] is not None and t > 1:
+            assert stats.merge["rho_mean"] == pytest.approx(ref["rho_mean"], abs=1e-5)
+
+
+def test_sampled_share_of_a_sum_leaves_the_others_alone(small_split):
+    """FedAvg over a 20% share: round 2's non-sampled clients start from their own round-1
+    table, the sampled ones from the weighted mean of the sampled uploads only."""
+    cfg = with_overrides(RunConfig(), {"train.rounds": 3, "train.local_epochs": 1,
+                                       "federation.method": "fedmf",
+                                       "federation.agg_clients_ratio": 0.2,
+                                       "data.protocol": "paper"})
+    sim = Simulation(cfg, small_split)
+    seen: dict[int, torch.Tensor] = {}
+
+    def observe(view):
+        if view.round == 2:
+            seen.update({int(c): view.sent[i].clone() for i, c in enumerate(view.clients)})
+
+    sim.observers.append(observe)
+    sim.step()
+    chosen = sim.aggregator.receiving.clone()
+    q_after_1 = sim.state.q_local.clone()
+    p = fedavg_weights(sim.sizes, chosen)
+    mean = torch.einsum("n,nmd->md", p, q_after_1.double()).float()
+    torch.testing.assert_close(sim.aggregator.global_table, mean)
+    sim.step()
+    for u in range(small_split.n_users):
+        if chosen[u]:
+            torch.testing.assert_close(seen[u], mean)
+        else:
+            assert torch.equal(seen[u], q_after_1[u])
+
+
 @pytest.mark.parametrize("over", [
     {"federation.agg_clients_ratio": 0.3},
     {"federation.agg_clients_ratio": 0.3, "federation.method": "fedsim"},  # no merge (SR)

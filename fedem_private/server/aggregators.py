@@ -53,6 +53,60 @@ from fedem_private.server.fedmerge import (
 from fedem_private.server.graph import graph_tables
 
 
+def aggregated_uploads(part_mask: Tensor, agg_ratio: float, seed: int, round_: int
+                       ) -> Tensor:
+    """The uploads a round aggregates, (n,) bool: all participants (``agg_ratio`` 1), or the
+    ceil(q n_t) participants with the smallest draws keyed by (seed, AGG_SAMPLE, round,
+    client): the FedEM code's ``agg_clients_ratio`` q (DESIGN 2a), which only the owners of
+    the sampled uploads hear back from next round."""
+    if agg_ratio >= 1.0:
+        return part_mask
+    part = part_mask.nonzero().squeeze(1).cpu().numpy()
+    mask = torch.zeros_like(part_mask)
+    if part.shape[0] == 0:
+        return mask
+    k = max(1, math.ceil(agg_ratio * part.shape[0]))
+    u = rng.uniform(rng.key(seed, rng.Stream.AGG_SAMPLE, round_, part), 0)
+    chosen = part[np.sort(np.argsort(u, kind="stable")[:k])]
+    mask[torch.from_numpy(chosen).to(part_mask.device)] = True
+    return mask
+
+
+class _Sampled:
+    """An aggregator that may aggregate a random share of the round's uploads (the FedEM
+    code's ``agg_clients_ratio``, DESIGN 2a): only the owners of the sampled uploads receive
+    a table next round; every other client continues from its own model, with no merge.
+    The share 1 (the default) is plain aggregation over all participants."""
+
+    agg_ratio: float
+    seed: int
+    round: int
+    receiving: Tensor | None
+    _chosen: Tensor | None
+
+    def _init_sampling(self, agg_ratio: float, seed: int) -> None:
+        self.agg_ratio = float(agg_ratio)
+        self.seed = seed
+        self.round = 0
+        # the clients whose uploads the last round aggregated (agg_ratio < 1); None: all
+        self.receiving = None
+        self._chosen = None
+
+    def _sample(self, part_mask: Tensor) -> Tensor:
+        """Called once per round from begin_round: counts the round, samples its share."""
+        self.round += 1
+        self._chosen = aggregated_uploads(part_mask, self.agg_ratio, self.seed, self.round)
+        return self._chosen
+
+    def receives(self, idx: Tensor) -> Tensor | None:
+        return None if self.receiving is None else self.receiving.index_select(0, idx)
+
+    def _received(self) -> None:
+        """Called from end_round: the sampled owners hear back next round."""
+        if self.agg_ratio < 1.0:
+            self.receiving = self._chosen
+
+
 @dataclass(frozen=True)
 class ServerOptConfig:
     """The server's step on each round's aggregate (``--server-lr``, ``--server-momentum``)."""
@@ -150,8 +204,12 @@ class Aggregator(ABC):
         return {}
 
 
-class _SumAggregator(Aggregator):
+class _SumAggregator(_Sampled, Aggregator):
     """A weighted sum of the uploads, accumulated chunk by chunk in float64.
+
+    With ``agg_ratio`` q < 1 (:class:`_Sampled`) the sum is over a random share of the
+    round's uploads, weighted as if only they had taken part, and only their owners
+    receive the new table next round.
 
     Under cdp-gaussian it takes the round's noisy aggregate instead
     (:meth:`take_aggregate`): the UNWEIGHTED mean of clipped deltas over the
@@ -162,8 +220,10 @@ class _SumAggregator(Aggregator):
     takes_aggregate = True
 
     def __init__(self, sizes: Tensor, n_clients: int, q0: Tensor,
-                 server: ServerOptConfig | None = None) -> None:
+                 server: ServerOptConfig | None = None, agg_ratio: float = 1.0,
+                 seed: int = 0) -> None:
         super().__init__(sizes, n_clients)
+        self._init_sampling(agg_ratio, seed)
         self.global_table = q0.clone()
         self.server_opt = ServerMomentum(server or ServerOptConfig())
         self._acc: Tensor | None = None
@@ -178,8 +238,9 @@ class _SumAggregator(Aggregator):
 
     def begin_round(self, part_mask: Tensor) -> None:
         super().begin_round(part_mask)
+        chosen = self._sample(part_mask)
         # a Poisson-sampled round (cdp-gaussian) may have no participant: no weights then
-        self._weights = (self._round_weights(part_mask) if bool(part_mask.any())
+        self._weights = (self._round_weights(chosen) if bool(chosen.any())
                          else torch.zeros(self.n, dtype=torch.float64, device=self.device))
         self._acc = torch.zeros_like(self.global_table, dtype=torch.float64)
 
@@ -209,6 +270,7 @@ class _SumAggregator(Aggregator):
             aggregate = self._acc.to(self.global_table.dtype)
         self.global_table = self.server_opt.step(self.global_table, aggregate)
         self._aggregate, self._acc = None, None
+        self._received()
 
     @property
     def table(self) -> Tensor:
@@ -252,12 +314,13 @@ class _PerUploadAggregator(Aggregator):
         if not self.aliased:
             self.last_upload[idx] = uploads
 
-    def _round_uploads(self) -> tuple[Tensor, Tensor] | None:
-        """(participant ids, their last uploads) of the round; None if nobody took part.
+    def _round_uploads(self, mask: Tensor | None = None) -> tuple[Tensor, Tensor] | None:
+        """(participant ids, their last uploads) of the round (or of the clients in
+        ``mask``); None if nobody took part.
 
         With full participation the stored uploads are returned without a copy.
         """
-        part = self.part_mask.nonzero().squeeze(1)
+        part = (self.part_mask if mask is None else mask).nonzero().squeeze(1)
         if part.numel() == 0:
             return None
         uploads = (self.last_upload if part.numel() == self.n
@@ -265,7 +328,7 @@ class _PerUploadAggregator(Aggregator):
         return part, uploads
 
 
-class SimilarityAggregator(_PerUploadAggregator):
+class SimilarityAggregator(_Sampled, _PerUploadAggregator):
     """FedEM's personalised tables, equation 13: Q_g[u] = sum_v w_uv U_v.
 
     Keeps the server's copy of each client's last upload (``alias`` as in
@@ -282,50 +345,30 @@ class SimilarityAggregator(_PerUploadAggregator):
         # "eq13" (the paper) or "pca" (the FedEM code, DESIGN 2a; server.aggregation)
         self.similarity = similarity
         # the share of each round's uploads aggregated (the FedEM code: 0.1, DESIGN 2a)
-        self.agg_ratio = agg_ratio
-        self.seed = seed
-        self.round = 0
+        self._init_sampling(agg_ratio, seed)
         m, d = q0.shape
         self.global_tables = q0.expand(n_clients, m, d).clone()
         self._keep_uploads(q0, alias)
         self.uploaded = torch.zeros(n_clients, dtype=torch.bool, device=self.device)
-        # the clients whose uploads the last round aggregated (agg_ratio < 1); None: all
-        self.receiving: Tensor | None = None
 
     def sent(self, idx: Tensor) -> Tensor:
         return self.global_tables.index_select(0, idx)
 
-    def receives(self, idx: Tensor) -> Tensor | None:
-        return None if self.receiving is None else self.receiving.index_select(0, idx)
-
     def begin_round(self, part_mask: Tensor) -> None:
         super().begin_round(part_mask)
-        self.round += 1
-
-    def aggregated(self, part_mask: Tensor) -> Tensor:
-        """The uploads a round aggregates, (n,) bool: all participants, or (agg_ratio q < 1,
-        the FedEM code's ``agg_clients_ratio``, DESIGN 2a) the ceil(q n_t) participants with
-        the smallest draws keyed by (seed, AGG_SAMPLE, round, client)."""
-        if self.agg_ratio >= 1.0:
-            return part_mask
-        part = part_mask.nonzero().squeeze(1).cpu().numpy()
-        k = max(1, math.ceil(self.agg_ratio * part.shape[0]))
-        u = rng.uniform(rng.key(self.seed, rng.Stream.AGG_SAMPLE, self.round, part), 0)
-        chosen = part[np.sort(np.argsort(u, kind="stable")[:k])]
-        mask = torch.zeros(self.n, dtype=torch.bool, device=self.device)
-        mask[torch.from_numpy(chosen).to(self.device)] = True
-        return mask
+        self._sample(part_mask)
 
     def end_round(self) -> None:
         if self.agg_ratio < 1.0:
             # the FedEM code: only the sampled uploads are compared and aggregated, and
             # only their owners receive a (personalised) table next round
-            chosen = self.aggregated(self.part_mask)
+            chosen = self._chosen
+            assert chosen is not None
             p = fedavg_weights(self.sizes, chosen)
             tables = similarity_aggregate(self.last_upload, p, self.alpha, participating=chosen,
                                           similarity=self.similarity)
             self.global_tables[chosen] = tables[chosen]
-            self.receiving = chosen
+            self._received()
             return
         self.uploaded |= self.part_mask
         p = fedavg_weights(self.sizes, self.part_mask)
@@ -339,21 +382,26 @@ class SimilarityAggregator(_PerUploadAggregator):
         return self.global_tables
 
 
-class GraphAggregator(_PerUploadAggregator):
+class GraphAggregator(_Sampled, _PerUploadAggregator):
     """GPFedRec's graph (:mod:`fedem_private.server.graph`) over the round's uploads.
 
     Sends every client the global table (the mean of the propagated tables) and,
     as the anchor of GPFedRec's regulariser, its personalised table; a client
     that did not take part keeps its last personalised table. Needs each
     upload, like similarity aggregation. ``alias`` as for
-    :class:`_PerUploadAggregator`.
+    :class:`_PerUploadAggregator`. With ``agg_ratio`` q < 1 (:class:`_Sampled`) the
+    graph is built over a random share of the uploads; only their owners receive the
+    global table next round and get a new personalised table (the others keep their
+    last one as their regulariser's anchor, as a client that did not take part does).
     """
 
     name = "graph"
 
     def __init__(self, sizes: Tensor, n_clients: int, q0: Tensor, *, threshold: float,
-                 topk: int, layers: int, alias: Tensor | None = None) -> None:
+                 topk: int, layers: int, alias: Tensor | None = None,
+                 agg_ratio: float = 1.0, seed: int = 0) -> None:
         super().__init__(sizes, n_clients)
+        self._init_sampling(agg_ratio, seed)
         self.threshold, self.topk, self.layers = threshold, topk, layers
         m, d = q0.shape
         self.global_table = q0.clone()
@@ -366,14 +414,20 @@ class GraphAggregator(_PerUploadAggregator):
     def anchor(self, idx: Tensor) -> Tensor:
         return self.personal.index_select(0, idx)
 
+    def begin_round(self, part_mask: Tensor) -> None:
+        super().begin_round(part_mask)
+        self._sample(part_mask)
+
     def end_round(self) -> None:
-        round_uploads = self._round_uploads()
+        # the graph over the sampled uploads only when agg_ratio < 1
+        round_uploads = self._round_uploads(self._chosen)
         if round_uploads is None:
             return
         part, uploads = round_uploads
         personal, self.global_table = graph_tables(uploads, threshold=self.threshold,
                                                    topk=self.topk, layers=self.layers)
         self.personal[part] = personal
+        self._received()
 
     @property
     def table(self) -> Tensor:
@@ -456,32 +510,40 @@ class NoAggregator(Aggregator):
 
 
 AGGREGATORS = ("fedavg", "uniform", "similarity", "graph", "fedmerge", "none")
+#: the aggregators that can aggregate a random share of the uploads (``agg_ratio`` < 1)
+SAMPLED_AGGREGATORS = ("fedavg", "uniform", "similarity", "graph")
 
 
 def build(name: str, sizes: Tensor, q0: Tensor, *, alpha: float,
           alias: Tensor | None = None, graph: dict | None = None,
           fedmerge: dict | None = None, seed: int = 0,
-          server: ServerOptConfig | None = None, similarity: dict | None = None
-          ) -> Aggregator:
+          server: ServerOptConfig | None = None, similarity: dict | None = None,
+          agg_ratio: float = 1.0) -> Aggregator:
     """The aggregator called ``name`` (one of :data:`AGGREGATORS`).
 
     ``graph``: GPFedRec's threshold, topk, layers; ``fedmerge``: ``k``,
     ``steps``, ``lr`` of FedMerge (its initial tables are keyed by ``seed``);
     ``server``: the sum aggregators' step on the aggregate (:class:`ServerMomentum`);
-    ``similarity``: the similarity aggregator's ``similarity`` and ``agg_ratio`` (DESIGN 2a).
+    ``similarity``: the similarity aggregator's options (``similarity``, DESIGN 2a);
+    ``agg_ratio``: the share of each round's uploads aggregated (:class:`_Sampled`), for
+    the aggregators of :data:`SAMPLED_AGGREGATORS`.
     """
     n = sizes.shape[0]
+    ratio = float(agg_ratio)
+    if ratio < 1.0 and name not in SAMPLED_AGGREGATORS:
+        raise ValueError(f"aggregation {name!r} cannot aggregate a share of the uploads")
     if name == "fedavg":
-        return FedAvgAggregator(sizes, n, q0, server)
+        return FedAvgAggregator(sizes, n, q0, server, agg_ratio=ratio, seed=seed)
     if name == "uniform":
-        return UniformAggregator(sizes, n, q0, server)
+        return UniformAggregator(sizes, n, q0, server, agg_ratio=ratio, seed=seed)
     if server is not None and not server.plain:
         raise ValueError(f"a server learning rate / momentum needs a sum aggregator, not {name!r}")
     if name == "similarity":
-        return SimilarityAggregator(sizes, n, q0, alpha, alias, seed=seed,
+        return SimilarityAggregator(sizes, n, q0, alpha, alias, seed=seed, agg_ratio=ratio,
                                     **(similarity or {}))
     if name == "graph":
-        return GraphAggregator(sizes, n, q0, alias=alias, **(graph or {}))
+        return GraphAggregator(sizes, n, q0, alias=alias, agg_ratio=ratio, seed=seed,
+                               **(graph or {}))
     if name == "fedmerge":
         opts = dict(fedmerge or {})
         k = int(opts.pop("k", 4))

@@ -41,6 +41,12 @@ PEFT_AGGREGATIONS = ("fedavg", "uniform")
 AGGREGATIONS = ("fedavg", "uniform", "similarity", "graph", "fedmerge", "none")
 # aggregations that need each client's upload, not only a sum: refused under central DP
 EACH_UPLOAD_AGGREGATIONS = ("similarity", "graph", "fedmerge")
+# aggregations that can aggregate a random share of the uploads (--agg-clients-ratio; the
+# FedEM code's agg_clients_ratio, DESIGN 2a): its similarity aggregation, and (not in any
+# published code) the sums and GPFedRec's graph, to ask what the share does to their +EM
+SAMPLED_AGGREGATIONS = ("similarity", "fedavg", "uniform", "graph")
+# backbones with a shared dense group (NCF's MLP), which --agg-clients-ratio does not sample
+SHARED_DENSE_BACKBONES = ("ncf",)
 MERGES = ("sr", "sm", "dm", "em")
 LEARNED_MERGES = ("dm", "em")  # merges with an adapter (equations 9 and 11)
 # what the adapter trains on: the round's training samples, or a withheld fold of them
@@ -368,10 +374,16 @@ class FederationConfig:
         if self.adapter_objective == "holdout" and merge not in LEARNED_MERGES:
             raise UserError(f"--adapter-objective holdout trains the merge adapter, but merge "
                             f"{merge!r} has none; use --merge em or dm")
-        if self.agg_clients_ratio != 1.0 and agg != "similarity":
-            raise UserError(f"--agg-clients-ratio samples the uploads of FedEM's similarity "
-                            f"aggregation; aggregation {agg!r} has none; use --aggregation "
-                            f"similarity")
+        if self.agg_clients_ratio != 1.0:
+            if agg not in SAMPLED_AGGREGATIONS:
+                raise UserError(f"--agg-clients-ratio samples the uploads an aggregation "
+                                f"takes; aggregation {agg!r} cannot; use one of "
+                                f"{', '.join(SAMPLED_AGGREGATIONS)}")
+            if self.resolved_backbone in SHARED_DENSE_BACKBONES or self.codec != "full":
+                raise UserError(f"--agg-clients-ratio samples item-table uploads only; "
+                                f"backbone {self.resolved_backbone!r} with codec "
+                                f"{self.codec!r} shares other groups too; use codec full "
+                                f"and a backbone without a shared MLP")
         if self.similarity != "eq13" and agg != "similarity":
             raise UserError(f"--similarity {self.similarity} is a similarity aggregation's; "
                             f"aggregation {agg!r} has none; use --aggregation similarity")
@@ -526,6 +538,10 @@ class RunConfig:
             raise UserError(f"privacy {self.privacy.mode!r} protects uploads, but aggregation "
                             "'none' (local) uploads nothing; use --privacy none")
         refuse_central(self.federation.resolved_aggregation, self.privacy.mode)
+        if self.federation.agg_clients_ratio != 1 and self.privacy.mode in CENTRAL_MODES:
+            raise UserError(f"privacy {self.privacy.mode!r} adds its noise to the aggregate of "
+                            f"all sampled clients; --agg-clients-ratio below 1 is not built "
+                            f"for it")
         if (self.federation.peft_pretrain == "attributes"
                 and self.data.dataset not in ATTRIBUTE_DATASETS):
             raise UserError(f"--peft-pretrain attributes: dataset {self.data.dataset} has no "

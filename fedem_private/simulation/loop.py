@@ -297,7 +297,7 @@ class Simulation:
                    "layers": fed.graph_layers},
             fedmerge={"k": fed.merge_k, "steps": fed.fedmerge_steps, "lr": fed.fedmerge_lr},
             seed=self.seed, server=server,
-            similarity={"similarity": fed.similarity, "agg_ratio": fed.agg_clients_ratio})
+            similarity={"similarity": fed.similarity}, agg_ratio=fed.agg_clients_ratio)
         self.dense = (aggregators.DenseFedAvg(self.sizes, dense0, server=server) if dense0
                       else None)
         peft = codecs.PeftConfig(warmup=fed.peft_warmup, lora_rank=fed.lora_rank,

@@ -153,6 +153,19 @@ def similarity_tables(uploads: torch.Tensor, p: torch.Tensor, alpha: float) -> t
     return out
 
 
+def _sampled_uploads(sim, n: int, t: int) -> torch.Tensor:
+    """(n,) bool: the uploads round ``t`` aggregates under ``agg_clients_ratio`` q (DESIGN
+    2a), all n clients taking part: the ceil(q n) with the smallest keyed draws."""
+    q = sim.cfg.federation.agg_clients_ratio
+    chosen = torch.ones(n, dtype=torch.bool)
+    if q < 1:
+        k = max(1, math.ceil(q * n))
+        draw = rng.uniform(rng.key(sim.seed, rng.Stream.AGG_SAMPLE, t, np.arange(n)), 0)
+        chosen = torch.zeros(n, dtype=torch.bool)
+        chosen[torch.from_numpy(np.argsort(draw, kind="stable")[:k])] = True
+    return chosen
+
+
 def _code_similarity(sim, q_local: torch.Tensor, sizes: torch.Tensor, t: int
                      ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Similarity aggregation with the FedEM code's options (DESIGN 2a), slowly: the
@@ -166,12 +179,7 @@ def _code_similarity(sim, q_local: torch.Tensor, sizes: torch.Tensor, t: int
     )
 
     fed, n = sim.cfg.federation, q_local.shape[0]
-    chosen = torch.ones(n, dtype=torch.bool)
-    if fed.agg_clients_ratio < 1:
-        k = max(1, math.ceil(fed.agg_clients_ratio * n))
-        draw = rng.uniform(rng.key(sim.seed, rng.Stream.AGG_SAMPLE, t, np.arange(n)), 0)
-        chosen = torch.zeros(n, dtype=torch.bool)
-        chosen[torch.from_numpy(np.argsort(draw, kind="stable")[:k])] = True
+    chosen = _sampled_uploads(sim, n, t)
     p = fedavg_weights(sizes, chosen)
     if fed.similarity == "pca":
         w = pca_similarity_weights_reference(p, q_local, fed.alpha, chosen)
@@ -194,7 +202,8 @@ def simulation_round(sim) -> dict[str, Any]:
     user vectors), ``dense`` groups, ``q_global``, ``dense_global`` and
     ``server`` (FedMerge: its refitted ``tables`` and ``logits``).
     Supports every backbone, merge and aggregation with full participation
-    and no privacy noise; each client trains through its backbone's
+    (``agg_clients_ratio`` below 1 too) and no privacy noise; each client trains through
+    its backbone's
     ``reference_train_client`` (torch.optim, obvious code). Used by tests and
     by the speed benchmark as the slow counterpart of ``sim.step()``.
     """
@@ -207,8 +216,9 @@ def simulation_round(sim) -> dict[str, Any]:
     strategy, agg = sim.merge_cfg.strategy, sim.aggregation
     new_params: list[ClientParams] = []
     rhos: list[float] = []
-    # the clients the last round's similarity aggregation sent a table (agg_clients_ratio)
+    # the clients the last round's aggregation sent a table (agg_clients_ratio)
     receiving = getattr(sim.aggregator, "receiving", None)
+    chosen = _sampled_uploads(sim, n, t)  # the uploads this round aggregates
     for u in range(n):
         s = draw_samples(sim.seed, t, np.array([u]), split.train_indptr, split.train_items,
                          *sim.excl, split.n_items, cfg.num_negatives)
@@ -270,8 +280,12 @@ def simulation_round(sim) -> dict[str, Any]:
         from fedem_private.server.graph import graph_reference
 
         fed = sim.cfg.federation
-        q_global = graph_reference(q_local, threshold=fed.graph_threshold, topk=fed.graph_topk,
-                                   layers=fed.graph_layers)[1].to(q_local.dtype)
+        personal, q_global = graph_reference(q_local[chosen], threshold=fed.graph_threshold,
+                                             topk=fed.graph_topk, layers=fed.graph_layers)
+        q_global = q_global.to(q_local.dtype)
+        anchors = sim.aggregator.personal.cpu().clone()
+        anchors[chosen] = personal.to(anchors.dtype)
+        server = {"personal": anchors, "receiving": chosen}
     elif agg == "fedmerge":
         from fedem_private.server.fedmerge import fit_reference
 
@@ -284,9 +298,11 @@ def simulation_round(sim) -> dict[str, Any]:
         q_global = torch.stack(merged).to(q_local.dtype)
         server = {"tables": fitted.tables, "logits": fitted.logits}
     else:
-        w = sizes / sizes.sum() if agg == "fedavg" else torch.full((n,), 1.0 / n,
-                                                                     dtype=torch.float64)
-        q_global = sum(w[u] * q_local[u].double() for u in range(n)).to(q_local.dtype)
+        c = chosen.double()
+        w = sizes * c / (sizes * c).sum() if agg == "fedavg" else c / c.sum()
+        q_global = sum(w[u] * q_local[u].double() for u in range(n)
+                       if chosen[u]).to(q_local.dtype)
+        server = {"receiving": chosen}
     dense_global = None
     if dense and agg != "none":
         fw = sizes / sizes.sum()
