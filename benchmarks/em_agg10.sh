@@ -5,8 +5,8 @@
 # continues alone (DESIGN 2a)? No published code does this for them (the FedEM code's
 # agg_clients_ratio is for its similarity aggregation), so the preset never switches it
 # on; this asks whether it could account for those rows. Each point is the published-
-# optimiser grid file's `paper-code` EM point with `agg_clients_ratio = 0.1` added, so
-# its label reads paper+...+agg10:
+# optimiser grid file's `paper-code` EM point as `paper-code+agg10` (the preset and the
+# share):
 #
 #   bash benchmarks/em_agg10.sh                       # OUT=runs JOBS=1 SEEDS="0 1 2"
 #   GRIDS="pfedrec_sgd_filmtrust" SEEDS="0" bash benchmarks/em_agg10.sh
@@ -39,11 +39,7 @@ em = [v.strip().strip('"') for v in variants.split(",") if v.strip().strip('"').
 text = re.sub(r'^variants = .*', "variants = [%s]" % ", ".join(f'"{v}"' for v in em), text,
               flags=re.M)
 text = re.sub(r'^seeds = .*', f"seeds = [{sys.argv[2]}]", text, flags=re.M)
-text = re.sub(r'^protocols = .*', 'protocols = ["paper-code"]', text, flags=re.M)
-if "[base.federation]" in text:
-    text = text.replace("[base.federation]", "[base.federation]\nagg_clients_ratio = 0.1")
-else:
-    text += "\n[base.federation]\nagg_clients_ratio = 0.1\n"
+text = re.sub(r'^protocols = .*', 'protocols = ["paper-code+agg10"]', text, flags=re.M)
 print(text)
 PY
     python -m fedem_private sweep "$TMP/$G.toml" --out "$OUT/em_agg10/$G" \

@@ -85,7 +85,7 @@ def test_protocol_labels_round_trip():
     with pytest.raises(UserError, match="unknown option"):
         parse_protocol_label("paper+nonsense")
     with pytest.raises(UserError, match="unknown protocol"):
-        parse_protocol_label("paper-code+min10")
+        parse_protocol_label("strict+min10")
 
 
 @pytest.mark.parametrize("method, over, needle", [
@@ -112,7 +112,28 @@ def test_agg10_stays_fedem_only_in_the_preset_and_in_sweep_labels():
     asked = _cfg("paper-code", "pfedrec", **{"federation.merge": "em",
                                              "federation.agg_clients_ratio": 0.1})
     assert asked.federation.agg_clients_ratio == 0.1
-    assert protocol_label(asked) == "paper+min10+sharedneg+bestval+agg10"
+    assert protocol_label(asked) == "paper-code+agg10"
+    assert parse_protocol_label("paper-code+agg10") == (
+        "paper-code", {"federation.agg_clients_ratio": 0.1})
+    # a value the preset sets otherwise is no longer the preset
+    other = _cfg("paper-code", "pfedrec", **{"train.select_round": "best-test"})
+    assert protocol_label(other) == "paper+min10+sharedneg+besttest"
+
+
+def test_sweep_paper_code_plus_an_option_is_asked_for():
+    from fedem_private.experiments.sweep_spec import grid, parse_spec
+
+    spec = parse_spec({"sweep": {"variants": ["pfedrec-em", "fedem-em"],
+                                 "protocols": ["paper-code+agg10", "paper+agg10"]},
+                       "base": {"train": {"rounds": 2}}}, "test")
+    labels = {(p.variant, p.name.split("/")[3]): protocol_label(p.config) for p in grid(spec)}
+    # paper+agg10 drops PFedRec+EM (not the FedEM code's); paper-code+agg10 asks for it
+    assert labels == {("pfedrec-em", "paper-code+agg10"): "paper-code+agg10",
+                      ("fedem-em", "paper-code+agg10"): "paper-code",
+                      ("fedem-em", "paper+agg10"): "paper+agg10"}
+    with pytest.raises(UserError, match="shared MLP"):
+        grid(parse_spec({"sweep": {"variants": ["fedncf"], "protocols": ["paper-code+agg10"]},
+                         "base": {"train": {"rounds": 2}}}, "test"))
 
 
 @pytest.mark.parametrize("over, needle", [

@@ -41,7 +41,10 @@ sharedneg, besttest, bestval, bestauto, agg10, pcasim, earlystop). An option
 that does not apply to a point's dataset or method (agg10 and pcasim without
 similarity aggregation, firstseen on a dataset with timestamps, earlystop on
 a backbone without it) gives no point for it, as a budget gives none to a mode
-without one; the preset turns on only the options that apply.
+without one; the preset turns on only the options that apply. ``paper-code`` with
+options (``"paper-code+agg10"``) is the preset and options it leaves off here, asked
+for: a point where one cannot be built is refused, not dropped (``agg10`` on PFedRec's
+FedAvg: the FedEM code's 10% share put on another aggregation).
 
 Each grid point gets a readable directory name,
 ``<dataset>/<variant>/<privacy>/<protocol>/seed<seed>`` (e.g.
@@ -226,7 +229,8 @@ def _variants(values: list[Any]) -> tuple[tuple[str, str | None], ...]:
 
 
 def _protocols(values: list[Any]) -> tuple[str, ...]:
-    """Protocol labels: strict, paper, paper-code, or paper+<option>+... (DESIGN 2a)."""
+    """Protocol labels: strict, paper, paper-code, paper+<option>+... or
+    paper-code+<option>+... (DESIGN 2a)."""
     for v in values:
         if not isinstance(v, str):
             raise UserError(f"[sweep] protocols: unknown value {v!r}; choose from "
@@ -444,9 +448,11 @@ def grid(spec: SweepSpec) -> list[GridPoint]:
                         and cfg.federation.resolved_merge != "em"):
                     # the DP-SGD adapter's steps are em's alone (other merges train none)
                     cfg = replace(cfg, privacy=replace(cfg.privacy, dpsgd_adapter_steps=0))
-                if not all(option_applies(_OPTION_TOKEN[key], cfg.data, cfg.federation)
-                           for key in options):
+                if proto == "paper" and not all(
+                        option_applies(_OPTION_TOKEN[key], cfg.data, cfg.federation)
+                        for key in options):
                     continue  # an option of the label that means nothing here: no point
+                # paper-code+<option>: the preset and more, asked for; refused where unbuilt
                 if options:
                     cfg = with_overrides(cfg, options)
                 cfg = cfg.validate().resolved()

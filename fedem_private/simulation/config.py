@@ -379,11 +379,13 @@ class FederationConfig:
                 raise UserError(f"--agg-clients-ratio samples the uploads an aggregation "
                                 f"takes; aggregation {agg!r} cannot; use one of "
                                 f"{', '.join(SAMPLED_AGGREGATIONS)}")
-            if self.resolved_backbone in SHARED_DENSE_BACKBONES or self.codec != "full":
+            if self.resolved_backbone in SHARED_DENSE_BACKBONES:
                 raise UserError(f"--agg-clients-ratio samples item-table uploads only; "
-                                f"backbone {self.resolved_backbone!r} with codec "
-                                f"{self.codec!r} shares other groups too; use codec full "
-                                f"and a backbone without a shared MLP")
+                                f"backbone {self.resolved_backbone!r} shares an MLP too; use "
+                                f"a backbone without a shared MLP")
+            if self.codec != "full":
+                raise UserError(f"--agg-clients-ratio samples item-table uploads only; codec "
+                                f"{self.codec!r} uploads other parameters; use codec full")
         if self.similarity != "eq13" and agg != "similarity":
             raise UserError(f"--similarity {self.similarity} is a similarity aggregation's; "
                             f"aggregation {agg!r} has none; use --aggregation similarity")
@@ -701,8 +703,10 @@ def _option_token(name: str, value: Any) -> str:
 
 
 def protocol_label(cfg: RunConfig) -> str:
-    """``strict``, ``paper``, ``paper-code`` (the preset exactly), or the protocol and its
-    options, e.g. ``paper+min10+sharedneg`` (DESIGN 2a)."""
+    """``strict``, ``paper``, ``paper-code`` (the preset exactly), ``paper-code+<option>``
+    (the preset and options it does not switch on here, e.g. ``paper-code+agg10`` for a
+    PFedRec+EM given the 10% share), or the protocol and its options, e.g.
+    ``paper+min10+sharedneg`` (DESIGN 2a)."""
     options = protocol_options(cfg)
     if not options:
         return cfg.data.protocol
@@ -716,19 +720,23 @@ def protocol_label(cfg: RunConfig) -> str:
         preset = protocol_options(RunConfig(data=d, train=t, federation=f))
         if preset == options:
             return "paper-code"
+        if all(options.get(k, object()) == v for k, v in preset.items()):
+            return "+".join(["paper-code"] + [_option_token(k, v) for k, v in options.items()
+                                              if k not in preset])
     return "+".join([cfg.data.protocol] + [_option_token(k, v) for k, v in options.items()])
 
 
 def parse_protocol_label(label: str) -> tuple[str, dict[str, Any]]:
     """A sweep's protocol label as (protocol, {dotted config key: value}): ``paper-code``,
-    ``strict``, ``paper`` or ``paper+<option>+...`` with options as :func:`protocol_label`
-    writes them (min10, firstseen, sharedneg, besttest, bestval, bestauto, agg10, pcasim,
-    batchmerge, earlystop)."""
+    ``strict``, ``paper``, ``paper+<option>+...`` or ``paper-code+<option>+...`` (the
+    preset and more) with options as :func:`protocol_label` writes them (min10, firstseen,
+    sharedneg, besttest, bestval, bestauto, agg10, pcasim, batchmerge, earlystop)."""
     base, *tokens = str(label).split("+")
-    if base not in PROTOCOLS_ALL or (tokens and base in PROTOCOL_PRESETS):
-        raise UserError(f"unknown protocol {label!r}; write strict, paper, paper-code or "
-                        f"paper+<option>+... (options: min10, firstseen, sharedneg, besttest, "
-                        f"bestval, agg10, pcasim, batchmerge, earlystop)")
+    if base not in PROTOCOLS_ALL or (tokens and base == "strict"):
+        raise UserError(f"unknown protocol {label!r}; write strict, paper, paper-code, "
+                        f"paper+<option>+... or paper-code+<option>+... (options: min10, "
+                        f"firstseen, sharedneg, besttest, bestval, agg10, pcasim, batchmerge, "
+                        f"earlystop)")
     out: dict[str, Any] = {}
     for token in tokens:
         key, value = _parse_token(token, label)
