@@ -25,7 +25,9 @@ protocols:
 - ``paper`` and ``strict`` at round 100.
 
 Runs of a backbone trained with its published code's optimiser (``train.optimizer =
-"sgd"``) are their own rows, ``<method> (sgd)``, beside the same published figure; runs
+"sgd"``) are their own rows, ``<method> (sgd)``, beside the same published figure, and so
+are runs of the preset with an option it leaves off for that method (protocol
+``paper-code+agg10``: row ``<method> with agg10``, in the paper-code column); runs
 under the paper's privacy recipe are ``fedem-em + paper LDP`` (Table 4). Published
 LastFM-2K figures come from another file than the one run here (DESIGN 2a). A dataset
 with published figures and no runs at all (ML-1M on these machines) gets one line that
@@ -104,6 +106,10 @@ def runs(sources: list[str | Path]) -> pd.DataFrame:
     if "cfg.train.optimizer" in frame.columns:
         sgd = frame["cfg.train.optimizer"] == "sgd"
         frame.loc[sgd, "variant"] = frame.loc[sgd, "variant"] + " (sgd)"
+    more = frame["protocol"].astype(str).str.startswith("paper-code+")
+    frame.loc[more, "variant"] = (frame.loc[more, "variant"] + " with "
+                                  + frame.loc[more, "protocol"].str.removeprefix("paper-code+"))
+    frame.loc[more, "protocol"] = "paper-code"
     mode = frame["mode"].fillna("none") if "mode" in frame.columns else "none"
     frame["mode"] = mode
     frame.loc[frame["mode"] == "paper", "variant"] += LDP_SUFFIX
@@ -133,21 +139,28 @@ def verdict(m: float, s: float, n: int, published: float) -> str:
     return f"{diff:+.3f} {'above' if diff > 0 else 'below'}"
 
 
+def _method(variant: str) -> str:
+    """The published method of a row label: ``pfedrec-em (sgd) with agg10`` -> ``pfedrec-em``."""
+    return variant.split(" with ")[0].removesuffix(" (sgd)")
+
+
 def _published(dataset: str, variant: str) -> float | None:
-    """The published HR@10 of a row label, an ``(sgd)`` row sharing its method's figure."""
-    figure = published(dataset, variant.removesuffix(" (sgd)"))
+    """The published HR@10 of a row label, an ``(sgd)`` or ``with <option>`` row sharing its
+    method's figure."""
+    figure = published(dataset, _method(variant))
     return None if figure is None else figure[0]
 
 
 def _variants(frame: pd.DataFrame, dataset: str) -> list[str]:
-    """The published methods of ``dataset``, then any (sgd) row after its method's."""
+    """The published methods of ``dataset``, then any (sgd) or with <option> row after its
+    method's."""
     have = set(frame.loc[frame["dataset"] == dataset, "variant"])
     out = []
     for v in ORDER:
         if _published(dataset, v) is None:
             continue
         out.append(v)
-        out.extend(sorted(x for x in have if x.removesuffix(" (sgd)") == v and x != v))
+        out.extend(sorted(x for x in have if _method(x) == v and x != v))
     return out
 
 
@@ -174,7 +187,7 @@ def scorecard(frame: pd.DataFrame, datasets: list[str] | None = None) -> list[st
             for protocol in PROTOCOLS:
                 rows = sub[(sub["variant"] == variant) & (sub["protocol"] == protocol)]
                 cells[protocol] = mean_std(rows["hr10_sampled"].dropna().tolist())
-            base = variant.removesuffix(" (sgd)")
+            base = _method(variant)
             lines.append(f"| {variant} | {TABLES.get(base, '')} | {figure:.4f} | "
                          f"{_cell(*cells['paper-code'])} | "
                          f"{verdict(*cells['paper-code'], figure)} | "
@@ -190,7 +203,7 @@ def scorecard(frame: pd.DataFrame, datasets: list[str] | None = None) -> list[st
 COMMITTED = ("ablation", "backbones/results.csv", "table3/results.csv",
              "attribution/results.csv", "attribution/kept", "paper_code/kept", "lastfm/kept",
              "table3_paper_code/kept", "table2_paper_code/kept", "table4_paper_code/kept",
-             "pfedrec_sgd/kept", "gpfedrec_sgd/kept", "fedrap_sgd/kept")
+             "pfedrec_sgd/kept", "gpfedrec_sgd/kept", "fedrap_sgd/kept", "em_agg10")
 
 
 def main(argv: list[str] | None = None) -> int:

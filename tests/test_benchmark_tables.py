@@ -222,6 +222,8 @@ def test_scorecard_reads_sources_labels_runs_and_later_sources_win(tmp_path):
                           **{f"{m}_selected": 0.49 for m in METRICS},
                           **{"cfg.train.select_round": "best-test"})
             + _score_rows("fedrap", "paper-code", [0.7], **{"cfg.train.optimizer": "sgd"})
+            + _score_rows("pfedrec-em", "paper-code+agg10", [0.96, 0.98],
+                          **{"cfg.train.optimizer": "sgd"})
             + _score_rows("fedem-em", "paper-code", [0.95], mode="paper")
             + _score_rows("fedmf", "strict", [0.01], mode="ldp-laplace")
             + _score_rows("fedmf", "strict", [0.5], dataset="lastfm-2k"))
@@ -240,6 +242,9 @@ def test_scorecard_reads_sources_labels_runs_and_later_sources_win(tmp_path):
     assert lines.index(next(x for x in lines if x.startswith("| fedrap (sgd) |"))) == \
         lines.index(next(x for x in lines if x.startswith("| fedrap |"))) + 1
     assert "| fedem-em + paper LDP | 4 | 0.9936 | 0.950 (1) |" in text
+    # the preset and an option it leaves off: its own row, in the paper-code column
+    assert ("| pfedrec-em (sgd) with agg10 | 3 | 0.9905 | 0.970 ± 0.014 (2) | -0.021 reproduced |"
+            in text)
     assert "| fedsim | 2 | 0.6320 | - | - | - | 0.275 ± 0.035 (2) |" in text
     assert "another file" in text  # LastFM-2K's published figures
     assert "Not run here: fedem-private sweep benchmarks/ml1m.toml" in text
