@@ -291,18 +291,24 @@ def test_similarity_aggregate_with_pca_equals_loop():
 
 
 # ------------------------------------------------------------------ 5: aggregating 10%
+def _sent_in_round(sim: Simulation, round_: int) -> dict[int, torch.Tensor]:
+    """Filled as ``sim`` runs: client -> the table the loop starts it from in ``round_``."""
+    seen: dict[int, torch.Tensor] = {}
+
+    def observe(view):
+        if view.round == round_:
+            seen.update({int(c): view.sent[i].clone() for i, c in enumerate(view.clients)})
+
+    sim.observers.append(observe)
+    return seen
+
+
 def test_agg_clients_ratio_sends_tables_only_to_the_sampled(small_split):
     cfg = RunConfig(data=DataConfig(protocol="paper"),
                     train=TrainConfig(rounds=3, local_epochs=1),
                     federation=FederationConfig(method="fedem", agg_clients_ratio=0.2))
     sim = Simulation(cfg, small_split)
-    seen: dict[int, tuple[np.ndarray, torch.Tensor]] = {}
-
-    def observe(view):
-        if view.round == 2:
-            seen.update({int(c): view.sent[i].clone() for i, c in enumerate(view.clients)})
-
-    sim.observers.append(observe)
+    seen = _sent_in_round(sim, 2)
     sim.step()
     chosen = sim.aggregator.receiving.clone()
     n = small_split.n_users
@@ -494,13 +500,7 @@ def test_sampled_share_of_a_sum_leaves_the_others_alone(small_split):
                                        "federation.agg_clients_ratio": 0.2,
                                        "data.protocol": "paper"})
     sim = Simulation(cfg, small_split)
-    seen: dict[int, torch.Tensor] = {}
-
-    def observe(view):
-        if view.round == 2:
-            seen.update({int(c): view.sent[i].clone() for i, c in enumerate(view.clients)})
-
-    sim.observers.append(observe)
+    seen = _sent_in_round(sim, 2)
     sim.step()
     chosen = sim.aggregator.receiving.clone()
     q_after_1 = sim.state.q_local.clone()
