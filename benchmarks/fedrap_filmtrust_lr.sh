@@ -7,15 +7,21 @@
 # changed, one grid file per rate (the sweep has no rate axis):
 #
 #   bash benchmarks/fedrap_filmtrust_lr.sh                 # LRS="100 300 3000" SEEDS="0"
+#   LRS=100 SEEDS="1 2" bash benchmarks/fedrap_filmtrust_lr.sh
+#   LRS=100 VARIANT=fedrap-em PROTOCOL=paper-code+agg10 bash benchmarks/fedrap_filmtrust_lr.sh
 #   python -m benchmarks.scorecard --committed --dataset filmtrust
 #
-# Resumes like paper_code_tables.sh (kept runs in benchmarks/results/fedrap_ft_lr/lr<X>).
+# Resumes like paper_code_tables.sh (kept runs in benchmarks/results/fedrap_ft_lr/lr<X>;
+# VARIANT fedrap-em and PROTOCOL paper-code+agg10 ask for Table 3's EM row and the 10%
+# share as benchmarks/em_agg10.sh does).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs}
 JOBS=${JOBS:-1}
 LRS=${LRS:-100 300 3000}
 SEEDS=${SEEDS:-0}
+VARIANT=${VARIANT:-fedrap}
+PROTOCOL=${PROTOCOL:-paper-code}
 KEEP=${KEEP:-benchmarks/results}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 TMP=$(mktemp -d)
@@ -25,9 +31,9 @@ for LR in $LRS; do
   if [ -d "$KEEP/fedrap_ft_lr/$G/kept" ]; then
     python -m benchmarks.keep_runs "$KEEP/fedrap_ft_lr/$G/kept" "$OUT/fedrap_ft_lr/$G"
   fi
-  sed -e 's/^datasets = .*/datasets = ["filmtrust"]/' -e 's/^variants = .*/variants = ["fedrap"]/' \
+  sed -e 's/^datasets = .*/datasets = ["filmtrust"]/' -e "s/^variants = .*/variants = [\"$VARIANT\"]/" \
       -e "s/^seeds = .*/seeds = [$(echo $SEEDS | sed 's/ /, /g')]/" \
-      -e 's/^protocols = .*/protocols = ["paper-code"]/' -e "s/^lr = .*/lr = $LR.0/" \
+      -e "s/^protocols = .*/protocols = [\"$PROTOCOL\"]/" -e "s/^lr = .*/lr = $LR.0/" \
       benchmarks/fedrap_sgd.toml > "$TMP/$G.toml"
   python -m fedem_private sweep "$TMP/$G.toml" --out "$OUT/fedrap_ft_lr/$G" --jobs "$JOBS" \
     --no-progress || echo "fedrap_filmtrust_lr: $G: sweep exited $?" >&2
