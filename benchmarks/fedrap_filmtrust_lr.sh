@@ -9,6 +9,7 @@
 #   bash benchmarks/fedrap_filmtrust_lr.sh                 # LRS="100 300 3000" SEEDS="0"
 #   LRS=100 SEEDS="1 2" bash benchmarks/fedrap_filmtrust_lr.sh
 #   LRS=100 VARIANT=fedrap-em PROTOCOL=paper-code+agg10 bash benchmarks/fedrap_filmtrust_lr.sh
+#   LRS=100 DATASET=ml-100k bash benchmarks/fedrap_filmtrust_lr.sh   # the README's dataset
 #   python -m benchmarks.scorecard --committed --dataset filmtrust
 #
 # Resumes like paper_code_tables.sh (kept runs in benchmarks/results/fedrap_ft_lr/lr<X>;
@@ -21,6 +22,7 @@ JOBS=${JOBS:-1}
 LRS=${LRS:-100 300 3000}
 SEEDS=${SEEDS:-0}
 VARIANT=${VARIANT:-fedrap}
+DATASET=${DATASET:-filmtrust}
 PROTOCOL=${PROTOCOL:-paper-code}
 KEEP=${KEEP:-benchmarks/results}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
@@ -31,7 +33,7 @@ for LR in $LRS; do
   if [ -d "$KEEP/fedrap_ft_lr/$G/kept" ]; then
     python -m benchmarks.keep_runs "$KEEP/fedrap_ft_lr/$G/kept" "$OUT/fedrap_ft_lr/$G"
   fi
-  sed -e 's/^datasets = .*/datasets = ["filmtrust"]/' -e "s/^variants = .*/variants = [\"$VARIANT\"]/" \
+  sed -e "s/^datasets = .*/datasets = [\"$DATASET\"]/" -e "s/^variants = .*/variants = [\"$VARIANT\"]/" \
       -e "s/^seeds = .*/seeds = [$(echo $SEEDS | sed 's/ /, /g')]/" \
       -e "s/^protocols = .*/protocols = [\"$PROTOCOL\"]/" -e "s/^lr = .*/lr = $LR.0/" \
       benchmarks/fedrap_sgd.toml > "$TMP/$G.toml"
