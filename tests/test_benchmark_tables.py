@@ -264,3 +264,15 @@ def test_scorecard_committed_reads_every_committed_source(capsys):
     with pytest.raises(SystemExit) as exc:
         main([])  # neither SOURCE nor --committed
     assert exc.value.code == 2
+
+
+def test_fedrap_rates_reads_the_committed_rate_grids():
+    from benchmarks.fedrap_rates import rows
+
+    lines = rows()
+    assert lines[0].startswith("| dataset | table rate |")
+    # the README's rate on ML-100K (benchmarks/fedrap_sgd.toml), one seed, best round 15
+    assert "| ml-100k | 1000 (README) | fedrap (sgd) | paper-code | 1 | 0.704 (15) |" in "\n".join(
+        lines)
+    assert any(line.startswith("| filmtrust | 100 | fedrap (sgd) | paper-code |")
+               for line in lines)
