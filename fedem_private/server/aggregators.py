@@ -92,11 +92,12 @@ class _Sampled:
         self.receiving = None
         self._chosen = None
 
-    def _sample(self, part_mask: Tensor) -> Tensor:
-        """Called once per round from begin_round: counts the round, samples its share."""
+    def begin_round(self, part_mask: Tensor) -> None:
+        """Counts the round and samples its share (``_chosen``), then the aggregator's own
+        :meth:`Aggregator.begin_round` (the mixin comes first in the bases)."""
         self.round += 1
         self._chosen = aggregated_uploads(part_mask, self.agg_ratio, self.seed, self.round)
-        return self._chosen
+        super().begin_round(part_mask)  # type: ignore[misc]
 
     def receives(self, idx: Tensor) -> Tensor | None:
         return None if self.receiving is None else self.receiving.index_select(0, idx)
@@ -238,7 +239,8 @@ class _SumAggregator(_Sampled, Aggregator):
 
     def begin_round(self, part_mask: Tensor) -> None:
         super().begin_round(part_mask)
-        chosen = self._sample(part_mask)
+        chosen = self._chosen
+        assert chosen is not None
         # a Poisson-sampled round (cdp-gaussian) may have no participant: no weights then
         self._weights = (self._round_weights(chosen) if bool(chosen.any())
                          else torch.zeros(self.n, dtype=torch.float64, device=self.device))
@@ -354,10 +356,6 @@ class SimilarityAggregator(_Sampled, _PerUploadAggregator):
     def sent(self, idx: Tensor) -> Tensor:
         return self.global_tables.index_select(0, idx)
 
-    def begin_round(self, part_mask: Tensor) -> None:
-        super().begin_round(part_mask)
-        self._sample(part_mask)
-
     def end_round(self) -> None:
         if self.agg_ratio < 1.0:
             # the FedEM code: only the sampled uploads are compared and aggregated, and
@@ -413,10 +411,6 @@ class GraphAggregator(_Sampled, _PerUploadAggregator):
 
     def anchor(self, idx: Tensor) -> Tensor:
         return self.personal.index_select(0, idx)
-
-    def begin_round(self, part_mask: Tensor) -> None:
-        super().begin_round(part_mask)
-        self._sample(part_mask)
 
     def end_round(self) -> None:
         # the graph over the sampled uploads only when agg_ratio < 1
