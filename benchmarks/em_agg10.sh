@@ -16,18 +16,12 @@
 # are copied in first, finished points skipped, each finished step kept at once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-runs}
 JOBS=${JOBS:-1}
 GRIDS=${GRIDS:-pfedrec_sgd_filmtrust pfedrec_sgd gpfedrec_sgd gpfedrec_sgd_filmtrust fedrap_sgd}
 SEEDS=${SEEDS:-0 1 2}
-KEEP=${KEEP:-benchmarks/results}
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
+source benchmarks/grid_steps.sh
 for G in $GRIDS; do
-  if [ -d "$KEEP/em_agg10/$G/kept" ]; then
-    python -m benchmarks.keep_runs "$KEEP/em_agg10/$G/kept" "$OUT/em_agg10/$G"
-  fi
+  restore "$KEEP/em_agg10/$G/kept" "$OUT/em_agg10/$G"
 done
 for SEED in $SEEDS; do
   for G in $GRIDS; do
@@ -42,9 +36,6 @@ text = re.sub(r'^seeds = .*', f"seeds = [{sys.argv[2]}]", text, flags=re.M)
 text = re.sub(r'^protocols = .*', 'protocols = ["paper-code+agg10"]', text, flags=re.M)
 print(text)
 PY
-    python -m fedem_private sweep "$TMP/$G.toml" --out "$OUT/em_agg10/$G" \
-      --jobs "$JOBS" --no-progress || echo "em_agg10: $G seed $SEED: sweep exited $?" >&2
-    mkdir -p "$KEEP/em_agg10/$G"
-    python -m benchmarks.keep_runs "$OUT/em_agg10/$G" "$KEEP/em_agg10/$G/kept"
+    step "em_agg10: $G seed $SEED" "$TMP/$G.toml" "$OUT/em_agg10/$G" "$KEEP/em_agg10/$G/kept"
   done
 done

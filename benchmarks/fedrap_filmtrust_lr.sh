@@ -17,28 +17,19 @@
 # share as benchmarks/em_agg10.sh does).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-runs}
 JOBS=${JOBS:-1}
 LRS=${LRS:-100 300 3000}
 SEEDS=${SEEDS:-0}
 VARIANT=${VARIANT:-fedrap}
 DATASET=${DATASET:-filmtrust}
 PROTOCOL=${PROTOCOL:-paper-code}
-KEEP=${KEEP:-benchmarks/results}
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
+source benchmarks/grid_steps.sh
 for LR in $LRS; do
   G="lr$LR"
-  if [ -d "$KEEP/fedrap_ft_lr/$G/kept" ]; then
-    python -m benchmarks.keep_runs "$KEEP/fedrap_ft_lr/$G/kept" "$OUT/fedrap_ft_lr/$G"
-  fi
+  restore "$KEEP/fedrap_ft_lr/$G/kept" "$OUT/fedrap_ft_lr/$G"
   sed -e "s/^datasets = .*/datasets = [\"$DATASET\"]/" -e "s/^variants = .*/variants = [\"$VARIANT\"]/" \
       -e "s/^seeds = .*/seeds = [$(echo $SEEDS | sed 's/ /, /g')]/" \
       -e "s/^protocols = .*/protocols = [\"$PROTOCOL\"]/" -e "s/^lr = .*/lr = $LR.0/" \
       benchmarks/fedrap_sgd.toml > "$TMP/$G.toml"
-  python -m fedem_private sweep "$TMP/$G.toml" --out "$OUT/fedrap_ft_lr/$G" --jobs "$JOBS" \
-    --no-progress || echo "fedrap_filmtrust_lr: $G: sweep exited $?" >&2
-  mkdir -p "$KEEP/fedrap_ft_lr/$G"
-  python -m benchmarks.keep_runs "$OUT/fedrap_ft_lr/$G" "$KEEP/fedrap_ft_lr/$G/kept"
+  step "fedrap_filmtrust_lr: $G" "$TMP/$G.toml" "$OUT/fedrap_ft_lr/$G" "$KEEP/fedrap_ft_lr/$G/kept"
 done

@@ -16,24 +16,17 @@
 # commands are in each grid file's comment.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-runs}
 JOBS=${JOBS:-2}
 GRIDS=${GRIDS:-table3 table2 table4}
 SEEDS=${SEEDS:-0 1 2}
-KEEP=${KEEP:-benchmarks/results}
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
+source benchmarks/grid_steps.sh
 for G in $GRIDS; do
-  if [ -d "$KEEP/${G}_paper_code/kept" ]; then
-    python -m benchmarks.keep_runs "$KEEP/${G}_paper_code/kept" "$OUT/${G}_paper_code"
-  fi
+  restore "$KEEP/${G}_paper_code/kept" "$OUT/${G}_paper_code"
 done
 for SEED in $SEEDS; do
   for G in $GRIDS; do
     sed "s/^seeds = .*/seeds = [$SEED]/" "benchmarks/${G}_paper_code.toml" > "$TMP/${G}_paper_code.toml"
-    python -m fedem_private sweep "$TMP/${G}_paper_code.toml" --out "$OUT/${G}_paper_code" \
-      --jobs "$JOBS" --no-progress || echo "paper_code_tables: $G seed $SEED: sweep exited $?" >&2
-    python -m benchmarks.keep_runs "$OUT/${G}_paper_code" "$KEEP/${G}_paper_code/kept"
+    step "paper_code_tables: $G seed $SEED" "$TMP/${G}_paper_code.toml" "$OUT/${G}_paper_code" \
+      "$KEEP/${G}_paper_code/kept"
   done
 done
