@@ -70,6 +70,7 @@ from fedem_private.data.split import Split, exclusion_csr
 from fedem_private.device import torch_device
 from fedem_private.errors import UserError
 from fedem_private.evaluation.metrics import EvalSets, RankAccumulator, build_eval_sets
+from fedem_private.hostmem import keep_freed_memory
 from fedem_private.models.base import (
     ClientParams,
     ClientSamples,
@@ -210,6 +211,8 @@ class Simulation:
         tr, fed = self.cfg.train, self.cfg.federation
         self.seed = tr.seed
         self.device = torch_device(tr.device)  # of every heavy tensor (module docstring)
+        # large host tables are reused, not faulted in afresh each chunk (fedem_private.hostmem)
+        self.host_allocator_tuned = keep_freed_memory()
         self.aggregation = fed.resolved_aggregation
         self.merge_cfg = MergeConfig(strategy=fed.resolved_merge, rho=fed.rho,
                                      adapter_lr=fed.adapter_lr,

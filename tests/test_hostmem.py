@@ -1,0 +1,87 @@
+"""The host allocator's tuning (fedem_private.hostmem): freed large blocks are reused, and
+nothing a run computes changes. Each check runs in a fresh interpreter, so the tuning of
+this test process (or its absence) does not matter."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+
+import pytest
+
+from fedem_private import hostmem
+
+glibc = pytest.mark.skipif(
+    platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
+    reason="the tuning is glibc's mallopt; elsewhere it does nothing")
+
+# a 72 MiB table (one chunk of 64 clients x 17,632 items x d 16, LastFM-2K's size) is
+# allocated and filled, freed, then again: the minor page faults of the second time
+_FAULTS = """
+import resource, torch
+from fedem_private.hostmem import keep_freed_memory
+tuned = keep_freed_memory()
+def faults():
+    r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    t = torch.empty(64, 17632 * 16)
+    t.fill_(1.0)
+    del t
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0
+faults()
+print(tuned, faults())
+"""
+
+# two FedEM rounds on a synthetic catalogue wide enough that each chunk's tables pass
+# glibc's mmap threshold (64 clients x 20,000 items x d 16 = 78 MiB): a digest of the state
+_RUN = """
+import hashlib, numpy as np, torch
+from fedem_private.simulation.config import RunConfig, with_overrides
+from fedem_private.experiments.runner import prepare
+cfg = with_overrides(RunConfig(), {
+    "data.dataset": "synthetic", "data.synthetic.n_users": 130,
+    "data.synthetic.n_items": 20000, "data.synthetic.mean_activity": 12.0,
+    "federation.method": "fedem", "train.rounds": 2, "train.local_epochs": 1,
+    "train.eval_every": 2})
+sim = prepare(cfg)
+sim.run()
+h = hashlib.sha256()
+for t in (sim.state.q_local, sim.state.p, sim.aggregator.table):
+    h.update(t.contiguous().numpy().tobytes())
+print(sim.host_allocator_tuned, h.hexdigest())
+"""
+
+
+def _python(code: str, malloc: str | None) -> list[str]:
+    env = {k: v for k, v in os.environ.items() if k != hostmem.ENV}
+    env["OMP_NUM_THREADS"] = "1"
+    if malloc is not None:
+        env[hostmem.ENV] = malloc
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, check=True, timeout=300)
+    return out.stdout.split()
+
+
+@glibc
+def test_freed_large_tables_are_reused_not_faulted_in_again():
+    tuned, faults = _python(_FAULTS, None)
+    system, faults_system = _python(_FAULTS, "system")
+    assert (tuned, system) == ("True", "False")
+    pages = 64 * 17632 * 16 * 4 // 4096  # 18,000 pages of 4 KiB
+    assert int(faults_system) > pages // 2  # the default: a fresh mapping, faulted in
+    assert int(faults) < pages // 20  # tuned: the freed block's pages are reused
+
+
+@glibc
+def test_the_tuning_changes_no_result():
+    tuned, digest = _python(_RUN, None)
+    system, digest_system = _python(_RUN, "system")
+    assert (tuned, system) == ("True", "False")
+    assert digest == digest_system
+
+
+def test_system_setting_turns_it_off(monkeypatch):
+    monkeypatch.setenv(hostmem.ENV, "system")
+    assert hostmem.keep_freed_memory() is False
+
