@@ -7,7 +7,10 @@
 For each chunk cap (the most clients trained side by side; the memory budget
 still bounds it): round 1 is a warm-up, then the seconds of rounds 2 and 3
 and of one evaluation. ``--profile`` adds a cProfile of one more round at the
-last cap (top functions by own time). Prints a table and a final JSON line.
+last cap (top functions by own time). Prints a table and a final JSON line, with the
+timed rounds' CPU time (user and system), minor page faults and the peak resident memory;
+``FEDEM_PRIVATE_MALLOC=system`` in the environment times the default allocator
+(fedem_private/hostmem.py).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import argparse
 import cProfile
 import io
 import pstats
+import resource
 import time
 from typing import Any
 
@@ -40,12 +44,20 @@ def measure(data: str, method: str, device: str, cap: int, budget_mb: int,
         sim = prepare(cfg)
         chunk = sim._chunk_size()
         sim.step()
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
         rounds = [sim.step().seconds for _ in range(2)]
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
         sim.evaluate()
         _sync(sim.device)
         row: dict[str, Any] = {"data": data, "method": method, "device": sim.device.type,
                                "cap": cap, "chunk": chunk, "round_s": rounds,
+                               # the two timed rounds' CPU time in the process and in the
+                               # kernel on its behalf, and their minor page faults
+                               "user_s": r1.ru_utime - r0.ru_utime,
+                               "sys_s": r1.ru_stime - r0.ru_stime,
+                               "minor_faults": r1.ru_minflt - r0.ru_minflt,
+                               "host_allocator_tuned": sim.host_allocator_tuned,
                                "eval_s": time.perf_counter() - t0}
         if profile:
             prof = cProfile.Profile()
@@ -78,10 +90,13 @@ def main() -> None:
         rows.append(row)
         print(f"{row['data']} {row['method']} on {row['device']}: cap {cap:5d} -> chunk "
               f"{row['chunk']:5d}: rounds {row['round_s'][0]:.2f} / {row['round_s'][1]:.2f} s, "
-              f"evaluation {row['eval_s']:.2f} s", flush=True)
+              f"evaluation {row['eval_s']:.2f} s; CPU user {row['user_s']:.1f} s, system "
+              f"{row['sys_s']:.1f} s, {row['minor_faults']} minor faults (allocator "
+              f"{'tuned' if row['host_allocator_tuned'] else 'system'})", flush=True)
         if "profile" in row:
             print(row["profile"])
     emit({"benchmark": "profile_round", "machine": machine(),
+          "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
           "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
           "rows": [{k: v for k, v in r.items() if k != "profile"} for r in rows]})
 
