@@ -2,7 +2,7 @@
 
     python -m benchmarks.profile_round [--data ml-1m-size|ml-100k|lastfm-2k] [--method fedem]
                                        [--device cpu|cuda|auto] [--chunks 64,256,1024]
-                                       [--budget-mb 2048] [--profile]
+                                       [--budget-mb 2048] [--profile] [--floor]
 
 For each chunk cap (the most clients trained side by side; the memory budget
 still bounds it): round 1 is a warm-up, then the seconds of rounds 2 and 3
@@ -10,7 +10,8 @@ and of one evaluation. ``--profile`` adds a cProfile of one more round at the
 last cap (top functions by own time). Prints a table and a final JSON line, with the
 timed rounds' CPU time (user and system), minor page faults and the peak resident memory;
 ``FEDEM_PRIVATE_MALLOC=system`` in the environment times the default allocator
-(fedem_private/hostmem.py).
+(fedem_private/hostmem.py). ``--floor`` adds the machine's floor for the same tables
+(:func:`benchmarks.speed.floor`) and the faster timed round over it.
 """
 
 from __future__ import annotations
@@ -29,11 +30,11 @@ from fedem_private.experiments.runner import prepare
 from fedem_private.simulation import loop
 
 from .common import emit, machine, run_config
-from .speed import MEMORY_DATA, _sync
+from .speed import MEMORY_DATA, _sync, floor
 
 
 def measure(data: str, method: str, device: str, cap: int, budget_mb: int,
-            profile: bool) -> dict[str, Any]:
+            profile: bool, with_floor: bool = False) -> dict[str, Any]:
     dataset, over = MEMORY_DATA.get(data, (data, {}))
     cfg = run_config(dataset, **over, **{"federation.method": method, "train.rounds": 10,
                                          "train.eval_every": 10_000, "train.device": device,
@@ -59,6 +60,10 @@ def measure(data: str, method: str, device: str, cap: int, budget_mb: int,
                                "minor_faults": r1.ru_minflt - r0.ru_minflt,
                                "host_allocator_tuned": sim.host_allocator_tuned,
                                "eval_s": time.perf_counter() - t0}
+        if with_floor:  # the machine's floor for these tables, in the same process
+            row["floor"] = floor(sim.state.q_local)
+            row["round_over_floor"] = min(rounds) / (row["floor"]["gram_s"]
+                                                     + row["floor"]["passes_s"])
         if profile:
             prof = cProfile.Profile()
             prof.enable()
@@ -81,18 +86,25 @@ def main() -> None:
                     help="chunk caps to compare (default: the CPU's)")
     ap.add_argument("--budget-mb", type=int, default=2048)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--floor", action="store_true",
+                    help="also time the floor of benchmarks.speed (one Gram GEMM of the "
+                         "tables, four passes over them) and report the faster round / floor")
     args = ap.parse_args()
     caps = [int(c) for c in args.chunks.split(",")]
     rows = []
     for i, cap in enumerate(caps):
         row = measure(args.data, args.method, args.device, cap, args.budget_mb,
-                      args.profile and i == len(caps) - 1)
+                      args.profile and i == len(caps) - 1, args.floor)
         rows.append(row)
         print(f"{row['data']} {row['method']} on {row['device']}: cap {cap:5d} -> chunk "
               f"{row['chunk']:5d}: rounds {row['round_s'][0]:.2f} / {row['round_s'][1]:.2f} s, "
               f"evaluation {row['eval_s']:.2f} s; CPU user {row['user_s']:.1f} s, system "
               f"{row['sys_s']:.1f} s, {row['minor_faults']} minor faults (allocator "
               f"{'tuned' if row['host_allocator_tuned'] else 'system'})", flush=True)
+        if "floor" in row:
+            print(f"  floor: Gram GEMM {row['floor']['gram_s']:.2f} s, 4 passes "
+                  f"{row['floor']['passes_s']:.3f} s; faster round / floor "
+                  f"{row['round_over_floor']:.2f}x", flush=True)
         if "profile" in row:
             print(row["profile"])
     emit({"benchmark": "profile_round", "machine": machine(),
