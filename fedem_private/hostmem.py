@@ -43,15 +43,15 @@ _applied: bool | None = None
 def keep_freed_memory() -> bool:
     """Make glibc reuse freed blocks of any size (see the module docstring), once per process.
 
-    Returns whether the settings are in force: False when ``FEDEM_PRIVATE_MALLOC=system``,
-    when the C library is not glibc, or when ``mallopt`` refused them.
+    Returns whether the settings are in force: False when ``FEDEM_PRIVATE_MALLOC=system``
+    at the first call, when the C library is not glibc, or when ``mallopt`` refused them.
     """
     global _applied
-    if os.environ.get(ENV, "").strip().lower() == "system":
-        return False
-    if _applied is not None:
+    if _applied is not None:  # mallopt's settings last for the process: decided once
         return _applied
     _applied = False
+    if os.environ.get(ENV, "").strip().lower() == "system":
+        return False
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     try:

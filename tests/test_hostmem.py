@@ -81,7 +81,17 @@ def test_the_tuning_changes_no_result():
     assert digest == digest_system
 
 
-def test_system_setting_turns_it_off(monkeypatch):
-    monkeypatch.setenv(hostmem.ENV, "system")
-    assert hostmem.keep_freed_memory() is False
 
+def test_elsewhere_than_glibc_it_does_nothing(monkeypatch):
+    monkeypatch.setattr(hostmem, "_applied", None)
+    monkeypatch.setattr(hostmem.platform, "libc_ver", lambda: ("", ""))
+    monkeypatch.setattr(hostmem.ctypes, "CDLL", lambda *a, **k: pytest.fail("mallopt called"))
+    assert hostmem.keep_freed_memory() is False
+    assert hostmem.keep_freed_memory() is False  # decided once
+
+
+def test_the_opt_out_is_read_at_the_first_call(monkeypatch):
+    monkeypatch.setattr(hostmem, "_applied", None)
+    monkeypatch.setenv(hostmem.ENV, "System")
+    monkeypatch.setattr(hostmem.ctypes, "CDLL", lambda *a, **k: pytest.fail("mallopt called"))
+    assert hostmem.keep_freed_memory() is False
