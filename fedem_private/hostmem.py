@@ -14,7 +14,7 @@ and are not affected.
 (``M_MMAP_MAX`` 0) and never to trim the heap's top (``M_TRIM_THRESHOLD``
 at its maximum), so a freed table's pages are reused by the next one. The
 cost is memory: the heap keeps its peak, and fragmentation can raise that
-peak (LastFM-2K FedEM: 6.65 -> 8.59 GiB resident). Nothing computed changes:
+peak (LastFM-2K FedEM: 6.64 -> 8.52 GiB resident). Nothing computed changes:
 the allocator decides where tensors live, not what they hold.
 
 It is process-wide and applied once, when a :class:`~fedem_private.simulation.loop.Simulation`
