@@ -12,9 +12,11 @@ and are not affected.
 
 :func:`keep_freed_memory` asks glibc to serve every block from its heap
 (``M_MMAP_MAX`` 0) and never to trim the heap's top (``M_TRIM_THRESHOLD``
-at its maximum), so a freed table's pages are reused by the next one. The
-cost is memory: the heap keeps its peak, and fragmentation can raise that
-peak (LastFM-2K FedEM: 6.64 -> 8.52 GiB resident). Nothing computed changes:
+at its maximum), so freed tables' pages serve the next ones. The reuse is
+not immediate: a small allocation can split a freed block, so the heap grows
+for a few cycles before it settles (tests/test_hostmem.py). The cost is
+memory: the heap keeps its peak, and that growth raises the peak
+(LastFM-2K FedEM: 6.64 -> 8.52 GiB resident). Nothing computed changes:
 the allocator decides where tensors live, not what they hold.
 
 It is process-wide and applied once, when a :class:`~fedem_private.simulation.loop.Simulation`
