@@ -7,7 +7,7 @@ fresh ``mmap`` and gives it back with ``munmap`` on free, so every such
 tensor is faulted in again, page by page, zeroed by the kernel. With
 LastFM-2K's catalogue (17,632 items, d = 16) one chunk's table is 72 MiB and
 a FedEM round spent about a fifth of its CPU time in the kernel doing this
-(BENCHMARKS.md, "Issue 19"); ML-100K's 7 MiB tables stay under the threshold
+(BENCHMARKS.md, "The host allocator"); ML-100K's 7 MiB tables stay under the threshold
 and are not affected.
 
 :func:`keep_freed_memory` asks glibc to serve every block from its heap
@@ -42,6 +42,11 @@ _TRIM_NEVER = 2**31 - 1  # the largest int mallopt takes
 _applied: bool | None = None
 
 
+def is_glibc() -> bool:
+    """Whether this process runs on Linux with glibc, the one C library tuned here."""
+    return platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+
+
 def keep_freed_memory() -> bool:
     """Make glibc reuse freed blocks of any size (see the module docstring), once per process.
 
@@ -54,7 +59,7 @@ def keep_freed_memory() -> bool:
     _applied = False
     if os.environ.get(ENV, "").strip().lower() == "system":
         return False
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    if not is_glibc():
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")

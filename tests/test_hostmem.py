@@ -5,7 +5,6 @@ this test process (or its absence) does not matter."""
 from __future__ import annotations
 
 import os
-import platform
 import subprocess
 import sys
 
@@ -14,8 +13,7 @@ import pytest
 from fedem_private import hostmem
 
 glibc = pytest.mark.skipif(
-    platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
-    reason="the tuning is glibc's mallopt; elsewhere it does nothing")
+    not hostmem.is_glibc(), reason="the tuning is glibc's mallopt; elsewhere it does nothing")
 
 # a round-like pattern: three 72 MiB tables (one chunk of 64 clients x 17,632 items x d 16,
 # LastFM-2K's size) and three results computed from them are alive at once, then freed; ten
@@ -40,7 +38,7 @@ print(tuned, *[cycle() for _ in range(10)])
 # two FedEM rounds on a synthetic catalogue wide enough that each chunk's tables pass
 # glibc's mmap threshold (64 clients x 20,000 items x d 16 = 78 MiB): a digest of the state
 _RUN = """
-import hashlib, numpy as np, torch
+import hashlib
 from fedem_private.simulation.config import RunConfig, with_overrides
 from fedem_private.experiments.runner import prepare
 cfg = with_overrides(RunConfig(), {
@@ -86,7 +84,6 @@ def test_the_tuning_changes_no_result():
     system, digest_system = _python(_RUN, "system")
     assert (tuned, system) == ("True", "False")
     assert digest == digest_system
-
 
 
 def test_elsewhere_than_glibc_it_does_nothing(monkeypatch):
