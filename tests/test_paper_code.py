@@ -92,7 +92,6 @@ def test_protocol_labels_round_trip():
     ("fedmf", {"federation.similarity": "pca"}, "--similarity pca"),
     ("local", {"federation.agg_clients_ratio": 0.1}, "agg-clients-ratio"),
     ("fedmerge", {"federation.agg_clients_ratio": 0.1}, "agg-clients-ratio"),
-    ("fedncf", {"federation.agg_clients_ratio": 0.1}, "shared MLP"),
     ("fedmf", {"federation.agg_clients_ratio": 0.1, "federation.codec": "lora"},
      "codec full"),
     ("fedmf", {"federation.agg_clients_ratio": 0.1, "privacy.mode": "cdp-gaussian",
@@ -131,8 +130,8 @@ def test_sweep_paper_code_plus_an_option_is_asked_for():
     assert labels == {("pfedrec-em", "paper-code+agg10"): "paper-code+agg10",
                       ("fedem-em", "paper-code+agg10"): "paper-code",
                       ("fedem-em", "paper+agg10"): "paper+agg10"}
-    with pytest.raises(UserError, match="shared MLP"):
-        grid(parse_spec({"sweep": {"variants": ["fedncf"], "protocols": ["paper-code+agg10"]},
+    with pytest.raises(UserError, match="agg-clients-ratio"):
+        grid(parse_spec({"sweep": {"variants": ["fedmerge"], "protocols": ["paper-code+agg10"]},
                          "base": {"train": {"rounds": 2}}}, "test"))
 
 
@@ -458,13 +457,28 @@ def test_cli_refusals_are_one_line(tmp_path, capsys, argv, needle):
 # ------------------------------------------------------------------ a round, end to end
 @pytest.mark.parametrize("method, merge", [("fedmf", "sr"), ("pfedrec", "em"),
                                            ("fedrap", "em"), ("gpfedrec", "em"),
-                                           ("gpfedrec", "sr")])
+                                           ("gpfedrec", "sr"), ("fedncf", "sr"),
+                                           ("fedncf", "em")])
 def test_sampled_share_of_other_aggregations_equals_per_client_reference(
         small_split, method, merge):
     """--agg-clients-ratio on the sums (FedAvg, FedRAP's uniform mean) and GPFedRec's graph:
     rounds 1-3 against the one-client-at-a-time loop, which sums (or builds the graph
     over) the keyed 30% of the uploads and lets only their owners start from the server's
-    table (and merge) next round."""
+    table (and merge) next round. FedNCF's shared MLP is averaged over the same share and
+    sent to the same owners. FedNCF runs in float64: its shared MLP drifts by ~1e-4 between
+    two float32 paths over rounds (tests/test_backbones.py says why)."""
+    if method == "fedncf":
+        old = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
+        try:
+            _sampled_share_rounds(small_split, method, merge, tol=1e-7)
+        finally:
+            torch.set_default_dtype(old)
+        return
+    _sampled_share_rounds(small_split, method, merge, tol=1e-4)
+
+
+def _sampled_share_rounds(small_split, method: str, merge: str, tol: float) -> None:
     from fedem_private.simulation import reference
 
     over = {"train.rounds": 4, "train.local_epochs": 2, "train.batch_size": 32,
@@ -477,19 +491,23 @@ def test_sampled_share_of_other_aggregations_equals_per_client_reference(
         before = sim.aggregator.receiving
         ref = reference.simulation_round(sim)
         stats = sim.step()
-        assert (sim.state.q_local - ref["q_local"]).abs().max() < 1e-4
+        assert (sim.state.q_local - ref["q_local"]).abs().max() < tol
         for name, value in ref["private"].items():
-            assert (sim.state.private[name] - value).abs().max() < 1e-4
-        assert (sim.state.q_global - ref["q_global"]).abs().max() < 1e-4
+            assert (sim.state.private[name] - value).abs().max() < tol
+        assert (sim.state.q_global - ref["q_global"]).abs().max() < tol
+        assert set(ref["dense"]) == set(sim.state.dense_local)
+        for name, value in ref["dense"].items():
+            assert (sim.state.dense_local[name] - value).abs().max() < tol
+            assert (sim.dense.params[name] - ref["dense_global"][name]).abs().max() < tol
         got = sim.aggregator.receiving.cpu()
         assert torch.equal(got, ref["server"]["receiving"])
         assert int(got.sum()) == int(np.ceil(0.3 * n))
         if before is not None:  # another round samples other uploads (keyed by round)
             assert not torch.equal(got, before.cpu())
         if "personal" in ref["server"]:
-            assert (sim.aggregator.personal.cpu() - ref["server"]["personal"]).abs().max() < 1e-4
+            assert (sim.aggregator.personal.cpu() - ref["server"]["personal"]).abs().max() < tol
         if ref["rho_mean"] is not None and t > 1:
-            assert stats.merge["rho_mean"] == pytest.approx(ref["rho_mean"], abs=1e-5)
+            assert stats.merge["rho_mean"] == pytest.approx(ref["rho_mean"], abs=tol / 10)
 
 
 def test_sampled_share_of_a_sum_leaves_the_others_alone(small_split):

@@ -102,6 +102,10 @@ class _Sampled:
     def receives(self, idx: Tensor) -> Tensor | None:
         return None if self.receiving is None else self.receiving.index_select(0, idx)
 
+    def aggregated(self) -> Tensor:
+        assert self._chosen is not None, "begin_round first"
+        return self._chosen
+
     def _received(self) -> None:
         """Called from end_round: the sampled owners hear back next round."""
         if self.agg_ratio < 1.0:
@@ -199,6 +203,12 @@ class Aggregator(ABC):
         """(k,) bool: which of clients ``idx`` get a table this round (the others continue
         from their own model, with no merge); None: all of them."""
         return None
+
+    def aggregated(self) -> Tensor:
+        """(n,) bool: the uploads this round aggregates (after :meth:`begin_round`): every
+        participant, or the sampled share of :class:`_Sampled`. A backbone's shared dense
+        groups are averaged over the same uploads."""
+        return self.part_mask
 
     def round_stats(self) -> dict[str, float]:
         """Figures of the last :meth:`end_round` for metrics.csv (column name -> value)."""
@@ -550,7 +560,10 @@ def build(name: str, sizes: Tensor, q0: Tensor, *, alpha: float,
 
 class DenseFedAvg:
     """Non-item shared groups (an MLP, a FedPEFT codec's parameters), averaged over the
-    participants with FedAvg weights (``uniform``: 1 / n_t each)."""
+    participants with FedAvg weights (``uniform``: 1 / n_t each). Under the FedEM code's
+    ``agg_clients_ratio`` (DESIGN 2a) :meth:`begin_round` is given the sampled share
+    instead (:meth:`Aggregator.aggregated`): the mean is over those uploads alone, and the
+    round loop sends it only to their owners, as it does the item table."""
 
     def __init__(self, sizes: Tensor, init: dict[str, Tensor], uniform: bool = False,
                  server: ServerOptConfig | None = None) -> None:

@@ -45,8 +45,6 @@ EACH_UPLOAD_AGGREGATIONS = ("similarity", "graph", "fedmerge")
 # FedEM code's agg_clients_ratio, DESIGN 2a): its similarity aggregation, and (not in any
 # published code) the sums and GPFedRec's graph, to ask what the share does to their +EM
 SAMPLED_AGGREGATIONS = ("similarity", "fedavg", "uniform", "graph")
-# backbones with a shared dense group (NCF's MLP), which --agg-clients-ratio does not sample
-SHARED_DENSE_BACKBONES = ("ncf",)
 MERGES = ("sr", "sm", "dm", "em")
 LEARNED_MERGES = ("dm", "em")  # merges with an adapter (equations 9 and 11)
 # what the adapter trains on: the round's training samples, or a withheld fold of them
@@ -379,10 +377,6 @@ class FederationConfig:
                 raise UserError(f"--agg-clients-ratio samples the uploads an aggregation "
                                 f"takes; aggregation {agg!r} cannot; use one of "
                                 f"{', '.join(SAMPLED_AGGREGATIONS)}")
-            if self.resolved_backbone in SHARED_DENSE_BACKBONES:
-                raise UserError(f"--agg-clients-ratio samples item-table uploads only; "
-                                f"backbone {self.resolved_backbone!r} shares an MLP too; use "
-                                f"a backbone without a shared MLP")
             if self.codec != "full":
                 raise UserError(f"--agg-clients-ratio samples item-table uploads only; codec "
                                 f"{self.codec!r} uploads other parameters; use codec full")

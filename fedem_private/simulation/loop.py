@@ -425,7 +425,7 @@ class Simulation:
         part_mask[self._index(clients)] = True
         self.aggregator.begin_round(part_mask)
         if self.dense is not None:
-            self.dense.begin_round(part_mask)
+            self.dense.begin_round(self.aggregator.aggregated())
         self.privacy.begin_round(t)
         central = self.privacy.central
         before = (self.aggregator.table.detach().clone()

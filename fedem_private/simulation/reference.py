@@ -304,9 +304,10 @@ def simulation_round(sim) -> dict[str, Any]:
                        if chosen[u]).to(q_local.dtype)
         server = {"receiving": chosen}
     dense_global = None
-    if dense and agg != "none":
-        fw = sizes / sizes.sum()
-        dense_global = {k: sum(fw[u] * v[u].double() for u in range(n)).to(v.dtype)
+    if dense and agg != "none":  # FedAvg over the round's share (all under ratio 1)
+        fw = sizes * chosen.double() / (sizes * chosen.double()).sum()
+        dense_global = {k: sum(fw[u] * v[u].double() for u in range(n) if chosen[u]
+                               ).to(v.dtype)
                         for k, v in dense.items()}
     rho_mean = sum(rhos) / len(rhos) if rhos and strategy != "sr" else None
     return {"q_local": q_local, "p": private.get("p"), "private": private, "dense": dense,
