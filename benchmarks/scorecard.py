@@ -204,7 +204,7 @@ COMMITTED = ("ablation", "backbones/results.csv", "table3/results.csv",
              "attribution/results.csv", "attribution/kept", "paper_code/kept", "lastfm/kept",
              "lastfm_gpu/kept", "table3_paper_code/kept", "table2_paper_code/kept",
              "table4_paper_code/kept", "pfedrec_sgd/kept", "gpfedrec_sgd/kept",
-             "fedrap_sgd/kept", "em_agg10")
+             "fedrap_sgd/kept", "em_agg10", "fedncf_em_agg10/kept")
 
 
 def main(argv: list[str] | None = None) -> int:
