@@ -198,13 +198,13 @@ def scorecard(frame: pd.DataFrame, datasets: list[str] | None = None) -> list[st
 
 #: the committed results behind BENCHMARKS.md's scorecard, oldest first (``--committed``):
 #: Table 2's ablation records and Table 3's grids at round 100, then the runs kept from the
-#: attribution, FilmTrust / LastFM-2K (CPU, then GPU), Tables 1-4 under paper-code and the
+#: attribution, FilmTrust / LastFM-2K (CPU, GPU, CPU again), Tables 1-4 under paper-code and the
 #: published optimisers' grids
 COMMITTED = ("ablation", "backbones/results.csv", "table3/results.csv",
              "attribution/results.csv", "attribution/kept", "paper_code/kept", "lastfm/kept",
-             "lastfm_gpu/kept", "table3_paper_code/kept", "table2_paper_code/kept",
-             "table4_paper_code/kept", "pfedrec_sgd/kept", "gpfedrec_sgd/kept",
-             "fedrap_sgd/kept", "em_agg10", "fedncf_em_agg10/kept")
+             "lastfm_gpu/kept", "lastfm_cpu/kept", "table3_paper_code/kept",
+             "table2_paper_code/kept", "table4_paper_code/kept", "pfedrec_sgd/kept",
+             "gpfedrec_sgd/kept", "fedrap_sgd/kept", "em_agg10", "fedncf_em_agg10/kept")
 
 
 def main(argv: list[str] | None = None) -> int:
