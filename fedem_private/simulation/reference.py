@@ -305,7 +305,8 @@ def simulation_round(sim) -> dict[str, Any]:
         server = {"receiving": chosen}
     dense_global = None
     if dense and agg != "none":  # FedAvg over the round's share (all under ratio 1)
-        fw = sizes * chosen.double() / (sizes * chosen.double()).sum()
+        c = chosen.double()
+        fw = sizes * c / (sizes * c).sum()
         dense_global = {k: sum(fw[u] * v[u].double() for u in range(n) if chosen[u]
                                ).to(v.dtype)
                         for k, v in dense.items()}
