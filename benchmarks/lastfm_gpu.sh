@@ -11,6 +11,8 @@
 #
 #   bash benchmarks/lastfm_gpu.sh                        # defaults below
 #   LIMIT=500 SNAP=$OUT/lastfm_gpu.tgz bash benchmarks/lastfm_gpu.sh   # stop all at 500 s
+#   LANE_A="em em" LANE_B= JOBS_A=10 bash benchmarks/lastfm_gpu.sh      # only the EM rows,
+#                                      # a second pass rerunning what failed (out of memory)
 #
 # Resumes: run it again with the same RUNS and finished points are skipped.
 set -uo pipefail
@@ -24,7 +26,9 @@ SNAP=${SNAP:-}
 PY=${PYTHON:-python}         # the interpreter (python3 on the GPU machines)
 export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
 START=$(date +%s)
-GRIDS="tables table4 em paper"
+LANE_A=${LANE_A-tables em}   # grids run one after another in each lane
+LANE_B=${LANE_B-table4 paper}
+GRIDS=$(printf '%s\n' $LANE_A $LANE_B | sort -u | tr '\n' ' ')
 
 left() {  # seconds left before LIMIT (a large number without one)
   if [ "$LIMIT" -eq 0 ]; then echo 999999; else echo $((START + LIMIT - $(date +%s))); fi
@@ -51,9 +55,9 @@ snapshot() {
   fi
 }
 
-(sweep tables "$JOBS_A"; sweep em "$JOBS_A") &
+(for G in $LANE_A; do sweep "$G" "$JOBS_A"; done) &
 A=$!
-(sweep table4 "$JOBS_B"; sweep paper "$JOBS_B") &
+(for G in $LANE_B; do sweep "$G" "$JOBS_B"; done) &
 B=$!
 while kill -0 "$A" 2>/dev/null || kill -0 "$B" 2>/dev/null; do sleep 20; snapshot; done
 wait

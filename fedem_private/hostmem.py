@@ -19,9 +19,23 @@ memory: the heap keeps its peak, and that growth raises the peak
 (LastFM-2K FedEM: 6.64 -> 8.52 GiB resident). Nothing computed changes:
 the allocator decides where tensors live, not what they hold.
 
-It is process-wide and applied once, when a :class:`~fedem_private.simulation.loop.Simulation`
-is built. Set ``FEDEM_PRIVATE_MALLOC=system`` to leave the allocator as it is.
-Only glibc (Linux) has these settings; elsewhere it does nothing.
+The tuning has a second cost, which is why it is applied only where it pays: a
+heap that never returns memory and never maps blocks apart can fragment without
+bound under a different allocation pattern. The per-client FedEM reference
+(:mod:`fedem_private.simulation.reference`) on ML-100K, run in a tuned process,
+grew to 23 GB resident until the OOM killer took it, against 1.26 GiB with
+glibc's defaults (BENCHMARKS.md, "A fourth reading"). A
+:class:`~fedem_private.simulation.loop.Simulation` therefore asks for the tuning
+only when one chunk's host table is larger than glibc's largest dynamic mmap
+threshold (:data:`MMAP_THRESHOLD_MAX`, 32 MiB on 64-bit): below it, glibc's own
+sliding threshold already keeps such blocks on the heap after the first free,
+and there is nothing to gain (ML-100K, FilmTrust and ML-1M at d = 16 and 64
+clients a chunk: 7-15 MiB; LastFM-2K: 72 MiB).
+
+Once applied the settings are process-wide and stay for the process's life
+(every later run in it, and anything else it does, inherits them). Set
+``FEDEM_PRIVATE_MALLOC=system`` to leave the allocator as it is. Only glibc
+(Linux) has these settings; elsewhere it does nothing.
 """
 
 from __future__ import annotations
@@ -39,6 +53,10 @@ _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
 _TRIM_NEVER = 2**31 - 1  # the largest int mallopt takes
 
+#: glibc's ceiling on its dynamic mmap threshold on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX,
+#: 4 MiB x sizeof(long)): blocks larger than this are always mapped apart by default
+MMAP_THRESHOLD_MAX = 32 * (1 << 20)
+
 _applied: bool | None = None
 
 
@@ -47,15 +65,34 @@ def is_glibc() -> bool:
     return platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 
 
-def keep_freed_memory() -> bool:
+def in_force() -> bool:
+    """Whether an earlier call applied the tuning in this process."""
+    return bool(_applied)
+
+
+def worth_tuning(block_bytes: int) -> bool:
+    """Whether blocks of ``block_bytes`` are ones glibc would map and unmap on every
+    allocation by default (larger than :data:`MMAP_THRESHOLD_MAX`)."""
+    return block_bytes > MMAP_THRESHOLD_MAX
+
+
+def keep_freed_memory(block_bytes: int | None = None) -> bool:
     """Make glibc reuse freed blocks of any size (see the module docstring), once per process.
 
+    ``block_bytes``: the largest host block the caller will allocate and free over and over
+    (a chunk's table); when given and not above :data:`MMAP_THRESHOLD_MAX`, nothing is
+    changed (the tuning would gain nothing and risks fragmentation) and a later call may
+    still apply it. None applies it unconditionally.
+
     Returns whether the settings are in force: False when ``FEDEM_PRIVATE_MALLOC=system``
-    at the first call, when the C library is not glibc, or when ``mallopt`` refused them.
+    at the first call, when the C library is not glibc, when ``mallopt`` refused them, or
+    when the blocks are too small to need them and no earlier call applied them.
     """
     global _applied
     if _applied is not None:  # mallopt's settings last for the process: decided once
         return _applied
+    if block_bytes is not None and not worth_tuning(block_bytes):
+        return False  # not decided: a wider catalogue later in this process may need it
     _applied = False
     if os.environ.get(ENV, "").strip().lower() == "system":
         return False

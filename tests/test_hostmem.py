@@ -35,8 +35,9 @@ def cycle():
 print(tuned, *[cycle() for _ in range(10)])
 """
 
-# two FedEM rounds on a synthetic catalogue wide enough that each chunk's tables pass
-# glibc's mmap threshold (64 clients x 20,000 items x d 16 = 78 MiB): a digest of the state
+# two FedEM rounds with chunk tables past glibc's mmap threshold: the synthetic generator
+# keeps the 773 items that drew an interaction, so the width comes from d = 256
+# (64 clients x 773 items x 256 x 4 bytes = 48 MiB): a digest of the state
 _RUN = """
 import hashlib
 from fedem_private.simulation.config import RunConfig, with_overrides
@@ -45,6 +46,7 @@ cfg = with_overrides(RunConfig(), {
     "data.dataset": "synthetic", "data.synthetic.n_users": 130,
     "data.synthetic.n_items": 20000, "data.synthetic.mean_activity": 12.0,
     "federation.method": "fedem", "train.rounds": 2, "train.local_epochs": 1,
+    "train.dim": 256,
     "train.eval_every": 2})
 sim = prepare(cfg)
 sim.run()
@@ -99,3 +101,35 @@ def test_the_opt_out_is_read_at_the_first_call(monkeypatch):
     monkeypatch.setenv(hostmem.ENV, "System")
     monkeypatch.setattr(hostmem.ctypes, "CDLL", lambda *a, **k: pytest.fail("mallopt called"))
     assert hostmem.keep_freed_memory() is False
+
+
+# narrow tables (ML-100K's size) and then wide ones, built in one process: the
+# tuning waits for the blocks that need it (fedem_private.hostmem: it risks fragmentation)
+_NARROW_THEN_WIDE = """
+from fedem_private.simulation.config import RunConfig, with_overrides
+from fedem_private.experiments.runner import prepare
+def sim(dim):
+    return prepare(with_overrides(RunConfig(), {
+        "data.dataset": "synthetic", "data.synthetic.n_users": 130,
+        "data.synthetic.n_items": 20000, "data.synthetic.mean_activity": 12.0,
+        "federation.method": "fedem", "train.dim": dim}))
+narrow = sim(16)  # 64 x 773 x 16 x 4 bytes: 3 MiB
+wide = sim(256)   # 48 MiB
+print(narrow.host_table_bytes(), narrow.host_allocator_tuned,
+      wide.host_table_bytes(), wide.host_allocator_tuned)
+"""
+
+
+@glibc
+def test_only_tables_above_the_mmap_threshold_tune_the_allocator():
+    nb, narrow, wb, wide = _python(_NARROW_THEN_WIDE, None)
+    assert int(nb) <= hostmem.MMAP_THRESHOLD_MAX < int(wb)
+    assert (narrow, wide) == ("False", "True")
+
+
+def test_small_blocks_leave_the_allocator_and_the_decision_open(monkeypatch):
+    monkeypatch.setattr(hostmem, "_applied", None)
+    monkeypatch.delenv(hostmem.ENV, raising=False)
+    monkeypatch.setattr(hostmem.ctypes, "CDLL", lambda *a, **k: pytest.fail("mallopt called"))
+    assert hostmem.keep_freed_memory(hostmem.MMAP_THRESHOLD_MAX) is False
+    assert hostmem._applied is None  # a wider table later may still apply it

@@ -211,8 +211,6 @@ class Simulation:
         tr, fed = self.cfg.train, self.cfg.federation
         self.seed = tr.seed
         self.device = torch_device(tr.device)  # of every heavy tensor (module docstring)
-        # large host tables are reused, not faulted in afresh each chunk (fedem_private.hostmem)
-        self.host_allocator_tuned = keep_freed_memory()
         self.aggregation = fed.resolved_aggregation
         self.merge_cfg = MergeConfig(strategy=fed.resolved_merge, rho=fed.rho,
                                      adapter_lr=fed.adapter_lr,
@@ -243,6 +241,9 @@ class Simulation:
         self._build_parts()
         n_samples = split.train_counts * (1 + tr.num_negatives)
         self._workload = num_steps(n_samples, self.local_cfg)
+        # a wide catalogue's host tables are reused, not faulted in afresh each chunk
+        # (fedem_private.hostmem; only above glibc's mmap threshold, where it pays)
+        self.host_allocator_tuned = keep_freed_memory(self.host_table_bytes())
         self.observers: list[Callable[[ChunkView], None]] = []
         # under a central mechanism, called once per round with the released aggregate
         self.aggregate_observers: list[Callable[[AggregateView], None]] = []
@@ -403,6 +404,14 @@ class Simulation:
         budget = tr.memory_budget_mb * (1 << 20)
         cap = MAX_CHUNK_CUDA if self.device.type == "cuda" else MAX_CHUNK
         return int(max(1, min(cap, budget // max(per_client, 1))))
+
+    def host_table_bytes(self) -> int:
+        """Bytes of one chunk's (k, m, d) float32 item table in host memory (0 when the
+        tables live on another device): what decides the allocator tuning."""
+        if self.device.type != "cpu":
+            return 0
+        k = min(self._chunk_size(), self.split.n_users)
+        return k * self.split.n_items * self.cfg.train.dim * 4
 
     def _chunks(self, clients: np.ndarray, round_: int = 0) -> Iterator[np.ndarray]:
         work = self._workload
