@@ -2,12 +2,16 @@
 
 The reference (``fedem_private.simulation.reference.simulation_round``) is the slow,
 obvious counterpart the speed benchmark divides by. Run it in a fresh process, with and
-without the host allocator tuning, to see what the allocator does to it (BENCHMARKS.md,
-"A fourth reading"):
+without the host allocator tuning of the engine's round before it, to see what the
+allocator does to it (BENCHMARKS.md, "A fourth reading"):
 
     OMP_NUM_THREADS=2 python -m benchmarks.reference_round --method fedem
     FEDEM_PRIVATE_MALLOC=system OMP_NUM_THREADS=2 \
         python -m benchmarks.reference_round --method fedem
+
+Until the tuning was scoped to the engine's rounds (fedem_private.hostmem), it stayed in
+force for the process and the FedEM reference fragmented the heap until the OOM killer
+took it; now the reference runs with glibc's defaults either way, after a tuned round.
 
 The run is ML-100K with the method's defaults; round 1 is the engine's (so that round 2's
 reference has a merge to do), round 2 the reference's.
@@ -16,7 +20,6 @@ reference has a merge to do), round 2 the reference's.
 from __future__ import annotations
 
 import argparse
-import os
 import resource
 import time
 
@@ -38,7 +41,8 @@ def main() -> None:
     reference.simulation_round(sim)
     seconds = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    allocator = os.environ.get("FEDEM_PRIVATE_MALLOC", "tuned")
+    allocator = ("engine round tuned" if sim.host_allocator_tuned else "system") + \
+        ", reference untuned"
     print(f"{args.method} reference round: {seconds:.1f} s, peak RSS {peak:.2f} GiB "
           f"(host allocator: {allocator})")
 

@@ -8,12 +8,11 @@ fresh subprocess so its peak RSS is its own):
 
 - engine: seconds per round on ML-100K for the vectorised engine (mean of
   rounds 2..4) and for the one-client-at-a-time reference (round 2), FedMF and
-  FedEM (the reference is not timed when this process's host allocator was tuned
-  earlier, by a wide catalogue: its heap fragments then, fedem_private.hostmem); and, in
-  the same process, the machine's floor for a round (issue 19):
-  four in-place passes over the clients' (n, m, d) float32 tables, and one
-  float32 GEMM of the uploads' Gram matrix (n x md times md x n), each the
-  fastest of 5 repeats;
+  FedEM (the engine's rounds run with the host allocator tuned, the reference,
+  outside any round, with glibc's defaults: fedem_private.hostmem); and, in the
+  same process, the machine's floor for a round (issue 19): four in-place passes
+  over the clients' (n, m, d) float32 tables, and one float32 GEMM of the
+  uploads' Gram matrix (n x md times md x n), each the fastest of 5 repeats;
 - backbones: the same for the FedNCF and PFedRec backbones with static
   replacement and with elastic merging (each preset keeps its FedAvg);
 - graph: GPFedRec's graph aggregation (cosine Gram matrix, neighbours,
@@ -51,7 +50,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedem_private import hostmem
 from fedem_private.experiments.runner import prepare
 from fedem_private.server.aggregation import (
     fedavg_weights,
@@ -81,13 +79,9 @@ def engine(method: str, rounds: int = 3, with_reference: bool = True,
     out: dict[str, Any] = {"method": method if merge is None else f"{method}-{merge}",
                            "backbone": sim.cfg.federation.backbone,
                            "device": sim.device.type,
-                           "host_allocator_tuned": hostmem.in_force()}
-    if with_reference and out["host_allocator_tuned"]:
-        # the FedEM reference fragments a tuned heap (fedem_private.hostmem): a time taken
-        # so is not the reference's; run the benchmark in a fresh process, or with
-        # FEDEM_PRIVATE_MALLOC=system
-        with_reference = False
-        out["reference_skipped"] = "host allocator tuned earlier in this process"
+                           # the engine's rounds run tuned, the reference between them
+                           # with glibc's defaults (fedem_private.hostmem)
+                           "host_allocator_tuned": sim.host_allocator_tuned}
     if with_reference:
         t0 = time.perf_counter()
         reference.simulation_round(sim)
@@ -260,8 +254,7 @@ def main() -> None:
         for row in result["engine"]:
             fl = row["floor"]
             ref = (f"reference {row['reference_s']:.1f} s/round, {row['speedup']:.1f}x"
-                   if "reference_s" in row else
-                   f"reference not timed ({row.get('reference_skipped', 'CPU loop')})")
+                   if "reference_s" in row else "reference not timed (CPU loop)")
             print(f"engine {row['method']:6} on {row['device']}: vectorised "
                   f"{row['vectorised_s']:.2f} s/round, {ref}; "
                   f"floor: 4 passes {fl['passes_s']:.3f} s ({row['vs_passes']:.1f}x), "

@@ -1,63 +1,64 @@
-"""Host memory: keep freed blocks for reuse instead of faulting fresh pages in (issue 19).
+"""Host memory: keep freed blocks for reuse while a round runs (issue 19).
 
 A round allocates and frees many large CPU tensors: per chunk of clients its
-sent, merged, trained and uploaded tables, each (k, m, d) float32. glibc's
-malloc serves any block above its mmap threshold (at most 32 MiB) with a
-fresh ``mmap`` and gives it back with ``munmap`` on free, so every such
-tensor is faulted in again, page by page, zeroed by the kernel. With
-LastFM-2K's catalogue (17,632 items, d = 16) one chunk's table is 72 MiB and
-a FedEM round spent about a fifth of its CPU time in the kernel doing this
-(BENCHMARKS.md, "The host allocator"); ML-100K's 7 MiB tables stay under the threshold
-and are not affected.
+sent, merged, trained and uploaded tables, each (k, m, d) float32, and under a
+similarity aggregation the (n, m d) personalised tables. glibc's malloc serves
+any block above its mmap threshold (at most 32 MiB) with a fresh ``mmap`` and
+gives it back with ``munmap`` on free, so every such tensor is faulted in
+again, page by page, zeroed by the kernel. With LastFM-2K's catalogue (17,632
+items, d = 16) one chunk's table is 72 MiB and a FedEM round spent about a
+fifth of its CPU time in the kernel doing this (BENCHMARKS.md, "The host
+allocator"); on ML-100K the personalised tables (943 x 1,682 x 16 float32,
+101 MiB) cost a FedEM round about a tenth.
 
-:func:`keep_freed_memory` asks glibc to serve every block from its heap
-(``M_MMAP_MAX`` 0) and never to trim the heap's top (``M_TRIM_THRESHOLD``
-at its maximum), so freed tables' pages serve the next ones. The reuse is
-not immediate: a small allocation can split a freed block, so the heap grows
-for a few cycles before it settles (tests/test_hostmem.py). The cost is
-memory: the heap keeps its peak, and that growth raises the peak
-(LastFM-2K FedEM: 6.64 -> 8.52 GiB resident). Nothing computed changes:
-the allocator decides where tensors live, not what they hold.
+:func:`keep_freed_memory` is a context manager: inside it, glibc serves every
+block from its heap (``M_MMAP_MAX`` 0) and never trims the heap's top
+(``M_TRIM_THRESHOLD`` at its maximum), so a freed table's pages serve the next
+one; on leaving, mapping large blocks apart and trimming are restored
+(``M_MMAP_MAX`` and ``M_TRIM_THRESHOLD`` at glibc's defaults, 65,536 and
+128 KiB). Nothing computed changes: the allocator decides where tensors live,
+not what they hold.
 
-The tuning has a second cost, which is why it is applied only where it pays: a
-heap that never returns memory and never maps blocks apart can fragment without
-bound under a different allocation pattern. The per-client FedEM reference
-(:mod:`fedem_private.simulation.reference`) on ML-100K, run in a tuned process,
-grew to 23 GB resident until the OOM killer took it, against 1.26 GiB with
-glibc's defaults (BENCHMARKS.md, "A fourth reading"). A
-:class:`~fedem_private.simulation.loop.Simulation` therefore asks for the tuning
-only when one chunk's host table is larger than glibc's largest dynamic mmap
-threshold (:data:`MMAP_THRESHOLD_MAX`, 32 MiB on 64-bit): below it, glibc's own
-sliding threshold already keeps such blocks on the heap after the first free,
-and there is nothing to gain (ML-100K, FilmTrust and ML-1M at d = 16 and 64
-clients a chunk: 7-15 MiB; LastFM-2K: 72 MiB).
+Why only while a round runs: a heap that never maps blocks apart and never
+shrinks can fragment without bound under other allocation patterns. The
+per-client FedEM reference (:mod:`fedem_private.simulation.reference`) on
+ML-100K, run in a process tuned for good, grew to 23 GB resident until the OOM
+killer took it, against 1.26 GiB with glibc's defaults (BENCHMARKS.md, "A
+fourth reading"). A :class:`~fedem_private.simulation.loop.Simulation` wraps
+each round in the context, so whatever the process does between rounds (a
+reference round, an attack, a user's own analysis) runs with mapping and
+trimming on. Restoring fixes glibc's mmap threshold where it stood (an
+explicit setting ends its sliding), and the heap's free top is returned at the
+next trim, so a round's peak is not held between rounds.
 
-Once applied the settings are process-wide and stay for the process's life
-(every later run in it, and anything else it does, inherits them). Set
-``FEDEM_PRIVATE_MALLOC=system`` to leave the allocator as it is. Only glibc
+The context nests (only the outermost one changes settings). Set
+``FEDEM_PRIVATE_MALLOC=system`` to leave the allocator alone. Only glibc
 (Linux) has these settings; elsewhere it does nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
 import platform
+from collections.abc import Iterator
+from typing import Any
 
 #: the environment variable that turns the tuning off (``system``)
 ENV = "FEDEM_PRIVATE_MALLOC"
 
-# glibc's mallopt parameters (malloc.h)
+# glibc's mallopt parameters (malloc.h) and the values set inside / restored outside
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
 _TRIM_NEVER = 2**31 - 1  # the largest int mallopt takes
+_DEFAULT_TRIM = 128 * 1024  # DEFAULT_TRIM_THRESHOLD
+_DEFAULT_MMAP_MAX = 65536  # DEFAULT_MMAP_MAX
 
-#: glibc's ceiling on its dynamic mmap threshold on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX,
-#: 4 MiB x sizeof(long)): blocks larger than this are always mapped apart by default
-MMAP_THRESHOLD_MAX = 32 * (1 << 20)
-
-_applied: bool | None = None
+_mallopt: Any = None  # the C function, once found; False: not available here
+_depth = 0  # how many contexts are open
+_active = False  # whether the outermost open context changed the settings
 
 
 def is_glibc() -> bool:
@@ -65,47 +66,56 @@ def is_glibc() -> bool:
     return platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 
 
+def enabled() -> bool:
+    """Whether the tuning may be applied: glibc, and not ``FEDEM_PRIVATE_MALLOC=system``."""
+    return os.environ.get(ENV, "").strip().lower() != "system" and is_glibc()
+
+
+def _find_mallopt() -> Any:
+    global _mallopt
+    if _mallopt is None:
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            fn = libc.mallopt
+            fn.argtypes, fn.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+            _mallopt = fn
+        except (OSError, AttributeError):
+            _mallopt = False
+    return _mallopt
+
+
 def in_force() -> bool:
-    """Whether an earlier call applied the tuning in this process."""
-    return bool(_applied)
+    """Whether the tuning is in force now (inside an open context that applied it)."""
+    return _active
 
 
-def worth_tuning(block_bytes: int) -> bool:
-    """Whether blocks of ``block_bytes`` are ones glibc would map and unmap on every
-    allocation by default (larger than :data:`MMAP_THRESHOLD_MAX`)."""
-    return block_bytes > MMAP_THRESHOLD_MAX
+@contextlib.contextmanager
+def keep_freed_memory() -> Iterator[bool]:
+    """Make glibc reuse freed blocks of any size inside the block (module docstring).
 
-
-def keep_freed_memory(block_bytes: int | None = None) -> bool:
-    """Make glibc reuse freed blocks of any size (see the module docstring), once per process.
-
-    ``block_bytes``: the largest host block the caller will allocate and free over and over
-    (a chunk's table); when given and not above :data:`MMAP_THRESHOLD_MAX`, nothing is
-    changed (the tuning would gain nothing and risks fragmentation) and a later call may
-    still apply it. None applies it unconditionally.
-
-    Returns whether the settings are in force: False when ``FEDEM_PRIVATE_MALLOC=system``
-    at the first call, when the C library is not glibc, when ``mallopt`` refused them, or
-    when the blocks are too small to need them and no earlier call applied them.
+    Yields whether the settings are in force: False when ``FEDEM_PRIVATE_MALLOC=system``,
+    when the C library is not glibc, or when ``mallopt`` refused them. The environment
+    variable is read at each outermost entry.
     """
-    global _applied
-    if _applied is not None:  # mallopt's settings last for the process: decided once
-        return _applied
-    if block_bytes is not None and not worth_tuning(block_bytes):
-        return False  # not decided: a wider catalogue later in this process may need it
-    _applied = False
-    if os.environ.get(ENV, "").strip().lower() == "system":
-        return False
-    if not is_glibc():
-        return False
+    global _depth, _active
+    _depth += 1
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    # mallopt returns 1 on success; trim first, so that a refused mmap setting leaves the
-    # process with at most a heap that does not shrink
-    _applied = (mallopt(_M_TRIM_THRESHOLD, _TRIM_NEVER) == 1
-                and mallopt(_M_MMAP_MAX, 0) == 1)
-    return _applied
+        if _depth == 1 and enabled():
+            mallopt = _find_mallopt()
+            # mallopt returns 1 on success; trim first, so that a refused mmap setting
+            # leaves at most a heap that does not shrink (restored on leaving either way)
+            _active = bool(mallopt) and (mallopt(_M_TRIM_THRESHOLD, _TRIM_NEVER) == 1
+                                         and mallopt(_M_MMAP_MAX, 0) == 1)
+            if mallopt and not _active:
+                _restore(mallopt)
+        yield _active
+    finally:
+        _depth -= 1
+        if _depth == 0 and _active:
+            _active = False
+            _restore(_find_mallopt())
+
+
+def _restore(mallopt: Any) -> None:
+    mallopt(_M_MMAP_MAX, _DEFAULT_MMAP_MAX)
+    mallopt(_M_TRIM_THRESHOLD, _DEFAULT_TRIM)

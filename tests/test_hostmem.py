@@ -1,6 +1,7 @@
-"""The host allocator's tuning (fedem_private.hostmem): freed large blocks are reused, and
-nothing a run computes changes. Each check runs in a fresh interpreter, so the tuning of
-this test process (or its absence) does not matter."""
+"""The host allocator's tuning (fedem_private.hostmem): freed large blocks are reused while
+a round runs, glibc's defaults are back outside it, and nothing a run computes changes.
+The checks on real allocations run in a fresh interpreter, so the state of this test
+process does not matter."""
 
 from __future__ import annotations
 
@@ -16,14 +17,15 @@ glibc = pytest.mark.skipif(
     not hostmem.is_glibc(), reason="the tuning is glibc's mallopt; elsewhere it does nothing")
 
 # a round-like pattern: three 72 MiB tables (one chunk of 64 clients x 17,632 items x d 16,
-# LastFM-2K's size) and three results computed from them are alive at once, then freed; ten
-# such cycles, minor page faults per cycle (in thousands). The heap settles after a few
-# cycles (small allocations can split a freed block, so the first cycles still grow it;
-# how many varies from run to run); glibc's default faults every cycle's tables in again.
+# LastFM-2K's size) and three results computed from them are alive at once, then freed;
+# minor page faults per cycle. First three cycles after a context was entered and left
+# (glibc's defaults must be back: each cycle's tables mapped and faulted in afresh), then
+# ten cycles inside one. The heap settles after a few cycles inside (small allocations can
+# split a freed block, so the first cycles still grow it; how many varies from run to run);
+# glibc's default faults every cycle's tables in again.
 _FAULTS = """
 import resource, torch
 from fedem_private.hostmem import keep_freed_memory
-tuned = keep_freed_memory()
 def cycle():
     r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     tables = [torch.empty(64, 17632 * 16) for _ in range(3)]
@@ -32,7 +34,12 @@ def cycle():
     results = [t * 2.0 for t in tables]
     del tables, results
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0
-print(tuned, *[cycle() for _ in range(10)])
+with keep_freed_memory():
+    pass
+after = [cycle() for _ in range(3)]
+with keep_freed_memory() as tuned:
+    inside = [cycle() for _ in range(10)]
+print(tuned, *after, *inside)
 """
 
 # two FedEM rounds with chunk tables past glibc's mmap threshold: the synthetic generator
@@ -42,18 +49,18 @@ _RUN = """
 import hashlib
 from fedem_private.simulation.config import RunConfig, with_overrides
 from fedem_private.experiments.runner import prepare
+from fedem_private import hostmem
 cfg = with_overrides(RunConfig(), {
     "data.dataset": "synthetic", "data.synthetic.n_users": 130,
     "data.synthetic.n_items": 20000, "data.synthetic.mean_activity": 12.0,
     "federation.method": "fedem", "train.rounds": 2, "train.local_epochs": 1,
-    "train.dim": 256,
-    "train.eval_every": 2})
+    "train.dim": 256, "train.eval_every": 2})
 sim = prepare(cfg)
 sim.run()
 h = hashlib.sha256()
 for t in (sim.state.q_local, sim.state.p, sim.aggregator.table):
     h.update(t.contiguous().numpy().tobytes())
-print(sim.host_allocator_tuned, h.hexdigest())
+print(sim.host_allocator_tuned, hostmem.in_force(), h.hexdigest())
 """
 
 
@@ -68,68 +75,97 @@ def _python(code: str, malloc: str | None) -> list[str]:
 
 
 @glibc
-def test_freed_large_tables_are_reused_not_faulted_in_again():
+def test_freed_large_tables_are_reused_inside_and_mapped_apart_once_left():
     tuned, *faults = _python(_FAULTS, None)
     system, *faults_system = _python(_FAULTS, "system")
     assert (tuned, system) == ("True", "False")
+    after, inside = [int(f) for f in faults[:3]], [int(f) for f in faults[3:]]
+    inside_system = [int(f) for f in faults_system[3:]]
     pages = 6 * 64 * 17632 * 16 * 4 // 4096  # a cycle's six tables, in 4 KiB pages
     # the default: every cycle's tables are fresh mappings, faulted in again
-    assert all(int(f) > 0.9 * pages for f in faults_system[-3:])
+    assert all(f > 0.9 * pages for f in inside_system[-3:])
     # tuned: after the heap has grown for a few cycles, freed tables' pages serve the next
     # ones (how soon varies from run to run, so the check is on the ten cycles' total)
-    assert sum(int(f) for f in faults) < 0.5 * sum(int(f) for f in faults_system)
+    assert sum(inside) < 0.5 * sum(inside_system)
+    # a context left: large blocks are mapped apart again, each cycle faulted in afresh
+    assert all(f > 0.9 * pages for f in after)
 
 
 @glibc
-def test_the_tuning_changes_no_result():
-    tuned, digest = _python(_RUN, None)
-    system, digest_system = _python(_RUN, "system")
+def test_the_tuning_changes_no_result_and_ends_with_the_round():
+    tuned, in_force, digest = _python(_RUN, None)
+    system, _, digest_system = _python(_RUN, "system")
     assert (tuned, system) == ("True", "False")
+    assert in_force == "False"  # between rounds glibc's defaults are back
     assert digest == digest_system
 
 
-def test_elsewhere_than_glibc_it_does_nothing(monkeypatch):
-    monkeypatch.setattr(hostmem, "_applied", None)
-    monkeypatch.setattr(hostmem.platform, "libc_ver", lambda: ("", ""))
-    monkeypatch.setattr(hostmem.ctypes, "CDLL", lambda *a, **k: pytest.fail("mallopt called"))
-    assert hostmem.keep_freed_memory() is False
-    assert hostmem.keep_freed_memory() is False  # decided once
+class _Mallopt:
+    """Records mallopt's calls (parameter, value) and accepts them all."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int]] = []
+
+    def __call__(self, param: int, value: int) -> int:
+        self.calls.append((param, value))
+        return 1
 
 
-def test_the_opt_out_is_read_at_the_first_call(monkeypatch):
-    monkeypatch.setattr(hostmem, "_applied", None)
-    monkeypatch.setenv(hostmem.ENV, "System")
-    monkeypatch.setattr(hostmem.ctypes, "CDLL", lambda *a, **k: pytest.fail("mallopt called"))
-    assert hostmem.keep_freed_memory() is False
-
-
-# narrow tables (ML-100K's size) and then wide ones, built in one process: the
-# tuning waits for the blocks that need it (fedem_private.hostmem: it risks fragmentation)
-_NARROW_THEN_WIDE = """
-from fedem_private.simulation.config import RunConfig, with_overrides
-from fedem_private.experiments.runner import prepare
-def sim(dim):
-    return prepare(with_overrides(RunConfig(), {
-        "data.dataset": "synthetic", "data.synthetic.n_users": 130,
-        "data.synthetic.n_items": 20000, "data.synthetic.mean_activity": 12.0,
-        "federation.method": "fedem", "train.dim": dim}))
-narrow = sim(16)  # 64 x 773 x 16 x 4 bytes: 3 MiB
-wide = sim(256)   # 48 MiB
-print(narrow.host_table_bytes(), narrow.host_allocator_tuned,
-      wide.host_table_bytes(), wide.host_allocator_tuned)
-"""
-
-
-@glibc
-def test_only_tables_above_the_mmap_threshold_tune_the_allocator():
-    nb, narrow, wb, wide = _python(_NARROW_THEN_WIDE, None)
-    assert int(nb) <= hostmem.MMAP_THRESHOLD_MAX < int(wb)
-    assert (narrow, wide) == ("False", "True")
-
-
-def test_small_blocks_leave_the_allocator_and_the_decision_open(monkeypatch):
-    monkeypatch.setattr(hostmem, "_applied", None)
+@pytest.fixture
+def fake_glibc(monkeypatch):
+    rec = _Mallopt()
     monkeypatch.delenv(hostmem.ENV, raising=False)
+    monkeypatch.setattr(hostmem, "is_glibc", lambda: True)
+    monkeypatch.setattr(hostmem, "_mallopt", rec)
+    return rec
+
+
+def test_only_the_outermost_context_sets_and_restores(fake_glibc):
+    tuned = [(hostmem._M_TRIM_THRESHOLD, hostmem._TRIM_NEVER), (hostmem._M_MMAP_MAX, 0)]
+    restored = [(hostmem._M_MMAP_MAX, 65536), (hostmem._M_TRIM_THRESHOLD, 128 * 1024)]
+    with hostmem.keep_freed_memory() as outer:
+        assert outer and hostmem.in_force()
+        with hostmem.keep_freed_memory() as inner:
+            assert inner
+        assert fake_glibc.calls == tuned  # the inner context changed nothing
+        assert hostmem.in_force()
+    assert fake_glibc.calls == tuned + restored
+    assert not hostmem.in_force()
+
+
+def test_settings_are_restored_when_the_round_raises(fake_glibc):
+    with pytest.raises(RuntimeError), hostmem.keep_freed_memory():
+        raise RuntimeError("a round failed")
+    assert fake_glibc.calls[-2:] == [(hostmem._M_MMAP_MAX, 65536),
+                                     (hostmem._M_TRIM_THRESHOLD, 128 * 1024)]
+    assert not hostmem.in_force() and hostmem._depth == 0
+
+
+def test_a_refused_setting_is_undone(fake_glibc, monkeypatch):
+    def refuse_mmap(param: int, value: int) -> int:
+        fake_glibc.calls.append((param, value))
+        return 0 if (param, value) == (hostmem._M_MMAP_MAX, 0) else 1
+
+    monkeypatch.setattr(hostmem, "_mallopt", refuse_mmap)
+    with hostmem.keep_freed_memory() as tuned:
+        assert tuned is False
+        assert fake_glibc.calls[-2:] == [(hostmem._M_MMAP_MAX, 65536),
+                                         (hostmem._M_TRIM_THRESHOLD, 128 * 1024)]
+
+
+def test_elsewhere_than_glibc_it_does_nothing(monkeypatch):
+    monkeypatch.setattr(hostmem.platform, "libc_ver", lambda: ("", ""))
+    monkeypatch.setattr(hostmem, "_mallopt", None)
     monkeypatch.setattr(hostmem.ctypes, "CDLL", lambda *a, **k: pytest.fail("mallopt called"))
-    assert hostmem.keep_freed_memory(hostmem.MMAP_THRESHOLD_MAX) is False
-    assert hostmem._applied is None  # a wider table later may still apply it
+    with hostmem.keep_freed_memory() as tuned:
+        assert tuned is False
+
+
+def test_the_opt_out_is_read_at_each_entry(fake_glibc, monkeypatch):
+    monkeypatch.setenv(hostmem.ENV, "System")
+    with hostmem.keep_freed_memory() as tuned:
+        assert tuned is False
+    assert fake_glibc.calls == []
+    monkeypatch.delenv(hostmem.ENV)
+    with hostmem.keep_freed_memory() as tuned:
+        assert tuned is True

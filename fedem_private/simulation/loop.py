@@ -241,9 +241,8 @@ class Simulation:
         self._build_parts()
         n_samples = split.train_counts * (1 + tr.num_negatives)
         self._workload = num_steps(n_samples, self.local_cfg)
-        # a wide catalogue's host tables are reused, not faulted in afresh each chunk
-        # (fedem_private.hostmem; only above glibc's mmap threshold, where it pays)
-        self.host_allocator_tuned = keep_freed_memory(self.host_table_bytes())
+        # whether the last round ran with the host allocator tuned (fedem_private.hostmem)
+        self.host_allocator_tuned = False
         self.observers: list[Callable[[ChunkView], None]] = []
         # under a central mechanism, called once per round with the released aggregate
         self.aggregate_observers: list[Callable[[AggregateView], None]] = []
@@ -405,14 +404,6 @@ class Simulation:
         cap = MAX_CHUNK_CUDA if self.device.type == "cuda" else MAX_CHUNK
         return int(max(1, min(cap, budget // max(per_client, 1))))
 
-    def host_table_bytes(self) -> int:
-        """Bytes of one chunk's (k, m, d) float32 item table in host memory (0 when the
-        tables live on another device): what decides the allocator tuning."""
-        if self.device.type != "cpu":
-            return 0
-        k = min(self._chunk_size(), self.split.n_users)
-        return k * self.split.n_items * self.cfg.train.dim * 4
-
     def _chunks(self, clients: np.ndarray, round_: int = 0) -> Iterator[np.ndarray]:
         work = self._workload
         if self.merger.withholds(round_):  # holdout: the adapter's fold leaves local training
@@ -425,7 +416,18 @@ class Simulation:
 
     # ------------------------------------------------------------------ round
     def step(self) -> RoundStats:
-        """Run one round; evaluate when due. Returns the round's stats."""
+        """Run one round; evaluate when due. Returns the round's stats.
+
+        On the CPU the round runs with freed host blocks kept for reuse, restored after
+        (:mod:`fedem_private.hostmem`): large per-chunk tables are not faulted in afresh.
+        """
+        if self.device.type != "cpu":
+            return self._step()
+        with keep_freed_memory() as tuned:
+            self.host_allocator_tuned = tuned
+            return self._step()
+
+    def _step(self) -> RoundStats:
         st = self.state
         t = st.round + 1
         t0 = time.perf_counter()
