@@ -28,8 +28,11 @@ fourth reading"). A :class:`~fedem_private.simulation.loop.Simulation` wraps
 each round in the context, so whatever the process does between rounds (a
 reference round, an attack, a user's own analysis) runs with mapping and
 trimming on. Restoring fixes glibc's mmap threshold where it stood (an
-explicit setting ends its sliding), and the heap's free top is returned at the
-next trim, so a round's peak is not held between rounds.
+explicit setting ends its sliding). The heap a round grew stays with the
+process (glibc returns only a free top), and later blocks reuse it; blocks it
+cannot hold are mapped apart again instead of growing it, so the peak stays
+where glibc's defaults put it (LastFM-2K FedEM: 6.66 GiB, against 6.65 with
+the defaults and 8.53 with the tuning in force for good; BENCHMARKS.md).
 
 The context nests (only the outermost one changes settings). Set
 ``FEDEM_PRIVATE_MALLOC=system`` to leave the allocator alone. Only glibc
