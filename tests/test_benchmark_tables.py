@@ -276,3 +276,14 @@ def test_fedrap_rates_reads_the_committed_rate_grids():
         lines)
     assert any(line.startswith("| filmtrust | 100 | fedrap (sgd) | paper-code |")
                for line in lines)
+
+
+def test_table2_without_agg10_reads_the_reported_round_and_round_100(capsys):
+    from benchmarks.table2_no_agg10_table import main
+
+    assert main([]) == 0
+    text = capsys.readouterr().out
+    # FedSim-SR on ML-100K, three seeds: best test rounds 19, 18, 23 against round 100
+    assert ("| ml-100k | fedsim | 3 | 0.866 ± 0.011 (19, 18, 23) | 0.6320 | +0.234 above "
+            "| 0.568 ± 0.037 |") in text
+    assert text.count("\n| filmtrust |") == 3
