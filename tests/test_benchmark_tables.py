@@ -288,4 +288,5 @@ def test_table2_without_agg10_reads_the_reported_round_and_round_100(capsys):
             "| 0.568 ± 0.037 |") in text
     assert text.count("\n| filmtrust |") == 4
     # FedEM's own row without the share: ML-100K within seed noise of 0.9958
-    assert "| ml-100k | fedem-em | 3 | 0.975 ± 0.013 (74, 51, 67) | 0.9958 | -0.021 reproduced" in text
+    assert ("| ml-100k | fedem-em | 3 | 0.975 ± 0.013 (74, 51, 67) | 0.9958 | -0.021 "
+            "reproduced") in text
