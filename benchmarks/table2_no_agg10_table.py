@@ -14,12 +14,14 @@ from __future__ import annotations
 import sys
 
 from .scorecard import load, verdict
-from .table3 import PAPER
+from .table3 import PAPER, ROOT
+
+KEPT = ROOT / "benchmarks" / "results" / "table2_no_agg10" / "kept"
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    frame = load(args[0] if args else "benchmarks/results/table2_no_agg10/kept")
+    frame = load(args[0] if args else KEPT)
     print("| dataset | method | seeds | reported round: sampled HR@10 (rounds) | published "
           "| vs published | round 100 |")
     print("|---|---|---|---|---|---|---|")
