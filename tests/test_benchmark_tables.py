@@ -237,6 +237,9 @@ def test_scorecard_reads_sources_labels_runs_and_later_sources_win(tmp_path):
     text = "\n".join(scorecard(frame))
     # paper-code at the reported round: 0.49 on all 3 seeds against 0.4889
     assert "| fedmf | 1, 2, 3 | 0.4889 | 0.490 ± 0.000 (3) | +0.001 above |" in text
+    # ... and the same runs at their last round (0.1), the other reporting rule
+    fedmf = next(x for x in text.splitlines() if x.startswith("| fedmf |"))
+    assert fedmf.endswith("| 0.100 ± 0.000 (3) | -0.389 below |")
     assert "| fedrap (sgd) | 1, 3 | 0.8897 | 0.700 (1) | -0.190 (1 seed) |" in text
     lines = text.splitlines()
     assert lines.index(next(x for x in lines if x.startswith("| fedrap (sgd) |"))) == \
@@ -284,9 +287,22 @@ def test_table2_without_agg10_reads_the_reported_round_and_round_100(capsys):
     assert main([]) == 0
     text = capsys.readouterr().out
     # FedSim-SR on ML-100K, three seeds: best test rounds 19, 18, 23 against round 100
-    assert ("| ml-100k | fedsim | 3 | 0.866 ± 0.011 (19, 18, 23) | 0.6320 | +0.234 above "
-            "| 0.568 ± 0.037 |") in text
-    assert text.count("\n| filmtrust |") == 4
+    assert ("| ml-100k | fedsim | preset - agg10 | 3 | 0.866 ± 0.011 (19, 18, 23) | 0.6320 "
+            "| +0.234 above | 0.568 ± 0.037 |") in text
+    assert text.count("\n| filmtrust | fedem-dm |") == 1
     # FedEM's own row without the share: ML-100K within seed noise of 0.9958
-    assert ("| ml-100k | fedem-em | 3 | 0.975 ± 0.013 (74, 51, 67) | 0.9958 | -0.021 "
-            "reproduced") in text
+    assert ("| ml-100k | fedem-em | preset - agg10 | 3 | 0.975 ± 0.013 (74, 51, 67) | 0.9958 "
+            "| -0.021 reproduced") in text
+
+
+def test_table2_without_agg10_labels_the_preset_without_its_share():
+    from benchmarks.table2_no_agg10_table import protocol_label
+
+    assert protocol_label("paper+min10+firstseen+sharedneg+besttest+pcasim+batchmerge"
+                          "+earlystop") == "preset - agg10"
+    assert protocol_label("paper+min10+sharedneg+bestval+pcasim") == "preset - agg10"
+    # the share itself, or an option of the core missing: the protocol as recorded
+    assert protocol_label("paper+min10+sharedneg+besttest+agg10+pcasim") == \
+        "paper+min10+sharedneg+besttest+agg10+pcasim"
+    assert protocol_label("paper+min10+sharedneg+pcasim") == "paper+min10+sharedneg+pcasim"
+    assert protocol_label("paper+firstseen") == "paper+firstseen"
