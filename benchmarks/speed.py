@@ -38,12 +38,14 @@ Prints a table and a final JSON line.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +88,8 @@ def engine(method: str, rounds: int = 3, with_reference: bool = True,
         t0 = time.perf_counter()
         reference.simulation_round(sim)
         out["reference_s"] = time.perf_counter() - t0
-    times = _round_times(sim, rounds)
+    with _recording_plans() as plans:
+        times = _round_times(sim, rounds)
     out["vectorised_s"] = float(np.mean(times))
     if with_reference:
         out["speedup"] = out["reference_s"] / out["vectorised_s"]
@@ -94,7 +97,77 @@ def engine(method: str, rounds: int = 3, with_reference: bool = True,
     fl = out["floor"]
     out["vs_passes"] = out["vectorised_s"] / fl["passes_s"]
     out["vs_gram_and_passes"] = out["vectorised_s"] / (fl["gram_s"] + fl["passes_s"])
+    if plans:
+        per_round = plans[-len(plans) // rounds:]  # the last timed round's chunks
+        out["adam_bound"] = adam_bound(per_round, int(sim.state.q_local.shape[-1]),
+                                       sim.state.q_local.device)
+        out["adam_bound"]["state_rows"] = int(np.prod(sim.state.q_local.shape[:2]))
+        out["adam_vs_passes"] = out["adam_bound"]["tight_s"] / fl["passes_s"]
     return out
+
+
+@contextlib.contextmanager
+def _recording_plans() -> Iterator[list[tuple[int, np.ndarray, np.ndarray]]]:
+    """Record (rows, active clients per step, touched rows per client) of every plan the
+    MF backbone's local training makes meanwhile (one per chunk)."""
+    from fedem_private.models import mf
+
+    made: list[tuple[int, np.ndarray, np.ndarray]] = []
+    original = mf.make_plan
+
+    def spy(*args: Any, **kwargs: Any):
+        plan = original(*args, **kwargs)
+        made.append((int(plan.rows), plan.active.copy(),
+                     np.array([t.shape[0] for t in plan.touched])))
+        return plan
+
+    mf.make_plan = spy
+    try:
+        yield made
+    finally:
+        mf.make_plan = original
+
+
+def adam_bound(plans: list[tuple[int, np.ndarray, np.ndarray]], d: int,
+               device: torch.device) -> dict[str, float]:
+    """The item table's exact Adam steps of one round's local training, replayed alone.
+
+    Exact per-step Adam (torch.optim.Adam, what the per-client references run) moves every
+    row a client has touched at every one of its steps: a row keeps momentum once it has
+    had a gradient. ``padded_s`` replays the engine's own steps (each chunk's first
+    ``active[s]`` clients, all ``rows`` of its compact table, as ``fused_adam`` does);
+    ``tight_s`` the least any exact implementation must do, each client's own touched rows
+    only (the chunk's rows sorted by size, so a step is one contiguous prefix per
+    client count; times are fastest of 3). Row counts are in ``*_rows``.
+    """
+    from fedem_private.models.base import LocalTrainConfig, fused_adam
+
+    cfg = LocalTrainConfig()
+    padded = tight = 0.0
+    padded_rows = tight_rows = 0
+    for rows, active, touched in plans:
+        k = int(active.max(initial=0))
+        if k == 0:
+            continue
+        bufs = [torch.rand((k, rows, d), device=device) for _ in range(4)]
+        flat = [b.view(-1, d) for b in bufs]
+        cum = np.concatenate(([0], np.cumsum(touched)))
+
+        def engine_steps() -> None:
+            for s, a in enumerate(active.tolist()):
+                fused_adam([bufs[0][:a]], [bufs[1][:a]], [bufs[2][:a]], [bufs[3][:a]], s + 1, cfg)
+
+        def tight_steps() -> None:
+            for s, a in enumerate(active.tolist()):
+                r = int(cum[a])  # the first a clients' touched rows, packed
+                fused_adam([flat[0][:r]], [flat[1][:r]], [flat[2][:r]], [flat[3][:r]], s + 1, cfg)
+
+        padded += _fastest(engine_steps, repeats=3, device=device)
+        tight += _fastest(tight_steps, repeats=3, device=device)
+        padded_rows += int(active.sum()) * rows
+        tight_rows += int(sum(int(cum[a]) for a in active.tolist()))
+    return {"padded_s": padded, "tight_s": tight, "padded_rows": padded_rows,
+            "tight_rows": tight_rows}
 
 
 def _sync(device: torch.device | None) -> None:
@@ -260,6 +333,13 @@ def main() -> None:
                   f"floor: 4 passes {fl['passes_s']:.3f} s ({row['vs_passes']:.1f}x), "
                   f"Gram GEMM {fl['gram_s']:.3f} s (round / (GEMM + passes) "
                   f"{row['vs_gram_and_passes']:.1f}x)", flush=True)
+            if "adam_bound" in row:
+                ab = row["adam_bound"]
+                print(f"  exact Adam of local training alone: {ab['tight_s']:.3f} s "
+                      f"({ab['tight_rows'] / ab['state_rows']:.1f} row updates per state row; "
+                      f"{row['adam_vs_passes']:.1f}x the 4 passes), as the engine pads it "
+                      f"{ab['padded_s']:.3f} s ({ab['padded_rows'] / ab['state_rows']:.1f})",
+                      flush=True)
     if "backbones" in parts:
         names = args.backbones.split(",")
         result["backbones"] = [engine(m, merge=g) for m in names for g in (None, "em")

@@ -306,3 +306,36 @@ def test_table2_without_agg10_labels_the_preset_without_its_share():
         "paper+min10+sharedneg+besttest+agg10+pcasim"
     assert protocol_label("paper+min10+sharedneg+pcasim") == "paper+min10+sharedneg+pcasim"
     assert protocol_label("paper+firstseen") == "paper+firstseen"
+
+
+def test_speed_adam_bound_counts_the_engine_steps_and_each_clients_own_rows():
+    import numpy as np
+    import torch
+
+    from benchmarks.speed import adam_bound
+
+    # one chunk: 3 clients touching 5, 4 and 2 rows (compact height 5); steps 3, 2, 1
+    active = np.array([3, 2, 1])
+    out = adam_bound([(5, active, np.array([5, 4, 2]))], d=4, device=torch.device("cpu"))
+    assert out["padded_rows"] == (3 + 2 + 1) * 5
+    assert out["tight_rows"] == (5 + 4 + 2) + (5 + 4) + 5
+    assert out["padded_s"] > 0 and out["tight_s"] > 0
+
+
+def test_speed_recording_plans_sees_every_chunk_of_a_round_and_restores_make_plan():
+    from benchmarks.common import run_config
+    from benchmarks.speed import _recording_plans
+    from fedem_private.experiments.runner import prepare
+    from fedem_private.models import mf
+
+    original = mf.make_plan
+    cfg = run_config("synthetic", **{"federation.method": "fedmf", "train.rounds": 1,
+                                     "train.eval_every": 10_000})
+    sim = prepare(cfg)
+    with _recording_plans() as plans:
+        sim.step()
+    assert mf.make_plan is original
+    assert plans
+    # every client trains in exactly one chunk, and no chunk's active count exceeds its size
+    assert sum(int(active.max()) for _, active, _ in plans) == sim.split.n_users
+    assert all(int(touched.max()) <= rows for rows, _, touched in plans)
