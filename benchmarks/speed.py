@@ -98,7 +98,7 @@ def engine(method: str, rounds: int = 3, with_reference: bool = True,
     out["vs_passes"] = out["vectorised_s"] / fl["passes_s"]
     out["vs_gram_and_passes"] = out["vectorised_s"] / (fl["gram_s"] + fl["passes_s"])
     if plans:
-        per_round = plans[-len(plans) // rounds:]  # the last timed round's chunks
+        per_round = plans[-(len(plans) // rounds):]  # the last timed round's chunks
         out["adam_bound"] = adam_bound(per_round, int(sim.state.q_local.shape[-1]),
                                        sim.state.q_local.device)
         out["adam_bound"]["state_rows"] = int(np.prod(sim.state.q_local.shape[:2]))
