@@ -2,12 +2,14 @@
 
     python -m benchmarks.profile_round [--data ml-1m-size|ml-100k|lastfm-2k] [--method fedem]
                                        [--device cpu|cuda|auto] [--chunks 64,256,1024]
-                                       [--budget-mb 2048] [--profile] [--floor]
+                                       [--budget-mb 2048] [--profile [--sort cumulative]]
+                                       [--floor]
 
 For each chunk cap (the most clients trained side by side; the memory budget
 still bounds it): round 1 is a warm-up, then the seconds of rounds 2 and 3
 and of one evaluation. ``--profile`` adds a cProfile of one more round at the
-last cap (top functions by own time). Prints a table and a final JSON line, with the
+last cap (top functions by own time, or by cumulative time with ``--sort
+cumulative``). Prints a table and a final JSON line, with the
 timed rounds' CPU time (user and system), minor page faults and the peak resident memory;
 ``FEDEM_PRIVATE_MALLOC=system`` in the environment times the default allocator
 (fedem_private/hostmem.py). ``--floor`` adds the machine's floor for the same tables
@@ -36,7 +38,7 @@ from .speed import MEMORY_DATA, _sync, floor
 
 
 def measure(data: str, method: str, device: str, cap: int, budget_mb: int,
-            profile: bool, with_floor: bool = False) -> dict[str, Any]:
+            profile: bool, with_floor: bool = False, sort: str = "tottime") -> dict[str, Any]:
     dataset, over = MEMORY_DATA.get(data, (data, {}))
     cfg = run_config(dataset, **over, **{"federation.method": method, "train.rounds": 10,
                                          "train.eval_every": 10_000, "train.device": device,
@@ -73,7 +75,7 @@ def measure(data: str, method: str, device: str, cap: int, budget_mb: int,
             sim.step()
             prof.disable()
             buf = io.StringIO()
-            pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(30)
+            pstats.Stats(prof, stream=buf).sort_stats(sort).print_stats(30)
             row["profile"] = buf.getvalue()
     finally:
         loop.MAX_CHUNK, loop.MAX_CHUNK_CUDA = old
@@ -89,6 +91,8 @@ def main() -> None:
                     help="chunk caps to compare (default: the CPU's)")
     ap.add_argument("--budget-mb", type=int, default=2048)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--sort", default="tottime", choices=("tottime", "cumulative"),
+                    help="--profile: order functions by own time or by cumulative time")
     ap.add_argument("--floor", action="store_true",
                     help="also time the floor of benchmarks.speed (one Gram GEMM of the "
                          "tables, four passes over them) and report the faster round / floor")
@@ -97,7 +101,7 @@ def main() -> None:
     rows = []
     for i, cap in enumerate(caps):
         row = measure(args.data, args.method, args.device, cap, args.budget_mb,
-                      args.profile and i == len(caps) - 1, args.floor)
+                      args.profile and i == len(caps) - 1, args.floor, args.sort)
         rows.append(row)
         print(f"{row['data']} {row['method']} on {row['device']}: cap {cap:5d} -> chunk "
               f"{row['chunk']:5d}: rounds {row['round_s'][0]:.2f} / {row['round_s'][1]:.2f} s, "
