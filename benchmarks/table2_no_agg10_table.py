@@ -21,7 +21,7 @@ import sys
 import pandas as pd
 
 from .scorecard import load, verdict
-from .table3 import ROOT, _labelled, published
+from .table3 import ROOT, labelled, published
 
 KEPT = (ROOT / "benchmarks" / "results" / "table2_no_agg10" / "kept",
         ROOT / "benchmarks" / "results" / "table4_no_agg10" / "kept")
@@ -44,7 +44,7 @@ def protocol_label(protocol: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     folders = args or [k for k in KEPT if k.exists()]
-    frame = _labelled(pd.concat([load(f) for f in folders], ignore_index=True))
+    frame = labelled(pd.concat([load(f) for f in folders], ignore_index=True))
     frame["label"] = frame["protocol"].map(protocol_label)
     if "hr10_sampled_selected" not in frame.columns:
         frame["hr10_sampled_selected"] = float("nan")

@@ -127,7 +127,7 @@ def published(dataset: str, variant: str) -> tuple[float, float] | None:
     return PAPER.get((dataset, variant))
 
 
-def _labelled(frame: pd.DataFrame) -> pd.DataFrame:
+def labelled(frame: pd.DataFrame) -> pd.DataFrame:
     """Runs under the paper's privacy recipe as their own variant rows."""
     if "mode" not in frame.columns:
         return frame
@@ -138,7 +138,7 @@ def _labelled(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def table(frame: pd.DataFrame) -> str:
-    frame = _labelled(frame)
+    frame = labelled(frame)
     lines = ["| dataset | protocol | method | seeds | sampled HR@10 | sampled NDCG@10 | "
              "full HR@10 | full NDCG@10 | paper HR@10 / NDCG@10 | EM gain (sampled HR@10) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
