@@ -19,7 +19,6 @@ timed rounds' CPU time (user and system), minor page faults and the peak residen
 from __future__ import annotations
 
 import argparse
-import contextlib
 import cProfile
 import io
 import pstats
@@ -30,7 +29,6 @@ from typing import Any
 import torch
 
 from fedem_private.experiments.runner import prepare
-from fedem_private.hostmem import keep_freed_memory
 from fedem_private.simulation import loop
 
 from .common import emit, machine, run_config
@@ -53,7 +51,7 @@ def measure(data: str, method: str, device: str, cap: int, budget_mb: int,
         rounds = [sim.step().seconds for _ in range(2)]
         r1 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
-        with keep_freed_memory() if sim.device.type == "cpu" else contextlib.nullcontext():
+        with sim.host_memory():
             sim.evaluate()  # as a run's rounds evaluate: inside step, so tuned on the CPU
         _sync(sim.device)
         row: dict[str, Any] = {"data": data, "method": method, "device": sim.device.type,

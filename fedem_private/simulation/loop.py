@@ -56,6 +56,7 @@ index tensors (``idx``) are made on the device.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -421,11 +422,17 @@ class Simulation:
         On the CPU the round runs with freed host blocks kept for reuse, restored after
         (:mod:`fedem_private.hostmem`): large per-chunk tables are not faulted in afresh.
         """
-        if self.device.type != "cpu":
-            return self._step()
-        with keep_freed_memory() as tuned:
+        with self.host_memory() as tuned:
             self.host_allocator_tuned = tuned
             return self._step()
+
+    def host_memory(self) -> contextlib.AbstractContextManager[bool]:
+        """The host allocator context a round runs in, yielding whether it is tuned:
+        :func:`~fedem_private.hostmem.keep_freed_memory` on the CPU; nothing to tune
+        when the heavy tensors live on another device."""
+        if self.device.type != "cpu":
+            return contextlib.nullcontext(False)
+        return keep_freed_memory()
 
     def _step(self) -> RoundStats:
         st = self.state
