@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import resource
@@ -88,8 +89,9 @@ def engine(method: str, rounds: int = 3, with_reference: bool = True,
         t0 = time.perf_counter()
         reference.simulation_round(sim)
         out["reference_s"] = time.perf_counter() - t0
-    with _recording_plans() as plans:
-        times = _round_times(sim, rounds)
+    times = _round_times(sim, rounds - 1)
+    with _recording_plans() as plans:  # the last timed round's chunks, for adam_bound
+        times += _round_times(sim, 1)
     out["vectorised_s"] = float(np.mean(times))
     if with_reference:
         out["speedup"] = out["reference_s"] / out["vectorised_s"]
@@ -98,24 +100,20 @@ def engine(method: str, rounds: int = 3, with_reference: bool = True,
     out["vs_passes"] = out["vectorised_s"] / fl["passes_s"]
     out["vs_gram_and_passes"] = out["vectorised_s"] / (fl["gram_s"] + fl["passes_s"])
     if plans:
-        per_round = plans[-(len(plans) // rounds):]  # the last timed round's chunks
-        out["adam_bound"] = adam_bound(per_round, int(sim.state.q_local.shape[-1]),
+        out["adam_bound"] = adam_bound(plans, int(sim.state.q_local.shape[-1]),
                                        sim.state.q_local.device)
         out["adam_bound"]["state_rows"] = int(np.prod(sim.state.q_local.shape[:2]))
         out["adam_vs_passes"] = out["adam_bound"]["tight_s"] / fl["passes_s"]
     return out
 
 
-def _adam_steps(bufs: list[torch.Tensor], sizes: list[tuple[int | None, int | None]]) -> None:
-    """``fused_adam`` at steps 1, 2, ... on (param, grad, m, v) = ``bufs`` (k, rows, d): step
-    s on the first ``clients`` (k axis) when ``sizes[s]`` is (clients, None), on the first
-    ``rows`` rows of the flattened buffers when it is (None, rows)."""
+def _adam_steps(steps: list[list[torch.Tensor]]) -> None:
+    """``fused_adam`` on each step's (param, grad, m, v), at step counts 1, 2, ..."""
     from fedem_private.models.base import LocalTrainConfig, fused_adam
 
-    cfg, d = LocalTrainConfig(), bufs[0].shape[-1]
-    for s, (clients, rows) in enumerate(sizes):
-        parts = [b[:clients] if rows is None else b.view(-1, d)[:rows] for b in bufs]
-        fused_adam([parts[0]], [parts[1]], [parts[2]], [parts[3]], s + 1, cfg)
+    cfg = LocalTrainConfig()
+    for s, (param, grad, m, v) in enumerate(steps):
+        fused_adam([param], [grad], [m], [v], s + 1, cfg)
 
 
 @contextlib.contextmanager
@@ -160,15 +158,17 @@ def adam_bound(plans: list[tuple[int, np.ndarray, np.ndarray]], d: int,
         if k == 0:
             continue
         bufs = [torch.rand((k, rows, d), device=device) for _ in range(4)]
+        flat = [b.view(-1, d) for b in bufs]
         cum = np.concatenate(([0], np.cumsum(touched)))
-        engine_sizes = [(a, None) for a in active.tolist()]  # the first a clients, all rows
-        tight_sizes = [(None, int(cum[a])) for a in active.tolist()]  # their rows, packed
-        padded += _fastest(lambda s=engine_sizes, b=bufs: _adam_steps(b, s), repeats=3,
+        packed = [int(cum[a]) for a in active.tolist()]  # the first a clients' own rows
+        engine_steps = [[b[:a] for b in bufs] for a in active.tolist()]  # all their rows
+        tight_steps = [[f[:r] for f in flat] for r in packed]
+        padded += _fastest(functools.partial(_adam_steps, engine_steps), repeats=3,
                            device=device)
-        tight += _fastest(lambda s=tight_sizes, b=bufs: _adam_steps(b, s), repeats=3,
+        tight += _fastest(functools.partial(_adam_steps, tight_steps), repeats=3,
                           device=device)
         padded_rows += int(active.sum()) * rows
-        tight_rows += sum(r for _, r in tight_sizes)
+        tight_rows += sum(packed)
     return {"padded_s": padded, "tight_s": tight, "padded_rows": padded_rows,
             "tight_rows": tight_rows}
 

@@ -56,10 +56,10 @@ def main(argv: list[str] | None = None) -> int:
         n = len(g)
         last = g["hr10_sampled"]
         sel = g["hr10_sampled_selected"].fillna(last)  # a protocol reporting its last round
-        picked = g["selected_round"] if "selected_round" in g.columns else g["rounds"] * pd.NA
         # a run without a best-round option reports its last round
-        rounds = ", ".join(str(int(last_r if pd.isna(r) else r))
-                           for r, last_r in zip(picked, g["rounds"], strict=True))
+        picked = g["selected_round"].fillna(g["rounds"]) if "selected_round" in g.columns \
+            else g["rounds"]
+        rounds = ", ".join(str(int(r)) for r in picked)
         figure = published(dataset, variant)
         pub = "-" if figure is None else f"{figure[0]:.4f}"
         vs = "-" if figure is None else verdict(sel.mean(), sel.std(), n, figure[0])
