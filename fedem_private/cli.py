@@ -189,6 +189,10 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--accountant", "privacy.accountant", str, "calibrate with basic, advanced, rdp or pld"),
     ("--paper-clip", "privacy.paper_clip", _number, "paper mode: gradient clip Z"),
     ("--paper-lambda", "privacy.paper_lambda", _number, "paper mode: Laplace noise scale"),
+    ("--sizes", "privacy.sizes", str,
+     "the clients' data sizes under a privacy mode: private (default; the server weights "
+     "uploads uniformly) or public (declared public: FedAvg's and equation 13's size "
+     "weights, and the printed neighbouring relation says the sizes are not protected)"),
 ]
 
 
@@ -335,6 +339,8 @@ def privacy_text(privacy: dict[str, Any] | None) -> str:
         text += f" at delta {privacy['delta']:g}"
     if mode == "ldp-touched-rows":
         text += " (INSECURE: the touched rows leak at any eps)"
+    if privacy.get("sizes") == "public":
+        text += "; data sizes declared public (not protected)"
     auto = privacy.get("clip_auto")
     if auto:
         text += (f"; clip {auto['clip']:.4g} from --clip auto (DP warm-up, eps "

@@ -104,6 +104,13 @@ THREAT_MODELS: dict[str, dict[str, str]] = {
                          "who took part",
     },
 }
+# What the server may know of each client's data size |D_u| (DESIGN section 5, "What the
+# server may use"): "private" (the default) keeps it from the server, whose weights are then
+# uniform under every mode but none; "public" declares the sizes public, which lets FedAvg's
+# |D_u| / sum |D| and the p_v term of equation 13 use them and narrows the relation printed.
+SIZES: tuple[str, ...] = ("private", "public")
+SIZES_PUBLIC_CLAUSE = ("; each client's number of training interactions is declared public "
+                       "(--sizes public) and not protected")
 ACCOUNTANTS: tuple[str, ...] = ("basic", "advanced", "rdp", "pld")
 # accountants that handle Poisson subsampling (cdp-gaussian's calibration)
 CENTRAL_ACCOUNTANTS: tuple[str, ...] = ("rdp", "pld")
@@ -191,6 +198,9 @@ class PrivacyConfig:
     # ldp-dpsgd with merge em: DP-SGD steps of the merge adapter per round (charged like the
     # training's; 0 refuses em, see RunConfig.validate)
     dpsgd_adapter_steps: int = 0
+    # the clients' data sizes: "private" (uniform server weights under any mode but none) or
+    # "public" (declared public: size weights, and the printed relation says so); SIZES
+    sizes: str = "private"
 
     def __post_init__(self) -> None:
         self.validate()
@@ -221,6 +231,16 @@ class PrivacyConfig:
             value = _number(name, getattr(self, name))
             if not 0 < value < math.inf:
                 raise UserError(f"privacy.{name} must be finite and > 0, got {value}")
+        if self.sizes not in SIZES:
+            raise UserError(f"unknown --sizes (privacy.sizes) {self.sizes!r}; choose one of "
+                            f"{', '.join(SIZES)}")
+        if self.sizes == "public" and self.mode in DPSGD_MODES:
+            raise UserError(f"--sizes public: under privacy {self.mode!r} neighbours differ by "
+                            f"one interaction, so |D_u| is what the relation protects; the "
+                            f"server weights uniformly (drop --sizes)")
+        if self.sizes == "public" and self.mode in CENTRAL_MODES:
+            raise UserError(f"--sizes public: privacy {self.mode!r} sums unweighted clipped "
+                            f"deltas, so the sizes are never used (drop --sizes)")
         self._validate_budget()
         self._validate_clip_auto()
         self._validate_central()
@@ -402,6 +422,20 @@ class PrivacyConfig:
             return None
         return ("gaussian" if self.mode in ("ldp-gaussian", "cdp-gaussian", "ldp-dpsgd")
                 else "laplace")
+
+    @property
+    def sizes_visible(self) -> bool:
+        """Whether the server may weight by the clients' true data sizes: with no mechanism,
+        or when they are declared public (``sizes = "public"``)."""
+        return self.mode == "none" or self.sizes == "public"
+
+    def threat_model(self) -> dict[str, str]:
+        """The mode's entry of :data:`THREAT_MODELS`, its relation narrowed when the data
+        sizes are declared public under a mechanism (the server then learns |D_u|)."""
+        out = dict(THREAT_MODELS[self.mode])
+        if self.mode != "none" and self.sizes == "public":
+            out["neighbouring"] += SIZES_PUBLIC_CLAUSE
+        return out
 
     @property
     def description(self) -> str:

@@ -23,7 +23,7 @@ import torch
 from .accounting import CentralBounds, RoundMechanism, compose, dpfedavg_bounds
 from .canaries import CanaryAudit
 from .central import AdaptiveClip, SecureSum, poisson_participants
-from .config import THREAT_MODELS, PrivacyConfig
+from .config import PrivacyConfig
 from .ledger import PrivacyLedger
 from .mechanisms import noise_std, release
 from .params import MechanismParams, paper_heuristic_epsilon, resolve_params
@@ -35,6 +35,20 @@ if TYPE_CHECKING:
 LDP_NSR = "noise std per entry / mean |clipped delta| on the entries of trained rows"
 DPSGD_NSR = ("noise std per entry of a local step's gradient sum (sigma C) / mean |entry| of a "
              "sampled positive's clipped gradient on its row")
+
+
+def server_sizes(counts: np.ndarray, cfg: PrivacyConfig) -> np.ndarray:
+    """The clients' data sizes as the server may use them, float64 (n,).
+
+    DESIGN section 5, "What the server may use": under a mechanism |D_u| is private
+    data that none of them releases (under ldp-dpsgd neighbours differ in it by one,
+    under the user-level modes arbitrarily), so unless it is declared public
+    (``sizes = "public"``, which the printed relation then says) every client counts
+    as 1 and FedAvg's |D_v| / sum |D| and equation 13's p_v become uniform over the
+    aggregated uploads. With no mechanism the true sizes are used, as published.
+    """
+    counts = np.asarray(counts, dtype=np.float64)
+    return counts.copy() if cfg.sizes_visible else np.ones_like(counts)
 
 
 class PrivacyLayer:
@@ -169,6 +183,13 @@ class PrivacyLayer:
         return self.cfg.mode != "none"
 
     @property
+    def centres_release(self) -> bool:
+        """Whether an upload is released around a table the client started from (every local
+        mode but ldp-dpsgd, whose upload is its DP-SGD-trained table as is): that centre must
+        be public, what the server last sent the client (DESIGN section 5)."""
+        return self.perturbs and not self.dpsgd and not self.central
+
+    @property
     def local_grad_clip(self) -> float | None:
         """Gradient clip Z for local training (mode paper only)."""
         return self.cfg.paper_clip if self.cfg.mode == "paper" else None
@@ -295,7 +316,7 @@ class PrivacyLayer:
         every = (compose(RoundMechanism("gaussian", p.noise_multiplier), rounds, p.delta)
                  .as_dict() if p.noise_multiplier > 0 else {"reported": None})
         aggregator = out["epsilon"]
-        neighbouring = THREAT_MODELS["cdp-gaussian"]["neighbouring"]
+        neighbouring = self.cfg.threat_model()["neighbouring"]
         out.update({
             "epsilon": observer,
             "epsilon_view": "observer",
@@ -356,7 +377,14 @@ class PrivacyLayer:
 
         Under cdp-gaussian both guarantees, see :meth:`_central_summary`."""
         out = self.ledger.summary()
-        out.update(THREAT_MODELS[self.cfg.mode])
+        out.update(self.cfg.threat_model())
+        out["sizes"] = self.cfg.sizes
+        if self.cfg.mode != "none" and not self.central:
+            out["aggregation_weights"] = (
+                "data sizes declared public: the aggregator may weight by |D_u|"
+                if self.cfg.sizes_visible else
+                "uniform over the aggregated uploads: data sizes are private (the server "
+                "uses only released values)")
         if self.central:
             out = self._central_summary(out)
         if self.dpsgd:

@@ -79,7 +79,7 @@ from fedem_private.models.base import (
     draw_samples,
     num_steps,
 )
-from fedem_private.privacy.layer import PrivacyLayer
+from fedem_private.privacy.layer import PrivacyLayer, server_sizes
 from fedem_private.server import aggregators
 from fedem_private.server.pretrain import pretrain_items
 from fedem_private.simulation.config import SGD_FIELDS, RunConfig
@@ -231,7 +231,10 @@ class Simulation:
         self.excl = exclusion_csr(split, self.cfg.data.protocol)
         self.eval_sets: EvalSets = build_eval_sets(split, self.cfg.data.protocol, self.seed,
                                                    validation=validation_kind(self.cfg))
-        self.sizes = torch.from_numpy(split.train_counts.astype(np.float64)).to(self.device)
+        # the data sizes as the server may use them (DESIGN section 5): |D_u| with no
+        # mechanism or when declared public, else all ones (uniform weights)
+        self.sizes = torch.from_numpy(server_sizes(split.train_counts, self.cfg.privacy)
+                                      ).to(self.device)
         self.backbone = models.build(fed.resolved_backbone, split.n_items, tr.dim, self.seed,
                                      tr.init_std, options={"gpfedrec_reg": fed.gpfedrec_reg,
                                                            "fedrap_lambda": fed.fedrap_lambda,
@@ -322,6 +325,12 @@ class Simulation:
         dense_local = {k: v.expand(n, *v.shape).clone() for k, v in dense0.items()}
         private = {k: v.to(dev) for k, v in self.backbone.init_private(np.arange(n)).items()}
         self.state = SimState(q_local, private, dense_local, self.aggregator.table)
+        # under a perturbing mechanism with the share rule, the last encoded table the
+        # server sent each client: the public centre of its release (_release_base)
+        self._public_sent: torch.Tensor | None = None
+        if self.privacy.centres_release and fed.agg_clients_ratio < 1.0:
+            enc0 = self.full_codec.encode(q0[None], {k: v[None] for k, v in dense0.items()})
+            self._public_sent = enc0.expand(n, *enc0.shape[1:]).clone()
 
     # ---------------------------------------------------------------- helpers
     def _index(self, clients: np.ndarray) -> torch.Tensor:
@@ -511,9 +520,11 @@ class Simulation:
                 enc_new = self.codec.encode(rows.theta, new.dense)
                 touched_rows = self.codec.touched(k)
             else:
-                enc_sent = self.full_codec.encode(sent, dense_sent)
+                enc_sent = self._release_base(idx, recv, self.full_codec.encode(sent, dense_sent))
                 enc_new = self.full_codec.encode(new.items, new.dense)
                 touched_rows = self.full_codec.touched(touched)
+                if recv is not None and self._public_sent is not None:
+                    sent = self.full_codec.decode(enc_sent)[0]  # what the server knows it sent
             wire = self.codec if peft else self.full_codec
             if central:  # into the secure sum: no upload is released or observed
                 self.privacy.contribute(enc_sent, enc_new, chunk)
@@ -564,6 +575,26 @@ class Simulation:
         if t % self.cfg.train.eval_every == 0 or t == self.cfg.train.rounds:
             stats.metrics = self.evaluate()
         return stats
+
+    def _release_base(self, idx: torch.Tensor, recv: torch.Tensor | None,
+                      enc_sent: torch.Tensor) -> torch.Tensor:
+        """The encoded table a chunk's release is centred on: what the server last sent
+        each client (DESIGN section 5, "What the server may use").
+
+        ``enc_sent`` is the encoded start table before merging. Where every client of
+        the chunk received the server's table this round (``recv`` None) it is that
+        table, public. Under the FedEM code's share rule (``--agg-clients-ratio`` < 1) a
+        client the server sent nothing starts from its own private table; a perturbing
+        mechanism then releases around the last table the server sent it (the initial
+        table if none), so the change it accumulated on its own is inside the clipped
+        delta and no release is centred on private state. Without perturbation the
+        upload is the table itself and the base only labels what was sent.
+        """
+        if recv is None or self._public_sent is None:
+            return enc_sent
+        rows = idx[recv]
+        self._public_sent[rows] = enc_sent[recv].to(self._public_sent.dtype)
+        return self._public_sent.index_select(0, idx).to(enc_sent.dtype)
 
     def _take_central_aggregate(self, peft: bool) -> None:
         """The round's one noisy aggregate (cdp-gaussian) to the aggregator and dense groups.

@@ -19,6 +19,7 @@ from fedem_private import rng
 from fedem_private.client.holdout import withheld
 from fedem_private.models.base import ClientParams, ClientSamples, LocalTrainConfig, epoch_orders
 from fedem_private.models.mf import reference_train_client
+from fedem_private.privacy.layer import server_sizes
 
 
 def train_client(q_start: torch.Tensor, p_start: torch.Tensor, items: np.ndarray,
@@ -266,7 +267,8 @@ def simulation_round(sim) -> dict[str, Any]:
     q_local = torch.cat([p.items for p in new_params])
     private = {k: torch.cat([p.private[k] for p in new_params]) for k in new_params[0].private}
     dense = {k: torch.cat([p.dense[k] for p in new_params]) for k in new_params[0].dense}
-    sizes = torch.from_numpy(split.train_counts.astype(np.float64))
+    # the sizes the server may use (DESIGN section 5): uniform under a mechanism unless public
+    sizes = torch.from_numpy(server_sizes(split.train_counts, sim.cfg.privacy))
     server: dict[str, torch.Tensor] = {}  # an aggregator's own state where it keeps one
     if agg == "none":
         q_global = None
