@@ -7,9 +7,8 @@ being accepted by the configuration, and is not done until it passes here.
 
 from __future__ import annotations
 
-import pytest
-
 import neighbours as nb
+import pytest
 
 ACCEPTED = nb.accepted()
 COVER = nb.covering(ACCEPTED)
