@@ -98,7 +98,10 @@ def test_round_equals_per_client_reference(small_split, backbone, method, merge,
         assert (sim.state.q_local - ref["q_local"]).abs().max() < tol
         assert _max_diff(sim.state.private, ref["private"]) < tol
         assert _max_diff(sim.state.dense_local, ref["dense"]) < tol
-        assert (sim.state.q_global - ref["q_global"]).abs().max() < tol
+        # cvxpy's QP solution in the reference (tolerances 1e-11) leaves up to ~2e-7 in
+        # Q_g on some draws (seen in round 2 of fedsim-dm-ncf); Q_l agrees to 1e-13
+        qg_tol = tol if dtype == torch.float32 else 1e-6
+        assert (sim.state.q_global - ref["q_global"]).abs().max() < qg_tol
         if ref["dense_global"] is not None:
             assert _max_diff(sim.dense.params, ref["dense_global"]) < tol
         if ref["rho_mean"] is None:

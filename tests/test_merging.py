@@ -207,8 +207,10 @@ def test_adapter_init_is_per_client_and_matches_nn_linear():
 
 
 @pytest.mark.parametrize("strategy", ["em", "dm"])
-@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 3e-5)])
 def test_vectorised_training_equals_per_client_loop(strategy, dtype, tol):
+    """float32: Adam's steps amplify rounding (up to ~1.7e-5 on some adapter draws);
+    float64 agrees to 1e-10, which is the test of the algorithm."""
     cfg = MergeConfig(strategy=strategy)  # the paper's [32, 16, 8, 1] adapter
     clients = np.array([10, 11, 12, 13])
     state = init_merge_state(cfg, clients, DIM, SEED, dtype=dtype)

@@ -828,10 +828,15 @@ def identity_dict(cfg: RunConfig) -> dict:
 
     Recording does not change what is trained (it only writes what the server
     saw); sweeps fold it into a point's identity themselves. Fields of
-    :data:`LATER_FIELDS` are left out while they hold their default.
+    :data:`LATER_FIELDS` are left out while they hold their default, and
+    ``privacy.sizes`` without a mechanism.
     """
     values = to_dict(cfg)
     values.pop("record", None)
+    if cfg.privacy.mode == "none":
+        # the sizes setting changes nothing without a mechanism; under one it does (the
+        # server's weights became uniform by default), so points from before it do not resume
+        values["privacy"].pop("sizes", None)
     for path, default in LATER_FIELDS.items():
         node = values
         for part in path[:-1]:
