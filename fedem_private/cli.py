@@ -238,7 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="train one configuration and write a run directory")
     _add_run_flags(run)
     run.add_argument("--out", metavar="DIR",
-                     help="run directory (default: runs/<dataset>-<method>-<time>)")
+                     help="run directory (default: runs/<dataset>-<method>-<time>, with -2, -3, "
+                          "... added when another run has that name)")
     run.add_argument("--force", action="store_true", help="replace a non-empty --out")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--record-rounds", metavar="ROUNDS",
@@ -372,11 +373,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from fedem_private import api
 
     cfg = config_from_args(args)  # validated before anything heavy is imported
-    out = args.out or str(api.default_out(cfg))
-    res = api.run(cfg, out, force=args.force, progress=not args.no_progress)
+    res = api.run(cfg, args.out, force=args.force, progress=not args.no_progress)
     summary = res.summary
     m = summary["metrics"] or {}
-    print(f"wrote {out}")
+    print(f"wrote {args.out or res.run_dir}")
     for kind in ("full", "sampled"):
         if kind in m:
             print(f"{kind:>7}: HR@10 {m[kind]['hr@10']:.4f}  NDCG@10 {m[kind]['ndcg@10']:.4f}")

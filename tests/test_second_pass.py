@@ -88,3 +88,88 @@ def test_csv_headers_that_are_not_understood_are_refused(tmp_path, capsys, text,
     assert main(["run", "--dataset", "csv", "--data-dir", str(path), *TINY,
                  "--out", str(tmp_path / "o")]) == 2
     one_line_error(capsys, needle)
+
+
+# ----------------------------------------------------- 4: nothing is silently replaced
+@pytest.fixture
+def swept(tmp_path):
+    """A finished tiny sweep (two seeds, no attacks) and its root."""
+    from sweep_helpers import write_spec
+
+    from fedem_private.experiments.sweep import run_sweep
+
+    spec = write_spec(tmp_path / "s.toml", 'methods = ["fedmf"]\nprivacy = ["none"]\n'
+                      'seeds = [0, 1]')
+    root = tmp_path / "sweep"
+    assert run_sweep(str(spec), str(root), jobs=1, progress=False) == 0
+    return spec, root
+
+
+def test_report_into_another_report_needs_force_and_clears_its_old_plots(swept, tmp_path,
+                                                                         capsys):
+    _, root = swept
+    rep = tmp_path / "rep"
+    rep.mkdir()
+    (rep / "report.md").write_text("# old\n![gone](gone-chart.png)\n")
+    (rep / "gone-chart.png").write_bytes(b"old plot")  # linked by the old report.md
+    (rep / "ml-100k-hr10_vs_eps.png").write_bytes(b"old plot")  # a dataset no longer shown
+    (rep / "notes.txt").write_text("mine")
+    before = sorted(p.name for p in rep.iterdir())
+    capsys.readouterr()
+    assert main(["report", str(root), "--out", str(rep)]) == 2
+    one_line_error(capsys, f"{rep} already holds a report (gone-chart.png, ml-100k-hr10_vs_eps"
+                           ".png, report.md); pass --force")
+    assert sorted(p.name for p in rep.iterdir()) == before
+    assert (rep / "report.md").read_text().startswith("# old")
+    assert main(["report", str(root), "--out", str(rep), "--force"]) == 0
+    assert sorted(p.name for p in rep.iterdir()) == ["notes.txt", "report.md", "results.csv",
+                                                     "synthetic-hr10_vs_eps.png"]
+
+
+def test_a_source_folder_s_own_report_is_rewritten_without_stale_plots(swept, capsys):
+    _, root = swept
+    assert main(["report", str(root)]) == 0
+    (root / "old-dataset-frontier.png").write_bytes(b"from a dataset since removed")
+    assert main(["report", str(root)]) == 0  # its own report: no --force needed
+    assert not (root / "old-dataset-frontier.png").exists()
+    assert (root / "synthetic-hr10_vs_eps.png").is_file()
+
+
+def test_sweep_force_removes_the_old_report(swept, capsys):
+    from fedem_private.experiments.sweep import run_sweep
+
+    spec, root = swept
+    assert main(["report", str(root)]) == 0
+    assert (root / "report.md").is_file() and (root / "synthetic-hr10_vs_eps.png").is_file()
+    capsys.readouterr()
+    assert run_sweep(str(spec), str(root), jobs=1, force=True, progress=False) == 0
+    assert "removed the old report (report.md, synthetic-hr10_vs_eps.png)" in \
+        capsys.readouterr().out
+    assert not (root / "report.md").exists() and not list(root.glob("*.png"))
+    assert (root / "results.csv").is_file()  # the sweep's own table, rewritten
+
+
+def test_runs_started_in_the_same_second_get_their_own_directories(tmp_path, monkeypatch,
+                                                                  capsys):
+    from pathlib import Path
+
+    from fedem_private import api
+    from fedem_private.simulation import loop
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(api, "default_out", lambda cfg: Path("runs") / "synthetic-fedmf-now")
+    assert main(["run", *TINY]) == 0
+    assert main(["run", *TINY]) == 0
+    assert "wrote runs/synthetic-fedmf-now-2" in capsys.readouterr().out
+    runs = tmp_path / "runs"
+    assert sorted(p.name for p in runs.iterdir()) == ["synthetic-fedmf-now",
+                                                      "synthetic-fedmf-now-2"]
+    assert all((p / "summary.json").is_file() for p in runs.iterdir())
+
+    def interrupted(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loop.Simulation, "step", interrupted)
+    assert main(["run", *TINY]) == 130  # the name it reserved is freed
+    assert sorted(p.name for p in runs.iterdir()) == ["synthetic-fedmf-now",
+                                                      "synthetic-fedmf-now-2"]

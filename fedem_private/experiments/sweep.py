@@ -437,6 +437,18 @@ def _check_data(todo: list[GridPoint], source: str) -> None:
                         "are read from the folder the sweep runs in)")
 
 
+def _remove_old_report(root: Path) -> None:
+    """``--force`` replaces runs: the report over the old ones (report.md, its plots) goes."""
+    from fedem_private.experiments.report import report_files
+
+    old = report_files(root, tables=False)
+    for path in old:
+        path.unlink(missing_ok=True)
+    if old:
+        print(f"sweep: --force: removed the old report ({', '.join(p.name for p in old[:3])}"
+              f"{', ...' if len(old) > 3 else ''}); run `report` again once the sweep is done")
+
+
 def run_sweep(spec_path: str | None, out_dir: str | None, jobs: int | None = None,
               force: bool = False, progress: bool = True, ray: str | None = None) -> int:
     """Run (or resume) a sweep; returns the exit code (0 when every point finished).
@@ -483,6 +495,8 @@ def run_sweep(spec_path: str | None, out_dir: str | None, jobs: int | None = Non
         raise UserError(f"cannot create sweep directory {root}: {exc.strerror}") from None
     text = QUICK_SPEC if spec_path is None else Path(spec_path).read_text(encoding="utf-8")
     write_text_atomic(root / SPEC_FILE, text)
+    if force:
+        _remove_old_report(root)
     stale = remove_stale(root)  # left by a sweep killed outright (SIGKILL, out of memory)
     if stale:
         print(f"sweep: removed {plural(len(stale), 'temporary folder')} left by a sweep that "
