@@ -173,3 +173,68 @@ def test_runs_started_in_the_same_second_get_their_own_directories(tmp_path, mon
     assert main(["run", *TINY]) == 130  # the name it reserved is freed
     assert sorted(p.name for p in runs.iterdir()) == ["synthetic-fedmf-now",
                                                       "synthetic-fedmf-now-2"]
+
+
+# ------------------------------------------------------------------------------ 6: sweeps
+def test_a_sweep_where_every_point_fails_exits_1_and_says_so(tmp_path, capsys):
+    (tmp_path / "d.csv").write_text("u1,i1\nu1,i2\nu1,i3\n")  # one user with every item
+    spec = tmp_path / "s.toml"
+    spec.write_text('[sweep]\ndatasets = ["csv"]\nmethods = ["fedmf"]\nseeds = [0, 1]\n'
+                    f'[sweep.data_dirs]\ncsv = "{tmp_path / "d.csv"}"\n'
+                    "[base.train]\nrounds = 1\n")
+    assert main(["sweep", str(spec), "--out", str(tmp_path / "o"), "--no-progress"]) == 1
+    out = capsys.readouterr().out
+    assert "0 ran, 0 already done, 2 failed" in out
+    assert "sweep: every run to do failed (2 of 2)" in out
+
+
+def test_a_data_folder_without_the_dataset_s_file_stops_the_sweep_up_front(tmp_path, capsys):
+    (tmp_path / "ml").mkdir()  # exists, but holds no u.data
+    spec = tmp_path / "s.toml"
+    spec.write_text('[sweep]\ndatasets = ["ml-100k"]\nmethods = ["fedmf"]\nseeds = [0, 1]\n'
+                    f'[sweep.data_dirs]\nml-100k = "{tmp_path / "ml"}"\n')
+    assert main(["sweep", str(spec), "--out", str(tmp_path / "o"), "--no-progress"]) == 2
+    one_line_error(capsys, f"file not found: {tmp_path / 'ml' / 'u.data'}: 2 runs of")
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_base_data_dir_no_point_reads_is_refused(tmp_path, capsys):
+    spec = tmp_path / "s.toml"
+    spec.write_text('[sweep]\ndatasets = ["ml-100k"]\nmethods = ["fedmf"]\n'
+                    '[base.data]\ndata_dir = "data/ml-100k"\n')
+    assert main(["sweep", str(spec), "--out", str(tmp_path / "o"), "--no-progress"]) == 2
+    one_line_error(capsys, "[base.data] data_dir 'data/ml-100k' belongs to [base.data] dataset "
+                           "(synthetic), which is not among the sweep's datasets (ml-100k)")
+    # where the base dataset is swept, its data_dir is the one used
+    from fedem_private.experiments.sweep_spec import grid, load_spec
+
+    spec.write_text('[sweep]\ndatasets = ["ml-100k"]\nmethods = ["fedmf"]\n'
+                    '[base.data]\ndataset = "ml-100k"\ndata_dir = "data/ml-100k"\n')
+    assert [p.config.data.data_dir for p in grid(load_spec(spec))] == ["data/ml-100k"]
+
+
+def test_budget_less_modes_accept_epsilons_inf_but_not_a_finite_budget(tmp_path):
+    from fedem_private.experiments.sweep_spec import grid, load_spec
+
+    spec = tmp_path / "s.toml"
+    spec.write_text('[sweep]\nmethods = ["fedmf"]\nprivacy = ["none"]\nepsilons = [inf]\n')
+    assert [p.name.split("/")[2] for p in grid(load_spec(spec))] == ["none"]
+    spec.write_text('[sweep]\nmethods = ["fedmf"]\nprivacy = ["none"]\nepsilons = [inf, 8]\n')
+    with pytest.raises(UserError, match="epsilons needs an ldp privacy mode"):
+        load_spec(spec)
+
+
+def test_the_documented_sweep_file_is_valid():
+    """docs/sweeps.md's example parses into the grid it says (36 runs)."""
+    import re
+    import tomllib
+    from pathlib import Path
+
+    from fedem_private.experiments.sweep_spec import grid, parse_spec
+
+    doc = (Path(__file__).parents[1] / "docs" / "sweeps.md").read_text()
+    block = re.search(r"```toml\n(.*?)```", doc, re.S).group(1)
+    points = grid(parse_spec(tomllib.loads(block), "docs/sweeps.md"))
+    assert len(points) == 36 and "36 runs" in doc
+    assert {p.config.data.data_dir for p in points if p.name.startswith("ml-100k/")} == {
+        "data/ml-100k"}

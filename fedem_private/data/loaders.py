@@ -272,6 +272,29 @@ def _read_gender(path: Path, dataset: str, sep: str, gender_col: int) -> dict[st
     return {"gender": out}
 
 
+# the file each loader reads from the directory it is given (csv: the file itself, or a
+# directory holding exactly one .csv)
+DATA_FILES = {"ml-100k": "u.data", "ml-1m": "ratings.dat", "filmtrust": "ratings.txt",
+              "lastfm-2k": "user_artists.dat"}
+
+
+def files_problem(name: str, path: Path) -> str | None:
+    """Why the loader of ``name`` will not find its file under an existing ``path``, as one
+    line; None when it is there (its content is checked only when read)."""
+    if name == "csv":
+        if path.is_dir() and len(list(path.glob("*.csv"))) != 1:
+            return (f"dataset csv: expected exactly one .csv file in {path}, found "
+                    f"{len(list(path.glob('*.csv')))}")
+        return None
+    if name not in DATA_FILES:
+        return None
+    if not path.is_dir():
+        return f"dataset {name}: not a directory: {path}"
+    if not (path / DATA_FILES[name]).is_file():
+        return f"dataset {name}: file not found: {path / DATA_FILES[name]}"
+    return None
+
+
 LOADERS: dict[str, Callable[[Path], Interactions]] = {
     "ml-100k": load_ml100k,
     "ml-1m": load_ml1m,

@@ -546,6 +546,9 @@ def run_sweep(spec_path: str | None, out_dir: str | None, jobs: int | None = Non
             line += f"; interrupted: {len(todo) - finished - failed} not run (run the same "\
                     "command again to resume)"
         print(line)
+        if failed and failed == len(todo):
+            print(f"sweep: every run to do failed ({failed} of {len(todo)}): nothing new was "
+                  f"written")
         if errors is not None:
             print(f"sweep: failures are described in {errors}")
         if results is not None:
