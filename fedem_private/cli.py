@@ -279,7 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
                                         description=REPORT_DESCRIPTION))
     ds = sub.add_parser("datasets", help="list or download datasets")
     ds_sub = ds.add_subparsers(dest="action", required=True, parser_class=_Parser)
-    ds_sub.add_parser("list", help="known datasets and where they are found")
+    ls = ds_sub.add_parser("list", help="known datasets and where they are found")
+    ls.add_argument("--cache-dir", help="cache directory (default ~/.cache/fedem-private)")
     dl = ds_sub.add_parser("download", help="fetch an official archive into the cache")
     dl.add_argument("name")
     dl.add_argument("--cache-dir", help="cache directory (default ~/.cache/fedem-private)")
@@ -425,13 +426,15 @@ def _cmd_datasets(args: argparse.Namespace) -> int:
     from fedem_private.data.download import REGISTRY, cached_dir, default_cache_dir, download
 
     if args.action == "list":
+        cache = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
+        print(f"cache: {cache} (--cache-dir, or $FEDEM_PRIVATE_CACHE)")
         for name in DATASETS:
             if name == "synthetic":
                 where = "built in (seeded generator)"
             elif name == "csv":
                 where = "any user,item[,rating][,timestamp] file via --data-dir"
             else:
-                cached = cached_dir(name)
+                cached = cached_dir(name, cache)
                 where = (f"cached at {cached}" if cached
                          else "not cached; use --data-dir or download")
             print(f"{name:<10} {where}")

@@ -238,3 +238,39 @@ def test_the_documented_sweep_file_is_valid():
     assert len(points) == 36 and "36 runs" in doc
     assert {p.config.data.data_dir for p in points if p.name.startswith("ml-100k/")} == {
         "data/ml-100k"}
+
+
+# ------------------------------------------------------------------------ 7: offline data
+def test_a_failed_download_suggests_the_offline_ways_and_leaves_no_cache(tmp_path, capsys):
+    cache = tmp_path / "new" / "cache"
+    assert main(["datasets", "download", "ml-100k", "--cache-dir", str(cache),
+                 "--url", f"file://{tmp_path}/missing.zip"]) == 2
+    err = one_line_error(capsys, "download from file://")
+    assert "--url file:///path/to/ml-100k.zip" in err and "--data-dir" in err
+    assert list(tmp_path.iterdir()) == []  # neither cache folder was left behind
+
+
+def test_an_archive_from_a_file_url_lands_in_the_cache_dir_that_list_shows(tmp_path, capsys,
+                                                                           monkeypatch):
+    import zipfile
+
+    archive = tmp_path / "ml-100k.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("ml-100k/u.data", "1\t1\t5\t1\n1\t2\t5\t2\n")
+        zf.writestr("ml-100k/u.user", "1|20|F|x|1\n")
+    from fedem_private.data import download as dl
+
+    monkeypatch.setitem(dl.REGISTRY, "ml-100k", dl.Source(dl.REGISTRY["ml-100k"].url,
+                                                          {"u.data": None, "u.user": None}))
+    cache = tmp_path / "cache"
+    assert main(["datasets", "download", "ml-100k", "--url", f"file://{archive}",
+                 "--cache-dir", str(cache)]) == 0
+    assert (cache / "ml-100k" / "u.data").is_file()
+    capsys.readouterr()
+    assert main(["datasets", "list", "--cache-dir", str(cache)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"cache: {cache} (--cache-dir, or $FEDEM_PRIVATE_CACHE)"
+    assert f"ml-100k    cached at {cache / 'ml-100k'}" in lines
+    monkeypatch.setenv("FEDEM_PRIVATE_CACHE", str(tmp_path / "elsewhere"))
+    assert main(["datasets", "list"]) == 0
+    assert capsys.readouterr().out.startswith(f"cache: {tmp_path / 'elsewhere'} ")
