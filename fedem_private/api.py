@@ -18,6 +18,7 @@ inside the functions, so ``import fedem_private`` stays light.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import sys
@@ -76,6 +77,25 @@ def default_out(cfg: RunConfig) -> Path:
                            f"{_dt.datetime.now():%Y%m%d-%H%M%S}")
 
 
+def reserve_default_out(cfg: RunConfig) -> Path:
+    """Make and return an empty, new run directory for ``cfg``: :func:`default_out`, or with a
+    ``-2``, ``-3``, ... suffix when another run (one started in the same second) has it."""
+    base = default_out(cfg)
+    try:
+        base.parent.mkdir(parents=True, exist_ok=True)
+        for n in range(1, 10_000):
+            path = base if n == 1 else base.with_name(f"{base.name}-{n}")
+            try:
+                path.mkdir()  # atomic: only one run gets each name
+            except FileExistsError:
+                continue
+            return path
+    except OSError as exc:
+        raise UserError(f"cannot create run directory under {base.parent}: "
+                        f"{exc.strerror}") from None
+    raise UserError(f"every run directory name {base}-N is taken")  # pragma: no cover
+
+
 def _progress_hooks(cfg: RunConfig) -> tuple[Callable, Callable, Callable]:
     """on_start, on_round and close of a tqdm bar over the rounds (HR, NDCG, eps spent)."""
     bar = None
@@ -116,7 +136,7 @@ def run(config: RunConfig | Mapping[str, Any] | str | Path | None = None,
 
     ``config``: see :func:`resolve_config` (``{"record": {"rounds": "last"}}``
     records what the server saw, so the run can be attacked). ``out``: the run
-    directory (default ``runs/<dataset>-<method>-<time>``); an existing
+    directory (default ``runs/<dataset>-<method>-<time>``, ``-2`` added when taken); an existing
     non-empty one is replaced only with ``force``. ``progress``: a bar on stderr.
     """
     cfg = resolve_config(config, overrides)
@@ -125,12 +145,17 @@ def run(config: RunConfig | Mapping[str, Any] | str | Path | None = None,
         raise UserError(f"dataset {cfg.data.dataset}: {what} not found: {cfg.data.data_dir}")
     from fedem_private.experiments.runner import execute, recording_hook
 
-    path = Path(out) if out is not None else default_out(cfg)
+    path = Path(out) if out is not None else reserve_default_out(cfg)
     on_start, on_round, close = _progress_hooks(cfg)
     try:
         execute(cfg, path, force=force, setup=recording_hook(cfg),
                 on_start=on_start if progress else None,
                 on_round=on_round if progress else None)
+    except BaseException:
+        if out is None:  # the name reserved for this run: free it
+            with contextlib.suppress(OSError):
+                path.rmdir()
+        raise
     finally:
         close()
     return load_run(path)

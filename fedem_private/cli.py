@@ -242,7 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="train one configuration and write a run directory")
     _add_run_flags(run)
     run.add_argument("--out", metavar="DIR",
-                     help="run directory (default: runs/<dataset>-<method>-<time>)")
+                     help="run directory (default: runs/<dataset>-<method>-<time>, with -2, -3, "
+                          "... added when another run has that name)")
     run.add_argument("--force", action="store_true", help="replace a non-empty --out")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--record-rounds", metavar="ROUNDS",
@@ -282,7 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
                                         description=REPORT_DESCRIPTION))
     ds = sub.add_parser("datasets", help="list or download datasets")
     ds_sub = ds.add_subparsers(dest="action", required=True, parser_class=_Parser)
-    ds_sub.add_parser("list", help="known datasets and where they are found")
+    ls = ds_sub.add_parser("list", help="known datasets and where they are found")
+    ls.add_argument("--cache-dir", help="cache directory (default ~/.cache/fedem-private)")
     dl = ds_sub.add_parser("download", help="fetch an official archive into the cache")
     dl.add_argument("name")
     dl.add_argument("--cache-dir", help="cache directory (default ~/.cache/fedem-private)")
@@ -378,11 +380,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from fedem_private import api
 
     cfg = config_from_args(args)  # validated before anything heavy is imported
-    out = args.out or str(api.default_out(cfg))
-    res = api.run(cfg, out, force=args.force, progress=not args.no_progress)
+    res = api.run(cfg, args.out, force=args.force, progress=not args.no_progress)
     summary = res.summary
     m = summary["metrics"] or {}
-    print(f"wrote {out}")
+    print(f"wrote {args.out or res.run_dir}")
     for kind in ("full", "sampled"):
         if kind in m:
             print(f"{kind:>7}: HR@10 {m[kind]['hr@10']:.4f}  NDCG@10 {m[kind]['ndcg@10']:.4f}")
@@ -431,13 +432,15 @@ def _cmd_datasets(args: argparse.Namespace) -> int:
     from fedem_private.data.download import REGISTRY, cached_dir, default_cache_dir, download
 
     if args.action == "list":
+        cache = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
+        print(f"cache: {cache} (--cache-dir, or $FEDEM_PRIVATE_CACHE)")
         for name in DATASETS:
             if name == "synthetic":
                 where = "built in (seeded generator)"
             elif name == "csv":
                 where = "any user,item[,rating][,timestamp] file via --data-dir"
             else:
-                cached = cached_dir(name)
+                cached = cached_dir(name, cache)
                 where = (f"cached at {cached}" if cached
                          else "not cached; use --data-dir or download")
             print(f"{name:<10} {where}")

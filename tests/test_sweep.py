@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -12,6 +19,7 @@ from sweep_helpers import TINY_2X2, TINY_BASE, StubAttacks, write_spec
 from fedem_private.errors import UserError
 from fedem_private.experiments import attack_step, runner
 from fedem_private.experiments.results import collect
+from fedem_private.experiments.rundir import is_stale, remove_stale
 from fedem_private.experiments.sweep import POINT_FILE, run_sweep
 from fedem_private.experiments.sweep_spec import grid, load_spec
 
@@ -341,40 +349,122 @@ def test_data_check_looks_only_at_points_still_to_run(tmp_path, stub):
     assert run_sweep(str(spec), str(root), jobs=1, progress=False) == 0
 
 
+def blocked_sweep(tmp_path: Path, jobs: int) -> tuple[Any, list[str], Path, dict[str, str]]:
+    """A sweep of 6 tiny points in a subprocess (tests/blocking_sweep.py) once seed0 is finished
+    and another point waits mid-run, its temporary directory written: (process, the plain
+    command, root, env). Waits on files, not on how long a point takes."""
+    spec = write_spec(tmp_path / "s.toml", 'methods = ["fedmf"]\nseeds = [0, 1, 2, 3, 4, 5]')
+    root, markers = tmp_path / "out", tmp_path / "markers"
+    markers.mkdir()
+    args = ["sweep", str(spec), "--out", str(root), "--jobs", str(jobs), "--no-progress"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "BLOCKING_SWEEP_MARKERS": str(markers),
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]),
+                                          os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("blocking_sweep.py")),
+                             *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    deadline = time.monotonic() + 600  # a safety net only: the wait is on the files
+    while not (len(finished(root)) == 1 and [m for m in markers.iterdir()
+                                             if not m.name.startswith(".")]):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the sweep never reached its second point"
+        time.sleep(0.05)
+    blocked = [Path(m.read_text()) for m in markers.iterdir() if not m.name.startswith(".")]
+    assert all(b.is_dir() and b.name.startswith(".seed") for b in blocked)
+    return proc, [sys.executable, "-m", "fedem_private", *args], root, env
+
+
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_sigterm_stops_a_sweep_cleanly_and_it_resumes(tmp_path, jobs):
     """SIGTERM (a scheduler's time limit) mid-point: exit 143, the point in progress leaves no
     temporary directory, finished runs and results.csv stay, and the same command resumes."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    base = TINY_BASE.replace("rounds = 2", "rounds = 40").replace("n_users = 40",
-                                                                  "n_users = 300")
-    spec = write_spec(tmp_path / "s.toml", 'methods = ["fedmf"]\nseeds = [0, 1, 2, 3, 4, 5]',
-                      base)
-    root = tmp_path / "out"
-    cmd = [sys.executable, "-m", "fedem_private", "sweep", str(spec), "--out", str(root),
-           "--jobs", str(jobs), "--no-progress"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None:
-        if finished(root) and hidden(root):  # one done, one in progress
-            break
-        time.sleep(0.05)
-    assert proc.poll() is None, "the sweep ended before it could be stopped mid-point"
+    proc, cmd, root, env = blocked_sweep(tmp_path, jobs)
     proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=120)
+    out, err = proc.communicate(timeout=300)
     assert proc.returncode == 143, err
     assert "terminated" in err and "interrupted" in out
     assert hidden(root) == []
-    done = len(finished(root))
-    assert 1 <= done < 6 and (root / "results.csv").is_file()
+    assert len(finished(root)) == 1 and (root / "results.csv").is_file()
     again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert again.returncode == 0, again.stderr
-    assert f"{done} already done, {6 - done} to run" in again.stdout
+    assert "1 already done, 5 to run" in again.stdout
     assert len(finished(root)) == 6 and hidden(root) == []
+
+
+def test_sigkilled_sweep_leaves_a_folder_the_resumed_sweep_removes(tmp_path):
+    """SIGKILL cannot be caught: the point in progress keeps its temporary directory, which the
+    next start recognises by its dead process and removes."""
+    proc, cmd, root, env = blocked_sweep(tmp_path, 1)
+    proc.kill()
+    proc.communicate(timeout=300)
+    left = [p for p in hidden(root) if ".tmp-" in p.name]
+    assert len(left) == 1 and left[0].name.startswith(f".seed1.tmp-{proc.pid}@")
+    again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert again.returncode == 0, again.stderr
+    assert "removed 1 temporary folder left by a sweep that was killed" in again.stdout
+    assert len(finished(root)) == 6 and hidden(root) == []
+
+
+def dead_pid() -> int:
+    """The id of a process that has exited (and been reaped)."""
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, check=True)
+    return int(child.stdout)
+
+
+def test_only_folders_of_dead_writers_on_this_machine_are_stale(tmp_path):
+    host = socket.gethostname()
+    dead = dead_pid()
+    names = {f".seed1.tmp-{dead}@{host}-0a1b2c3d": True,  # killed on this machine
+             ".seed1.tmp-k2j4x9_a": True,  # an older version's name: no pid to ask
+             f".seed2.old-{dead}": True,  # a replaced run, its replacer killed
+             f".seed3.tmp-{os.getpid()}@{host}-0a1b2c3d": False,  # alive: a run in progress
+             f".seed4.tmp-{dead}@another-host-0a1b2c3d": False,  # a Ray node's, not ours
+             ".hidden-notes": False, "seed5": False}
+    for name in names:
+        (tmp_path / "a" / name).mkdir(parents=True)
+        (tmp_path / "a" / name / "summary.json").write_text("{}")
+    assert {p.name: is_stale(p) for p in (tmp_path / "a").iterdir()} == names
+    assert remove_stale(tmp_path, "seed1") == []  # only direct children
+    removed = remove_stale(tmp_path)
+    assert sorted(p.name for p in removed) == sorted(n for n, stale in names.items() if stale)
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == sorted(
+        n for n, stale in names.items() if not stale)
+
+
+def test_an_interrupt_as_the_temporary_folder_is_made_leaves_nothing(tmp_path, monkeypatch):
+    """Ctrl-C or SIGTERM landing just after the temporary run directory was made (the moment a
+    test watching for it would signal) must not leave it behind."""
+    (point,) = grid(load_spec(write_spec(tmp_path / "one.toml", 'methods = ["fedmf"]\n'
+                                         'seeds = [0]')))
+    real_mkdir = os.mkdir
+
+    def mkdir_then_interrupt(path, *args, **kwargs):
+        real_mkdir(path, *args, **kwargs)
+        if ".tmp-" in str(path):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "mkdir", mkdir_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        runner.execute(point.config, tmp_path / "out" / "run")
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_an_interrupt_while_replacing_a_run_keeps_the_old_one(tmp_path, monkeypatch):
+    (point,) = grid(load_spec(write_spec(tmp_path / "one.toml", 'methods = ["fedmf"]\n'
+                                         'seeds = [0]')))
+    out = tmp_path / "out" / "run"
+    runner.execute(point.config, out)
+    before = (out / "summary.json").read_text()
+    real_replace = os.replace
+
+    def interrupt_moving_the_new_one(src, dst, *args, **kwargs):
+        if ".tmp-" in str(src):  # the old run has just been moved aside
+            raise KeyboardInterrupt
+        return real_replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", interrupt_moving_the_new_one)
+    with pytest.raises(KeyboardInterrupt):
+        runner.execute(point.config, out, force=True)
+    assert (out / "summary.json").read_text() == before
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["run"]

@@ -7,7 +7,7 @@ from pathlib import Path
 from ..errors import UserError
 from .download import REGISTRY, cached_dir
 from .interactions import Interactions
-from .loaders import LOADERS
+from .loaders import LOADERS, files_problem
 from .split import PROTOCOLS, Split, leave_one_out
 from .synthetic import SyntheticConfig, generate
 
@@ -23,9 +23,9 @@ def dataset_problem(name: str, data_dir: str | Path | None = None,
                     cache_dir: Path | None = None) -> str | None:
     """Why :func:`load_dataset` could not find ``name``'s files, as one line; None if it can.
 
-    Checks only what can be checked without reading (the folder or file named, or a
-    cached copy), so a sweep can refuse to start instead of failing every point; the
-    loaders still check each file they read.
+    Checks only what can be checked without reading (the folder or file named, the file the
+    loader reads in it, or a cached copy), so a sweep can refuse to start instead of failing
+    every point; the loaders still check each file they read.
     """
     if name == "synthetic":
         return None
@@ -34,7 +34,7 @@ def dataset_problem(name: str, data_dir: str | Path | None = None,
     if data_dir is not None:
         path = Path(data_dir).expanduser()
         if path.exists():
-            return None
+            return files_problem(name, path)
         return f"dataset {name}: {'file' if name == 'csv' else 'directory'} not found: {path}"
     if name == "csv":
         return "dataset csv needs --data-dir pointing at the CSV file"

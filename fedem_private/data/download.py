@@ -84,9 +84,27 @@ def download(name: str, cache_dir: Path | None = None, url: str | None = None,
     target = cache / name
     if (target / "manifest.json").is_file():
         return target, json.loads((target / "manifest.json").read_text())
-    cache.mkdir(parents=True, exist_ok=True)
-    address = url or source.url
-    expected_archive = sha256 or source.archive_sha256
+    made = [d for d in (cache, *cache.parents) if not d.exists()]  # removed again on failure
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"cannot create the dataset cache {cache}: {exc.strerror}") from None
+    try:
+        return _fetch(name, source, cache, url or source.url, sha256 or source.archive_sha256,
+                      timeout)
+    except BaseException:
+        for folder in made:  # the cache folders this call made, if still empty
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        raise
+
+
+def _fetch(name: str, source: Source, cache: Path, address: str, expected_archive: str | None,
+           timeout: float) -> tuple[Path, dict]:
+    """Download, check and unpack into ``cache/name`` (see :func:`download`)."""
+    target = cache / name
     with tempfile.TemporaryDirectory(dir=cache, prefix=f".{name}-") as tmp:
         tmp_path = Path(tmp)
         archive = tmp_path / "archive.zip"
@@ -95,7 +113,10 @@ def download(name: str, cache_dir: Path | None = None, url: str | None = None,
                 with archive.open("wb") as out:
                     shutil.copyfileobj(resp, out)
         except (urllib.error.URLError, OSError, ValueError) as exc:
-            raise UserError(f"dataset {name}: download from {address} failed: {exc}") from exc
+            raise UserError(f"dataset {name}: download from {address} failed: {exc}; without "
+                            f"a network here, fetch {source.url} elsewhere and pass --url "
+                            f"file:///path/to/{source.url.rsplit('/', 1)[-1]}, or run with "
+                            f"--data-dir pointing at an unpacked copy") from exc
         digest = sha256_of(archive)
         if expected_archive and digest != expected_archive.lower():
             raise UserError(f"dataset {name}: archive SHA-256 mismatch: expected "

@@ -8,6 +8,7 @@ Bad input (missing directory or file, malformed or empty file) raises
 from __future__ import annotations
 
 import csv
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -133,13 +134,115 @@ def load_lastfm2k(directory: Path) -> Interactions:
     return from_raw("lastfm-2k", df["user"].to_numpy(np.int64), df["item"].to_numpy(np.int64))
 
 
-def load_csv(path: Path, min_rating: float | None = None) -> Interactions:
-    """Any CSV of ``user,item[,rating][,timestamp]``; a header row is detected and skipped.
+# header names the CSV reader recognises (compared lower-cased, quotes and spaces stripped)
+CSV_COLUMNS: dict[str, tuple[str, ...]] = {
+    "user": ("user", "user_id", "userid", "uid", "users"),
+    "item": ("item", "item_id", "itemid", "iid", "items", "movie", "movie_id", "movieid",
+             "artist", "artist_id", "artistid"),
+    "rating": ("rating", "ratings", "score", "weight"),
+    "timestamp": ("timestamp", "time", "ts"),
+}
+_CSV_FORMAT = "user,item[,rating][,timestamp]"
+_WORD = re.compile(r"^[A-Za-z][A-Za-z _-]*$")
 
-    Ids may be strings. The third column, when present, is the rating and must
-    be a number on every row; the fourth, when present, is the timestamp.
+
+def _csv_role(field: str) -> str | None:
+    name = field.strip().strip('"').strip("'").strip().lower()
+    return next((role for role, names in CSV_COLUMNS.items() if name in names), None)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _csv_columns(path: Path, first: list[str]) -> tuple[list[str], list[int]] | None:
+    """The roles and positions a header line names, or None when ``first`` has no known name.
+
+    A header must name a user and an item column and nothing unknown; anything else is
+    one line saying which column is missing or not recognised.
     """
-    path = Path(path)
+    roles = [_csv_role(f) for f in first]
+    if not any(roles):
+        return None
+    where = f"dataset csv: {path}: header {','.join(f.strip() for f in first)!r}"
+    unknown = [f.strip() for f, r in zip(first, roles, strict=True) if r is None]
+    if unknown:
+        raise UserError(f"{where}: unknown column {unknown[0]!r}; the columns are "
+                        f"{_CSV_FORMAT} (by name, in any order)")
+    for role in ("user", "item"):
+        if role not in roles:
+            raise UserError(f"{where} names no {role} column; the columns are {_CSV_FORMAT}")
+    repeated = next((r for r in roles if roles.count(r) > 1), None)
+    if repeated is not None:
+        raise UserError(f"{where} names the {repeated} column twice")
+    names = [role for role in CSV_COLUMNS if role in roles]
+    return names, [roles.index(role) for role in names]
+
+
+def _looks_like_header(first: list[str], second: list[str] | None) -> bool:
+    """True when an unrecognised first line is a header rather than data: a field that is text
+    where the next line has a number (a rating, a timestamp, or both ids)."""
+    if second is None or len(second) != len(first):
+        return False
+    if any(not _is_number(a.strip()) and _is_number(b.strip())
+           for a, b in zip(first[2:], second[2:], strict=True)):
+        return True
+    return all(not _is_number(a.strip()) and _is_number(b.strip())
+               for a, b in zip(first[:2], second[:2], strict=True))
+
+
+def _unique_words(df: pd.DataFrame) -> bool:
+    """True when the first row's user and item are plain words found nowhere else in their
+    columns: a header of unknown names (``customer,product``), not a user's interaction."""
+    user, item = df["user"].iloc[0].strip(), df["item"].iloc[0].strip()
+    return (bool(_WORD.match(user)) and bool(_WORD.match(item))
+            and int((df["user"].str.strip() == user).sum()) == 1
+            and int((df["item"].str.strip() == item).sum()) == 1)
+
+
+def load_csv(path: Path, min_rating: float | None = None) -> Interactions:
+    """Any CSV of ``user,item[,rating][,timestamp]``.
+
+    A header line is read by name (:data:`CSV_COLUMNS`, any order); without one the
+    columns are taken in that order. A first line that looks like a header but names
+    no known column is refused rather than read as data. Ids may be strings. The
+    rating, when present, must be a number on every row; so must the timestamp.
+    """
+    path = _csv_path(Path(path))
+    with path.open(encoding="utf-8", errors="replace") as fh:
+        lines = [line for line in (fh.readline(), fh.readline()) if line.strip()]
+    first = lines[0].strip().split(",") if lines else []
+    second = lines[1].strip().split(",") if len(lines) > 1 else None
+    named = _csv_columns(path, first)
+    if named is None and _looks_like_header(first, second):
+        raise _unknown_header(path, first)
+    names, usecols = named or (["user", "item", "rating", "timestamp"], None)
+    df = _read_table(path, "csv", ",", names, ["rating", "timestamp"],
+                     header=None if named is None else 0, usecols=usecols,
+                     min_cols=2 if named is None else len(first))
+    if named is None and _unique_words(df):
+        raise _unknown_header(path, first)
+    df = _positives(df, min_rating, "csv", path)
+    users = df["user"].str.strip().to_numpy()
+    items = df["item"].str.strip().to_numpy()
+    if (users == "").any() or (items == "").any():
+        raise UserError(f"dataset csv: malformed file {path}: empty user or item id")
+    ts = df["timestamp"].to_numpy(np.float64) if "timestamp" in df.columns else None
+    return from_raw(path.stem, users, items, ts)
+
+
+def _unknown_header(path: Path, first: list[str]) -> UserError:
+    return UserError(f"dataset csv: {path}: the first line {','.join(first)!r} looks like a "
+                     f"header but names no known column; name the columns {_CSV_FORMAT} "
+                     f"(e.g. user,item)")
+
+
+def _csv_path(path: Path) -> Path:
+    """The CSV file ``path`` names (a folder: its one .csv), checked to exist and hold bytes."""
     if path.is_dir():
         candidates = sorted(path.glob("*.csv"))
         if len(candidates) != 1:
@@ -150,19 +253,7 @@ def load_csv(path: Path, min_rating: float | None = None) -> Interactions:
         raise UserError(f"dataset csv: file not found: {path}")
     if path.stat().st_size == 0:
         raise UserError(f"dataset csv: file is empty: {path}")
-    with path.open(encoding="utf-8", errors="replace") as fh:
-        first = fh.readline().strip().split(",")
-    names = {"user", "user_id", "userid", "uid"}
-    header = 0 if first and first[0].strip().lower() in names else None
-    df = _read_table(path, "csv", ",", ["user", "item", "rating", "timestamp"],
-                     ["rating", "timestamp"], header=header, min_cols=2)
-    df = _positives(df, min_rating, "csv", path)
-    users = df["user"].str.strip().to_numpy()
-    items = df["item"].str.strip().to_numpy()
-    if (users == "").any() or (items == "").any():
-        raise UserError(f"dataset csv: malformed file {path}: empty user or item id")
-    ts = df["timestamp"].to_numpy(np.float64) if "timestamp" in df.columns else None
-    return from_raw(path.stem, users, items, ts)
+    return path
 
 
 def _read_gender(path: Path, dataset: str, sep: str, gender_col: int) -> dict[str, dict]:
@@ -179,6 +270,29 @@ def _read_gender(path: Path, dataset: str, sep: str, gender_col: int) -> dict[st
             except ValueError:
                 continue
     return {"gender": out}
+
+
+# the file each loader reads from the directory it is given (csv: the file itself, or a
+# directory holding exactly one .csv)
+DATA_FILES = {"ml-100k": "u.data", "ml-1m": "ratings.dat", "filmtrust": "ratings.txt",
+              "lastfm-2k": "user_artists.dat"}
+
+
+def files_problem(name: str, path: Path) -> str | None:
+    """Why the loader of ``name`` will not find its file under an existing ``path``, as one
+    line; None when it is there (its content is checked only when read)."""
+    if name == "csv":
+        if path.is_dir() and len(list(path.glob("*.csv"))) != 1:
+            return (f"dataset csv: expected exactly one .csv file in {path}, found "
+                    f"{len(list(path.glob('*.csv')))}")
+        return None
+    if name not in DATA_FILES:
+        return None
+    if not path.is_dir():
+        return f"dataset {name}: not a directory: {path}"
+    if not (path / DATA_FILES[name]).is_file():
+        return f"dataset {name}: file not found: {path / DATA_FILES[name]}"
+    return None
 
 
 LOADERS: dict[str, Callable[[Path], Interactions]] = {

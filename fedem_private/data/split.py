@@ -72,6 +72,7 @@ def leave_one_out(data: Interactions, seed: int, min_interactions: int = 3,
     if not keep_user.any():
         raise UserError(f"dataset {data.name}: every user has fewer than {min_interactions} "
                         f"interactions, nothing left to train on")
+    _check_items_left(data, counts, keep_user)
     mask = keep_user[users]
     users, items = users[mask], items[mask]
     kept = np.flatnonzero(keep_user)
@@ -92,6 +93,18 @@ def leave_one_out(data: Interactions, seed: int, min_interactions: int = 3,
     indptr[1:] = np.cumsum(np.bincount(tu, minlength=kept.shape[0]))
     return Split(kept.shape[0], data.n_items, indptr, ti.astype(np.int64), val.astype(np.int64),
                  test.astype(np.int64), kept, dropped)
+
+
+def _check_items_left(data: Interactions, counts: np.ndarray, keep_user: np.ndarray) -> None:
+    """Refuse a dataset where a kept user interacted with every item: no item is left to sample
+    as that user's negative (a one-user file is the common case)."""
+    full = np.flatnonzero(keep_user & (counts >= data.n_items))
+    if full.shape[0]:
+        who = (f"its only user ({data.user_ids[full[0]]})" if data.n_users == 1 else
+               f"{full.shape[0]} of its {data.n_users} users (e.g. {data.user_ids[full[0]]})")
+        raise UserError(f"dataset {data.name}: {who} interacted with every one of its "
+                        f"{data.n_items} items, so no item is left to sample as a negative; "
+                        f"the data needs items each user has not interacted with")
 
 
 def cold_share(split: Split, held_out: np.ndarray | None = None) -> float:

@@ -36,6 +36,8 @@ from fedem_private.experiments.rundir import write_text_atomic
 ERRORS_FILE = "sweep_errors.log"  # written by fedem_private.experiments.sweep
 KEYS = ["dataset", "protocol", "variant", "mode", "eps_target"]
 REPORT_FILE = "report.md"
+# the plots a report writes per dataset: <dataset><suffix>
+PLOT_SUFFIXES = ("-hr10_vs_eps.png", "-auc_vs_eps.png", "-frontier.png", "-hr10_vs_bytes.png")
 NONE_MARK = "\0none"  # a setting left at None (its default) in a run's resolved config
 
 
@@ -292,14 +294,42 @@ def load_sources(sources: Sequence[str]) -> tuple[pd.DataFrame, list[Path], int]
     return frame, folders, replaced
 
 
+def report_files(folder: Path, tables: bool = True) -> list[Path]:
+    """The files an earlier report wrote into ``folder``: report.md, results.csv (unless not
+    ``tables``) and its plots (the PNGs report.md shows, and any named like a report's plot)."""
+    if not folder.is_dir():
+        return []
+    names = {REPORT_FILE, *([RESULTS_FILE] if tables else [])}
+    if (folder / REPORT_FILE).is_file():
+        text = (folder / REPORT_FILE).read_text(encoding="utf-8", errors="replace")
+        names.update(n for n in re.findall(r"!\[[^\]]*\]\(([^)/\\]+\.png)\)", text))
+    names.update(p.name for p in folder.glob("*.png") if p.name.endswith(PLOT_SUFFIXES))
+    return sorted(p for p in (folder / n for n in names) if p.is_file())
+
+
+def _check_out(out: Path, folders: list[Path], force: bool) -> None:
+    """Refuse to write over a report in a folder that is not one of the sources (a source
+    folder's own report is derived from its runs and rewritten), unless ``force``."""
+    if force or any(out.resolve() == f.resolve() for f in folders):
+        return
+    old = report_files(out)
+    if old:
+        raise UserError(f"{out} already holds a report ({', '.join(p.name for p in old[:3])}"
+                        f"{', ...' if len(old) > 3 else ''}); pass --force to replace it, or "
+                        "give another --out")
+
+
 def write_report(sources: str | Sequence[str], out_dir: str | None = None,
-                 variants: Sequence[str] | None = None) -> list[Path]:
+                 variants: Sequence[str] | None = None, force: bool = False) -> list[Path]:
     """Write results.csv, report.md and the PNG plots; returns the paths written.
 
     ``sources`` is a folder of run directories, or several folders and
     ``results.csv`` files to combine (then ``out_dir`` is required). The
-    output defaults to the single source folder. ``variants`` keeps only the
-    runs of those method variants (e.g. ``["fedmf", "fedem-em"]``).
+    output defaults to the single source folder, whose report is rewritten; a
+    report in another folder is replaced only with ``force``. Files of the
+    replaced report that the new one does not write (a dataset's plots) are
+    removed. ``variants`` keeps only the runs of those method variants (e.g.
+    ``["fedmf", "fedem-em"]``).
     """
     from fedem_private.experiments import report_plots as rp
 
@@ -313,6 +343,8 @@ def write_report(sources: str | Sequence[str], out_dir: str | None = None,
                             f"hold {', '.join(sorted(set(frame['variant'])))})")
         frame = frame[frame["variant"].isin(list(variants))].reset_index(drop=True)
     out = Path(out_dir if out_dir else names[0]).expanduser()
+    _check_out(out, folders, force)
+    old = report_files(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -409,4 +441,6 @@ def write_report(sources: str | Sequence[str], out_dir: str | None = None,
                    "that mechanism's).", ""]
     report = out / REPORT_FILE
     write_text_atomic(report, "\n".join(md))
+    for path in set(old) - {report, *written}:  # the old report's, not rewritten
+        path.unlink(missing_ok=True)
     return [report, *written]

@@ -3,6 +3,12 @@
 Files go to a hidden temporary sibling first; :meth:`RunDir.commit` renames it
 into place. An existing non-empty directory is never touched unless the user
 asked to replace it, and then only once the new one is complete.
+
+The temporary sibling is named ``.<name>.tmp-<pid>@<host>-<random>``: an
+interrupt (Ctrl-C, SIGTERM) at any instruction removes it, and one left by a
+process that was killed outright (SIGKILL, a lost machine) is recognised by
+its dead ``pid`` and removed by :func:`remove_stale` (a resumed sweep, the next
+run of the same directory).
 """
 
 from __future__ import annotations
@@ -11,8 +17,10 @@ import csv
 import json
 import math
 import os
+import re
+import secrets
 import shutil
-import tempfile
+import socket
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -31,39 +39,82 @@ def json_safe(value: Any) -> Any:
     return value
 
 
-def current_umask() -> int:
-    """The process umask (read by setting it and putting it back at once)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def umask_mode(path: str | Path, directory: bool = False) -> None:
-    """Give ``path`` the permissions a plain ``open`` / ``mkdir`` would have.
-
-    :func:`tempfile.mkstemp` creates 0600 files and :func:`tempfile.mkdtemp`
-    0700 folders whatever the umask; an output renamed into place from one of
-    them would keep that. This sets 0666 (files) or 0777 (folders) minus the umask.
-    """
-    os.chmod(path, (0o777 if directory else 0o666) & ~current_umask())
-
-
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write a file via a temporary sibling and a rename (permissions as the umask says)."""
+    """Write a file via a temporary sibling and a rename (permissions as the umask says).
+
+    The sibling's name is chosen before it is made, so an interrupt at any point removes it.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
     try:
-        umask_mode(tmp)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        with open(tmp, "x", encoding="utf-8") as fh:  # 0666 minus the umask
             fh.write(text)
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 
+# .<name>.tmp-<pid>@<host>-<random> (a run in progress), .<name>.old-<pid> (one replaced);
+# older versions wrote .<name>.tmp-<random>, with no pid
+_TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.(?:tmp-(?:(?P<pid>\d+)@(?P<host>.+)-)?[0-9a-z_]+"
+                        r"|old-(?P<old_pid>\d+))$")
+
+
+def _host() -> str:
+    return socket.gethostname().replace("/", "_") or "localhost"
+
+
+def _alive(pid: int) -> bool:
+    """True when a process ``pid`` exists on this machine (or may: not ours to signal)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # e.g. EPERM: someone else's process
+        return True
+    return True
+
+
+def is_stale(path: Path) -> bool:
+    """True for a temporary (or replaced) run directory whose writer is gone: its pid is not
+    alive on this machine, or it was named by an older version without a pid. One written on
+    another machine (a Ray cluster) is never stale here."""
+    match = _TEMP_NAME.match(path.name)
+    if match is None or not path.is_dir():
+        return False
+    pid = match["pid"] or match["old_pid"]
+    if pid is None:
+        return True
+    if match["host"] is not None and match["host"] != _host():
+        return False
+    return not _alive(int(pid))
+
+
+def remove_stale(root: Path, name: str | None = None) -> list[Path]:
+    """Remove the stale temporary run directories (:func:`is_stale`) under ``root`` (only its
+    direct children named for ``name``, when given); returns what was removed."""
+    if not root.is_dir():
+        return []
+    found = (root.glob(f".{glob_escape(name)}.*") if name is not None
+             else (p for p in root.rglob(".*") if p.is_dir()))
+    removed = [p for p in found if is_stale(p)]
+    for path in removed:
+        shutil.rmtree(path, ignore_errors=True)
+    return removed
+
+
+def glob_escape(text: str) -> str:
+    """``text`` with glob's special characters taken literally."""
+    return re.sub(r"([*?\[])", r"[\1]", text)
+
+
 class RunDir:
-    """A run directory under construction; use as a context manager."""
+    """A run directory under construction; use as a context manager.
+
+    The temporary directory is made in ``__enter__``, so that no interrupt can land
+    between its creation and the ``with`` that removes it.
+    """
 
     def __init__(self, out: str | Path, force: bool = False) -> None:
         self.final = Path(out).expanduser()
@@ -72,16 +123,27 @@ class RunDir:
         if self.final.is_dir() and any(self.final.iterdir()) and not force:
             raise UserError(f"output directory {self.final} already exists and is not empty; "
                             f"pass --force to replace it")
-        parent = self.final.parent
+        self.parent = self.final.parent
         try:
-            parent.mkdir(parents=True, exist_ok=True)
+            self.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise UserError(f"cannot create output directory {parent}: {exc.strerror}") from None
-        self.path = Path(tempfile.mkdtemp(dir=parent, prefix=f".{self.final.name}.tmp-"))
-        umask_mode(self.path, directory=True)
+            raise UserError(f"cannot create output directory {self.parent}: "
+                            f"{exc.strerror}") from None
+        self.path = self.parent / (f".{self.final.name}.tmp-{os.getpid()}@{_host()}-"
+                                   f"{secrets.token_hex(4)}")
         self.committed = False
 
     def __enter__(self) -> RunDir:
+        remove_stale(self.parent, self.final.name)
+        try:
+            os.mkdir(self.path)  # 0777 minus the umask
+        except FileExistsError:  # pragma: no cover - 32 random bits
+            raise UserError(f"temporary directory {self.path} already exists") from None
+        except OSError as exc:
+            raise UserError(f"cannot write in {self.parent}: {exc.strerror}") from None
+        except BaseException:  # an interrupt right after the folder was made
+            shutil.rmtree(self.path, ignore_errors=True)
+            raise
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -106,13 +168,21 @@ class RunDir:
                 writer.writerow(row)
 
     def commit(self) -> Path:
-        """Move the finished directory into place (replacing an old one last)."""
+        """Move the finished directory into place (replacing an old one last); an interrupt
+        part way puts the old one back."""
         old = None
-        if self.final.exists():
-            old = self.final.with_name(f".{self.final.name}.old-{os.getpid()}")
-            os.replace(self.final, old)
-        os.replace(self.path, self.final)
-        self.committed = True
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        try:
+            if self.final.exists():
+                old = self.final.with_name(f".{self.final.name}.old-{os.getpid()}")
+                os.replace(self.final, old)
+            os.replace(self.path, self.final)
+            self.committed = True
+        except BaseException:
+            self.committed = not self.path.exists()
+            if old is not None and not self.committed and not self.final.exists():
+                os.replace(old, self.final)
+            raise
+        finally:
+            if old is not None and self.committed:
+                shutil.rmtree(old, ignore_errors=True)
         return self.final

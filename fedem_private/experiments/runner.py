@@ -211,8 +211,7 @@ def execute(cfg: RunConfig, out: str | Path,
     ``setup`` may attach observers (e.g. recording) and write into the run
     directory before the first round.
     """
-    writer = RunDir(out, force=force)
-    with writer:
+    with RunDir(out, force=force) as writer:  # the temporary folder is made by the with
         sim = prepare(cfg)
         if setup is not None:
             setup(sim, writer.path)

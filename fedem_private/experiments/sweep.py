@@ -10,6 +10,8 @@ directory now belongs to a different config (other rounds, clip, ...), the
 sweep stops before running anything, with one line naming what changed;
 ``--force`` replaces such runs. Ctrl-C stops the runs in flight; their
 temporary directories are removed and every finished run stays as it is.
+Temporary directories left by a sweep that was killed outright (SIGKILL) are
+removed when the sweep is started again.
 
 Points run one after the other, in a pool of worker processes (``jobs``), or
 as Ray tasks (``ray``: a local Ray instance or a cluster, see
@@ -41,7 +43,7 @@ from fedem_private.errors import UserError
 from fedem_private.experiments import attack_step, ray_tasks, runner
 from fedem_private.experiments.attack_step import ATTACKS_FILE, AttackStep, read_records
 from fedem_private.experiments.naming import default_out, plural
-from fedem_private.experiments.rundir import json_safe, write_text_atomic
+from fedem_private.experiments.rundir import json_safe, remove_stale, write_text_atomic
 from fedem_private.experiments.sweep_spec import QUICK_SPEC, GridPoint, grid, load_spec
 from fedem_private.simulation.config import RecordConfig, flatten
 
@@ -435,6 +437,18 @@ def _check_data(todo: list[GridPoint], source: str) -> None:
                         "are read from the folder the sweep runs in)")
 
 
+def _remove_old_report(root: Path) -> None:
+    """``--force`` replaces runs: the report over the old ones (report.md, its plots) goes."""
+    from fedem_private.experiments.report import report_files
+
+    old = report_files(root, tables=False)
+    for path in old:
+        path.unlink(missing_ok=True)
+    if old:
+        print(f"sweep: --force: removed the old report ({', '.join(p.name for p in old[:3])}"
+              f"{', ...' if len(old) > 3 else ''}); run `report` again once the sweep is done")
+
+
 def run_sweep(spec_path: str | None, out_dir: str | None, jobs: int | None = None,
               force: bool = False, progress: bool = True, ray: str | None = None) -> int:
     """Run (or resume) a sweep; returns the exit code (0 when every point finished).
@@ -481,6 +495,12 @@ def run_sweep(spec_path: str | None, out_dir: str | None, jobs: int | None = Non
         raise UserError(f"cannot create sweep directory {root}: {exc.strerror}") from None
     text = QUICK_SPEC if spec_path is None else Path(spec_path).read_text(encoding="utf-8")
     write_text_atomic(root / SPEC_FILE, text)
+    if force:
+        _remove_old_report(root)
+    stale = remove_stale(root)  # left by a sweep killed outright (SIGKILL, out of memory)
+    if stale:
+        print(f"sweep: removed {plural(len(stale), 'temporary folder')} left by a sweep that "
+              f"was killed")
     session = contextlib.ExitStack()  # a Ray session, closed when the sweep stops
     if ray is None:
         jobs = min(1 if jobs is None else _cores() if jobs <= 0 else jobs, max(len(todo), 1))
@@ -526,6 +546,9 @@ def run_sweep(spec_path: str | None, out_dir: str | None, jobs: int | None = Non
             line += f"; interrupted: {len(todo) - finished - failed} not run (run the same "\
                     "command again to resume)"
         print(line)
+        if failed and failed == len(todo):
+            print(f"sweep: every run to do failed ({failed} of {len(todo)}): nothing new was "
+                  f"written")
         if errors is not None:
             print(f"sweep: failures are described in {errors}")
         if results is not None:

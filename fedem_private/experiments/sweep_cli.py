@@ -56,8 +56,9 @@ REPORT_DESCRIPTION = (
 REPORT_ARGS_HELP = {
     "dir": "folder holding run directories (searched recursively for summary.json), or a "
            "results.csv written by an earlier sweep or report",
-    "out": "where to write report.md, results.csv and the plots (default: DIR; required "
-           "with several sources or a results.csv)",
+    "out": "where to write report.md, results.csv and the plots (default: DIR, whose report "
+           "is rewritten; required with several sources or a results.csv)",
+    "force": "replace a report already in --out (its old plots are removed)",
 }
 
 
@@ -98,6 +99,7 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--variants", default=None, metavar="LIST",
                         help="comma-separated method variants to keep (e.g. fedmf,fedem-em); "
                              "default: every run")
+    parser.add_argument("--force", action="store_true", help=REPORT_ARGS_HELP["force"])
 
 
 def run_report_from_args(args: argparse.Namespace) -> int:
@@ -107,6 +109,7 @@ def run_report_from_args(args: argparse.Namespace) -> int:
 
     variants = ([v.strip() for v in args.variants.split(",") if v.strip()]
                 if args.variants else None)
-    for path in write_report(args.dir, args.out, variants=variants):
+    for path in write_report(args.dir, args.out, variants=variants,
+                             force=args.force):
         print(f"wrote {path}")
     return 0

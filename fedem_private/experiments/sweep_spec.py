@@ -32,7 +32,13 @@ them as ``variants = ["fedmf", "fedsim", "fedem-sm", "fedem-dm", "fedem-em"]``
 ``merges``.
 
 Privacy modes without a budget (``none``, ``paper``) give one grid point each,
-whatever ``epsilons`` says.
+whatever ``epsilons`` says; a sweep whose only modes have no budget may still say
+``epsilons = [inf]`` (no noise, which is what they do), but a finite epsilon there
+is refused, as no run would spend it.
+
+``[base.data] data_dir`` is used only for ``[base.data] dataset``; the data of the
+``datasets`` axis go in ``[sweep.data_dirs]`` (a ``data_dir`` no point would read is
+refused).
 
 ``protocols`` takes ``strict``, ``paper``, ``paper-code`` (the preset of DESIGN
 section 2a) and ``paper`` with named options of the authors' code, e.g.
@@ -306,10 +312,12 @@ def parse_spec(data: dict[str, Any], source: str) -> SweepSpec:
     privacy = _choice("privacy", axis("privacy", base.privacy.mode), MODES)
     epsilons: tuple[float | None, ...] = (None,)
     if "epsilons" in sweep:
-        if not any(m in BUDGET_MODES for m in privacy):
-            raise UserError(f"{source}: [sweep] epsilons needs an ldp privacy mode or a "
-                            f"central one ({', '.join(BUDGET_MODES)}) in privacy")
         epsilons = _epsilons(_as_list("epsilons", sweep["epsilons"]))
+        if not any(m in BUDGET_MODES for m in privacy):
+            if not all(math.isinf(e) for e in epsilons if e is not None):
+                raise UserError(f"{source}: [sweep] epsilons needs an ldp privacy mode or a "
+                                f"central one ({', '.join(BUDGET_MODES)}) in privacy")
+            epsilons = (None,)  # inf (no noise) is what a mode without a budget does anyway
     if "variants" in sweep and ("methods" in sweep or "merges" in sweep):
         raise UserError(f"{source}: [sweep] variants replaces methods and merges; give "
                         f"either variants or methods/merges")
@@ -335,8 +343,22 @@ def parse_spec(data: dict[str, Any], source: str) -> SweepSpec:
         variants=variants,
         codecs=_choice("codecs", axis("codecs", base.federation.codec), CODECS),
     )
+    _check_base_data_dir(spec)
     grid(spec)  # every point must be a valid config
     return spec
+
+
+def _check_base_data_dir(spec: SweepSpec) -> None:
+    """Refuse a ``[base.data] data_dir`` that no point would use: it belongs to ``[base.data]
+    dataset`` alone, and the sweep's datasets leave that one out."""
+    data = spec.base.data
+    if data.data_dir is None or data.dataset in spec.datasets:
+        return
+    real = [d for d in spec.datasets if d != "synthetic"] or list(spec.datasets)
+    raise UserError(f"{spec.source}: [base.data] data_dir {data.data_dir!r} belongs to [base.data] "
+                    f"dataset ({data.dataset}), which is not among the sweep's datasets "
+                    f"({', '.join(spec.datasets)}), so no run would read it; give "
+                    f"[sweep.data_dirs] instead, e.g. {real[0]} = {data.data_dir!r}")
 
 
 def load_spec(path: str | Path | None) -> SweepSpec:

@@ -1,0 +1,276 @@
+"""Issue 40, a newcomer's second pass: bad input is one line and exit 2, nothing is silently
+misread or replaced."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+
+from fedem_private.cli import main
+from fedem_private.data import load_dataset
+from fedem_private.errors import UserError
+
+TINY = ["--rounds", "2", "--local-epochs", "1", "--dim", "4", "--no-progress"]
+
+
+def one_line_error(capsys, needle: str) -> str:
+    """The command's stderr, checked to be one line holding ``needle`` and no traceback."""
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+# ------------------------------------------------------------- 2: tracebacks become one line
+@pytest.mark.parametrize("text,needle", [
+    ("u1,i1\nu1,i2\nu1,i3\nu1,i4\n", "its only user (u1) interacted with every one of its 4"),
+    ("u1,i1\nu1,i2\nu1,i3\nu2,i1\nu2,i2\nu2,i3\nu3,i1\nu3,i2\n",
+     "2 of its 3 users (e.g. u1) interacted with every one of its 3 items"),
+])
+def test_a_user_with_every_item_is_a_one_line_error(tmp_path, capsys, text, needle):
+    (tmp_path / "d.csv").write_text(text)
+    out = tmp_path / "out"
+    assert main(["run", "--dataset", "csv", "--data-dir", str(tmp_path / "d.csv"), *TINY,
+                 "--out", str(out)]) == 2
+    one_line_error(capsys, needle)
+    assert not out.exists()
+
+
+def test_run_into_a_folder_it_cannot_write_is_a_one_line_error(tmp_path, capsys, monkeypatch):
+    """A read-only filesystem (or a folder without write permission): root ignores chmod, so
+    the refusal is simulated where the run directory is made."""
+    real_mkdir = os.mkdir
+
+    def read_only(path, *args, **kwargs):
+        if ".tmp-" in str(path):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real_mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", read_only)
+    assert main(["run", *TINY, "--out", str(tmp_path / "run")]) == 2
+    one_line_error(capsys, f"cannot write in {tmp_path}: Read-only file system")
+    assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------ 3: CSV headers are read by name
+def write_csv(tmp_path, text: str):
+    path = tmp_path / "d.csv"
+    path.write_text(text)
+    return path
+
+
+def test_csv_header_columns_are_read_by_name_in_any_order(tmp_path):
+    rows = "item,user,rating\n10,1,5\n11,1,3\n10,2,4\n12,2,1\n"
+    d = load_dataset("csv", write_csv(tmp_path, rows), min_rating=3)
+    assert d.user_ids.tolist() == ["1", "2"] and d.item_ids.tolist() == ["10", "11"]
+    d = load_dataset("csv", write_csv(tmp_path, "userId,movieId,timestamp\n1,10,5\n1,11,3\n"))
+    assert d.item_ids.tolist() == ["10", "11"] and d.timestamps.tolist() == [5.0, 3.0]
+    # no header: user,item[,rating][,timestamp] by position, as before
+    d = load_dataset("csv", write_csv(tmp_path, "1,10,5\n1,11,3\n"), min_rating=4)
+    assert d.item_ids.tolist() == ["10"]
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("customer,product\n1,10\n1,11\n", "the first line 'customer,product' looks like a header"),
+    ("customer,product\nann,x\nann,y\nbob,x\n", "names no known column"),
+    ("a,b,score_of_it\n1,10,5\n", "looks like a header"),
+    ("user,rating\n1,5\n2,3\n", "header 'user,rating' names no item column"),
+    ("item,rating\n1,5\n", "names no user column"),
+    ("user,item,genre\n1,10,x\n", "unknown column 'genre'"),
+    ("user,item,item_id\n1,10,11\n", "names the item column twice"),
+])
+def test_csv_headers_that_are_not_understood_are_refused(tmp_path, capsys, text, needle):
+    path = write_csv(tmp_path, text)
+    with pytest.raises(UserError, match=None) as err:
+        load_dataset("csv", path)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+    assert main(["run", "--dataset", "csv", "--data-dir", str(path), *TINY,
+                 "--out", str(tmp_path / "o")]) == 2
+    one_line_error(capsys, needle)
+
+
+# ----------------------------------------------------- 4: nothing is silently replaced
+@pytest.fixture
+def swept(tmp_path):
+    """A finished tiny sweep (two seeds, no attacks) and its root."""
+    from sweep_helpers import write_spec
+
+    from fedem_private.experiments.sweep import run_sweep
+
+    spec = write_spec(tmp_path / "s.toml", 'methods = ["fedmf"]\nprivacy = ["none"]\n'
+                      'seeds = [0, 1]')
+    root = tmp_path / "sweep"
+    assert run_sweep(str(spec), str(root), jobs=1, progress=False) == 0
+    return spec, root
+
+
+def test_report_into_another_report_needs_force_and_clears_its_old_plots(swept, tmp_path,
+                                                                         capsys):
+    _, root = swept
+    rep = tmp_path / "rep"
+    rep.mkdir()
+    (rep / "report.md").write_text("# old\n![gone](gone-chart.png)\n")
+    (rep / "gone-chart.png").write_bytes(b"old plot")  # linked by the old report.md
+    (rep / "ml-100k-hr10_vs_eps.png").write_bytes(b"old plot")  # a dataset no longer shown
+    (rep / "notes.txt").write_text("mine")
+    before = sorted(p.name for p in rep.iterdir())
+    capsys.readouterr()
+    assert main(["report", str(root), "--out", str(rep)]) == 2
+    one_line_error(capsys, f"{rep} already holds a report (gone-chart.png, ml-100k-hr10_vs_eps"
+                           ".png, report.md); pass --force")
+    assert sorted(p.name for p in rep.iterdir()) == before
+    assert (rep / "report.md").read_text().startswith("# old")
+    assert main(["report", str(root), "--out", str(rep), "--force"]) == 0
+    assert sorted(p.name for p in rep.iterdir()) == ["notes.txt", "report.md", "results.csv",
+                                                     "synthetic-hr10_vs_eps.png"]
+
+
+def test_a_source_folder_s_own_report_is_rewritten_without_stale_plots(swept, capsys):
+    _, root = swept
+    assert main(["report", str(root)]) == 0
+    (root / "old-dataset-frontier.png").write_bytes(b"from a dataset since removed")
+    assert main(["report", str(root)]) == 0  # its own report: no --force needed
+    assert not (root / "old-dataset-frontier.png").exists()
+    assert (root / "synthetic-hr10_vs_eps.png").is_file()
+
+
+def test_sweep_force_removes_the_old_report(swept, capsys):
+    from fedem_private.experiments.sweep import run_sweep
+
+    spec, root = swept
+    assert main(["report", str(root)]) == 0
+    assert (root / "report.md").is_file() and (root / "synthetic-hr10_vs_eps.png").is_file()
+    capsys.readouterr()
+    assert run_sweep(str(spec), str(root), jobs=1, force=True, progress=False) == 0
+    assert "removed the old report (report.md, synthetic-hr10_vs_eps.png)" in \
+        capsys.readouterr().out
+    assert not (root / "report.md").exists() and not list(root.glob("*.png"))
+    assert (root / "results.csv").is_file()  # the sweep's own table, rewritten
+
+
+def test_runs_started_in_the_same_second_get_their_own_directories(tmp_path, monkeypatch,
+                                                                  capsys):
+    from pathlib import Path
+
+    from fedem_private import api
+    from fedem_private.simulation import loop
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(api, "default_out", lambda cfg: Path("runs") / "synthetic-fedmf-now")
+    assert main(["run", *TINY]) == 0
+    assert main(["run", *TINY]) == 0
+    assert "wrote runs/synthetic-fedmf-now-2" in capsys.readouterr().out
+    runs = tmp_path / "runs"
+    assert sorted(p.name for p in runs.iterdir()) == ["synthetic-fedmf-now",
+                                                      "synthetic-fedmf-now-2"]
+    assert all((p / "summary.json").is_file() for p in runs.iterdir())
+
+    def interrupted(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loop.Simulation, "step", interrupted)
+    assert main(["run", *TINY]) == 130  # the name it reserved is freed
+    assert sorted(p.name for p in runs.iterdir()) == ["synthetic-fedmf-now",
+                                                      "synthetic-fedmf-now-2"]
+
+
+# ------------------------------------------------------------------------------ 6: sweeps
+def test_a_sweep_where_every_point_fails_exits_1_and_says_so(tmp_path, capsys):
+    (tmp_path / "d.csv").write_text("u1,i1\nu1,i2\nu1,i3\n")  # one user with every item
+    spec = tmp_path / "s.toml"
+    spec.write_text('[sweep]\ndatasets = ["csv"]\nmethods = ["fedmf"]\nseeds = [0, 1]\n'
+                    f'[sweep.data_dirs]\ncsv = "{tmp_path / "d.csv"}"\n'
+                    "[base.train]\nrounds = 1\n")
+    assert main(["sweep", str(spec), "--out", str(tmp_path / "o"), "--no-progress"]) == 1
+    out = capsys.readouterr().out
+    assert "0 ran, 0 already done, 2 failed" in out
+    assert "sweep: every run to do failed (2 of 2)" in out
+
+
+def test_a_data_folder_without_the_dataset_s_file_stops_the_sweep_up_front(tmp_path, capsys):
+    (tmp_path / "ml").mkdir()  # exists, but holds no u.data
+    spec = tmp_path / "s.toml"
+    spec.write_text('[sweep]\ndatasets = ["ml-100k"]\nmethods = ["fedmf"]\nseeds = [0, 1]\n'
+                    f'[sweep.data_dirs]\nml-100k = "{tmp_path / "ml"}"\n')
+    assert main(["sweep", str(spec), "--out", str(tmp_path / "o"), "--no-progress"]) == 2
+    one_line_error(capsys, f"file not found: {tmp_path / 'ml' / 'u.data'}: 2 runs of")
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_base_data_dir_no_point_reads_is_refused(tmp_path, capsys):
+    spec = tmp_path / "s.toml"
+    spec.write_text('[sweep]\ndatasets = ["ml-100k"]\nmethods = ["fedmf"]\n'
+                    '[base.data]\ndata_dir = "data/ml-100k"\n')
+    assert main(["sweep", str(spec), "--out", str(tmp_path / "o"), "--no-progress"]) == 2
+    one_line_error(capsys, "[base.data] data_dir 'data/ml-100k' belongs to [base.data] dataset "
+                           "(synthetic), which is not among the sweep's datasets (ml-100k)")
+    # where the base dataset is swept, its data_dir is the one used
+    from fedem_private.experiments.sweep_spec import grid, load_spec
+
+    spec.write_text('[sweep]\ndatasets = ["ml-100k"]\nmethods = ["fedmf"]\n'
+                    '[base.data]\ndataset = "ml-100k"\ndata_dir = "data/ml-100k"\n')
+    assert [p.config.data.data_dir for p in grid(load_spec(spec))] == ["data/ml-100k"]
+
+
+def test_budget_less_modes_accept_epsilons_inf_but_not_a_finite_budget(tmp_path):
+    from fedem_private.experiments.sweep_spec import grid, load_spec
+
+    spec = tmp_path / "s.toml"
+    spec.write_text('[sweep]\nmethods = ["fedmf"]\nprivacy = ["none"]\nepsilons = [inf]\n')
+    assert [p.name.split("/")[2] for p in grid(load_spec(spec))] == ["none"]
+    spec.write_text('[sweep]\nmethods = ["fedmf"]\nprivacy = ["none"]\nepsilons = [inf, 8]\n')
+    with pytest.raises(UserError, match="epsilons needs an ldp privacy mode"):
+        load_spec(spec)
+
+
+def test_the_documented_sweep_file_is_valid():
+    """docs/sweeps.md's example parses into the grid it says (36 runs)."""
+    import re
+    import tomllib
+    from pathlib import Path
+
+    from fedem_private.experiments.sweep_spec import grid, parse_spec
+
+    doc = (Path(__file__).parents[1] / "docs" / "sweeps.md").read_text()
+    block = re.search(r"```toml\n(.*?)```", doc, re.S).group(1)
+    points = grid(parse_spec(tomllib.loads(block), "docs/sweeps.md"))
+    assert len(points) == 36 and "36 runs" in doc
+    assert {p.config.data.data_dir for p in points if p.name.startswith("ml-100k/")} == {
+        "data/ml-100k"}
+
+
+# ------------------------------------------------------------------------ 7: offline data
+def test_a_failed_download_suggests_the_offline_ways_and_leaves_no_cache(tmp_path, capsys):
+    cache = tmp_path / "new" / "cache"
+    assert main(["datasets", "download", "ml-100k", "--cache-dir", str(cache),
+                 "--url", f"file://{tmp_path}/missing.zip"]) == 2
+    err = one_line_error(capsys, "download from file://")
+    assert "--url file:///path/to/ml-100k.zip" in err and "--data-dir" in err
+    assert list(tmp_path.iterdir()) == []  # neither cache folder was left behind
+
+
+def test_an_archive_from_a_file_url_lands_in_the_cache_dir_that_list_shows(tmp_path, capsys,
+                                                                           monkeypatch):
+    import zipfile
+
+    archive = tmp_path / "ml-100k.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("ml-100k/u.data", "1\t1\t5\t1\n1\t2\t5\t2\n")
+        zf.writestr("ml-100k/u.user", "1|20|F|x|1\n")
+    from fedem_private.data import download as dl
+
+    monkeypatch.setitem(dl.REGISTRY, "ml-100k", dl.Source(dl.REGISTRY["ml-100k"].url,
+                                                          {"u.data": None, "u.user": None}))
+    cache = tmp_path / "cache"
+    assert main(["datasets", "download", "ml-100k", "--url", f"file://{archive}",
+                 "--cache-dir", str(cache)]) == 0
+    assert (cache / "ml-100k" / "u.data").is_file()
+    capsys.readouterr()
+    assert main(["datasets", "list", "--cache-dir", str(cache)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"cache: {cache} (--cache-dir, or $FEDEM_PRIVATE_CACHE)"
+    assert f"ml-100k    cached at {cache / 'ml-100k'}" in lines
+    monkeypatch.setenv("FEDEM_PRIVATE_CACHE", str(tmp_path / "elsewhere"))
+    assert main(["datasets", "list"]) == 0
+    assert capsys.readouterr().out.startswith(f"cache: {tmp_path / 'elsewhere'} ")
