@@ -7,7 +7,7 @@ being accepted by the configuration, and is not done until it passes here.
 
 from __future__ import annotations
 
-import neighbours as nb
+from fedem_private.experiments import neighbours as nb
 import pytest
 
 ACCEPTED = nb.accepted()

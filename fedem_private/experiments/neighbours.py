@@ -1,5 +1,9 @@
 """The neighbour-world harness (DESIGN section 5, "What the server may use").
 
+Used by the tests (``tests/test_neighbour_worlds.py``) and by
+``python -m benchmarks.neighbour_worlds``; a new mechanism, aggregator or
+composition is not done until it passes.
+
 Two worlds that differ by the mechanism's neighbouring relation run the same
 configuration under the same seed (so every random draw is shared):
 
