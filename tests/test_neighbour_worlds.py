@@ -7,8 +7,9 @@ being accepted by the configuration, and is not done until it passes here.
 
 from __future__ import annotations
 
-from fedem_private.experiments import neighbours as nb
 import pytest
+
+from fedem_private.experiments import neighbours as nb
 
 ACCEPTED = nb.accepted()
 COVER = nb.covering(ACCEPTED)
