@@ -164,17 +164,18 @@ def test_min_user_ratings_drops_users_below_it():
 
 def test_first_seen_order_uses_items_first_appearance():
     # file order: item 7 first seen at row 0, 5 at row 1, 9 at row 3, 3 at row 5
-    users = np.array([0, 0, 1, 0, 1, 1, 0])
-    items = np.array([7, 5, 7, 9, 5, 3, 3])
+    # (user 1's last row, item 11, leaves user 0 an item to sample as a negative)
+    users = np.array([0, 0, 1, 0, 1, 1, 0, 1])
+    items = np.array([7, 5, 7, 9, 5, 3, 3, 11])
     sp = leave_one_out(from_raw("f", users, items), seed=0, first_seen=True)
-    raw = {v: i for i, v in enumerate([3, 5, 7, 9])}  # re-indexed item ids
+    raw = {v: i for i, v in enumerate([3, 5, 7, 9, 11])}  # re-indexed item ids
     # user 0 has 7, 5, 9, 3 -> by first appearance 7 < 5 < 9 < 3: test 3, validation 9
     assert sp.test_items[0] == raw[3] and sp.val_items[0] == raw[9]
     assert sorted(sp.train_of(0).tolist()) == sorted([raw[7], raw[5]])
     # the order does not depend on the seed (the random order does)
     other = leave_one_out(from_raw("f", users, items), seed=5, first_seen=True)
     assert np.array_equal(other.test_items, sp.test_items)
-    timed = from_raw("t", users, items, np.arange(7.0))
+    timed = from_raw("t", users, items, np.arange(8.0))
     with pytest.raises(UserError, match="has timestamps"):
         leave_one_out(timed, 0, first_seen=True)
 
