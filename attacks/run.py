@@ -225,7 +225,8 @@ def _item_record(name: str, obs: Observation, public: PublicKnowledge, gt: Groun
         s[~rows] = np.nan
         return {rel: score_attack(s, labels_for(obs, gt, rel), relation=rel,  # type: ignore[arg-type]
                                   confidence=level, delta=ctx.delta, seed=seed,
-                                  randomized_membership=False)
+                                  randomized_membership=False,
+                                  public_fraction=public_fraction(public, rel))
                 for rel in RELATIONS}
 
     metrics = score(obs.participated)
@@ -398,6 +399,16 @@ def _fmt(x: Any, digits: int = 3) -> str:
     return str(x)
 
 
+def public_fraction(public: PublicKnowledge, relation: str) -> float | None:
+    """The share of a client's candidates an attacker guesses are members, from public facts:
+    under ``positive_vs_sampled`` each positive comes with ``num_negatives`` sampled
+    negatives, so 1 / (1 + num_negatives); under ``positive_vs_any`` the server knows no
+    public share (None)."""
+    if relation == "positive_vs_sampled":
+        return 1.0 / (1.0 + int(public.num_negatives))
+    return None
+
+
 def table_rows(report: dict[str, Any]) -> list[dict[str, str]]:
     """One row per (attack, round, relation), as display strings."""
     rows = []
@@ -411,22 +422,25 @@ def table_rows(report: dict[str, Any]) -> list[dict[str, str]]:
             rows.append({**common, "relation": r.get("attribute", "-"),
                          "auc": _fmt(r.get("auc")), "tpr1": "-", "tpr01": "-",
                          "f1": _fmt(r.get("balanced_accuracy")),
-                         "base": _fmt(r.get("majority_baseline")), "adv": "-"})
+                         "base": _fmt(r.get("majority_baseline")), "oracle": "-", "adv": "-"})
             continue
         control = {f"{rel} (control)": m for rel, m in (r.get("relations_control") or {}).items()}
         for rel, m in {**(r.get("relations") or {}), **control}.items():
             rows.append({**common, "relation": rel, "auc": _fmt(m.get("auc")),
                          "tpr1": _fmt(m.get("tpr@1%fpr")), "tpr01": _fmt(m.get("tpr@0.1%fpr")),
-                         "f1": _fmt(m.get("f1")), "base": _fmt(m.get("f1_random_baseline")),
+                         "f1": _fmt(m.get("f1@20%")),
+                         "base": _fmt(m.get("f1@20%_random_baseline")),
+                         "oracle": _fmt(m.get("f1_oracle")),
                          "adv": _fmt(m.get("advantage"))})
         if not r.get("relations"):
             rows.append({**common, "relation": r.get("skipped", "-"), "auc": "-", "tpr1": "-",
-                         "tpr01": "-", "f1": "-", "base": "-", "adv": "-"})
+                         "tpr01": "-", "f1": "-", "base": "-", "oracle": "-", "adv": "-"})
     return rows
 
 
 COLUMNS = [("attack", "attack"), ("round", "round"), ("relation", "relation"), ("auc", "AUC"),
-           ("tpr1", "TPR@1%"), ("tpr01", "TPR@0.1%"), ("f1", "F1/bacc"), ("base", "baseline"),
+           ("tpr1", "TPR@1%"), ("tpr01", "TPR@0.1%"), ("f1", "F1@20%/bacc"),
+           ("base", "baseline"), ("oracle", "F1 oracle"),
            ("adv", "adv"), ("eps_lb", "eps_lb"), ("eps_acc", "eps_acc"), ("audit", "audit"),
            ("sec", "sec")]
 

@@ -11,14 +11,22 @@ part) are dropped. Metrics, with the keys :func:`score_attack` returns:
 - ``tpr@1%fpr``, ``tpr@0.1%fpr``: the largest TPR of a ROC point whose FPR is
   at most 1% / 0.1%; no interpolation between points, so the figure is one a
   threshold actually achieves (conservative).
-- ``precision``, ``recall``, ``f1``: IMIA's convention (Yuan et al., WWW
-  2023): each client predicts its top-|members| labelled items (ties in a
-  seeded random order); the per-client values are averaged over clients
-  with at least one member. Predicting exactly |members| items makes the
-  three equal per client; they are kept apart so attacks that output hard
-  guesses can be scored later with the same keys.
-  ``f1_random_baseline``: the same figure for a random ranking, the mean of
-  |members| / |labelled| (1 / (1 + num_negatives) under
+- ``precision@20%``, ``recall@20%``, ``f1@20%``: what an attacker can compute
+  without knowing how many members a client has: each client predicts the top
+  20% of its labelled candidates (IMIA's published cutoff, Yuan et al., WWW
+  2023), ceil(0.2 |labelled|) items, ties in a seeded random order; averaged
+  over clients with at least one member. ``f1@20%_random_baseline``: the
+  expected F1 of a random ranking at that cutoff (precision |members| /
+  |labelled|, recall 0.2), averaged the same way.
+- ``f1@public`` (and its precision, recall, random baseline): the same at a
+  cutoff the attacker estimates from public facts, ``public_fraction`` of the
+  candidates (e.g. 1 / (1 + num_negatives) under ``positive_vs_sampled``); NaN
+  when the caller gives none.
+- ``precision_oracle``, ``recall_oracle``, ``f1_oracle``: the ORACLE figure,
+  each client's top-|members| items: it uses the true number of members, which
+  no attacker knows, so it is an upper reference, not an attack's result (the
+  three are equal per client). ``f1_random_baseline``: the same for a random
+  ranking, the mean of |members| / |labelled| (1 / (1 + num_negatives) under
   ``positive_vs_sampled`` with distinct negatives).
 - ``advantage``: membership advantage max over thresholds of TPR - FPR
   (Yeom et al., CSF 2018), pooled.
@@ -47,9 +55,14 @@ from .audit import cp_audit, one_run_audit, split_clients
 from .labels import Relation, check_relation
 
 SCORE_KEYS: tuple[str, ...] = (
-    "auc", "auc_client_mean", "tpr@1%fpr", "tpr@0.1%fpr", "precision", "recall", "f1",
-    "f1_random_baseline", "advantage", "eps_lb_cp", "eps_lb_one_run",
+    "auc", "auc_client_mean", "tpr@1%fpr", "tpr@0.1%fpr",
+    "precision@20%", "recall@20%", "f1@20%", "f1@20%_random_baseline",
+    "precision@public", "recall@public", "f1@public", "f1@public_random_baseline",
+    "precision_oracle", "recall_oracle", "f1_oracle", "f1_random_baseline",
+    "advantage", "eps_lb_cp", "eps_lb_one_run",
 )
+#: IMIA's published cutoff: the top 20% of a client's candidates are guessed members
+PUBLISHED_CUTOFF = 0.2
 
 
 def _pooled(scores: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -95,29 +108,59 @@ def advantage(y: np.ndarray, s: np.ndarray) -> float:
     return float(max(0.0, (tpr - fpr).max()))
 
 
-def top_k_metrics(scores: np.ndarray, labels: np.ndarray, seed: int = 0
-                  ) -> dict[str, float]:
-    """Per-client top-|members| precision / recall / F1, averaged; and the random baseline."""
+def _f1(p: float, r: float) -> float:
+    return 0.0 if p + r == 0 else 2 * p * r / (p + r)
+
+
+def cutoff_metrics(scores: np.ndarray, labels: np.ndarray, fraction: float | None,
+                   seed: int = 0) -> dict[str, float]:
+    """Per-client precision / recall / F1 of the top ``fraction`` of each client's labelled
+    candidates (ceil, at least 1), averaged over clients with a member; ``fraction`` None:
+    the top |members| (the oracle cutoff). With ``random_baseline`` the expected F1 of a
+    random ranking at the same cutoff (precision |members| / |labelled|, recall k / |labelled|
+    in expectation)."""
     rng = np.random.default_rng(seed)
     prec, rec, f1, base = [], [], [], []
     for s_row, y_row in zip(scores, labels, strict=True):
         mask = ~np.isnan(y_row)
         y, s = y_row[mask], s_row[mask]
-        k = int((y == 1.0).sum())
-        if k == 0:
+        members = int((y == 1.0).sum())
+        if members == 0:
             continue
+        k = members if fraction is None else max(1, math.ceil(fraction * y.size))
         top = np.lexsort((rng.random(s.size), -s))[:k]
         tp = int((y[top] == 1.0).sum())
-        p = r = tp / k
+        p, r = tp / k, tp / members
         prec.append(p)
         rec.append(r)
-        f1.append(0.0 if tp == 0 else 2 * p * r / (p + r))
-        base.append(k / y.size)
+        f1.append(_f1(p, r))
+        base.append(_f1(members / y.size, min(k, y.size) / y.size))
     if not prec:
         return {"precision": math.nan, "recall": math.nan, "f1": math.nan,
-                "f1_random_baseline": math.nan}
+                "random_baseline": math.nan}
     return {"precision": float(np.mean(prec)), "recall": float(np.mean(rec)),
-            "f1": float(np.mean(f1)), "f1_random_baseline": float(np.mean(base))}
+            "f1": float(np.mean(f1)), "random_baseline": float(np.mean(base))}
+
+
+def top_k_metrics(scores: np.ndarray, labels: np.ndarray, seed: int = 0,
+                  public_fraction: float | None = None) -> dict[str, float]:
+    """The cutoff metrics of the module docstring: at the published 20%, at the attacker's
+    public estimate, and the oracle top-|members| (labelled ``_oracle``)."""
+    out: dict[str, float] = {}
+    oracle = cutoff_metrics(scores, labels, None, seed)
+    published = cutoff_metrics(scores, labels, PUBLISHED_CUTOFF, seed)
+    for name in ("precision", "recall", "f1"):
+        out[f"{name}@20%"] = published[name]
+    out["f1@20%_random_baseline"] = published["random_baseline"]
+    public = (cutoff_metrics(scores, labels, public_fraction, seed)
+              if public_fraction is not None else dict.fromkeys(oracle, math.nan))
+    for name in ("precision", "recall", "f1"):
+        out[f"{name}@public"] = public[name]
+    out["f1@public_random_baseline"] = public["random_baseline"]
+    for name in ("precision", "recall", "f1"):
+        out[f"{name}_oracle"] = oracle[name]
+    out["f1_random_baseline"] = oracle["random_baseline"]
+    return out
 
 
 def _json_ready(d: dict[str, Any]) -> dict[str, Any]:
@@ -135,7 +178,8 @@ def _json_ready(d: dict[str, Any]) -> dict[str, Any]:
 
 def score_attack(scores: np.ndarray, labels: np.ndarray, *, relation: Relation,
                  confidence: float = 0.95, delta: float = 0.0, seed: int = 0,
-                 randomized_membership: bool = False) -> dict[str, Any]:
+                 randomized_membership: bool = False,
+                 public_fraction: float | None = None) -> dict[str, Any]:
     """All metrics of the module docstring as a JSON-ready dict (NaN becomes None).
 
     Each row must be a different client of one audited release (e.g. one
@@ -144,7 +188,8 @@ def score_attack(scores: np.ndarray, labels: np.ndarray, *, relation: Relation,
     ``relation`` must be the one ``labels`` were built with
     (:func:`attacks.labels.membership_labels`); it is recorded in the output.
     ``delta`` enters both epsilon bounds; ``seed`` fixes the client split, the
-    trial draws and the tie-breaking.
+    trial draws and the tie-breaking. ``public_fraction``: the share of a client's
+    candidates the attacker guesses are members, from public facts only (``f1@public``).
     """
     check_relation(relation)
     scores = np.asarray(scores, dtype=np.float64)
@@ -179,7 +224,7 @@ def score_attack(scores: np.ndarray, labels: np.ndarray, *, relation: Relation,
         "auc_client_mean": float(np.mean(per_client)) if per_client else math.nan,
         "tpr@1%fpr": tpr_at_fpr(y, s, 0.01),
         "tpr@0.1%fpr": tpr_at_fpr(y, s, 0.001),
-        **top_k_metrics(scores, labels, seed),
+        **top_k_metrics(scores, labels, seed, public_fraction),
         "advantage": advantage(y, s),
         "eps_lb_cp": cp.eps_lb,
         "eps_lb_one_run": one.eps_lb,

@@ -93,16 +93,18 @@ def _item_rows(report: dict[str, Any]) -> list[str]:
             continue
         for rel, m in r["relations"].items():
             rows.append(f"| {r['attack']} | {r['round']} | {rel} | {_f(m['auc'])} | "
-                        f"{_f(m['tpr@1%fpr'])} | {_f(m['tpr@0.1%fpr'])} | {_f(m['precision'])} | "
-                        f"{_f(m['recall'])} | {_f(m['f1'])} | {_f(m['f1_random_baseline'])} | "
+                        f"{_f(m['tpr@1%fpr'])} | {_f(m['tpr@0.1%fpr'])} | "
+                        f"{_f(m['precision@20%'])} | {_f(m['recall@20%'])} | {_f(m['f1@20%'])} | "
+                        f"{_f(m['f1@20%_random_baseline'])} | {_f(m['f1_oracle'])} | "
                         f"{_f(m['advantage'])} | {_f(m['eps_lb_cp'])} | "
                         f"{_f(m['eps_lb_one_run'])} | {_f(r['seconds'], 1)} |")
     return rows
 
 
-ITEM_HEADER = ("| attack | round | relation | AUC | TPR@1%FPR | TPR@0.1%FPR | precision | "
-               "recall | F1 | F1 random | advantage | eps_lb CP | eps_lb one-run | seconds |\n"
-               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+ITEM_HEADER = ("| attack | round | relation | AUC | TPR@1%FPR | TPR@0.1%FPR | precision@20% | "
+               "recall@20% | F1@20% | F1@20% random | F1 oracle (true count) | advantage | "
+               "eps_lb CP | eps_lb one-run | seconds |\n"
+               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def _gender_rows(name: str, report: dict[str, Any]) -> list[str]:
@@ -123,7 +125,7 @@ def _privacy_rows(name: str, summary: dict[str, Any], report: dict[str, Any]) ->
         if r["attack"] in ITEM:
             a, s = r["relations"]["positive_vs_any"], r["relations"]["positive_vs_sampled"]
             rows.append(f"| {name} | {_f(hr)} | {r['attack']} | {r['round']} | {_f(a['auc'])} | "
-                        f"{_f(s['auc'])} | {_f(s['f1'])} / {_f(s['f1_random_baseline'])} | "
+                        f"{_f(s['auc'])} | {_f(s['f1@20%'])} / {_f(s['f1@20%_random_baseline'])} | "
                         f"{_f(a['tpr@1%fpr'])} | {_f(r['eps_lower_bound'])} | "
                         f"{_f(r['eps_claimed'])} | {_f(r['audit_ok'])} |")
         elif r["attack"] == "attribute" and "auc" in r:
@@ -136,7 +138,7 @@ def _privacy_rows(name: str, summary: dict[str, Any], report: dict[str, Any]) ->
     return rows
 
 
-PRIVACY_HEADER = ("| run | HR@10 | attack | round | AUC any | AUC sampled | F1 / random "
+PRIVACY_HEADER = ("| run | HR@10 | attack | round | AUC any | AUC sampled | F1@20% / random "
                   "(sampled) | TPR@1% (any) | eps_lb | eps claimed/round | audit |\n"
                   "|---|---|---|---|---|---|---|---|---|---|---|")
 

@@ -22,7 +22,8 @@ from attacks.observations import Observation, PublicKnowledge
 from attacks.run import DEFAULT_ATTACKS, format_table, parse_attacks, run_attacks
 from fedem_private.errors import UserError
 
-ITEM_KEYS = ("auc", "auc_client_mean", "tpr@1%fpr", "tpr@0.1%fpr", "precision", "recall", "f1",
+ITEM_KEYS = ("auc", "auc_client_mean", "tpr@1%fpr", "tpr@0.1%fpr", "precision@20%", "recall@20%",
+             "f1@20%", "f1_oracle",
              "f1_random_baseline", "advantage", "eps_lb_cp", "eps_lb_one_run")
 
 

@@ -56,12 +56,27 @@ def test_advantage_by_hand() -> None:
 def test_top_k_by_hand() -> None:
     scores = np.array([[0.9, 0.8, 0.1, 0.7], [0.1, 0.2, 0.3, 0.4]])
     labels = np.array([[1.0, 0.0, 1.0, np.nan], [0.0, 0.0, 0.0, 1.0]])
-    out = top_k_metrics(scores, labels)
-    # client 0: top-2 of labelled {0.9 (1), 0.8 (0), 0.1 (1)} -> 1 of 2; client 1: 1 of 1
-    assert out["precision"] == pytest.approx(0.75)
-    assert out["recall"] == pytest.approx(0.75)
-    assert out["f1"] == pytest.approx(0.75)
+    out = top_k_metrics(scores, labels, public_fraction=0.5)
+    # the oracle: client 0's top-2 of labelled {0.9 (1), 0.8 (0), 0.1 (1)} -> 1 of 2;
+    # client 1's top-1 -> 1 of 1
+    assert out["precision_oracle"] == pytest.approx(0.75)
+    assert out["recall_oracle"] == pytest.approx(0.75)
+    assert out["f1_oracle"] == pytest.approx(0.75)
     assert out["f1_random_baseline"] == pytest.approx((2 / 3 + 1 / 4) / 2)
+    # the published cutoff, ceil(0.2 x labelled) = 1 each: client 0 guesses 0.9 (a
+    # member: p 1, r 1/2), client 1 guesses 0.4 (p 1, r 1)
+    assert out["precision@20%"] == pytest.approx(1.0)
+    assert out["recall@20%"] == pytest.approx(0.75)
+    assert out["f1@20%"] == pytest.approx((2 / 3 + 1.0) / 2)
+    # random at 1 guess: client 0 p 2/3 r 1/3; client 1 p 1/4 r 1/4
+    assert out["f1@20%_random_baseline"] == pytest.approx(
+        (2 * (2 / 3) * (1 / 3) / (2 / 3 + 1 / 3) + 1 / 4) / 2)
+    # the public half: ceil(1.5) = 2 and 2 guesses: client 0 1 of 2 (r 1/2); client 1
+    # {0.4 (1), 0.3 (0)}: p 1/2, r 1
+    assert out["precision@public"] == pytest.approx(0.5)
+    assert out["recall@public"] == pytest.approx(0.75)
+    assert out["f1@public"] == pytest.approx((0.5 + 2 / 3) / 2)
+    assert np.isnan(top_k_metrics(scores, labels)["f1@public"])
 
 
 def _labels(k: int, m: int, n_pos: int, n_neg: int, seed: int) -> np.ndarray:
@@ -81,8 +96,10 @@ def test_perfect_scores() -> None:
     assert set(SCORE_KEYS) <= set(out)
     assert out["auc"] == 1.0 and out["advantage"] == 1.0 and out["auc_client_mean"] == 1.0
     assert out["tpr@1%fpr"] == 1.0 and out["tpr@0.1%fpr"] == 1.0
-    assert out["precision"] == out["recall"] == out["f1"] == 1.0
+    assert out["precision_oracle"] == out["recall_oracle"] == out["f1_oracle"] == 1.0
     assert out["f1_random_baseline"] == pytest.approx(1 / (1 + 4))
+    # the top 20% (5 of 25 candidates, exactly the members) is perfect too
+    assert out["f1@20%"] == 1.0 and out["f1@20%_random_baseline"] == pytest.approx(0.2)
     assert out["eps_lb_cp"] > 0 and out["eps_lb_one_run"] > 0
     json.dumps(out, allow_nan=False)
 
@@ -93,7 +110,8 @@ def test_random_scores() -> None:
     out = score_attack(scores, labels, relation="positive_vs_sampled", seed=3)
     assert abs(out["auc"] - 0.5) < 0.03
     assert out["advantage"] < 0.08
-    assert abs(out["f1"] - out["f1_random_baseline"]) < 0.04
+    assert abs(out["f1_oracle"] - out["f1_random_baseline"]) < 0.04
+    assert abs(out["f1@20%"] - out["f1@20%_random_baseline"]) < 0.04
     assert out["eps_lb_cp"] == 0.0
     assert out["eps_lb_one_run"] == 0.0
     assert out["audit_assumptions_met"] is False

@@ -125,7 +125,8 @@ def test_cli_run_records_and_attack_writes_the_report(tmp_path: Path,
     assert [r["round"] for r in item] == [1, 2]
     for r in item:
         assert set(r["relations"]) == {"positive_vs_any", "positive_vs_sampled"}
-        for key in ("auc", "tpr@1%fpr", "tpr@0.1%fpr", "precision", "recall", "f1",
+        for key in ("auc", "tpr@1%fpr", "tpr@0.1%fpr", "precision@20%", "recall@20%", "f1@20%",
+                    "f1_oracle",
                     "f1_random_baseline", "advantage", "eps_lb_cp", "eps_lb_one_run"):
             assert key in r["relations"]["positive_vs_any"]
         assert r["eps_accounted"] == pytest.approx(5.0)
