@@ -77,19 +77,23 @@ def default_out(cfg: RunConfig) -> Path:
                            f"{_dt.datetime.now():%Y%m%d-%H%M%S}")
 
 
-def reserve_default_out(cfg: RunConfig) -> Path:
-    """Make and return an empty, new run directory for ``cfg``: :func:`default_out`, or with a
-    ``-2``, ``-3``, ... suffix when another run (one started in the same second) has it."""
+def reserve_default_out(cfg: RunConfig) -> tuple[Path, list[Path]]:
+    """Make an empty, new run directory for ``cfg``: :func:`default_out`, or with a ``-2``,
+    ``-3``, ... suffix when another run (one started in the same second) has it. Returns it
+    and the folders made above it (``runs/``), innermost first, to remove if the run fails."""
     base = default_out(cfg)
+    made: list[Path] = []
     try:
-        base.parent.mkdir(parents=True, exist_ok=True)
+        for folder in reversed([d for d in (base.parent, *base.parent.parents) if not d.exists()]):
+            folder.mkdir()
+            made.insert(0, folder)
         for n in range(1, 10_000):
             path = base if n == 1 else base.with_name(f"{base.name}-{n}")
             try:
                 path.mkdir()  # atomic: only one run gets each name
             except FileExistsError:
                 continue
-            return path
+            return path, made
     except OSError as exc:
         raise UserError(f"cannot create run directory under {base.parent}: "
                         f"{exc.strerror}") from None
@@ -145,16 +149,17 @@ def run(config: RunConfig | Mapping[str, Any] | str | Path | None = None,
         raise UserError(f"dataset {cfg.data.dataset}: {what} not found: {cfg.data.data_dir}")
     from fedem_private.experiments.runner import execute, recording_hook
 
-    path = Path(out) if out is not None else reserve_default_out(cfg)
+    path, made = (Path(out), []) if out is not None else reserve_default_out(cfg)
     on_start, on_round, close = _progress_hooks(cfg)
     try:
         execute(cfg, path, force=force, setup=recording_hook(cfg),
                 on_start=on_start if progress else None,
                 on_round=on_round if progress else None)
     except BaseException:
-        if out is None:  # the name reserved for this run: free it
+        if out is None:  # free the name reserved for this run (and runs/ if made for it)
             with contextlib.suppress(OSError):
-                path.rmdir()
+                for folder in (path, *made):
+                    folder.rmdir()
         raise
     finally:
         close()

@@ -215,8 +215,15 @@ def _default_of(key: str) -> Any:
     return node
 
 
+# the config section of a run flag -> the heading it is listed under in ``run --help``
+RUN_GROUPS = {"data": "data and evaluation protocol", "train": "training",
+              "federation": "federation: method, parts, aggregation, merging, uploads",
+              "privacy": "privacy"}
+
+
 def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE", help="TOML config file; flags override it")
+    groups = {section: p.add_argument_group(title) for section, title in RUN_GROUPS.items()}
     for flag, key, typ, text in RUN_FLAGS:
         default = _default_of(key)
         if default is not None:
@@ -224,29 +231,39 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
                 else f"{text} (default: {default})"
         elif key in ("federation.aggregation", "federation.merge"):
             text += " (default: the method's own)"
-        p.add_argument(flag, dest=key, type=typ, default=None, help=text,
-                       metavar=flag.removeprefix("--").upper().replace("-", "_"))
+        groups.get(key.split(".")[0], p).add_argument(
+            flag, dest=key, type=typ, default=None, help=text,
+            metavar=flag.removeprefix("--").upper().replace("-", "_"))
     for flag, key, text in RUN_SWITCHES:
-        p.add_argument(flag, dest=key, action="store_const", const=True, default=None,
-                       help=text)
+        groups.get(key.split(".")[0], p).add_argument(
+            flag, dest=key, action="store_const", const=True, default=None, help=text)
+
+
+def _add_output_flags(group: Any) -> None:
+    """``run``'s own options: where the run directory goes and what is recorded."""
+    group.add_argument("--out", metavar="DIR",
+                       help="run directory (default: runs/<dataset>-<method>-<time>, with -2, "
+                            "-3, ... added when another run has that name)")
+    group.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    group.add_argument("--no-progress", action="store_true", help="no progress bar")
+    group.add_argument("--record-rounds", metavar="ROUNDS",
+                       help="record what the server saw in these rounds for the attacks, "
+                            "e.g. 1,50,last")
+    group.add_argument("--record-clients", metavar="N", type=_integer,
+                       help="record the first N client ids (default 100; needs "
+                            "--record-rounds)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Simulate private federated recommendation and "
                      "measure utility, privacy spent and attack success.")
+    from fedem_private._version import __version__
+
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="train one configuration and write a run directory")
     _add_run_flags(run)
-    run.add_argument("--out", metavar="DIR",
-                     help="run directory (default: runs/<dataset>-<method>-<time>, with -2, -3, "
-                          "... added when another run has that name)")
-    run.add_argument("--force", action="store_true", help="replace a non-empty --out")
-    run.add_argument("--no-progress", action="store_true", help="no progress bar")
-    run.add_argument("--record-rounds", metavar="ROUNDS",
-                     help="record what the server saw in these rounds for the attacks, "
-                          "e.g. 1,50,last")
-    run.add_argument("--record-clients", metavar="N", type=_integer,
-                     help="record the first N client ids (default 100; needs --record-rounds)")
+    _add_output_flags(run.add_argument_group("output and recording"))
     att = sub.add_parser("attack", help="run the inference attacks on a recorded run directory, "
                          "score them and audit the privacy accounting")
     att.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written with "

@@ -173,6 +173,10 @@ def test_runs_started_in_the_same_second_get_their_own_directories(tmp_path, mon
     assert main(["run", *TINY]) == 130  # the name it reserved is freed
     assert sorted(p.name for p in runs.iterdir()) == ["synthetic-fedmf-now",
                                                       "synthetic-fedmf-now-2"]
+    (tmp_path / "fresh").mkdir()
+    monkeypatch.chdir(tmp_path / "fresh")
+    assert main(["run", *TINY]) == 130  # and runs/, when it was made for that run
+    assert list((tmp_path / "fresh").iterdir()) == []
 
 
 # ------------------------------------------------------------------------------ 6: sweeps
@@ -274,3 +278,68 @@ def test_an_archive_from_a_file_url_lands_in_the_cache_dir_that_list_shows(tmp_p
     monkeypatch.setenv("FEDEM_PRIVATE_CACHE", str(tmp_path / "elsewhere"))
     assert main(["datasets", "list"]) == 0
     assert capsys.readouterr().out.startswith(f"cache: {tmp_path / 'elsewhere'} ")
+
+
+# --------------------------------------------------------------------------- 9: smaller
+def test_version_flag_prints_the_package_version(capsys):
+    from fedem_private import __version__
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"fedem-private {__version__}"
+
+
+def test_run_help_lists_the_flags_under_headings(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = capsys.readouterr().out
+    headings = ["data and evaluation protocol:", "training:",
+                "federation: method, parts, aggregation, merging, uploads:", "privacy:",
+                "output and recording:"]
+    at = [text.index(f"\n{h}\n") for h in headings]
+    assert at == sorted(at)
+
+    def section(flag: str) -> str:
+        where = text.index(f"\n  {flag} ")
+        return max((h for h, i in zip(headings, at, strict=True) if i < where),
+                   key=lambda h: at[headings.index(h)])
+
+    assert section("--dataset") == section("--first-seen-order") == headings[0]
+    assert section("--rounds") == headings[1] and section("--method") == headings[2]
+    assert section("--epsilon") == section("--clip") == headings[3]
+    assert section("--out") == section("--record-rounds") == headings[4]
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["sweep", "--jobs", "-1"], "argument --jobs: -1 is negative; give 0 for one job per CPU"),
+    (["sweep", "--jobs", "two"], "argument --jobs: not an integer: 'two'"),
+])
+def test_negative_jobs_are_refused(tmp_path, capsys, argv, needle):
+    assert main([*argv, "--out", str(tmp_path / "o")]) == 2
+    one_line_error(capsys, needle)
+    assert not (tmp_path / "o").exists()
+
+
+def test_negative_jobs_are_refused_by_the_api_too(tmp_path):
+    from fedem_private.experiments.sweep import run_sweep
+
+    with pytest.raises(UserError, match="jobs must be 0 .* or more, got -1"):
+        run_sweep(None, str(tmp_path / "o"), jobs=-1, progress=False)
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_directory_given_as_a_config_file_is_named_as_such(tmp_path, capsys):
+    assert main(["run", "--config", str(tmp_path), *TINY]) == 2
+    one_line_error(capsys, f"config file {tmp_path} is a directory; name a TOML file")
+    assert main(["sweep", str(tmp_path)]) == 2
+    one_line_error(capsys, f"sweep file {tmp_path} is a directory")
+
+
+def test_the_public_api_is_listed():
+    import fedem_private as fp
+
+    assert set(fp.__all__) == {"__version__", "run", "sweep", "attack", "load_results",
+                               "load_run", "resolve_config", "Result"}
+    assert set(fp.__all__) <= set(dir(fp))
+    assert all(callable(getattr(fp, name)) for name in fp.__all__ if name != "__version__")
