@@ -12,7 +12,8 @@ The Python API (:mod:`fedem_private.api`), loaded on first use so that
 
 from fedem_private._version import __version__
 
-API = ("run", "sweep", "attack", "load_results", "load_run", "resolve_config", "Result")
+API = ("run", "sweep", "attack", "load_results", "load_run", "resolve_config", "Result",
+       "RunWarning")
 __all__ = ["__version__", *API]
 
 

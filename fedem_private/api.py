@@ -22,6 +22,7 @@ import contextlib
 import datetime as _dt
 import json
 import sys
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,12 @@ from fedem_private.simulation.config import RunConfig, from_dict, load_toml, wit
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["Result", "attack", "load_results", "load_run", "resolve_config", "run", "sweep"]
+__all__ = ["Result", "RunWarning", "attack", "load_results", "load_run", "resolve_config",
+           "run", "sweep"]
+
+
+class RunWarning(UserWarning):
+    """A finished run that looks mis-set (most uploads clipped, most test items cold)."""
 
 
 @dataclass(frozen=True)
@@ -135,13 +141,15 @@ def _progress_hooks(cfg: RunConfig) -> tuple[Callable, Callable, Callable]:
 
 def run(config: RunConfig | Mapping[str, Any] | str | Path | None = None,
         out: str | Path | None = None, *, overrides: Mapping[str, Any] | None = None,
-        force: bool = False, progress: bool = False) -> Result:
+        force: bool = False, progress: bool = False, warn: bool = True) -> Result:
     """Train one configuration and write its run directory; returns the :class:`Result`.
 
     ``config``: see :func:`resolve_config` (``{"record": {"rounds": "last"}}``
     records what the server saw, so the run can be attacked). ``out``: the run
     directory (default ``runs/<dataset>-<method>-<time>``, ``-2`` added when taken); an existing
     non-empty one is replaced only with ``force``. ``progress``: a bar on stderr.
+    ``warn``: the run's warnings (mis-set clipping, many cold test items) are issued
+    as :class:`RunWarning` (the command prints them itself).
     """
     cfg = resolve_config(config, overrides)
     if cfg.data.data_dir is not None and not Path(cfg.data.data_dir).expanduser().exists():
@@ -163,7 +171,13 @@ def run(config: RunConfig | Mapping[str, Any] | str | Path | None = None,
         raise
     finally:
         close()
-    return load_run(path)
+    result = load_run(path)
+    if warn:
+        for part in ("clipping", "cold_items"):
+            text = (result.summary.get(part) or {}).get("warning")
+            if text:
+                warnings.warn(f"{path}: {text}", RunWarning, stacklevel=2)
+    return result
 
 
 def load_run(run_dir: str | Path) -> Result:

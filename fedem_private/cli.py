@@ -317,7 +317,26 @@ def config_from_args(args: argparse.Namespace):
         overrides.update({"privacy.clip": None, "privacy.clip_auto": True})
     overrides.update({"record.rounds": getattr(args, "record_rounds", None),
                       "record.clients": getattr(args, "record_clients", None)})
-    return with_overrides(base, overrides).validate().resolved()
+    cfg = with_overrides(base, overrides).validate().resolved()
+    _check_clip_given(args, cfg)
+    return cfg
+
+
+def _check_clip_given(args: argparse.Namespace, cfg: Any) -> None:
+    """Refuse an ldp mode whose clip nobody chose: the built-in C = 1 is far below any
+    upload's L1 norm, so it would clip every upload to almost nothing."""
+    from fedem_private.privacy.config import LDP_MODES
+    from fedem_private.simulation.config import read_toml
+
+    mode = cfg.privacy.mode
+    if mode not in LDP_MODES or cfg.privacy.clip_auto or getattr(args, "privacy.clip") is not None:
+        return
+    if args.config and "clip" in (read_toml(args.config).get("privacy") or {}):
+        return
+    raise UserError(f"--privacy {mode} clips each upload to --clip C, and the built-in C = "
+                    f"{cfg.privacy.clip:g} would clip every one to almost nothing; give --clip "
+                    f"C near a typical upload's norm (summary.json's clipping reports it) or "
+                    f"--clip auto")
 
 
 def privacy_text(privacy: dict[str, Any] | None) -> str:
@@ -391,7 +410,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from fedem_private import api
 
     cfg = config_from_args(args)  # validated before anything heavy is imported
-    res = api.run(cfg, args.out, force=args.force, progress=not args.no_progress)
+    res = api.run(cfg, args.out, force=args.force, progress=not args.no_progress, warn=False)
     summary = res.summary
     m = summary["metrics"] or {}
     print(f"wrote {args.out or res.run_dir}")

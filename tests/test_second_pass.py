@@ -340,6 +340,49 @@ def test_the_public_api_is_listed():
     import fedem_private as fp
 
     assert set(fp.__all__) == {"__version__", "run", "sweep", "attack", "load_results",
-                               "load_run", "resolve_config", "Result"}
+                               "load_run", "resolve_config", "Result", "RunWarning"}
     assert set(fp.__all__) <= set(dir(fp))
     assert all(callable(getattr(fp, name)) for name in fp.__all__ if name != "__version__")
+
+
+# ------------------------------------------------------- 5: the demo does not warn about itself
+@pytest.mark.parametrize("mode", ["ldp-laplace", "ldp-gaussian"])
+def test_an_ldp_run_without_a_chosen_clip_is_refused(tmp_path, capsys, mode):
+    out = tmp_path / "o"
+    assert main(["run", "--privacy", mode, "--epsilon", "8", *TINY, "--out", str(out)]) == 2
+    one_line_error(capsys, f"--privacy {mode} clips each upload to --clip C, and the built-in "
+                           "C = 1 would clip every one")
+    assert not out.exists()
+    config = tmp_path / "c.toml"  # a clip chosen in the config file counts
+    config.write_text(f'[privacy]\nmode = "{mode}"\nepsilon = 8.0\nclip = 50.0\n')
+    assert main(["run", "--config", str(config), *TINY, "--out", str(out)]) == 0
+
+
+def test_the_python_api_warns_as_the_command_does(tmp_path, capsys):
+    import warnings
+
+    import fedem_private as fp
+
+    cfg = {"train": {"rounds": 2, "local_epochs": 1, "dim": 4},
+           "privacy": {"mode": "ldp-laplace", "epsilon": 8.0, "clip": 0.01}}
+    with pytest.warns(fp.RunWarning, match=r"of uploads were clipped"):
+        res = fp.run(cfg, out=tmp_path / "a")
+    assert res.summary["clipping"]["warning"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fp.run(cfg, out=tmp_path / "b", warn=False)
+    # the command prints it once, as its own line, not also as a Python warning
+    assert main(["run", *TINY, "--privacy", "ldp-laplace", "--epsilon", "8", "--clip", "0.01",
+                 "--out", str(tmp_path / "c")]) == 0
+    err = capsys.readouterr().err
+    assert err.count("of uploads were clipped") == 1 and "RunWarning" not in err
+
+
+def test_the_readme_fedrap_command_names_its_dataset():
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    commands = re.sub(r"\\\n\s*", " ", readme)  # join continued lines
+    fedrap = [line for line in commands.splitlines() if "--method fedrap" in line]
+    assert fedrap and all("--dataset ml-100k" in line for line in fedrap)
