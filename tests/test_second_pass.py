@@ -386,3 +386,64 @@ def test_the_readme_fedrap_command_names_its_dataset():
     commands = re.sub(r"\\\n\s*", " ", readme)  # join continued lines
     fedrap = [line for line in commands.splitlines() if "--method fedrap" in line]
     assert fedrap and all("--dataset ml-100k" in line for line in fedrap)
+
+
+# ------------------------------------------------------------- 8: plots with many settings
+def _agg(variants: list[str]):
+    """A seed-aggregated table as report.aggregate makes it: each variant clip-only and at
+    eps 1 and 8, on one dataset."""
+    import pandas as pd
+
+    rows = []
+    for i, v in enumerate(variants):
+        for eps in (1.0, 8.0, float("inf")):
+            x = "inf (clip only)" if eps == float("inf") else eps
+            rows.append({"dataset": "d", "protocol": "strict", "variant": v,
+                         "mode": "ldp-laplace", "eps_target": eps, "x_key": x,
+                         "hr10_full_mean": 0.2 + 0.01 * i, "hr10_full_std": 0.01,
+                         "hr10_sampled_mean": 0.3 + 0.01 * i, "hr10_sampled_std": 0.01})
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("n", [3, 15])
+def test_a_long_legend_sits_below_its_panel(tmp_path, monkeypatch, n):
+    from fedem_private.experiments import report_plots as rp
+
+    figures = []
+    real_save = rp._save
+    monkeypatch.setattr(rp, "_save", lambda fig, path: (figures.append(fig),
+                                                        real_save(fig, path))[1])
+    rp.utility_figure(_agg([f"method{i}" for i in range(n)]), "d", tmp_path / "u.png", 0.01,
+                      "3")
+    (fig,) = figures
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)  # the saved figure was closed: draw it again
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    for ax in fig.axes:
+        box, leg = ax.get_window_extent(), ax.get_legend().get_window_extent()
+        inside = leg.y1 > box.y0 and leg.y0 < box.y1 and leg.x1 > box.x0 and leg.x0 < box.x1
+        assert inside == (n + 1 <= rp.LEGEND_INSIDE_MAX)  # n lines + the random baseline
+        if not inside:  # below the axis, its ticks and its label too
+            assert leg.y1 <= ax.xaxis.get_tightbbox(renderer).y0
+    assert (tmp_path / "u.png").stat().st_size > 0
+
+
+def test_a_label_names_only_the_settings_its_variant_varies_in():
+    import pandas as pd
+
+    from fedem_private.experiments.report import split_settings
+
+    rows = []
+    for variant, rounds, clip in [("fedmf", 10, 5.0), ("fedmf", 20, 5.0),
+                                  ("fedem-em", 10, 5.0), ("fedem-em", 10, 9.0)]:
+        for seed in (0, 1):
+            rows.append({"dataset": "d", "protocol": "strict", "variant": variant,
+                         "mode": "ldp-laplace", "eps_target": 8.0, "seed": seed,
+                         "config_id": f"{variant}{rounds}{clip}",
+                         "cfg.train.rounds": rounds, "cfg.privacy.clip": clip})
+    out, split = split_settings(pd.DataFrame(rows))
+    assert split == ["cfg.train.rounds", "cfg.privacy.clip"]
+    assert sorted(set(out["variant"])) == ["fedem-em [clip=5]", "fedem-em [clip=9]",
+                                           "fedmf [rounds=10]", "fedmf [rounds=20]"]

@@ -78,8 +78,11 @@ def split_settings(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
 
     Returns the frame with those settings appended to ``variant`` (e.g.
     ``fedmf [rounds=12]``), so every table row and plot line is one setting,
-    and the names of the columns that differ. Raises :class:`UserError` when
-    two rows of one setting share a seed (they would be averaged as two seeds).
+    and the names of the columns that differ. A row's label names only the
+    settings that differ among its method variant's runs (FedMF's rounds, not
+    the clip that differs only between FedEM's runs). Raises
+    :class:`UserError` when two rows of one setting share a seed (they would be
+    averaged as two seeds).
     """
     known = frame["config_id"].notna() if "config_id" in frame.columns else None
     candidates = [c for c in frame.columns if c.startswith(CONFIG_PREFIX)]
@@ -92,9 +95,15 @@ def split_settings(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     split = [c for c in candidates if groups[c].nunique(dropna=True).max() > 1]
     out = frame.copy()
     if split:
-        labels = [" [" + ", ".join(f"{_short(c)}={_setting_text(v)}" for c, v in
-                                   zip(split, values, strict=True)) + "]"
-                  for values in work[split].itertuples(index=False)]
+        # per row: the settings that vary among its variant's runs (all modes and budgets,
+        # so that a variant's lines keep one label, its no-DP points included)
+        by_variant = work.groupby(["dataset", "protocol", "variant"], dropna=False, sort=False)
+        varies = by_variant[split].transform("nunique") > 1
+        labels = [" [" + ", ".join(f"{_short(c)}={_setting_text(v)}" for c, v, keep in
+                                   zip(split, values, flags, strict=True) if keep) + "]"
+                  for values, flags in zip(work[split].itertuples(index=False),
+                                           varies.itertuples(index=False), strict=True)]
+        labels = [label if label != " []" else "" for label in labels]
         out["variant"] = out["variant"].astype(str) + pd.Series(labels, index=out.index)
     twice = out.groupby(KEYS, dropna=False)["seed"].apply(lambda s: s.duplicated().any())
     if twice.any():
