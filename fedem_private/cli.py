@@ -245,6 +245,9 @@ def _add_output_flags(group: Any) -> None:
                        help="run directory (default: runs/<dataset>-<method>-<time>, with -2, "
                             "-3, ... added when another run has that name)")
     group.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    group.add_argument("--dry-run", action="store_true",
+                       help="print the resolved configuration (TOML, as config.toml would hold "
+                            "it) and stop: nothing is trained or written")
     group.add_argument("--no-progress", action="store_true", help="no progress bar")
     group.add_argument("--record-rounds", metavar="ROUNDS",
                        help="record what the server saw in these rounds for the attacks, "
@@ -294,6 +297,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_sweep_arguments(sub.add_parser("sweep", help=SWEEP_HELP, description=SWEEP_DESCRIPTION))
     add_report_arguments(sub.add_parser("report", help=REPORT_HELP,
                                         description=REPORT_DESCRIPTION))
+    sub.add_parser("list", help="the method presets and the parts they compose (backbones, "
+                   "aggregations, merges, codecs, privacy modes, datasets, protocols, attacks), "
+                   "one line each")
     ds = sub.add_parser("datasets", help="list or download datasets")
     ds_sub = ds.add_subparsers(dest="action", required=True, parser_class=_Parser)
     ls = ds_sub.add_parser("list", help="known datasets and where they are found")
@@ -410,6 +416,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from fedem_private import api
 
     cfg = config_from_args(args)  # validated before anything heavy is imported
+    if args.dry_run:
+        from fedem_private.simulation.config import to_dict, to_toml
+
+        print(to_toml(to_dict(cfg)), end="")
+        return 0
     res = api.run(cfg, args.out, force=args.force, progress=not args.no_progress, warn=False)
     summary = res.summary
     m = summary["metrics"] or {}
@@ -519,6 +530,11 @@ def _main(argv: Sequence[str] | None) -> int:
             return _cmd_run(args)
         if args.command == "datasets":
             return _cmd_datasets(args)
+        if args.command == "list":
+            from fedem_private.experiments.listing import catalogue, format_catalogue
+
+            print(format_catalogue(catalogue()))
+            return 0
         if args.command == "attack":
             return _cmd_attack(args)
         if args.command == "sweep":

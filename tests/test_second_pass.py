@@ -447,3 +447,48 @@ def test_a_label_names_only_the_settings_its_variant_varies_in():
     assert split == ["cfg.train.rounds", "cfg.privacy.clip"]
     assert sorted(set(out["variant"])) == ["fedem-em [clip=5]", "fedem-em [clip=9]",
                                            "fedmf [rounds=10]", "fedmf [rounds=20]"]
+
+
+# ------------------------------------------------------------- 10: list, and run --dry-run
+def test_list_names_every_preset_and_part_one_line_each(capsys):
+    from fedem_private.privacy.config import MODES
+    from fedem_private.simulation.config import AGGREGATIONS, BACKBONES, CODECS, MERGES, METHODS
+
+    assert main(["list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    listed = [tuple(line.split()[:2]) for line in lines]
+    for kind, names in (("method", METHODS), ("backbone", BACKBONES), ("merge", MERGES),
+                        ("aggregation", AGGREGATIONS), ("codec", CODECS), ("privacy", MODES)):
+        assert [n for k, n in listed if k == kind] == list(names), kind
+    fedem = next(line for line in lines if line.split()[:2] == ["method", "fedem"])
+    assert "backbone mf, aggregation similarity, merge em" in fedem
+
+
+def test_list_imports_no_heavy_library():
+    import json
+    import subprocess
+    import sys
+
+    code = ("import json, sys, contextlib, io\nfrom fedem_private.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n    rc = main(['list'])\n"
+            "print(json.dumps([rc, [m for m in ('torch', 'pandas', 'matplotlib') "
+            "if m in sys.modules]]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert json.loads(out.stdout) == [0, []]
+
+
+def test_dry_run_prints_the_resolved_config_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    from fedem_private.simulation.config import load_toml, to_dict
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--method", "fedem", "--rounds", "3", "--dry-run",
+                 "--out", str(tmp_path / "o")]) == 0
+    text = capsys.readouterr().out
+    (tmp_path / "printed.toml").write_text(text)
+    cfg = load_toml(tmp_path / "printed.toml")
+    assert cfg.train.rounds == 3 and cfg.federation.method == "fedem"
+    assert cfg.federation.merge == "em" and cfg.federation.aggregation == "similarity"
+    assert to_dict(cfg) == to_dict(cfg.validate().resolved())  # already resolved
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["printed.toml"]
+    assert main(["run", "--rounds", "0", "--dry-run"]) == 2  # still validated
