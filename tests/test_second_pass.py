@@ -492,3 +492,42 @@ def test_dry_run_prints_the_resolved_config_and_writes_nothing(tmp_path, capsys,
     assert to_dict(cfg) == to_dict(cfg.validate().resolved())  # already resolved
     assert sorted(p.name for p in tmp_path.iterdir()) == ["printed.toml"]
     assert main(["run", "--rounds", "0", "--dry-run"]) == 2  # still validated
+
+
+# ---------------------------------------- 5: a model that diverged is not a mis-set clip
+def _history(norms: list[float], frac: float, noise: float):
+    from types import SimpleNamespace
+
+    return [SimpleNamespace(privacy={"frac_clipped": frac, "mean_pre_clip_norm": n,
+                                     "clip": 800.0, "noise_scale": noise}) for n in norms]
+
+
+def test_a_run_whose_norm_blew_up_under_noise_is_said_to_have_diverged():
+    from fedem_private.experiments.runner import clipping_summary
+
+    diverged = clipping_summary(_history([880.0, 5e4, 1.2e7], 0.93, 200.0))["warning"]
+    assert "not for want of a larger clip" in diverged and "diverged under the noise" in diverged
+    assert "1.36e+04-fold" in diverged
+    # the same share clipped with a steady norm (or without noise) is a clip to reconsider
+    for history in (_history([3000.0, 3100.0, 3200.0], 0.93, 200.0),
+                    _history([880.0, 5e4, 1.2e7], 0.93, 0.0)):
+        warning = clipping_summary(history)["warning"]
+        assert "clipping discarded most of each update" in warning and "diverged" not in warning
+
+
+def test_the_report_lists_diverged_settings_apart_from_mis_set_clips():
+    import pandas as pd
+
+    from fedem_private.experiments.report import clipping_notes, diverged_notes
+
+    base = {"dataset": "synthetic", "protocol": "strict", "variant": "fedem-em",
+            "mode": "ldp-laplace", "clip_mean": 800.0, "frac_clipped_mean": 0.95}
+    agg = pd.DataFrame([
+        {**base, "eps_target": 8.0, "noise_scale_mean": 200.0, "mean_pre_clip_norm_mean": 1.4e7,
+         "pre_clip_norm_growth_mean": 1.5e4},
+        {**base, "eps_target": float("inf"), "noise_scale_mean": 0.0,
+         "mean_pre_clip_norm_mean": 3220.0, "pre_clip_norm_growth_mean": 3.7}])
+    (diverged,) = diverged_notes(agg)
+    assert "ε 8: pre-clip norm grew 1.5e+04-fold" in diverged
+    (mis_set,) = clipping_notes(agg)
+    assert "ε ∞ (clip only): 95% of uploads clipped" in mis_set
