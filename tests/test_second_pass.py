@@ -531,3 +531,28 @@ def test_the_report_lists_diverged_settings_apart_from_mis_set_clips():
     assert "ε 8: pre-clip norm grew 1.5e+04-fold" in diverged
     (mis_set,) = clipping_notes(agg)
     assert "ε ∞ (clip only): 95% of uploads clipped" in mis_set
+
+
+def test_a_stop_landing_as_a_worker_takes_a_point_cancels_it(tmp_path, monkeypatch):
+    """The pool's SIGTERM can reach a worker between its stop-flag check and the run: the
+    worker is already marked busy there, so the signal interrupts it and the point comes
+    back cancelled (before, the signal was ignored and the point ran to its end)."""
+    from fedem_private.experiments import sweep
+    from fedem_private.experiments.sweep_spec import grid, load_spec
+
+    (point,) = grid(load_spec(None))[:1]
+    seen = []
+
+    class SignalledWhileChecking:
+        def set(self) -> None:  # the handler records the stop
+            pass
+
+        def is_set(self) -> bool:
+            seen.append(sweep._BUSY)
+            sweep._on_sigint(15, None)  # the handler, as the signal would run it here
+            return False
+
+    monkeypatch.setattr(sweep, "_STOP", SignalledWhileChecking())
+    monkeypatch.setattr(sweep, "execute_point", lambda *a: pytest.fail("the point ran"))
+    outcome = sweep._work(point, tmp_path, False)
+    assert seen == [True] and outcome.status == "cancelled" and not sweep._BUSY

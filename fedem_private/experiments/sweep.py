@@ -263,11 +263,13 @@ def execute_point(point: GridPoint, root: Path, force: bool = False) -> Outcome:
 def _work(point: GridPoint, root: Path, force: bool) -> Outcome:
     """Pool worker entry: run one point unless the sweep is stopping."""
     global _BUSY
-    if _STOP is not None and _STOP.is_set():
-        return Outcome(point.name, "cancelled")
-    _BUSY = True
+    _BUSY = True  # before the check: a stop signalled in between interrupts, not lost
     try:
+        if _STOP is not None and _STOP.is_set():
+            return Outcome(point.name, "cancelled")
         return execute_point(point, root, force)
+    except KeyboardInterrupt:  # arrived before execute_point could take it
+        return Outcome(point.name, "cancelled")
     finally:
         _BUSY = False
 
