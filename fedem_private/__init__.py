@@ -10,9 +10,16 @@ The Python API (:mod:`fedem_private.api`), loaded on first use so that
     fp.load_results("runs/s")                 # -> DataFrame, one row per run
 """
 
-from fedem_private._version import __version__  # noqa: F401  (re-exported)
+from fedem_private._version import __version__
 
-API = ("run", "sweep", "attack", "load_results", "load_run", "Result")
+API = ("run", "sweep", "attack", "load_results", "load_run", "resolve_config", "Result",
+       "RunWarning")
+__all__ = ["__version__", *API]
+
+
+def __dir__() -> list[str]:
+    """The public API too (it is loaded on first use), for ``dir()`` and completion."""
+    return sorted({*globals(), *API})
 
 
 def __getattr__(name: str):

@@ -22,6 +22,7 @@ import contextlib
 import datetime as _dt
 import json
 import sys
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,12 @@ from fedem_private.simulation.config import RunConfig, from_dict, load_toml, wit
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["Result", "attack", "load_results", "load_run", "resolve_config", "run", "sweep"]
+__all__ = ["Result", "RunWarning", "attack", "load_results", "load_run", "resolve_config",
+           "run", "sweep"]
+
+
+class RunWarning(UserWarning):
+    """A finished run that looks mis-set (most uploads clipped, most test items cold)."""
 
 
 @dataclass(frozen=True)
@@ -77,19 +83,23 @@ def default_out(cfg: RunConfig) -> Path:
                            f"{_dt.datetime.now():%Y%m%d-%H%M%S}")
 
 
-def reserve_default_out(cfg: RunConfig) -> Path:
-    """Make and return an empty, new run directory for ``cfg``: :func:`default_out`, or with a
-    ``-2``, ``-3``, ... suffix when another run (one started in the same second) has it."""
+def reserve_default_out(cfg: RunConfig) -> tuple[Path, list[Path]]:
+    """Make an empty, new run directory for ``cfg``: :func:`default_out`, or with a ``-2``,
+    ``-3``, ... suffix when another run (one started in the same second) has it. Returns it
+    and the folders made above it (``runs/``), innermost first, to remove if the run fails."""
     base = default_out(cfg)
+    made: list[Path] = []
     try:
-        base.parent.mkdir(parents=True, exist_ok=True)
+        for folder in reversed([d for d in (base.parent, *base.parent.parents) if not d.exists()]):
+            folder.mkdir()
+            made.insert(0, folder)
         for n in range(1, 10_000):
             path = base if n == 1 else base.with_name(f"{base.name}-{n}")
             try:
                 path.mkdir()  # atomic: only one run gets each name
             except FileExistsError:
                 continue
-            return path
+            return path, made
     except OSError as exc:
         raise UserError(f"cannot create run directory under {base.parent}: "
                         f"{exc.strerror}") from None
@@ -131,13 +141,15 @@ def _progress_hooks(cfg: RunConfig) -> tuple[Callable, Callable, Callable]:
 
 def run(config: RunConfig | Mapping[str, Any] | str | Path | None = None,
         out: str | Path | None = None, *, overrides: Mapping[str, Any] | None = None,
-        force: bool = False, progress: bool = False) -> Result:
+        force: bool = False, progress: bool = False, warn: bool = True) -> Result:
     """Train one configuration and write its run directory; returns the :class:`Result`.
 
     ``config``: see :func:`resolve_config` (``{"record": {"rounds": "last"}}``
     records what the server saw, so the run can be attacked). ``out``: the run
     directory (default ``runs/<dataset>-<method>-<time>``, ``-2`` added when taken); an existing
     non-empty one is replaced only with ``force``. ``progress``: a bar on stderr.
+    ``warn``: the run's warnings (mis-set clipping, many cold test items) are issued
+    as :class:`RunWarning` (the command prints them itself).
     """
     cfg = resolve_config(config, overrides)
     if cfg.data.data_dir is not None and not Path(cfg.data.data_dir).expanduser().exists():
@@ -145,20 +157,27 @@ def run(config: RunConfig | Mapping[str, Any] | str | Path | None = None,
         raise UserError(f"dataset {cfg.data.dataset}: {what} not found: {cfg.data.data_dir}")
     from fedem_private.experiments.runner import execute, recording_hook
 
-    path = Path(out) if out is not None else reserve_default_out(cfg)
+    path, made = (Path(out), []) if out is not None else reserve_default_out(cfg)
     on_start, on_round, close = _progress_hooks(cfg)
     try:
         execute(cfg, path, force=force, setup=recording_hook(cfg),
                 on_start=on_start if progress else None,
                 on_round=on_round if progress else None)
     except BaseException:
-        if out is None:  # the name reserved for this run: free it
+        if out is None:  # free the name reserved for this run (and runs/ if made for it)
             with contextlib.suppress(OSError):
-                path.rmdir()
+                for folder in (path, *made):
+                    folder.rmdir()
         raise
     finally:
         close()
-    return load_run(path)
+    result = load_run(path)
+    if warn:
+        for part in ("clipping", "cold_items"):
+            text = (result.summary.get(part) or {}).get("warning")
+            if text:
+                warnings.warn(f"{path}: {text}", RunWarning, stacklevel=2)
+    return result
 
 
 def load_run(run_dir: str | Path) -> Result:

@@ -219,8 +219,15 @@ def _default_of(key: str) -> Any:
     return node
 
 
+# the config section of a run flag -> the heading it is listed under in ``run --help``
+RUN_GROUPS = {"data": "data and evaluation protocol", "train": "training",
+              "federation": "federation: method, parts, aggregation, merging, uploads",
+              "privacy": "privacy"}
+
+
 def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE", help="TOML config file; flags override it")
+    groups = {section: p.add_argument_group(title) for section, title in RUN_GROUPS.items()}
     for flag, key, typ, text in RUN_FLAGS:
         default = _default_of(key)
         if default is not None:
@@ -228,29 +235,42 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
                 else f"{text} (default: {default})"
         elif key in ("federation.aggregation", "federation.merge"):
             text += " (default: the method's own)"
-        p.add_argument(flag, dest=key, type=typ, default=None, help=text,
-                       metavar=flag.removeprefix("--").upper().replace("-", "_"))
+        groups.get(key.split(".")[0], p).add_argument(
+            flag, dest=key, type=typ, default=None, help=text,
+            metavar=flag.removeprefix("--").upper().replace("-", "_"))
     for flag, key, text in RUN_SWITCHES:
-        p.add_argument(flag, dest=key, action="store_const", const=True, default=None,
-                       help=text)
+        groups.get(key.split(".")[0], p).add_argument(
+            flag, dest=key, action="store_const", const=True, default=None, help=text)
+
+
+def _add_output_flags(group: Any) -> None:
+    """``run``'s own options: where the run directory goes and what is recorded."""
+    group.add_argument("--out", metavar="DIR",
+                       help="run directory (default: runs/<dataset>-<method>-<time>, with -2, "
+                            "-3, ... added when another run has that name)")
+    group.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    group.add_argument("--dry-run", action="store_true",
+                       help="print the resolved configuration (TOML, as config.toml would hold "
+                            "it) and stop: nothing is trained or written")
+    group.add_argument("--no-progress", action="store_true", help="no progress bar")
+    group.add_argument("--record-rounds", metavar="ROUNDS",
+                       help="record what the server saw in these rounds for the attacks, "
+                            "e.g. 1,50,last")
+    group.add_argument("--record-clients", metavar="N", type=_integer,
+                       help="record the first N client ids (default 100; needs "
+                            "--record-rounds)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Simulate private federated recommendation and "
                      "measure utility, privacy spent and attack success.")
+    from fedem_private._version import __version__
+
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="train one configuration and write a run directory")
     _add_run_flags(run)
-    run.add_argument("--out", metavar="DIR",
-                     help="run directory (default: runs/<dataset>-<method>-<time>, with -2, -3, "
-                          "... added when another run has that name)")
-    run.add_argument("--force", action="store_true", help="replace a non-empty --out")
-    run.add_argument("--no-progress", action="store_true", help="no progress bar")
-    run.add_argument("--record-rounds", metavar="ROUNDS",
-                     help="record what the server saw in these rounds for the attacks, "
-                          "e.g. 1,50,last")
-    run.add_argument("--record-clients", metavar="N", type=_integer,
-                     help="record the first N client ids (default 100; needs --record-rounds)")
+    _add_output_flags(run.add_argument_group("output and recording"))
     att = sub.add_parser("attack", help="run the inference attacks on a recorded run directory, "
                          "score them and audit the privacy accounting")
     att.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written with "
@@ -281,6 +301,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_sweep_arguments(sub.add_parser("sweep", help=SWEEP_HELP, description=SWEEP_DESCRIPTION))
     add_report_arguments(sub.add_parser("report", help=REPORT_HELP,
                                         description=REPORT_DESCRIPTION))
+    sub.add_parser("list", help="the method presets and the parts they compose (backbones, "
+                   "aggregations, merges, codecs, privacy modes, datasets, protocols, attacks), "
+                   "one line each")
     ds = sub.add_parser("datasets", help="list or download datasets")
     ds_sub = ds.add_subparsers(dest="action", required=True, parser_class=_Parser)
     ls = ds_sub.add_parser("list", help="known datasets and where they are found")
@@ -304,7 +327,26 @@ def config_from_args(args: argparse.Namespace):
         overrides.update({"privacy.clip": None, "privacy.clip_auto": True})
     overrides.update({"record.rounds": getattr(args, "record_rounds", None),
                       "record.clients": getattr(args, "record_clients", None)})
-    return with_overrides(base, overrides).validate().resolved()
+    cfg = with_overrides(base, overrides).validate().resolved()
+    _check_clip_given(args, cfg)
+    return cfg
+
+
+def _check_clip_given(args: argparse.Namespace, cfg: Any) -> None:
+    """Refuse an ldp mode whose clip nobody chose: the built-in C = 1 is far below any
+    upload's L1 norm, so it would clip every upload to almost nothing."""
+    from fedem_private.privacy.config import LDP_MODES
+    from fedem_private.simulation.config import read_toml
+
+    mode = cfg.privacy.mode
+    if mode not in LDP_MODES or cfg.privacy.clip_auto or getattr(args, "privacy.clip") is not None:
+        return
+    if args.config and "clip" in (read_toml(args.config).get("privacy") or {}):
+        return
+    raise UserError(f"--privacy {mode} clips each upload to --clip C, and the built-in C = "
+                    f"{cfg.privacy.clip:g} would clip every one to almost nothing; give --clip "
+                    f"C near a typical upload's norm (summary.json's clipping reports it) or "
+                    f"--clip auto")
 
 
 def privacy_text(privacy: dict[str, Any] | None) -> str:
@@ -380,7 +422,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from fedem_private import api
 
     cfg = config_from_args(args)  # validated before anything heavy is imported
-    res = api.run(cfg, args.out, force=args.force, progress=not args.no_progress)
+    if args.dry_run:
+        from fedem_private.simulation.config import to_dict, to_toml
+
+        print(to_toml(to_dict(cfg)), end="")
+        return 0
+    res = api.run(cfg, args.out, force=args.force, progress=not args.no_progress, warn=False)
     summary = res.summary
     m = summary["metrics"] or {}
     print(f"wrote {args.out or res.run_dir}")
@@ -489,6 +536,11 @@ def _main(argv: Sequence[str] | None) -> int:
             return _cmd_run(args)
         if args.command == "datasets":
             return _cmd_datasets(args)
+        if args.command == "list":
+            from fedem_private.experiments.listing import catalogue, format_catalogue
+
+            print(format_catalogue(catalogue()))
+            return 0
         if args.command == "attack":
             return _cmd_attack(args)
         if args.command == "sweep":

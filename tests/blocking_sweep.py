@@ -10,11 +10,11 @@ the sweep's worker processes (which import this script as their main module) blo
 from __future__ import annotations
 
 import os
-import signal
 import sys
+import time
 from pathlib import Path
 
-from fedem_private.experiments import runner
+from fedem_private.experiments import runner, sweep
 
 _real_execute = runner.execute
 
@@ -29,8 +29,11 @@ def _blocking_execute(cfg, out, force=False, on_round=None, setup=None, on_start
         markers = Path(os.environ["BLOCKING_SWEEP_MARKERS"])
         (markers / f".{os.getpid()}").write_text(str(path))
         os.replace(markers / f".{os.getpid()}", markers / str(os.getpid()))
-        while True:  # until a signal handler raises
-            signal.pause()
+        while True:  # until a signal handler raises, or the pool's stop flag is set
+            stop = sweep._STOP
+            if stop is not None and stop.is_set():
+                raise KeyboardInterrupt
+            time.sleep(0.05)
 
     return _real_execute(cfg, out, force, on_round, setup_then_wait, on_start)
 

@@ -113,7 +113,7 @@ def test_cli_run_records_and_attack_writes_the_report(tmp_path: Path,
     torch.manual_seed(0)
     code = main(["run", "--rounds", "2", "--eval-every", "2", "--record-rounds", "1,last",
                  "--record-clients", "12", "--out", str(out), "--no-progress",
-                 "--privacy", "ldp-laplace", "--epsilon-round", "5"])
+                 "--privacy", "ldp-laplace", "--epsilon-round", "5", "--clip", "1"])
     assert code == 0
     assert sorted(o.round for o in load_observations(out)) == [1, 2]
     code = main(["attack", str(out), "--attacks", "support,projection,canary"])

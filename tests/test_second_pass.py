@@ -173,6 +173,10 @@ def test_runs_started_in_the_same_second_get_their_own_directories(tmp_path, mon
     assert main(["run", *TINY]) == 130  # the name it reserved is freed
     assert sorted(p.name for p in runs.iterdir()) == ["synthetic-fedmf-now",
                                                       "synthetic-fedmf-now-2"]
+    (tmp_path / "fresh").mkdir()
+    monkeypatch.chdir(tmp_path / "fresh")
+    assert main(["run", *TINY]) == 130  # and runs/, when it was made for that run
+    assert list((tmp_path / "fresh").iterdir()) == []
 
 
 # ------------------------------------------------------------------------------ 6: sweeps
@@ -274,3 +278,281 @@ def test_an_archive_from_a_file_url_lands_in_the_cache_dir_that_list_shows(tmp_p
     monkeypatch.setenv("FEDEM_PRIVATE_CACHE", str(tmp_path / "elsewhere"))
     assert main(["datasets", "list"]) == 0
     assert capsys.readouterr().out.startswith(f"cache: {tmp_path / 'elsewhere'} ")
+
+
+# --------------------------------------------------------------------------- 9: smaller
+def test_version_flag_prints_the_package_version(capsys):
+    from fedem_private import __version__
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"fedem-private {__version__}"
+
+
+def test_run_help_lists_the_flags_under_headings(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = capsys.readouterr().out
+    headings = ["data and evaluation protocol:", "training:",
+                "federation: method, parts, aggregation, merging, uploads:", "privacy:",
+                "output and recording:"]
+    at = [text.index(f"\n{h}\n") for h in headings]
+    assert at == sorted(at)
+
+    def section(flag: str) -> str:
+        where = text.index(f"\n  {flag} ")
+        return max((h for h, i in zip(headings, at, strict=True) if i < where),
+                   key=lambda h: at[headings.index(h)])
+
+    assert section("--dataset") == section("--first-seen-order") == headings[0]
+    assert section("--rounds") == headings[1] and section("--method") == headings[2]
+    assert section("--epsilon") == section("--clip") == headings[3]
+    assert section("--out") == section("--record-rounds") == headings[4]
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["sweep", "--jobs", "-1"], "argument --jobs: -1 is negative; give 0 for one job per CPU"),
+    (["sweep", "--jobs", "two"], "argument --jobs: not an integer: 'two'"),
+])
+def test_negative_jobs_are_refused(tmp_path, capsys, argv, needle):
+    assert main([*argv, "--out", str(tmp_path / "o")]) == 2
+    one_line_error(capsys, needle)
+    assert not (tmp_path / "o").exists()
+
+
+def test_negative_jobs_are_refused_by_the_api_too(tmp_path):
+    from fedem_private.experiments.sweep import run_sweep
+
+    with pytest.raises(UserError, match="jobs must be 0 .* or more, got -1"):
+        run_sweep(None, str(tmp_path / "o"), jobs=-1, progress=False)
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_directory_given_as_a_config_file_is_named_as_such(tmp_path, capsys):
+    assert main(["run", "--config", str(tmp_path), *TINY]) == 2
+    one_line_error(capsys, f"config file {tmp_path} is a directory; name a TOML file")
+    assert main(["sweep", str(tmp_path)]) == 2
+    one_line_error(capsys, f"sweep file {tmp_path} is a directory")
+
+
+def test_the_public_api_is_listed():
+    import fedem_private as fp
+
+    assert set(fp.__all__) == {"__version__", "run", "sweep", "attack", "load_results",
+                               "load_run", "resolve_config", "Result", "RunWarning"}
+    assert set(fp.__all__) <= set(dir(fp))
+    assert all(callable(getattr(fp, name)) for name in fp.__all__ if name != "__version__")
+
+
+# ------------------------------------------------------- 5: the demo does not warn about itself
+@pytest.mark.parametrize("mode", ["ldp-laplace", "ldp-gaussian"])
+def test_an_ldp_run_without_a_chosen_clip_is_refused(tmp_path, capsys, mode):
+    out = tmp_path / "o"
+    assert main(["run", "--privacy", mode, "--epsilon", "8", *TINY, "--out", str(out)]) == 2
+    one_line_error(capsys, f"--privacy {mode} clips each upload to --clip C, and the built-in "
+                           "C = 1 would clip every one")
+    assert not out.exists()
+    config = tmp_path / "c.toml"  # a clip chosen in the config file counts
+    config.write_text(f'[privacy]\nmode = "{mode}"\nepsilon = 8.0\nclip = 50.0\n')
+    assert main(["run", "--config", str(config), *TINY, "--out", str(out)]) == 0
+
+
+def test_the_python_api_warns_as_the_command_does(tmp_path, capsys):
+    import warnings
+
+    import fedem_private as fp
+
+    cfg = {"train": {"rounds": 2, "local_epochs": 1, "dim": 4},
+           "privacy": {"mode": "ldp-laplace", "epsilon": 8.0, "clip": 0.01}}
+    with pytest.warns(fp.RunWarning, match=r"of uploads were clipped"):
+        res = fp.run(cfg, out=tmp_path / "a")
+    assert res.summary["clipping"]["warning"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fp.run(cfg, out=tmp_path / "b", warn=False)
+    # the command prints it once, as its own line, not also as a Python warning
+    assert main(["run", *TINY, "--privacy", "ldp-laplace", "--epsilon", "8", "--clip", "0.01",
+                 "--out", str(tmp_path / "c")]) == 0
+    err = capsys.readouterr().err
+    assert err.count("of uploads were clipped") == 1 and "RunWarning" not in err
+
+
+def test_the_readme_fedrap_command_names_its_dataset():
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    commands = re.sub(r"\\\n\s*", " ", readme)  # join continued lines
+    fedrap = [line for line in commands.splitlines() if "--method fedrap" in line]
+    assert fedrap and all("--dataset ml-100k" in line for line in fedrap)
+
+
+# ------------------------------------------------------------- 8: plots with many settings
+def _agg(variants: list[str]):
+    """A seed-aggregated table as report.aggregate makes it: each variant clip-only and at
+    eps 1 and 8, on one dataset."""
+    import pandas as pd
+
+    rows = []
+    for i, v in enumerate(variants):
+        for eps in (1.0, 8.0, float("inf")):
+            x = "inf (clip only)" if eps == float("inf") else eps
+            rows.append({"dataset": "d", "protocol": "strict", "variant": v,
+                         "mode": "ldp-laplace", "eps_target": eps, "x_key": x,
+                         "hr10_full_mean": 0.2 + 0.01 * i, "hr10_full_std": 0.01,
+                         "hr10_sampled_mean": 0.3 + 0.01 * i, "hr10_sampled_std": 0.01})
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("n", [3, 15])
+def test_a_long_legend_sits_below_its_panel(tmp_path, monkeypatch, n):
+    from fedem_private.experiments import report_plots as rp
+
+    figures = []
+    real_save = rp._save
+    monkeypatch.setattr(rp, "_save", lambda fig, path: (figures.append(fig),
+                                                        real_save(fig, path))[1])
+    rp.utility_figure(_agg([f"method{i}" for i in range(n)]), "d", tmp_path / "u.png", 0.01,
+                      "3")
+    (fig,) = figures
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)  # the saved figure was closed: draw it again
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    for ax in fig.axes:
+        box, leg = ax.get_window_extent(), ax.get_legend().get_window_extent()
+        inside = leg.y1 > box.y0 and leg.y0 < box.y1 and leg.x1 > box.x0 and leg.x0 < box.x1
+        assert inside == (n + 1 <= rp.LEGEND_INSIDE_MAX)  # n lines + the random baseline
+        if not inside:  # below the axis, its ticks and its label too
+            assert leg.y1 <= ax.xaxis.get_tightbbox(renderer).y0
+    assert (tmp_path / "u.png").stat().st_size > 0
+
+
+def test_a_label_names_only_the_settings_its_variant_varies_in():
+    import pandas as pd
+
+    from fedem_private.experiments.report import split_settings
+
+    rows = []
+    for variant, rounds, clip in [("fedmf", 10, 5.0), ("fedmf", 20, 5.0),
+                                  ("fedem-em", 10, 5.0), ("fedem-em", 10, 9.0)]:
+        for seed in (0, 1):
+            rows.append({"dataset": "d", "protocol": "strict", "variant": variant,
+                         "mode": "ldp-laplace", "eps_target": 8.0, "seed": seed,
+                         "config_id": f"{variant}{rounds}{clip}",
+                         "cfg.train.rounds": rounds, "cfg.privacy.clip": clip})
+    out, split = split_settings(pd.DataFrame(rows))
+    assert split == ["cfg.train.rounds", "cfg.privacy.clip"]
+    assert sorted(set(out["variant"])) == ["fedem-em [clip=5]", "fedem-em [clip=9]",
+                                           "fedmf [rounds=10]", "fedmf [rounds=20]"]
+
+
+# ------------------------------------------------------------- 10: list, and run --dry-run
+def test_list_names_every_preset_and_part_one_line_each(capsys):
+    from fedem_private.privacy.config import MODES
+    from fedem_private.simulation.config import AGGREGATIONS, BACKBONES, CODECS, MERGES, METHODS
+
+    assert main(["list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    listed = [tuple(line.split()[:2]) for line in lines]
+    for kind, names in (("method", METHODS), ("backbone", BACKBONES), ("merge", MERGES),
+                        ("aggregation", AGGREGATIONS), ("codec", CODECS), ("privacy", MODES)):
+        assert [n for k, n in listed if k == kind] == list(names), kind
+    fedem = next(line for line in lines if line.split()[:2] == ["method", "fedem"])
+    assert "backbone mf, aggregation similarity, merge em" in fedem
+
+
+def test_list_imports_no_heavy_library():
+    import json
+    import subprocess
+    import sys
+
+    code = ("import json, sys, contextlib, io\nfrom fedem_private.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n    rc = main(['list'])\n"
+            "print(json.dumps([rc, [m for m in ('torch', 'pandas', 'matplotlib') "
+            "if m in sys.modules]]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert json.loads(out.stdout) == [0, []]
+
+
+def test_dry_run_prints_the_resolved_config_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    from fedem_private.simulation.config import load_toml, to_dict
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--method", "fedem", "--rounds", "3", "--dry-run",
+                 "--out", str(tmp_path / "o")]) == 0
+    text = capsys.readouterr().out
+    (tmp_path / "printed.toml").write_text(text)
+    cfg = load_toml(tmp_path / "printed.toml")
+    assert cfg.train.rounds == 3 and cfg.federation.method == "fedem"
+    assert cfg.federation.merge == "em" and cfg.federation.aggregation == "similarity"
+    assert to_dict(cfg) == to_dict(cfg.validate().resolved())  # already resolved
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["printed.toml"]
+    assert main(["run", "--rounds", "0", "--dry-run"]) == 2  # still validated
+
+
+# ---------------------------------------- 5: a model that diverged is not a mis-set clip
+def _history(norms: list[float], frac: float, noise: float):
+    from types import SimpleNamespace
+
+    return [SimpleNamespace(privacy={"frac_clipped": frac, "mean_pre_clip_norm": n,
+                                     "clip": 800.0, "noise_scale": noise}) for n in norms]
+
+
+def test_a_run_whose_norm_blew_up_under_noise_is_said_to_have_diverged():
+    from fedem_private.experiments.runner import clipping_summary
+
+    diverged = clipping_summary(_history([880.0, 5e4, 1.2e7], 0.93, 200.0))["warning"]
+    assert "not for want of a larger clip" in diverged and "diverged under the noise" in diverged
+    assert "1.36e+04-fold" in diverged
+    # the same share clipped with a steady norm (or without noise) is a clip to reconsider
+    for history in (_history([3000.0, 3100.0, 3200.0], 0.93, 200.0),
+                    _history([880.0, 5e4, 1.2e7], 0.93, 0.0)):
+        warning = clipping_summary(history)["warning"]
+        assert "clipping discarded most of each update" in warning and "diverged" not in warning
+
+
+def test_the_report_lists_diverged_settings_apart_from_mis_set_clips():
+    import pandas as pd
+
+    from fedem_private.experiments.report import clipping_notes, diverged_notes
+
+    base = {"dataset": "synthetic", "protocol": "strict", "variant": "fedem-em",
+            "mode": "ldp-laplace", "clip_mean": 800.0, "frac_clipped_mean": 0.95}
+    agg = pd.DataFrame([
+        {**base, "eps_target": 8.0, "noise_scale_mean": 200.0, "mean_pre_clip_norm_mean": 1.4e7,
+         "pre_clip_norm_growth_mean": 1.5e4},
+        {**base, "eps_target": float("inf"), "noise_scale_mean": 0.0,
+         "mean_pre_clip_norm_mean": 3220.0, "pre_clip_norm_growth_mean": 3.7}])
+    (diverged,) = diverged_notes(agg)
+    assert "ε 8: pre-clip norm grew 1.5e+04-fold" in diverged
+    (mis_set,) = clipping_notes(agg)
+    assert "ε ∞ (clip only): 95% of uploads clipped" in mis_set
+
+
+def test_a_stop_landing_as_a_worker_takes_a_point_cancels_it(tmp_path, monkeypatch):
+    """The pool's SIGTERM can reach a worker between its stop-flag check and the run: the
+    worker is already marked busy there, so the signal interrupts it and the point comes
+    back cancelled (before, the signal was ignored and the point ran to its end)."""
+    from fedem_private.experiments import sweep
+    from fedem_private.experiments.sweep_spec import grid, load_spec
+
+    (point,) = grid(load_spec(None))[:1]
+    seen = []
+
+    class SignalledWhileChecking:
+        def set(self) -> None:  # the handler records the stop
+            pass
+
+        def is_set(self) -> bool:
+            seen.append(sweep._BUSY)
+            sweep._on_sigint(15, None)  # the handler, as the signal would run it here
+            return False
+
+    monkeypatch.setattr(sweep, "_STOP", SignalledWhileChecking())
+    monkeypatch.setattr(sweep, "execute_point", lambda *a: pytest.fail("the point ran"))
+    outcome = sweep._work(point, tmp_path, False)
+    assert seen == [True] and outcome.status == "cancelled" and not sweep._BUSY

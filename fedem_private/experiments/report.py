@@ -78,8 +78,11 @@ def split_settings(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
 
     Returns the frame with those settings appended to ``variant`` (e.g.
     ``fedmf [rounds=12]``), so every table row and plot line is one setting,
-    and the names of the columns that differ. Raises :class:`UserError` when
-    two rows of one setting share a seed (they would be averaged as two seeds).
+    and the names of the columns that differ. A row's label names only the
+    settings that differ among its method variant's runs (FedMF's rounds, not
+    the clip that differs only between FedEM's runs). Raises
+    :class:`UserError` when two rows of one setting share a seed (they would be
+    averaged as two seeds).
     """
     known = frame["config_id"].notna() if "config_id" in frame.columns else None
     candidates = [c for c in frame.columns if c.startswith(CONFIG_PREFIX)]
@@ -92,9 +95,15 @@ def split_settings(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     split = [c for c in candidates if groups[c].nunique(dropna=True).max() > 1]
     out = frame.copy()
     if split:
-        labels = [" [" + ", ".join(f"{_short(c)}={_setting_text(v)}" for c, v in
-                                   zip(split, values, strict=True)) + "]"
-                  for values in work[split].itertuples(index=False)]
+        # per row: the settings that vary among its variant's runs (all modes and budgets,
+        # so that a variant's lines keep one label, its no-DP points included)
+        by_variant = work.groupby(["dataset", "protocol", "variant"], dropna=False, sort=False)
+        varies = by_variant[split].transform("nunique") > 1
+        labels = [" [" + ", ".join(f"{_short(c)}={_setting_text(v)}" for c, v, keep in
+                                   zip(split, values, flags, strict=True) if keep) + "]"
+                  for values, flags in zip(work[split].itertuples(index=False),
+                                           varies.itertuples(index=False), strict=True)]
+        labels = [label if label != " []" else "" for label in labels]
         out["variant"] = out["variant"].astype(str) + pd.Series(labels, index=out.index)
     twice = out.groupby(KEYS, dropna=False)["seed"].apply(lambda s: s.duplicated().any())
     if twice.any():
@@ -241,9 +250,36 @@ def attack_assumption_notes(frame: pd.DataFrame, attacks: list[str]) -> list[str
     return out
 
 
+def diverged_notes(agg: pd.DataFrame) -> list[str]:
+    """Noisy settings whose pre-clip norm grew by orders of magnitude over the rounds (mean over
+    seeds): the model diverged under the noise; their clipping is a symptom, not a setting."""
+    from fedem_private.experiments.runner import DIVERGED_GROWTH, MOSTLY_CLIPPED
+
+    if "pre_clip_norm_growth_mean" not in agg.columns:
+        return []
+    notes = []
+    for _, r in _sort(agg).iterrows():
+        growth, noise = r["pre_clip_norm_growth_mean"], r.get("noise_scale_mean", math.nan)
+        if noise > 0 and growth > DIVERGED_GROWTH and r["frac_clipped_mean"] > MOSTLY_CLIPPED:
+            notes.append(f"{r['dataset']} / {r['protocol']} / {r['variant']} / {r['mode']} ε "
+                         f"{_eps_label(r)}: pre-clip norm grew {growth:.3g}-fold to "
+                         f"{_num(r.get('mean_pre_clip_norm_mean', math.nan))} (clip "
+                         f"{_num(r['clip_mean'])}), so {r['frac_clipped_mean']:.0%} of uploads "
+                         "were clipped")
+    return notes
+
+
+def _diverged(r: pd.Series) -> bool:
+    from fedem_private.experiments.runner import DIVERGED_GROWTH
+
+    return (r.get("noise_scale_mean", math.nan) > 0
+            and r.get("pre_clip_norm_growth_mean", math.nan) > DIVERGED_GROWTH)
+
+
 def clipping_notes(agg: pd.DataFrame) -> list[str]:
-    """Settings where most uploads were clipped, or almost none while noise is scaled to the
-    clip (last round, mean over seeds); thresholds as the runner's warning."""
+    """Settings where most uploads were clipped (and the model did not diverge: see
+    :func:`diverged_notes`), or almost none while noise is scaled to the clip (last round,
+    mean over seeds); thresholds as the runner's warning."""
     from fedem_private.experiments.runner import MOSTLY_CLIPPED, RARELY_CLIPPED
 
     if "frac_clipped_mean" not in agg.columns:
@@ -257,7 +293,7 @@ def clipping_notes(agg: pd.DataFrame) -> list[str]:
         norm = _num(r.get("mean_pre_clip_norm_mean", math.nan))
         # ldp-dpsgd clips each sampled positive's gradient, not the upload
         unit = "positives' gradients" if r["mode"] == "ldp-dpsgd" else "uploads"
-        if frac > MOSTLY_CLIPPED:
+        if frac > MOSTLY_CLIPPED and not _diverged(r):
             notes.append(f"{what}: {frac:.0%} of {unit} clipped (pre-clip norm {norm}, clip "
                          f"{_num(r['clip_mean'])}): clipping discards most of each update")
         elif noise > 0 and frac < RARELY_CLIPPED:
@@ -384,6 +420,12 @@ def write_report(sources: str | Sequence[str], out_dir: str | None = None,
         md += ["**Clipping looks mis-set** (last round, mean over seeds; choosing the clip "
                "from these private norms is not itself private):", ""]
         md += [f"- {n}" for n in notes] + [""]
+    diverged = diverged_notes(agg)
+    if diverged:
+        md += ["**Diverged under the noise**: the pre-clip norm of the uploads grew by orders of "
+               "magnitude over the rounds (first to last evaluated round, mean over seeds), "
+               "so most were clipped whatever the clip; a larger clip would not help:", ""]
+        md += [f"- {n}" for n in diverged] + [""]
     md += attack_assumption_notes(frame, attacks)
     if not attacks:
         md += ["No attack scores found (no `attacks.json` in the run directories), so the "

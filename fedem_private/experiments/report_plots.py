@@ -201,7 +201,7 @@ def utility_figure(agg: pd.DataFrame, dataset: str, path: Path, random_full: flo
             ax.set_ylim(bottom=0)
             ax.set_title(_titled(mode, title))
             ax.set_ylabel("HR@10")
-            ax.legend(fontsize=8, loc="best")
+            legend(ax, 8)
     fig.suptitle(f"{dataset}: utility vs privacy budget ({_over(n_seeds)})")
     return _save(fig, path)
 
@@ -220,7 +220,7 @@ def attack_figure(agg: pd.DataFrame, dataset: str, attacks: Sequence[str], path:
             ax.set_ylim(min(ax.get_ylim()[0], 0.45), 1.03)
             ax.set_title(_titled(mode, f"{attack} attack (last recorded round)"))
             ax.set_ylabel("attack AUC (further from 0.5 = more leakage)")
-        row[0].legend(fontsize=8, loc="best")
+        legend(row[0], 8)
     fig.suptitle(f"{dataset}: attack success vs privacy budget ({_over(n_seeds)})")
     return _save(fig, path)
 
@@ -277,7 +277,7 @@ def _frontier_row(row: Sequence[plt.Axes], all_lines: list[Line], axis: EpsAxis,
         ax.set_ylabel("HR@10, full ranking")
         ax.set_title(_titled(mode, f"{attack}: better is up and to the left"))
         ax.grid(alpha=0.3)
-    row[0].legend(fontsize=8, loc="best")
+    legend(row[0], 8)
 
 
 def bytes_figure(agg: pd.DataFrame, dataset: str, path: Path, n_seeds: str) -> Path:
@@ -321,7 +321,7 @@ def bytes_figure(agg: pd.DataFrame, dataset: str, path: Path, n_seeds: str) -> P
         ax.grid(alpha=0.3, which="both")
         handles, labels = ax.get_legend_handles_labels()
         seen = dict(zip(labels, handles, strict=True))
-        ax.legend(seen.values(), seen.keys(), fontsize=7, loc="best")
+        legend(ax, 7, list(seen.values()), list(seen.keys()))
     fig.suptitle(f"{dataset}: utility vs upload size ({_over(n_seeds)})")
     return _save(fig, path)
 
@@ -369,11 +369,35 @@ def _join_eps(texts: list[str]) -> str:
     return ", ".join(([f"ε={', '.join(nums)}"] if nums else []) + rest)
 
 
+# a legend of more entries than this goes below its panel, where it covers no data
+LEGEND_INSIDE_MAX = 6
+
+
+def legend(ax: plt.Axes, fontsize: int, handles: list | None = None,
+           labels: list[str] | None = None) -> None:
+    """The panel's legend: inside it (where it covers least) when short, else below it, in
+    columns, so that a sweep of many settings does not hide its own lines."""
+    if handles is None or labels is None:
+        handles, labels = ax.get_legend_handles_labels()
+    if len(labels) <= LEGEND_INSIDE_MAX:
+        ax.legend(handles, labels, fontsize=fontsize, loc="best")
+        return
+    below = ax.legend(handles, labels, fontsize=fontsize, loc="upper center", frameon=False,
+                      bbox_to_anchor=(0.5, -0.3), ncol=2 if len(labels) > LEGEND_INSIDE_MAX else 1)
+    spec = ax.get_subplotspec()
+    # in the last row the panels keep their size and the saved image grows instead; above
+    # it the layout makes room, so the legend does not run into the next row
+    below.set_in_layout(spec is not None and not spec.is_last_row())
+
+
 def _save(fig: plt.Figure, path: Path) -> Path:
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, dpi=120, format="png")
+    below = [leg for ax in fig.axes if (leg := ax.get_legend()) is not None
+             and not leg.get_in_layout()]  # legends below their panels (see legend)
+    fig.savefig(tmp, dpi=120, format="png", bbox_inches="tight",
+                bbox_extra_artists=[*fig.axes, *fig.legends, *fig.texts, *below])
     plt.close(fig)
     tmp.replace(path)
     return path

@@ -53,7 +53,8 @@ LEGACY_KEYS = ["dataset", "method", "variant", "aggregation", "merge", "protocol
 TAIL_COLUMNS = ["codec", "bytes_up", "bytes_down", "bytes_up_last", "bytes_total",
                 "guarantee", "eps_paper_heuristic", "clip",
                 "noise_scale", "noise_to_signal", "frac_clipped",
-                "mean_pre_clip_norm", "rho_mean", "rounds", "n_users", "n_items",
+                "mean_pre_clip_norm", "pre_clip_norm_growth", "rho_mean", "rounds", "n_users",
+                "n_items",
                 "cold_test_share", "audit",
                 "neighbouring", "trust_model", "amplification", "seconds_per_round",
                 "seconds_total"]
@@ -82,13 +83,19 @@ def _number(value: Any) -> float:
         return math.nan
 
 
-def _last_row(path: Path) -> dict[str, str]:
+def _first_and_last_rows(path: Path) -> tuple[dict[str, str], dict[str, str]]:
     try:
         with path.open(newline="") as fh:
             rows = list(csv.DictReader(fh))
     except OSError:
-        return {}
-    return rows[-1] if rows else {}
+        return {}, {}
+    return (rows[0], rows[-1]) if rows else ({}, {})
+
+
+def norm_growth(first: dict[str, str], last: dict[str, str]) -> float:
+    """The last evaluated round's mean pre-clip norm over the first's (NaN without both)."""
+    start, end = _number(first.get("mean_pre_clip_norm")), _number(last.get("mean_pre_clip_norm"))
+    return end / start if start > 0 and math.isfinite(end) else math.nan
 
 
 def _column(text: str) -> str:
@@ -233,7 +240,7 @@ def run_row(run: Path, root: Path) -> dict[str, Any]:
             for view in ("aggregator", "observer"):
                 row[f"canary_eps_hat_{view}"] = _number((views.get(view) or {}).get("eps_hat"))
             row["canary_ok"] = bool(canary.get("ok"))
-    last = _last_row(run / "metrics.csv")
+    first, last = _first_and_last_rows(run / "metrics.csv")
     attacks, verdict = attack_columns(read_records(run / ATTACKS_FILE) or [])
     comm = summary.get("communication") or {}
     row.update({
@@ -251,6 +258,8 @@ def run_row(run: Path, root: Path) -> dict[str, Any]:
         "noise_to_signal": _number((privacy.get("noise_to_signal") or {}).get("mean_over_rounds")),
         "frac_clipped": _number(last.get("frac_clipped")),
         "mean_pre_clip_norm": _number(last.get("mean_pre_clip_norm")),
+        # how many times the pre-clip norm grew from the first evaluated round to the last
+        "pre_clip_norm_growth": norm_growth(first, last),
         # mode paper: the FedEM paper's own eps (worst client, summed), NOT a guarantee
         "eps_paper_heuristic": _number((privacy.get("paper_heuristic") or {}).get(
             "epsilon_summed_worst_client")),

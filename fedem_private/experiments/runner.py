@@ -55,6 +55,9 @@ def last_merge_rho(history: list[RoundStats]) -> float | None:
 # clip warnings: most uploads clipped, or (with noise scaled to the clip) almost none
 MOSTLY_CLIPPED = 0.9
 RARELY_CLIPPED = 0.05
+# a noisy run whose pre-clip norm grew this many times over the rounds diverged: its
+# uploads are clipped because the noise blew the model up, not because C is mis-set
+DIVERGED_GROWTH = 100.0
 
 
 def clipping_summary(history: list[RoundStats], what: str = "uploads"
@@ -72,7 +75,14 @@ def clipping_summary(history: list[RoundStats], what: str = "uploads"
     clip = rounds[-1].get("clip")
     noisy = any(r.get("noise_scale", 0) > 0 for r in rounds)
     warning = None
-    if frac > MOSTLY_CLIPPED:
+    firsts = [r["mean_pre_clip_norm"] for r in rounds[:1] if r.get("mean_pre_clip_norm")]
+    growth = (rounds[-1].get("mean_pre_clip_norm") or 0.0) / firsts[0] if firsts else 0.0
+    if frac > MOSTLY_CLIPPED and noisy and growth > DIVERGED_GROWTH:
+        warning = (f"{frac:.0%} of {what} were clipped, but not for want of a larger clip: "
+                   f"the mean pre-clip norm grew {growth:.3g}-fold over the rounds (to "
+                   f"{rounds[-1]['mean_pre_clip_norm']:.4g}, clip {clip:g}): the model diverged "
+                   f"under the noise")
+    elif frac > MOSTLY_CLIPPED:
         warning = (f"{frac:.0%} of {what} were clipped (mean pre-clip norm {norm:.4g}, clip "
                    f"{clip:g}): clipping discarded most of each update; a clip near the "
                    f"pre-clip norm keeps more of it (tuning it on these private norms is not "

@@ -263,11 +263,13 @@ def execute_point(point: GridPoint, root: Path, force: bool = False) -> Outcome:
 def _work(point: GridPoint, root: Path, force: bool) -> Outcome:
     """Pool worker entry: run one point unless the sweep is stopping."""
     global _BUSY
-    if _STOP is not None and _STOP.is_set():
-        return Outcome(point.name, "cancelled")
-    _BUSY = True
+    _BUSY = True  # before the check: a stop signalled in between interrupts, not lost
     try:
+        if _STOP is not None and _STOP.is_set():
+            return Outcome(point.name, "cancelled")
         return execute_point(point, root, force)
+    except KeyboardInterrupt:  # arrived before execute_point could take it
+        return Outcome(point.name, "cancelled")
     finally:
         _BUSY = False
 
@@ -455,9 +457,9 @@ def run_sweep(spec_path: str | None, out_dir: str | None, jobs: int | None = Non
 
     ``spec_path`` None runs the built-in quick sweep; ``out_dir`` None writes
     under :func:`default_out`. Without ``ray``, ``jobs`` points run at once in
-    worker processes (None: 1; <= 0: one per core). With ``ray``, points run
+    worker processes (None: 1; 0: one per core; negative: refused). With ``ray``, points run
     as Ray tasks: ``"local"`` starts a local Ray instance with ``jobs`` CPUs
-    (None or <= 0: every core); any other value is the address of a running
+    (None or 0: every core); any other value is the address of a running
     cluster (``auto``, ``HOST:6379``, ``ray://HOST:10001``), whose workers must
     see ``out_dir`` at the same path; there ``jobs`` > 0 caps the points in
     flight. Writes ``results.csv`` over every run under ``out_dir`` when it
@@ -465,6 +467,8 @@ def run_sweep(spec_path: str | None, out_dir: str | None, jobs: int | None = Non
     """
     from fedem_private.experiments.results import write_results
 
+    if jobs is not None and jobs < 0:
+        raise UserError(f"jobs must be 0 (one per CPU core) or more, got {jobs}")
     if ray is not None:
         ray_tasks.import_ray()  # missing Ray fails before anything is written
     spec = load_spec(spec_path)

@@ -37,8 +37,8 @@ SWEEP_ARGS_HELP = {
     "out": f"root directory of the run directories (default: {QUICK_OUT}, or "
            "runs/sweep-<CONFIG name>)",
     "jobs": "grid points run in parallel, each in its own process (0: one per CPU core; "
-            "default 1); with --ray: the CPUs of a local Ray instance, or at most N points at "
-            "once on a cluster (default: all Ray has)",
+            "default 1; negative numbers are refused); with --ray: the CPUs of a local Ray "
+            "instance, or at most N points at once on a cluster (default: all Ray has)",
     "ray": "run the grid points as Ray tasks: on a local Ray instance, or on the running "
            "cluster at ADDRESS (auto, HOST:6379 or ray://HOST:10001; DIR must then be on a "
            "filesystem every node sees at the same path); needs pip install "
@@ -62,12 +62,24 @@ REPORT_ARGS_HELP = {
 }
 
 
+def jobs_count(text: str) -> int:
+    """``--jobs N``: an integer >= 0 (0: one per CPU core)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative; give 0 for one job per CPU "
+                                         "core, or a number of jobs")
+    return value
+
+
 def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``sweep`` (see :func:`run_sweep_from_args`)."""
     parser.add_argument("config", nargs="?", default=None, metavar="CONFIG",
                         help=SWEEP_ARGS_HELP["config"])
     parser.add_argument("--out", default=None, metavar="DIR", help=SWEEP_ARGS_HELP["out"])
-    parser.add_argument("--jobs", type=int, default=None, metavar="N",
+    parser.add_argument("--jobs", type=jobs_count, default=None, metavar="N",
                         help=SWEEP_ARGS_HELP["jobs"])
     parser.add_argument("--ray", nargs="?", const=LOCAL_RAY, default=None, metavar="ADDRESS",
                         help=SWEEP_ARGS_HELP["ray"])

@@ -927,6 +927,8 @@ def from_dict(values: dict) -> RunConfig:
 def read_toml(path: str | Path, what: str = "config file") -> dict:
     """Parse a TOML file; a missing or invalid file is a one-line UserError naming ``what``."""
     p = Path(path)
+    if p.is_dir():
+        raise UserError(f"{what} {p} is a directory; name a TOML file")
     if not p.is_file():
         raise UserError(f"{what} not found: {p}")
     try:

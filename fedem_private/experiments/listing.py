@@ -1,0 +1,43 @@
+"""``fedem-private list``: the methods (presets) and the parts they compose, one line each."""
+
+from __future__ import annotations
+
+from fedem_private.data import DATASETS
+from fedem_private.experiments.attack_step import ATTACK_NAMES
+from fedem_private.privacy.config import MODE_DESCRIPTIONS, MODES
+from fedem_private.simulation.config import (
+    AGGREGATIONS,
+    BACKBONE_METHOD,
+    BACKBONES,
+    CODECS,
+    LEARNED_MERGES,
+    MERGES,
+    METHOD_BACKBONE,
+    METHOD_DEFAULTS,
+    METHODS,
+    PROTOCOLS_ALL,
+)
+
+
+def catalogue() -> list[tuple[str, str, str]]:
+    """``(kind, name, note)`` for every method preset and part a run can name."""
+    rows = [("method", m, f"preset: backbone {METHOD_BACKBONE[m]}, aggregation "
+             f"{METHOD_DEFAULTS[m][0]}, merge {METHOD_DEFAULTS[m][1]}") for m in METHODS]
+    rows += [("backbone", b, f"--backbone (without --method: preset {BACKBONE_METHOD[b]})")
+             for b in BACKBONES]
+    rows += [("aggregation", a, "--aggregation") for a in AGGREGATIONS]
+    rows += [("merge", m, "--merge" + (" (learned: an adapter)" if m in LEARNED_MERGES else ""))
+             for m in MERGES]
+    rows += [("codec", c, "--codec (upload)") for c in CODECS]
+    rows += [("privacy", p, MODE_DESCRIPTIONS.get(p, "--privacy")) for p in MODES]
+    rows += [("dataset", d, "--dataset") for d in DATASETS]
+    rows += [("protocol", p, "--protocol") for p in PROTOCOLS_ALL]
+    rows += [("attack", a, "attack --attacks") for a in ATTACK_NAMES]
+    return rows
+
+
+def format_catalogue(rows: list[tuple[str, str, str]]) -> str:
+    """One aligned line per row: ``kind  name  note``."""
+    width = max(len(name) for _, name, _ in rows)
+    kind_width = max(len(kind) for kind, _, _ in rows)
+    return "\n".join(f"{kind:<{kind_width}}  {name:<{width}}  {note}" for kind, name, note in rows)
