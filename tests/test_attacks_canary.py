@@ -177,3 +177,20 @@ def test_cdp_run_without_recording_is_audited_from_its_ledger(tmp_path) -> None:
     assert (tmp_path / "run" / "attacks.json").is_file()
     with pytest.raises(UserError, match="recorded"):
         run_attacks(tmp_path / "run", ["projection", "canary"])
+
+
+def test_attack_command_fails_loudly_on_a_certified_failure(tmp_path, capsys) -> None:
+    """ldp-touched-rows leaks its touched rows: the certified canary audit fails, and the
+    ``attack`` command says so on stderr and exits 3."""
+    from fedem_private.cli import main
+    from fedem_private.experiments.runner import execute
+    from fedem_private.simulation.config import RunConfig, with_overrides
+
+    cfg = with_overrides(RunConfig(), {
+        "data.dataset": "synthetic", "data.synthetic.n_users": 30, "data.synthetic.n_items": 20,
+        "train.rounds": 1, "train.local_epochs": 1, "train.dim": 4,
+        "privacy.mode": "ldp-touched-rows", "privacy.epsilon_round": 1.0})
+    execute(cfg, tmp_path / "run")
+    assert main(["attack", str(tmp_path / "run"), "--attacks", "canary", "--quiet"]) == 3
+    err = capsys.readouterr().err
+    assert "certified audit FAILED (canary)" in err and "touched rows leak" in err
