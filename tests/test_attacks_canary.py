@@ -194,3 +194,24 @@ def test_attack_command_fails_loudly_on_a_certified_failure(tmp_path, capsys) ->
     assert main(["attack", str(tmp_path / "run"), "--attacks", "canary", "--quiet"]) == 3
     err = capsys.readouterr().err
     assert "certified audit FAILED (canary)" in err and "touched rows leak" in err
+
+
+def test_dpsgd_run_is_audited_from_its_ledger(tmp_path) -> None:
+    """An ldp-dpsgd run: the canary record rebuilds the DP-SGD parameters from the ledger
+    and audits one round's steps against the accounted per-round eps."""
+    from attacks.run import run_attacks
+    from fedem_private.experiments.runner import execute
+    from fedem_private.simulation.config import RunConfig, with_overrides
+
+    cfg = with_overrides(RunConfig(), {
+        "data.dataset": "synthetic", "data.synthetic.n_users": 30, "data.synthetic.n_items": 20,
+        "train.rounds": 2, "train.local_epochs": 1, "train.dim": 4,
+        "privacy.mode": "ldp-dpsgd", "privacy.epsilon": 4.0, "privacy.dpsgd_steps": 5})
+    execute(cfg, tmp_path / "run")
+    report = run_attacks(tmp_path / "run", ["canary"], write=False)
+    (record,) = report["records"]
+    out = record["relations"]["canary"]
+    assert out["mode"] == "ldp-dpsgd" and out["n_canaries"] == 1_000_000
+    assert record["eps_claimed"] == pytest.approx(report["eps_accounted_per_round"])
+    assert 0 < record["eps_claimed"] < 4.0 and out["delta"] == pytest.approx(1e-5)
+    assert record["audit_ok"] is True and record["audit_certified"] is True
