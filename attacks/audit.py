@@ -23,7 +23,8 @@ Two bounds, each with what it assumes.
    with probability 1/2; the auditor guesses in/out for r of them and gets v
    right. If the mechanism is eps-DP in each canary, v is stochastically
    dominated by Binomial(r, e^eps / (1 + e^eps)) (their Theorem 3.1), so the
-   p-value of eps is P[Binomial(r, q) >= v], q = e^eps / (1 + e^eps). With
+   p-value of eps is P[Binomial(r, q) >= v], q = e^eps / (1 + e^eps)
+   (:mod:`fedem_private.privacy.audit_bounds`, re-exported here). With
    delta > 0 their Corollary 5.4 (the code of their Appendix D) adds
    2 m delta max_{i = 1..v} P[v > Binomial(r, q) >= v - i] / i. The bound is
    the largest eps whose p-value is below 1 - ``confidence`` (found by
@@ -52,7 +53,12 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import special, stats
 
-_EPS_CAP = 1000.0
+# the one-run bound lives in the privacy layer (the in-run canary audit uses it too)
+from fedem_private.privacy.audit_bounds import (  # noqa: F401  (re-exported)
+    gdp_mu_lower_bound,
+    one_run_eps_lower_bound,
+    one_run_p_value,
+)
 
 
 def cp_lower(successes: float | np.ndarray, trials: float | np.ndarray, alpha: float
@@ -96,39 +102,6 @@ def cp_eps_lower_bound(tp: float, n_pos: float, fp: float, n_neg: float, *,
     tpr_lo = cp_lower(tp, n_pos, alpha)
     fpr_hi = cp_upper(fp, n_neg, alpha)
     return float(eps_from_rates(tpr_lo, fpr_hi, delta))
-
-
-def one_run_p_value(m: int, r: int, v: int, eps: float, delta: float = 0.0) -> float:
-    """P-value of v correct guesses out of r (m canaries) under (eps, delta)-DP (bound 2)."""
-    if not 0 <= v <= r <= m:
-        raise ValueError(f"need 0 <= v <= r <= m; got v={v}, r={r}, m={m}")
-    if eps < 0 or not 0 <= delta <= 1:
-        raise ValueError("need eps >= 0 and 0 <= delta <= 1")
-    q = float(special.expit(eps))
-    p = float(stats.binom.sf(v - 1, r, q))
-    if delta > 0 and v > 0:
-        i = np.arange(1, v + 1)
-        below = stats.binom.cdf(v - 1, r, q) - stats.binom.cdf(v - 1 - i, r, q)
-        p += 2.0 * m * delta * float(np.max(below / i))
-    return min(p, 1.0)
-
-
-def one_run_eps_lower_bound(m: int, r: int, v: int, *, confidence: float = 0.95,
-                            delta: float = 0.0, iterations: int = 60) -> float:
-    """Largest eps with one_run_p_value(m, r, v, eps, delta) < 1 - confidence; 0 if none."""
-    beta = 1.0 - confidence
-    if r == 0 or one_run_p_value(m, r, v, 0.0, delta) >= beta:
-        return 0.0
-    lo, hi = 0.0, 1.0
-    while hi < _EPS_CAP and one_run_p_value(m, r, v, hi, delta) < beta:
-        lo, hi = hi, 2.0 * hi
-    for _ in range(iterations):
-        mid = 0.5 * (lo + hi)
-        if one_run_p_value(m, r, v, mid, delta) < beta:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 # ---------------------------------------------------------------------------
@@ -209,6 +182,54 @@ def cp_audit(scores: np.ndarray, labels: np.ndarray, select: np.ndarray, evaluat
     tp, fp = int((ts[tc] >= t).sum()), int((ts[~tc] >= t).sum())
     eps = cp_eps_lower_bound(tp, n_pos, fp, n_neg, confidence=confidence, delta=delta)
     return CPAudit(eps, t, tp, n_pos, fp, n_neg)
+
+
+@dataclass(frozen=True)
+class GdpAudit:
+    """Result of :func:`gdp_audit`: the GDP bound and the counts behind it."""
+
+    mu_lb: float
+    threshold: float
+    tp: int
+    n_pos: int
+    fp: int
+    n_neg: int
+
+
+def gdp_audit(scores: np.ndarray, members: np.ndarray, select: np.ndarray,
+              evaluate: np.ndarray, *, confidence: float = 0.95) -> GdpAudit:
+    """GDP bound (:func:`~fedem_private.privacy.audit_bounds.gdp_mu_lower_bound`) from
+    one-dimensional canary scores, one coin-flipped canary per entry.
+
+    ``scores`` and ``members`` (bool) are (n,); ``select`` and ``evaluate`` are
+    disjoint index arrays. The threshold (flag "member" when score >= t) is the one,
+    among the 5%..95% quantiles of the pooled ``select`` scores, maximising the bound
+    on the ``select`` canaries, their rates scaled to the evaluation counts; it is
+    then applied once to the ``evaluate`` canaries, whose counts give the bound.
+    Certified only when membership was a fair coin.
+    """
+    s = np.asarray(scores, dtype=np.float64)
+    y = np.asarray(members, dtype=bool)
+    ev_s, ev_y = s[evaluate], y[evaluate]
+    n_pos, n_neg = int(ev_y.sum()), int((~ev_y).sum())
+    pos, neg = np.sort(s[select][y[select]]), np.sort(s[select][~y[select]])
+    if n_pos == 0 or n_neg == 0 or pos.size == 0 or neg.size == 0:
+        return GdpAudit(0.0, math.inf, 0, n_pos, 0, n_neg)
+    # central thresholds only (pooled quantiles 5%..95%): the probit of a rate is most
+    # precise near 1/2, and a tail threshold picked on a few select canaries is mostly
+    # their noise (it would not carry over to the evaluation canaries)
+    cand = np.unique(np.quantile(np.concatenate([pos, neg]), np.linspace(0.05, 0.95, 181)))
+    tpr = 1.0 - np.searchsorted(pos, cand, side="left") / pos.size
+    fpr = 1.0 - np.searchsorted(neg, cand, side="left") / neg.size
+    alpha = (1.0 - confidence) / 2.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        est = np.nan_to_num(special.ndtri(cp_lower(tpr * n_pos, n_pos, alpha))
+                            - special.ndtri(cp_upper(fpr * n_neg, n_neg, alpha)),
+                            nan=-np.inf, posinf=-np.inf)
+    t = float(cand[int(np.argmax(est))])
+    tp, fp = int((ev_s[ev_y] >= t).sum()), int((ev_s[~ev_y] >= t).sum())
+    mu = gdp_mu_lower_bound(tp, n_pos, fp, n_neg, confidence=confidence)
+    return GdpAudit(mu, t, tp, n_pos, fp, n_neg)
 
 
 @dataclass(frozen=True)

@@ -281,7 +281,7 @@ def _canary_record(ctx: PrivacyContext, seed: int) -> dict[str, Any]:
                      "audit_ok": None, "audit_reason": "not audited"})
         return base
     t0 = time.perf_counter()
-    out = canary_audit(ctx.params, seed=seed)
+    out = canary_audit(ctx.params, seed=seed, confidence=CONFIDENCE)
     lower = out["eps_lower_bound"]
     ok, reason = _verdict(lower, ctx, certified=True)
     base.update({"seconds": time.perf_counter() - t0, "relations": {"canary": out},

@@ -413,9 +413,17 @@ def _canary_text(audit: dict[str, Any] | None) -> str:
         value = (views.get(view) or {}).get("eps_hat")
         return "n/a" if value is None else f"{float(value):.3g}"
 
-    verdict = "ok" if audit.get("ok") else "FLAGGED: noise below the accounted scale"
+    def bound(view: str) -> str:
+        value = (views.get(view) or {}).get("eps_lower_bound")
+        return "n/a" if value is None else f"{float(value):.3g}"
+
+    certified = any((v or {}).get("flagged_certified") for v in views.values())
+    verdict = ("ok" if audit.get("ok") else
+               "FAILED: certified lower bound above the accounted eps" if certified else
+               "FLAGGED: noise below the accounted scale")
     return (f"; canary audit eps_hat {est('aggregator')} (aggregator), {est('observer')} "
-            f"(observer): {verdict}")
+            f"(observer), certified eps >= {bound('aggregator')} / {bound('observer')} at "
+            f"95%: {verdict}")
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -471,6 +479,13 @@ def _cmd_attack(args: argparse.Namespace) -> int:
 
         print(format_table(report))
     print(f"wrote {report['path']}")
+    failed = [r for r in report["records"]
+              if r.get("audit_certified") and r.get("audit_ok") is False]
+    if failed:  # a certified bound above the accounted eps: a privacy bug, said loudly
+        for r in failed:
+            print(f"{PROG}: error: certified audit FAILED ({r['attack']}): {r['audit_reason']}",
+                  file=sys.stderr)
+        return 3
     return 0
 
 

@@ -21,8 +21,10 @@ from fedem_private.privacy.accounting import gaussian_epsilon
 from fedem_private.privacy.canaries import (
     CanaryAudit,
     canary_directions,
+    canary_membership,
     canary_participation,
     gaussian_fit_epsilon,
+    one_run_bound,
 )
 from fedem_private.privacy.config import PrivacyConfig
 from fedem_private.simulation.config import RunConfig, with_overrides
@@ -56,15 +58,39 @@ def test_gaussian_fit_recovers_a_known_shift(mu):
 
 def test_an_inserted_canary_adds_exactly_c_along_its_direction():
     audit = CanaryAudit(count=3, clip=0.7, noise_multiplier=0.0, sample_rate=1.0, seed=2)
+    ins = audit.members
+    assert ins is not None and ins.any() and not ins.all()
     total = audit.contribution(1, torch.Size([1, 30, 4]))
     u = audit.directions
     assert total.shape == (1, 30, 4)
-    expected = 0.7 * u[:3].sum(dim=0)
+    expected = 0.7 * u[torch.from_numpy(np.flatnonzero(ins))].sum(dim=0)
     assert torch.allclose(total.reshape(-1), expected)
     audit.observe(total)
     proj = audit.projections[0]
     # an inserted canary reads about 1 (its own C / C) plus the others' tiny overlap
-    assert np.allclose(proj[:3], 1.0, atol=0.5) and np.allclose(proj[3:], 0.0, atol=0.5)
+    assert np.allclose(proj[ins], 1.0, atol=0.5) and np.allclose(proj[~ins], 0.0, atol=0.5)
+
+
+def test_membership_is_a_keyed_fair_coin():
+    coins = canary_membership(0, 20000)
+    assert coins.mean() == pytest.approx(0.5, abs=4 * math.sqrt(0.25 / coins.size))
+    assert np.array_equal(coins, canary_membership(0, 20000))
+    assert not np.array_equal(coins, canary_membership(1, 20000))
+
+
+def test_one_run_bound_counts_top_and_bottom_guesses():
+    # a perfect separation of 100 + 100: every rule's guesses are right; the widest rule
+    # (f = 0.25: 50 + 50 guesses) certifies the most, at level 1 - 0.05 / 3
+    from fedem_private.privacy.audit_bounds import one_run_eps_lower_bound
+
+    out = one_run_bound(np.arange(100) + 1000.0, np.arange(100.0), 0.0)
+    assert (out["m"], out["r"], out["v"], out["fraction"]) == (200, 100, 100, 0.25)
+    assert out["eps_lower_bound"] == pytest.approx(
+        one_run_eps_lower_bound(200, 100, 100, confidence=1 - 0.05 / 3))
+    # no separation: nothing certified
+    g = np.random.default_rng(0)
+    assert one_run_bound(g.normal(size=100), g.normal(size=100), 1e-5)["eps_lower_bound"] \
+        < 0.5
 
 
 def _run(tmp_path, name: str, **privacy) -> dict:
@@ -95,7 +121,8 @@ def test_planted_bug_noise_at_half_the_accounted_scale_is_flagged(tmp_path, monk
     p = _run(tmp_path, "run")
     audit = p["canary_audit"]
     agg = audit["views"]["aggregator"]
-    assert audit["canaries_inserted"] == 100 and audit["max_rounds_inserted"] >= 1
+    assert audit["canaries"] == 200 and 70 < audit["canaries_inserted"] < 130
+    assert audit["max_rounds_inserted"] >= 1
     assert agg["eps_accounted"] == pytest.approx(
         gaussian_epsilon(math.sqrt(audit["max_rounds_inserted"]) / 1.0, DELTA), rel=1e-3)
     assert audit["views"]["observer"]["eps_accounted"] == p["epsilon"]["reported"]
@@ -105,6 +132,11 @@ def test_planted_bug_noise_at_half_the_accounted_scale_is_flagged(tmp_path, monk
     table = collect(tmp_path)
     assert bool(table["canary_ok"].iloc[0]) == (not planted)
     assert table["canary_eps_hat_aggregator"].iloc[0] == pytest.approx(agg["eps_hat"])
+    for view in ("aggregator", "observer"):  # the certified bound, below the accounted eps
+        v = audit["views"][view]
+        assert v["one_run"]["m"] > 0 and 0 <= v["eps_lower_bound"] <= v["eps_bound_accounted"]
+        assert not v["flagged_certified"] and v["flagged"] == v["flagged_estimate"]
+    assert agg["eps_bound_accounted"] >= agg["eps_accounted"]  # worst over ALL canaries
     if not planted:  # the sound estimate sits at or below what the mechanism promises
         assert agg["mu"] <= agg["mu_expected"] + 3 * agg["mu_se"]
         assert agg["eps_hat"] <= agg["eps_accounted"]

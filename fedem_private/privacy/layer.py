@@ -362,7 +362,7 @@ class PrivacyLayer:
         })
         audit = self.secure.canaries if self.secure is not None else None
         if audit is not None and audit.projections:
-            rounds = audit.statistics()["aggregator"][2][: audit.count]
+            rounds = audit.statistics()["aggregator"][2][audit.members]  # the inserted
             worst = int(rounds.max(initial=0))
             agg = (compose(RoundMechanism("gaussian", p.noise_multiplier), worst, p.delta)
                    .reported if p.noise_multiplier > 0 and worst else math.inf)
