@@ -126,6 +126,11 @@ def run(config: RunConfig | Mapping[str, Any] | str | Path | None = None,
     from fedem_private.experiments.runner import execute, recording_hook
 
     path = Path(out) if out is not None else default_out(cfg)
+    from fedem_private.simulation.config import BASELINE_METHODS
+
+    if cfg.federation.resolved_method in BASELINE_METHODS:  # no rounds: no bar, no hooks
+        execute(cfg, path, force=force)
+        return load_run(path)
     on_start, on_round, close = _progress_hooks(cfg)
     try:
         execute(cfg, path, force=force, setup=recording_hook(cfg),
