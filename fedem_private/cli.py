@@ -89,7 +89,16 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
      "ratings only)"),
     ("--method", "federation.method", str,
      "preset: fedmf, fedsim, fedem, local, fedncf, pfedrec, gpfedrec, fedrap or fedmerge "
-     "(default: the backbone's own)"),
+     "(default: the backbone's own); or a non-federated baseline: mostpop, dp-mostpop, "
+     "centralised, ease, als (settings in [baseline]; docs/baselines.md)"),
+    ("--dp-architecture", "baseline.architecture", str,
+     "dp-mostpop: central (Gaussian on the secure sum of k-clipped one-hot vectors), local "
+     "(optimal unary encoding) or interaction (Laplace on each count)"),
+    ("--baseline-epsilon", "baseline.epsilon", _number,
+     "dp-mostpop: the release's total epsilon"),
+    ("--baseline-k", "baseline.k", _integer,
+     "dp-mostpop central and local: the most items one user contributes"),
+    ("--ease-lambda", "baseline.ease_lambda", _number, "ease: the L2 weight lambda"),
     ("--backbone", "federation.backbone", str,
      "score model: mf, ncf, pfedrec, gpfedrec or fedrap"),
     ("--aggregation", "federation.aggregation", str,
@@ -394,7 +403,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         warning = (summary.get(part) or {}).get("warning")
         if warning:
             print(f"{PROG}: warning: {warning}", file=sys.stderr)
-    print(f"seconds per round: {summary['seconds_per_round']:.3f}")
+    if summary.get("seconds_per_round") is None:  # a baseline: no rounds
+        print(f"seconds: {summary['seconds_total']:.3f}")
+    else:
+        print(f"seconds per round: {summary['seconds_per_round']:.3f}")
     return 0
 
 

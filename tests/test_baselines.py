@@ -96,7 +96,7 @@ def test_baseline_run_directory_reads_like_a_federated_run(method, tmp_path):
     assert row["method"] == method and row["variant"] == method
     assert row["hr10_full"] == pytest.approx(res.summary["metrics"]["full"]["hr@10"])
     if method == "dp-mostpop":
-        assert row["eps_target"] == 1.0 and row["mode"] == "cdp-gaussian"
+        assert row["eps_target"] == 1.0 and row["mode"] == "central-gaussian"
         assert row["eps_reported"] <= 1.0 and bool(row["guarantee"])
     else:
         assert row["mode"] == "none" and math.isinf(row["eps_target"])

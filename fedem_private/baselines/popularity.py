@@ -124,7 +124,7 @@ def central_gaussian_counts(split: Split, k: int, epsilon: float, delta: float, 
     bounds = dpfedavg_bounds(1.0, z, 1, delta)
     eps = bounds.as_dict()
     privacy = {
-        "mode": "cdp-gaussian",
+        "mode": "central-gaussian",
         "architecture": "central",
         "neighbouring": "add/remove one user (all of its interactions)",
         "trust_model": ("secure aggregation of the clients' k-clipped one-hot vectors; the "
