@@ -153,3 +153,16 @@ def test_a_sweep_and_its_report_take_baselines_as_variants(tmp_path):
     assert table["hr10_sampled"].notna().all()
     write_report(str(tmp_path / "out"), str(tmp_path / "rep"))
     assert "mostpop" in (tmp_path / "rep" / "report.md").read_text()
+
+
+def test_ladder_chance_is_the_mean_over_every_rank():
+    from benchmarks.ladder import expected_random
+    from fedem_private.evaluation.metrics import hr_ndcg
+
+    for n in (3, 10, 12, 100):
+        exact = hr_ndcg(torch.arange(n), ks=(10,))  # every rank once: the uniform mean
+        hr, ndcg = expected_random(np.array([n]))
+        assert hr == pytest.approx(exact["hr@10"], abs=1e-12)
+        assert ndcg == pytest.approx(exact["ndcg@10"], abs=1e-12)
+    hr, _ = expected_random(np.array([20, 100]))
+    assert hr == pytest.approx((10 / 20 + 10 / 100) / 2)
