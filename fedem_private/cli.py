@@ -285,6 +285,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_sweep_arguments(sub.add_parser("sweep", help=SWEEP_HELP, description=SWEEP_DESCRIPTION))
     add_report_arguments(sub.add_parser("report", help=REPORT_HELP,
                                         description=REPORT_DESCRIPTION))
+    tune = sub.add_parser("tune", help="choose hyper-parameters on the validation item "
+                          "(Optuna TPE, a resumable SQLite study)")
+    tune.add_argument("spec", metavar="TUNE_FILE", help="TOML with [tune] (trials, seed, "
+                      "space) and [base] (the run config); see fedem_private.experiments.tune")
+    tune.add_argument("--out", metavar="DIR", required=True,
+                      help="study folder: study.db, trials/, trials.csv, best.toml")
+    tune.add_argument("--trials", type=_integer, default=None,
+                      help="completed trials wanted in all (default: the file's)")
     ds = sub.add_parser("datasets", help="list or download datasets")
     ds_sub = ds.add_subparsers(dest="action", required=True, parser_class=_Parser)
     ds_sub.add_parser("list", help="known datasets and where they are found")
@@ -498,6 +506,14 @@ def _main(argv: Sequence[str] | None) -> int:
             from fedem_private.experiments.sweep_cli import run_sweep_from_args
 
             return run_sweep_from_args(args)
+        if args.command == "tune":
+            from fedem_private.experiments.tune import run_tuning
+
+            result = run_tuning(args.spec, args.out, args.trials)
+            print(f"{result['completed']} trials; best sampled validation HR@10 "
+                  f"{result['best_value']:.4f} with {result['best_params']}; config in "
+                  f"{args.out}/best.toml")
+            return 0
         if args.command == "report":
             from fedem_private.experiments.sweep_cli import run_report_from_args
 
