@@ -15,9 +15,9 @@ A tuning file names a base run config and a search space::
     data = { dataset = "ml-100k", data_dir = "../shared/datasets/ml-100k" }
     federation = { method = "ease" }
 
-Every trial is one run directory ``<out>/trials/<number>`` (the API's
-:func:`~fedem_private.api.run`) whose validation item is ranked against its own 99
-sampled negatives (``train.select_round = "best-val"`` is forced, which draws them
+Every trial is one run directory ``<out>/trials/<number>`` (written by
+:func:`~fedem_private.experiments.runner.execute`) whose validation item is ranked
+against its own 99 sampled negatives (``train.select_round = "best-val"`` is forced, which draws them
 separately from the test's); the objective is the last evaluated round's sampled
 validation HR@10, maximised by Optuna's TPE sampler. The test item is never read. The
 study lives in ``<out>/study.db`` (SQLite), so an interrupted tuning resumes where it
@@ -118,7 +118,7 @@ def run_tuning(spec: str | Path, out: str | Path, trials: int | None = None
         import optuna
     except ImportError:
         raise UserError("tune needs Optuna: pip install 'fedem-private[tune]'") from None
-    from fedem_private.api import run
+    from fedem_private.experiments.runner import execute
 
     base, space, file_trials, seed = load_tune_spec(spec)
     wanted = file_trials if trials is None else int(trials)
@@ -136,13 +136,14 @@ def run_tuning(spec: str | Path, out: str | Path, trials: int | None = None
     def objective(trial: Any) -> float:
         params = _suggest(trial, space)
         overrides = {**params, "train.select_round": "best-val"}
-        res = run(base, root / "trials" / f"{trial.number:04d}", overrides=overrides,
-                  force=True)
-        metrics = res.summary.get("metrics") or {}
+        cfg = with_overrides(from_dict(base), overrides).validate().resolved()
+        path = root / "trials" / f"{trial.number:04d}"
+        summary = execute(cfg, path, force=True)
+        metrics = summary.get("metrics") or {}
         value = (metrics.get(OBJECTIVE[0]) or {}).get(OBJECTIVE[1])
         if value is None or not math.isfinite(value):
             raise UserError(f"trial {trial.number}: the run reported no validation HR@10")
-        trial.set_user_attr("run_dir", str(res.run_dir))
+        trial.set_user_attr("run_dir", str(path))
         return float(value)
 
     left = wanted - completed()
