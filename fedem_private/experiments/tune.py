@@ -17,8 +17,8 @@ A tuning file names a base run config and a search space::
 
 Every trial is one run directory ``<out>/trials/<number>`` (written by
 :func:`~fedem_private.experiments.runner.execute`) whose validation item is ranked
-against its own 99 sampled negatives (``train.select_round = "best-val"`` is forced, which draws them
-separately from the test's); the objective is the last evaluated round's sampled
+against its own 99 sampled negatives (``train.select_round = "best-val"`` is forced,
+which draws them separately from the test's); the objective is the last evaluated round's sampled
 validation HR@10, maximised by Optuna's TPE sampler. The test item is never read. The
 study lives in ``<out>/study.db`` (SQLite), so an interrupted tuning resumes where it
 stopped. ``<out>/trials.csv`` lists every completed trial and ``<out>/best.toml`` is
