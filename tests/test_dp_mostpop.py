@@ -148,3 +148,28 @@ def test_every_release_states_relation_trust_and_sensitivity(split):
         for key in ("neighbouring", "trust_model", "sensitivity", "epsilon", "mode"):
             assert rel.privacy[key], key
         assert rel.privacy["guarantee"] is True
+
+
+def test_removing_a_user_changes_no_other_users_subset(split):
+    """Add/remove neighbours differ in one user's vector only: the other users' k-subsets
+    must not depend on who else is in the data."""
+    import dataclasses
+
+    k = 4
+    drop = 0
+    keep = np.arange(1, split.n_users)
+    lo, hi = split.train_indptr[1], split.train_indptr[-1]
+    smaller = dataclasses.replace(
+        split, n_users=split.n_users - 1, train_indptr=split.train_indptr[1:] - lo,
+        train_items=split.train_items[lo:hi], val_items=split.val_items[keep],
+        test_items=split.test_items[keep], users=split.users[keep])
+    a_ptr, a_items = k_subsets(split, k, seed=7)
+    b_ptr, b_items = k_subsets(smaller, k, seed=7)
+    for u in range(1, split.n_users):
+        assert np.array_equal(a_items[a_ptr[u]:a_ptr[u + 1]],
+                              b_items[b_ptr[u - 1]:b_ptr[u]])
+    assert split.train_counts[drop] > 0
+    # so the two sums differ by user 0's vector alone: L2 distance at most sqrt(k)
+    diff = (np.bincount(a_items, minlength=split.n_items)
+            - np.bincount(b_items, minlength=split.n_items))
+    assert np.linalg.norm(diff) <= math.sqrt(k) + 1e-12

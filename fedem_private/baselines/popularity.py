@@ -63,15 +63,18 @@ def mostpop_scores(split: Split, seed: int) -> np.ndarray:
 
 def k_subsets(split: Split, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Each user's contribution (CSR indptr, items): its training items, or, when it has
-    more than ``k``, a seeded uniformly random k of them (k is public; the choice uses only
-    the user's own data and randomness, so it runs on the client)."""
+    more than ``k``, a uniformly random k of them (k is public). The choice uses only the
+    user's own data and its own randomness, keyed by (seed, the user's id in the source
+    data), so it runs on the client and adding or removing another user changes no one
+    else's subset (the sensitivity argument of :func:`central_gaussian_counts` needs this)."""
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
-    gen = _generator(seed, _SUBSET)
     kept: list[np.ndarray] = []
     for u in range(split.n_users):
         items = split.train_of(u)
         if items.shape[0] > k:
+            gen = np.random.default_rng(
+                np.random.SeedSequence([int(seed), _SUBSET, int(split.users[u])]))
             items = np.sort(gen.choice(items, size=k, replace=False))
         kept.append(items)
     indptr = np.zeros(split.n_users + 1, dtype=np.int64)
@@ -107,7 +110,7 @@ def central_gaussian_counts(split: Split, k: int, epsilon: float, delta: float, 
     - Neighbouring relation: add/remove one user (all of its interactions).
     - Trust model: clients trust the secure aggregation and the party that adds
       the noise inside it (as ``cdp-gaussian``); the server and every observer see
-      only the noisy sum. Nothing protects a user against itself being absent.
+      only the noisy sum.
     - Sensitivity: ||v_u||_2 <= sqrt(k) (at most k entries equal to 1), so the L2
       sensitivity of S under add/remove is sqrt(k).
     - Accounting: S / sqrt(k) + N(0, z^2) is one Gaussian mechanism of multiplier z
