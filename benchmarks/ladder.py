@@ -112,6 +112,8 @@ def rungs(dataset: str, data_dir: str, seeds: list[int], rounds: int,
             out.append((label, f"{name}-seed{seed}", cfg))
 
         add("MostPop", "mostpop", "mostpop")
+        add("MostPop, k-clipped (central, no noise)", "dp-mostpop-central-epsinf", "dp-mostpop",
+            {"baseline": {"architecture": "central", "epsilon": math.inf}})
         for arch in ARCHITECTURES:
             for eps in DP_EPSILONS:
                 add(f"DP-MostPop {arch} eps {eps:g}", f"dp-mostpop-{arch}-eps{eps:g}",

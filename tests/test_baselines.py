@@ -166,3 +166,11 @@ def test_ladder_chance_is_the_mean_over_every_rank():
         assert ndcg == pytest.approx(exact["ndcg@10"], abs=1e-12)
     hr, _ = expected_random(np.array([20, 100]))
     assert hr == pytest.approx((10 / 20 + 10 / 100) / 2)
+
+
+def test_dp_mostpop_local_refuses_an_infinite_epsilon():
+    with pytest.raises(UserError, match="finite epsilon"):
+        from_dict(_cfg("dp-mostpop", baseline={"architecture": "local",
+                                                "epsilon": float("inf")})).validate()
+    from_dict(_cfg("dp-mostpop", baseline={"architecture": "central",
+                                            "epsilon": float("inf")})).validate()

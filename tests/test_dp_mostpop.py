@@ -173,3 +173,15 @@ def test_removing_a_user_changes_no_other_users_subset(split):
     diff = (np.bincount(a_items, minlength=split.n_items)
             - np.bincount(b_items, minlength=split.n_items))
     assert np.linalg.norm(diff) <= math.sqrt(k) + 1e-12
+
+
+def test_infinite_epsilon_is_the_noiseless_release_without_a_guarantee(split):
+    k = 6
+    central = central_gaussian_counts(split, k, math.inf, 1e-5, seed=2)
+    assert np.array_equal(central.estimate, _clipped_counts(split, k, 2))
+    assert central.privacy["guarantee"] is False and central.epsilon["reported"] is None
+    inter = interaction_laplace_counts(split, math.inf, 1e-5, seed=2)
+    assert np.array_equal(inter.estimate, train_counts(split))
+    assert inter.privacy["guarantee"] is False
+    with pytest.raises(ValueError, match="finite"):
+        local_oue_counts(split, k, math.inf, 0)

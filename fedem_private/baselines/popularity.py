@@ -105,7 +105,9 @@ def central_gaussian_counts(split: Split, k: int, epsilon: float, delta: float, 
 
     Each user u sends v_u in {0, 1}^m with at most k ones (its :func:`k_subsets`),
     the server learns only S = sum_u v_u through secure aggregation, and
-    S + N(0, sigma^2 I) is released with sigma = z sqrt(k).
+    S + N(0, sigma^2 I) is released with sigma = z sqrt(k). ``epsilon = inf`` releases S
+    itself (z = 0: the k-clip without noise, no guarantee), to separate what the clip and
+    what the noise do to the ranking.
 
     - Neighbouring relation: add/remove one user (all of its interactions).
     - Trust model: clients trust the secure aggregation and the party that adds
@@ -135,7 +137,8 @@ def central_gaussian_counts(split: Split, k: int, epsilon: float, delta: float, 
         "amplification": "none (every user contributes, one release)",
         "sensitivity": f"L2 sqrt(k) = {math.sqrt(k):.6g}",
         "k": k, "noise_multiplier": z, "noise_scale": sigma, "delta": delta,
-        "epsilon": eps, "guarantee": True, "accountant": f"dp-accounting {accountant} "
+        "epsilon": eps, "guarantee": math.isfinite(epsilon),
+        "accountant": f"dp-accounting {accountant} "
         "(DP-FedAvg event, q = 1, one round; reported = min(rdp, pld))",
         "users_clipped": int((split.train_counts > k).sum()),
     }
@@ -175,6 +178,9 @@ def local_oue_counts(split: Split, k: int, epsilon: float, seed: int,
       p (1 - q) / ((1 - p) q) = e^eps_bit, so the report is (k eps_bit = epsilon)-LDP,
       pure (delta = 0). The epsilon is this worst-case ratio, computed from p and q.
     """
+    if not math.isfinite(epsilon):
+        raise ValueError("the local oracle needs a finite epsilon (eps = inf is no oracle: "
+                         "use mostpop, or the central architecture's k-clipped counts)")
     p, q = oue_probabilities(epsilon / k)
     indptr, items = k_subsets(split, k, seed)
     gen = _generator(seed, _LOCAL)
@@ -220,7 +226,8 @@ def interaction_laplace_counts(split: Split, epsilon: float, delta: float,
       and the noise is added once to the released sum; the server and observers see
       only the noisy counts.
     - Sensitivity: one interaction moves one count by 1, so the L1 sensitivity of the
-      count vector is 1 and Laplace noise of scale b = z * 1 gives eps = 1 / z.
+      count vector is 1 and Laplace noise of scale b = z * 1 gives eps = 1 / z
+      (``epsilon = inf``: z = 0, the plain counts, no guarantee).
     - Accounting: one round of :class:`~fedem_private.privacy.accounting.RoundMechanism`
       ("laplace", z), z calibrated by the basic (pure) accountant, and the bounds of
       :func:`~fedem_private.privacy.accounting.epsilon_bounds` (reported = their min).
@@ -239,7 +246,7 @@ def interaction_laplace_counts(split: Split, epsilon: float, delta: float,
         "amplification": "none",
         "sensitivity": "L1 1 (one interaction moves one count by 1)",
         "noise_multiplier": z, "noise_scale": z * math.sqrt(2.0), "laplace_b": z,
-        "delta": delta, "epsilon": eps, "guarantee": True,
+        "delta": delta, "epsilon": eps, "guarantee": math.isfinite(epsilon),
         "accountant": "fedem_private.privacy.accounting, one Laplace round (reported = min)",
     }
     return Release(counts + noise, eps, z * math.sqrt(2.0), privacy)

@@ -472,6 +472,10 @@ class BaselineConfig:
                             f"of {', '.join(DP_MOSTPOP_ARCHITECTURES)}")
         if not (self.epsilon > 0 and not math.isnan(self.epsilon)):
             raise UserError(f"baseline.epsilon must be > 0, got {self.epsilon}")
+        if math.isinf(self.epsilon) and self.architecture == "local":
+            raise UserError("baseline.epsilon = inf: the local architecture's frequency oracle "
+                            "needs a finite epsilon (central or interaction release the "
+                            "counts without noise)")
         if not 0 < self.delta < 1:
             raise UserError(f"baseline.delta must be in (0, 1), got {self.delta}")
         for name in ("k", "als_factors", "als_iterations", "epochs"):
