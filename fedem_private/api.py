@@ -156,11 +156,14 @@ def run(config: RunConfig | Mapping[str, Any] | str | Path | None = None,
         what = "file" if cfg.data.dataset == "csv" else "directory"
         raise UserError(f"dataset {cfg.data.dataset}: {what} not found: {cfg.data.data_dir}")
     from fedem_private.experiments.runner import execute, recording_hook
+    from fedem_private.simulation.config import BASELINE_METHODS
 
     path, made = (Path(out), []) if out is not None else reserve_default_out(cfg)
-    on_start, on_round, close = _progress_hooks(cfg)
+    baseline = cfg.federation.resolved_method in BASELINE_METHODS  # no rounds, no hooks
+    on_start, on_round, close = ((None, None, lambda: None) if baseline
+                                 else _progress_hooks(cfg))
     try:
-        execute(cfg, path, force=force, setup=recording_hook(cfg),
+        execute(cfg, path, force=force, setup=None if baseline else recording_hook(cfg),
                 on_start=on_start if progress else None,
                 on_round=on_round if progress else None)
     except BaseException:

@@ -89,7 +89,16 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
      "ratings only)"),
     ("--method", "federation.method", str,
      "preset: fedmf, fedsim, fedem, local, fedncf, pfedrec, gpfedrec, fedrap or fedmerge "
-     "(default: the backbone's own)"),
+     "(default: the backbone's own); or a non-federated baseline: mostpop, dp-mostpop, "
+     "centralised, ease, als (settings in [baseline]; docs/baselines.md)"),
+    ("--dp-architecture", "baseline.architecture", str,
+     "dp-mostpop: central (Gaussian on the secure sum of k-clipped one-hot vectors), local "
+     "(optimal unary encoding) or interaction (Laplace on each count)"),
+    ("--baseline-epsilon", "baseline.epsilon", _number,
+     "dp-mostpop: the release's total epsilon"),
+    ("--baseline-k", "baseline.k", _integer,
+     "dp-mostpop central and local: the most items one user contributes"),
+    ("--ease-lambda", "baseline.ease_lambda", _number, "ease: the L2 weight lambda"),
     ("--backbone", "federation.backbone", str,
      "score model: mf, ncf, pfedrec, gpfedrec or fedrap"),
     ("--aggregation", "federation.aggregation", str,
@@ -304,6 +313,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("list", help="the method presets and the parts they compose (backbones, "
                    "aggregations, merges, codecs, privacy modes, datasets, protocols, attacks), "
                    "one line each")
+    tune = sub.add_parser("tune", help="choose hyper-parameters on the validation item "
+                          "(Optuna TPE, a resumable SQLite study)")
+    tune.add_argument("spec", metavar="TUNE_FILE", help="TOML with [tune] (trials, seed, "
+                      "space) and [base] (the run config); see fedem_private.experiments.tune")
+    tune.add_argument("--out", metavar="DIR", required=True,
+                      help="study folder: study.db, trials/, trials.csv, best.toml")
+    tune.add_argument("--trials", type=_integer, default=None,
+                      help="completed trials wanted in all (default: the file's)")
     ds = sub.add_parser("datasets", help="list or download datasets")
     ds_sub = ds.add_subparsers(dest="action", required=True, parser_class=_Parser)
     ls = ds_sub.add_parser("list", help="known datasets and where they are found")
@@ -456,7 +473,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         warning = (summary.get(part) or {}).get("warning")
         if warning:
             print(f"{PROG}: warning: {warning}", file=sys.stderr)
-    print(f"seconds per round: {summary['seconds_per_round']:.3f}")
+    if summary.get("seconds_per_round") is None:  # a baseline: no rounds
+        print(f"seconds: {summary['seconds_total']:.3f}")
+    else:
+        print(f"seconds per round: {summary['seconds_per_round']:.3f}")
     return 0
 
 
@@ -562,6 +582,14 @@ def _main(argv: Sequence[str] | None) -> int:
             from fedem_private.experiments.sweep_cli import run_sweep_from_args
 
             return run_sweep_from_args(args)
+        if args.command == "tune":
+            from fedem_private.experiments.tune import run_tuning
+
+            result = run_tuning(args.spec, args.out, args.trials)
+            print(f"{result['completed']} trials; best sampled validation HR@10 "
+                  f"{result['best_value']:.4f} with {result['best_params']}; config in "
+                  f"{args.out}/best.toml")
+            return 0
         if args.command == "report":
             from fedem_private.experiments.sweep_cli import run_report_from_args
 

@@ -187,6 +187,8 @@ def run_row(run: Path, root: Path) -> dict[str, Any]:
     eps_target = math.nan
     if cfg is not None and cfg.privacy.epsilon is not None:
         eps_target = cfg.privacy.epsilon
+    elif cfg is not None and cfg.federation.resolved_method == "dp-mostpop":
+        eps_target = cfg.baseline.epsilon  # a baseline's budget (DESIGN section 14)
     elif mode == "none":
         eps_target = math.inf
     metrics = summary.get("metrics") or {}

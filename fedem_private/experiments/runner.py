@@ -13,6 +13,7 @@ from fedem_private.data.attributes import item_attributes
 from fedem_private.data.split import cold_share
 from fedem_private.experiments.rundir import RunDir
 from fedem_private.simulation.config import (
+    BASELINE_METHODS,
     RunConfig,
     protocol_label,
     protocol_options,
@@ -219,8 +220,15 @@ def execute(cfg: RunConfig, out: str | Path,
     """Run ``cfg`` and write ``out`` atomically; returns the summary.
 
     ``setup`` may attach observers (e.g. recording) and write into the run
-    directory before the first round.
+    directory before the first round. A baseline method (DESIGN section 14) has no
+    rounds: it is fitted and evaluated by
+    :func:`~fedem_private.experiments.baseline_run.execute_baseline` (the hooks do not
+    apply).
     """
+    if cfg.federation.resolved_method in BASELINE_METHODS:
+        from fedem_private.experiments.baseline_run import execute_baseline
+
+        return execute_baseline(cfg, out, force=force)
     with RunDir(out, force=force) as writer:  # the temporary folder is made by the with
         sim = prepare(cfg)
         if setup is not None:

@@ -226,6 +226,8 @@ def _variants(values: list[Any]) -> tuple[tuple[str, str | None], ...]:
     out = []
     for v in values:
         method, _, merge = v.partition("-") if isinstance(v, str) else ("", "", "")
+        if isinstance(v, str) and v in METHODS:  # a method whose name has a dash: dp-mostpop
+            method, merge = v, ""
         if method not in METHODS or (merge and merge not in MERGES):
             raise UserError(f"[sweep] variants: unknown variant {v!r}; write a method "
                             f"({', '.join(METHODS)}) or method-merge (merge one of "

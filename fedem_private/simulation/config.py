@@ -27,8 +27,15 @@ from fedem_private.device import resolve as resolve_device
 from fedem_private.errors import UserError
 from fedem_private.privacy.config import CENTRAL_MODES, DPSGD_MODES, PrivacyConfig
 
-METHODS = ("fedmf", "fedsim", "fedem", "local", "fedncf", "pfedrec", "gpfedrec", "fedrap",
-           "fedmerge")
+FEDERATED_METHODS = ("fedmf", "fedsim", "fedem", "local", "fedncf", "pfedrec", "gpfedrec",
+                     "fedrap", "fedmerge")
+# non-federated references on the same split, protocol and evaluation (DESIGN section 14,
+# fedem_private.baselines): no rounds, no uploads; each scores every (user, item) at once
+BASELINE_METHODS = ("mostpop", "dp-mostpop", "centralised", "ease", "als")
+METHODS = (*FEDERATED_METHODS, *BASELINE_METHODS)
+# dp-mostpop's privacy architectures: user-level central (Gaussian on the secure sum),
+# user-level local (optimal unary encoding), interaction-level (Laplace on each count)
+DP_MOSTPOP_ARCHITECTURES = ("central", "local", "interaction")
 BACKBONES = ("mf", "ncf", "pfedrec", "gpfedrec", "fedrap")
 CODECS = ("full", "lora", "hash", "rqvae", "c-lora", "c-hash", "c-rqvae")
 # FedPEFT's initial item table: random ("none") or an autoencoder over item attributes
@@ -62,6 +69,7 @@ METHOD_DEFAULTS = {
     "gpfedrec": ("graph", "sr"),
     "fedrap": ("uniform", "sr"),  # the published plain mean of the common tables
     "fedmerge": ("fedmerge", "sr"),  # K global tables merged per client (DESIGN section 12)
+    **{name: ("none", "sr") for name in BASELINE_METHODS},  # nothing is uploaded
 }
 # DESIGN 2a: the authors' code's facts, each a named option of the `paper` protocol
 SELECT_ROUNDS = ("last", "best-test", "best-val", "auto")
@@ -73,7 +81,8 @@ PROTOCOLS_ALL = (*PROTOCOLS, *PROTOCOL_PRESETS)
 # method -> its backbone (DESIGN section 10)
 METHOD_BACKBONE = {"fedmf": "mf", "fedsim": "mf", "fedem": "mf", "local": "mf",
                    "fedncf": "ncf", "pfedrec": "pfedrec", "gpfedrec": "gpfedrec",
-                   "fedrap": "fedrap", "fedmerge": "mf"}
+                   "fedrap": "fedrap", "fedmerge": "mf",
+                   **{name: "mf" for name in BASELINE_METHODS}}
 # backbone -> the preset named after it, used when --backbone is given without --method
 BACKBONE_METHOD = {"mf": "fedmf", "ncf": "fedncf", "pfedrec": "pfedrec",
                    "gpfedrec": "gpfedrec", "fedrap": "fedrap"}
@@ -431,6 +440,57 @@ def refuse_central(aggregation: str, mode: str,
                         f"(ldp-*) mode")
 
 
+@dataclass(frozen=True)
+class BaselineConfig:
+    """Settings of the non-federated baselines (``--method mostpop|dp-mostpop|centralised|
+    ease|als``; DESIGN section 14, :mod:`fedem_private.baselines`). Ignored by federated
+    methods, and refused there when changed."""
+
+    # dp-mostpop: the privacy architecture, its total (epsilon, delta) for the one release,
+    # and k, the most items one user contributes (a user with more keeps a seeded random k;
+    # k is public). delta is used by the central architecture only.
+    architecture: str = "central"
+    epsilon: float = 1.0
+    delta: float = 1e-5
+    k: int = 50
+    # ease: the L2 weight lambda of B = I - P diagMat(1 / diag P), P = (X'X + lambda I)^-1
+    ease_lambda: float = 500.0
+    # als (implicit ALS, Hu, Koren and Volinsky 2008): factors, L2 weight, sweeps, and the
+    # confidence 1 + alpha r of an observed pair
+    als_factors: int = 64
+    als_regularization: float = 0.01
+    als_iterations: int = 15
+    als_alpha: float = 1.0
+    # centralised: passes over the pooled training data (train.lr, dim, batch_size,
+    # num_negatives and init_std are the federated run's)
+    epochs: int = 20
+
+    def validate(self, method: str) -> None:
+        """Check every value; settings of a baseline are refused for a federated method."""
+        if self.architecture not in DP_MOSTPOP_ARCHITECTURES:
+            raise UserError(f"unknown baseline.architecture {self.architecture!r}; choose one "
+                            f"of {', '.join(DP_MOSTPOP_ARCHITECTURES)}")
+        if not (self.epsilon > 0 and not math.isnan(self.epsilon)):
+            raise UserError(f"baseline.epsilon must be > 0, got {self.epsilon}")
+        if math.isinf(self.epsilon) and self.architecture == "local":
+            raise UserError("baseline.epsilon = inf: the local architecture's frequency oracle "
+                            "needs a finite epsilon (central or interaction release the "
+                            "counts without noise)")
+        if not 0 < self.delta < 1:
+            raise UserError(f"baseline.delta must be in (0, 1), got {self.delta}")
+        for name in ("k", "als_factors", "als_iterations", "epochs"):
+            if getattr(self, name) < 1:
+                raise UserError(f"baseline.{name} must be a positive integer, "
+                                f"got {getattr(self, name)}")
+        for name in ("ease_lambda", "als_regularization", "als_alpha"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise UserError(f"baseline.{name} must be a positive number, got {value}")
+        if method not in BASELINE_METHODS and self != BaselineConfig():
+            raise UserError(f"[baseline] settings apply to the baselines "
+                            f"({', '.join(BASELINE_METHODS)}), not method {method!r}")
+
+
 DEFAULT_RECORD_CLIENTS = 100
 
 
@@ -494,6 +554,7 @@ class RunConfig:
     federation: FederationConfig = field(default_factory=FederationConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     record: RecordConfig = field(default_factory=RecordConfig)
+    baseline: BaselineConfig = field(default_factory=BaselineConfig)
 
     def validate(self) -> RunConfig:
         self.data.validate()
@@ -501,6 +562,9 @@ class RunConfig:
         self.federation.validate()
         self.privacy.validate()
         self.record.validate(self.train.rounds)
+        self.baseline.validate(self.federation.resolved_method)
+        if self.federation.resolved_method in BASELINE_METHODS:
+            self._check_baseline()
         self.federation.check_composition()
         if self.train.early_stop_tol > 0:
             backbone = self.federation.resolved_backbone
@@ -553,6 +617,26 @@ class RunConfig:
                                 f"--sample-rate); leave --client-fraction at 1, got "
                                 f"{self.train.client_fraction:g}")
         return self
+
+    def _check_baseline(self) -> None:
+        """A baseline (DESIGN section 14) trains no federation: the parts that shape uploads,
+        privacy modes of uploads and recording do not apply to it."""
+        fed, method = self.federation, self.federation.resolved_method
+        for name, value, default in (("--aggregation", fed.resolved_aggregation, "none"),
+                                     ("--merge", fed.resolved_merge, "sr"),
+                                     ("--codec", fed.codec, "full"),
+                                     ("--backbone", fed.resolved_backbone, "mf")):
+            if value != default:
+                raise UserError(f"method {method!r} is a non-federated baseline; {name} "
+                                f"{value} does not apply to it")
+        if self.privacy.mode != "none":
+            what = ("set its budget with baseline.epsilon and baseline.architecture"
+                    if method == "dp-mostpop" else "use --method dp-mostpop for a private one")
+            raise UserError(f"method {method!r} uploads nothing; privacy {self.privacy.mode!r} "
+                            f"does not apply ({what})")
+        if self.record.rounds is not None:
+            raise UserError(f"method {method!r} has no rounds or uploads to record; drop "
+                            f"--record-rounds")
 
     def _check_dpsgd(self) -> None:
         """ldp-dpsgd's preconditions (:mod:`fedem_private.privacy.dpsgd`): everything that
@@ -820,6 +904,7 @@ LATER_FIELDS: dict[tuple[str, ...], Any] = {
     ("train", "weight_decay"): 0.0,
     ("train", "lr_batch_decay"): 1.0,
     ("train", "lr_round_decay"): 1.0,
+    **{("baseline", f.name): f.default for f in fields(BaselineConfig)},
 }
 
 
@@ -843,6 +928,8 @@ def identity_dict(cfg: RunConfig) -> dict:
             node = node[part]
         if node.get(path[-1], default) == default:
             node.pop(path[-1], None)
+    if not values.get("baseline"):  # every baseline setting at its default
+        values.pop("baseline", None)
     return values
 
 

@@ -1,0 +1,250 @@
+"""The accuracy ladder (issue 42, DESIGN section 14): chance, the popularity floor, the
+private floor (DP-MostPop per architecture), the centralised ceilings and the federated
+models, on one split, protocol (``strict``) and evaluation.
+
+    python -m benchmarks.ladder --dataset ml-100k --seeds 0 1 2 \\
+        --out benchmarks/results/ladder
+
+Every rung is a run directory under ``runs/ladder/<dataset>/`` written through the
+public API (:func:`fedem_private.run`), so it is resumable: a rung whose
+``summary.json`` exists is not run again. Writes ``<out>/<dataset>.md`` (the table),
+``<out>/<dataset>-tuning.md`` (the validation grids) and ``<out>/<dataset>/results.csv``
+(one row per run, as ``fedem-private report`` reads it).
+
+Settings. FedMF and FedEM run their presets' defaults for ``--rounds`` rounds (100:
+the paper's), evaluated at the last round. The baselines run twice: with fixed settings
+(the federated defaults for centralised MF; EASE lambda 500; ALS 64 factors) and with
+settings chosen on the validation item of seed 0 (sampled validation HR@10 over a small
+grid; never on test), then run on every seed. DP-MostPop uses k = 50, delta = 1e-5,
+fixed in advance. "chance" is the exact expectation of a uniformly random order of each
+user's candidates (100 sampled, or every item outside the user's training set and
+validation item).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FEDERATED = ("fedmf", "fedem")
+DP_EPSILONS = (0.1, 1.0, 10.0)
+ARCHITECTURES = ("central", "local", "interaction")
+# validation grids, {method: {setting: values}} (settings of [baseline] or [train])
+GRIDS: dict[str, dict[str, tuple[Any, ...]]] = {
+    "ease": {"baseline.ease_lambda": (10.0, 50.0, 200.0, 500.0, 1000.0, 3000.0)},
+    "als": {"baseline.als_factors": (32, 64, 128), "baseline.als_regularization": (0.01, 1.0),
+            "baseline.als_alpha": (1.0, 10.0)},
+    "centralised": {"train.lr": (0.1, 0.01, 0.001), "baseline.epochs": (5, 20, 50)},
+}
+METRICS = ("hr10_sampled", "ndcg10_sampled", "hr10_full", "ndcg10_full")
+
+
+def _nest(flat: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for dotted, value in flat.items():
+        node = out
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
+
+
+def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in a.items()}
+    for k, v in b.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def base_config(dataset: str, data_dir: str, seed: int, method: str) -> dict[str, Any]:
+    return {"data": {"dataset": dataset, "data_dir": data_dir, "protocol": "strict"},
+            "train": {"seed": seed}, "federation": {"method": method}}
+
+
+def ensure(path: Path, cfg: dict[str, Any]) -> dict[str, Any]:
+    """Run ``cfg`` into ``path`` unless it is finished there; its summary."""
+    import fedem_private as fp
+
+    if not (path / "summary.json").is_file():
+        print(f"ladder: {path}", file=sys.stderr, flush=True)
+        fp.run(cfg, out=path, force=True)
+    return json.loads((path / "summary.json").read_text())
+
+
+def _label(setting: dict[str, Any]) -> str:
+    return ",".join(f"{k.split('.')[-1]}={v:g}" for k, v in setting.items())
+
+
+def tune(runs: Path, dataset: str, data_dir: str, method: str, seed: int
+         ) -> tuple[dict[str, Any], list[tuple[str, float, float]]]:
+    """The grid's setting with the best sampled validation HR@10 on ``seed`` (ties: the
+    first in grid order) and every (setting, validation HR@10, validation NDCG@10)."""
+    grid = GRIDS[method]
+    rows, best, best_hr = [], {}, -1.0
+    for values in itertools.product(*grid.values()):
+        setting = dict(zip(grid, values, strict=True))
+        over = _nest({**setting, "train.select_round": "best-val"})  # ranks the val item
+        cfg = _merge(base_config(dataset, data_dir, seed, method), over)
+        s = ensure(runs / "tune" / f"{method}-{_label(setting)}-seed{seed}", cfg)
+        hr, ndcg = s["metrics"]["val"]["hr@10"], s["metrics"]["val"]["ndcg@10"]
+        rows.append((_label(setting), hr, ndcg))
+        if hr > best_hr:
+            best, best_hr = setting, hr
+    return best, rows
+
+
+def rungs(dataset: str, data_dir: str, seeds: list[int], rounds: int,
+          tuned: dict[str, dict[str, Any]]) -> list[tuple[str, str, dict[str, Any]]]:
+    """(rung label, run name, config) of every run, in ladder order."""
+    out = []
+    for seed in seeds:
+        def add(label: str, name: str, method: str, extra: dict[str, Any] | None = None,
+                seed: int = seed) -> None:
+            cfg = _merge(base_config(dataset, data_dir, seed, method), extra or {})
+            out.append((label, f"{name}-seed{seed}", cfg))
+
+        add("MostPop", "mostpop", "mostpop")
+        add("MostPop, k-clipped (central, no noise)", "dp-mostpop-central-epsinf", "dp-mostpop",
+            {"baseline": {"architecture": "central", "epsilon": math.inf}})
+        for arch in ARCHITECTURES:
+            for eps in DP_EPSILONS:
+                add(f"DP-MostPop {arch} eps {eps:g}", f"dp-mostpop-{arch}-eps{eps:g}",
+                    "dp-mostpop", {"baseline": {"architecture": arch, "epsilon": eps}})
+        add("Centralised MF (federated settings)", "centralised", "centralised")
+        add("EASE (lambda 500)", "ease", "ease")
+        add("ALS (64 factors)", "als", "als")
+        for method, setting in tuned.items():
+            name = {"centralised": "Centralised MF", "ease": "EASE", "als": "ALS"}[method]
+            add(f"{name} (val-tuned: {_label(setting)})", f"{method}-tuned", method,
+                _nest(setting))
+        for method in FEDERATED:
+            add({"fedmf": "FedMF", "fedem": "FedEM"}[method] + f" ({rounds} rounds)", method,
+                method, {"train": {"rounds": rounds, "eval_every": rounds}})
+    return out
+
+
+def chance(dataset: str, data_dir: str, seed: int) -> dict[str, float]:
+    """Expected HR@10 / NDCG@10 of a uniformly random order of each user's candidates."""
+    from fedem_private.api import resolve_config
+    from fedem_private.data.split import evaluation_exclusion_csr
+    from fedem_private.experiments.baseline_run import load_split
+
+    _, split = load_split(resolve_config(base_config(dataset, data_dir, seed, "mostpop")))
+    indptr, _ = evaluation_exclusion_csr(split)
+    cands = split.n_items - np.diff(indptr)
+    hs, ns = expected_random(np.array([100]))
+    hf, nf = expected_random(cands)
+    return {"hr10_sampled": hs, "ndcg10_sampled": ns, "hr10_full": hf, "ndcg10_full": nf}
+
+
+def expected_random(n_candidates: np.ndarray, k: int = 10) -> tuple[float, float]:
+    """(HR@k, NDCG@k) averaged over users when the test item's rank is uniform over each
+    user's n candidates: HR = min(k, n) / n, NDCG = sum_{r < min(k, n)} 1 / log2(r + 2) / n."""
+    n = np.asarray(n_candidates, dtype=float)
+    gains = np.cumsum(1.0 / np.log2(np.arange(k) + 2.0))
+    hit = np.minimum(k, n) / n
+    ndcg = gains[np.minimum(k, n).astype(int) - 1] / n
+    return float(hit.mean()), float(ndcg.mean())
+
+
+def _cell(values: list[float]) -> str:
+    a = np.asarray(values, dtype=float)
+    if a.size == 0:
+        return "-"
+    if a.size == 1:
+        return f"{a[0]:.4f}"
+    return f"{a.mean():.4f} ± {a.std(ddof=1):.4f}"
+
+
+def table(dataset: str, data_dir: str, runs: Path, seeds: list[int],
+          plan: list[tuple[str, str, dict[str, Any]]]) -> str:
+    """The Markdown ladder: mean ± std over the seeds that finished, per rung."""
+    labels = list(dict.fromkeys(label for label, _, _ in plan))
+    lines = ["| rung | eps (reported) | seeds | sampled HR@10 | sampled NDCG@10 | "
+             "full HR@10 | full NDCG@10 | seconds |", "|---|---|---|---|---|---|---|---|"]
+    ch = [chance(dataset, data_dir, s) for s in seeds]
+    lines.append("| chance (expected, random order) | - | " + str(len(seeds)) + " | "
+                 + " | ".join(_cell([c[m] for c in ch]) for m in METRICS) + " | - |")
+    for label in labels:
+        done = []
+        for lab, name, _ in plan:
+            if lab == label and (runs / name / "summary.json").is_file():
+                done.append(json.loads((runs / name / "summary.json").read_text()))
+        if not done:
+            continue
+        vals = {m: [s["metrics"][m.split("_")[1]][m.split("_")[0].replace("10", "@10")]
+                    for s in done] for m in METRICS}
+        eps = [((s.get("privacy") or {}).get("epsilon") or {}).get("reported") for s in done]
+        eps_text = "inf" if all(e is None for e in eps) else f"{max(e for e in eps if e):.4g}"
+        secs = [s.get("seconds_total") or math.nan for s in done]
+        lines.append(f"| {label} | {eps_text} | {len(done)} | "
+                     + " | ".join(_cell(vals[m]) for m in METRICS)
+                     + f" | {np.nanmean(secs):.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", default="ml-100k")
+    parser.add_argument("--data-dir", default=None,
+                        help="default: ../shared/datasets/<dataset>")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--rounds", type=int, default=100)
+    parser.add_argument("--runs", default="runs/ladder")
+    parser.add_argument("--out", default="benchmarks/results/ladder")
+    parser.add_argument("--only", choices=("federated", "baselines", "table"), default=None,
+                        help="run only the federated rungs, only the baselines (and their "
+                        "tuning), or only write the table from finished runs")
+    parser.add_argument("--no-tune", action="store_true", help="skip the validation grids")
+    args = parser.parse_args(argv)
+    data_dir = args.data_dir or str(Path("../shared/datasets") / args.dataset)
+    runs = Path(args.runs) / args.dataset
+    out = Path(args.out)
+    tuned: dict[str, dict[str, Any]] = {}
+    tuning_md = []
+    if not args.no_tune and args.only != "federated":
+        for method in GRIDS:
+            if args.only == "table" and not (runs / "tune").is_dir():
+                break
+            setting, rows = tune(runs, args.dataset, data_dir, method, args.seeds[0])
+            tuned[method] = setting
+            tuning_md.append(f"### {method} (seed {args.seeds[0]}; chosen: {_label(setting)})"
+                             "\n\n| setting | val HR@10 (sampled) | val NDCG@10 (sampled) |\n"
+                             "|---|---|---|\n" + "".join(
+                                 f"| {lab} | {hr:.4f} | {nd:.4f} |\n" for lab, hr, nd in rows))
+    plan = rungs(args.dataset, data_dir, args.seeds, args.rounds, tuned)
+    if args.only != "table":
+        for _, name, cfg in plan:
+            federated = cfg["federation"]["method"] in FEDERATED
+            if args.only == "federated" and not federated:
+                continue
+            if args.only == "baselines" and federated:
+                continue
+            ensure(runs / name, cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{args.dataset}.md").write_text(table(args.dataset, data_dir, runs, args.seeds,
+                                                  plan))
+    if tuning_md:
+        (out / f"{args.dataset}-tuning.md").write_text("\n".join(tuning_md))
+    import fedem_private as fp
+
+    finished = [runs / name for _, name, _ in plan if (runs / name / "summary.json").is_file()]
+    if finished:
+        frame = fp.load_results(runs)
+        frame = frame[~frame["run"].str.startswith("tune/")]
+        (out / args.dataset).mkdir(exist_ok=True)
+        frame.to_csv(out / args.dataset / "results.csv", index=False)
+    print((out / f"{args.dataset}.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

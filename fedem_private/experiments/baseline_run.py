@@ -1,0 +1,73 @@
+"""A baseline's run directory (DESIGN section 14): the same files as a federated run.
+
+``config.toml`` (the resolved config), ``metrics.csv`` (one row, round 0: a
+baseline has no rounds) and ``summary.json`` with the keys a federated run's
+summary has, so :mod:`fedem_private.experiments.results` and the report read
+it as any other run.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from fedem_private._version import __version__
+from fedem_private.data import leave_one_out, load_dataset
+from fedem_private.data.split import Split, cold_share
+from fedem_private.experiments.rundir import RunDir
+from fedem_private.simulation.config import RunConfig, to_dict, to_toml
+
+
+def load_split(cfg: RunConfig) -> tuple[str, Split]:
+    """The dataset's name and the leave-one-out split a federated run of ``cfg`` uses."""
+    data = load_dataset(cfg.data.dataset, cfg.data.data_dir, seed=cfg.train.seed,
+                        synthetic=cfg.data.synthetic, min_rating=cfg.data.min_rating)
+    return data.name, leave_one_out(data, cfg.train.seed, cfg.data.min_user_ratings,
+                                    first_seen=cfg.data.first_seen_order)
+
+
+def baseline_summary(cfg: RunConfig, dataset: str, split: Split, model: str,
+                     metrics: dict[str, dict[str, float]], privacy: dict[str, Any],
+                     info: dict[str, Any], wall: float) -> dict[str, Any]:
+    """summary.json of a baseline, keyed as :func:`~fedem_private.experiments.runner.summarise`
+    (rounds 0, no communication, no clipping)."""
+    zero = {k: 0.0 for k in ("bytes_up_per_client_round", "bytes_down_per_client_round",
+                             "bytes_up_last_round", "bytes_down_last_round", "bytes_up_total",
+                             "bytes_down_total", "bytes_setup_total")}
+    return {
+        "dataset": dataset, "method": cfg.federation.resolved_method, "backbone": model,
+        "codec": "full", "aggregation": "none", "merge": "none", "merge_rho_mean": None,
+        "server_stats": None, "protocol": cfg.data.protocol, "rounds": 0,
+        "seed": cfg.train.seed, "n_users": split.n_users, "n_items": split.n_items,
+        "dropped_users": split.dropped_users, "seconds_per_round": None,
+        "seconds_total": wall, "metrics": metrics, "privacy": privacy, "clipping": None,
+        "communication": zero,
+        "cold_items": {"test_share": cold_share(split),
+                       "val_share": cold_share(split, split.val_items), "warning": None},
+        "baseline": info, "version": __version__,
+    }
+
+
+def execute_baseline(cfg: RunConfig, out: str | Path, force: bool = False) -> dict[str, Any]:
+    """Fit and evaluate the baseline ``cfg`` names; write ``out`` atomically; the summary."""
+    from fedem_private import baselines
+
+    cfg = cfg.validate().resolved()
+    with RunDir(out, force=force) as writer:  # the temporary folder is made by the with
+        dataset, split = load_split(cfg)
+        writer.write_text("config.toml", to_toml(to_dict(cfg)))
+        t0 = time.perf_counter()
+        fitted = baselines.fit(cfg, split)
+        metrics = baselines.evaluate(cfg, split, fitted.scores)
+        wall = time.perf_counter() - t0
+        row: dict[str, Any] = {"round": 0, "seconds": wall, "participants": 0}
+        for kind, values in metrics.items():
+            for name, value in values.items():
+                row[f"{kind}_{name}"] = value
+        writer.write_csv("metrics.csv", [row])
+        summary = baseline_summary(cfg, dataset, split, fitted.model, metrics,
+                                   fitted.privacy, fitted.info, wall)
+        writer.write_json("summary.json", summary)
+        writer.commit()
+    return summary

@@ -1,0 +1,174 @@
+"""``fedem-private tune``: hyper-parameters chosen on the validation item (DESIGN section 14).
+
+A tuning file names a base run config and a search space::
+
+    [tune]
+    trials = 20              # total completed trials wanted (a resumed study tops up)
+    seed = 0                 # the TPE sampler's seed
+
+    [tune.space]             # dotted config keys
+    "train.lr" = { low = 0.001, high = 0.3, log = true }
+    "baseline.epochs" = { low = 5, high = 50, int = true }
+    "baseline.ease_lambda" = { choices = [50.0, 500.0, 5000.0] }
+
+    [base]                   # the run config every trial starts from (TOML run layout)
+    data = { dataset = "ml-100k", data_dir = "../shared/datasets/ml-100k" }
+    federation = { method = "ease" }
+
+Every trial is one run directory ``<out>/trials/<number>`` (written by
+:func:`~fedem_private.experiments.runner.execute`) whose validation item is ranked
+against its own 99 sampled negatives (``train.select_round = "best-val"`` is forced,
+which draws them separately from the test's); the objective is the last evaluated round's sampled
+validation HR@10, maximised by Optuna's TPE sampler. The test item is never read. The
+study lives in ``<out>/study.db`` (SQLite), so an interrupted tuning resumes where it
+stopped. ``<out>/trials.csv`` lists every completed trial and ``<out>/best.toml`` is
+the best trial's resolved config.
+
+Tuning a private run on the same data leaks (Papernot and Steinke 2022): the chosen
+setting is itself a function of the data, which no run's epsilon accounts for. Report
+fixed-in-advance and tuned settings side by side.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from fedem_private.errors import UserError
+from fedem_private.simulation.config import from_dict, read_toml, to_dict, to_toml, with_overrides
+
+OBJECTIVE = ("val", "hr@10")
+
+
+def _check_space(space: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The search space, checked: each key a dotted config key with {low, high[, log, int]}
+    or {choices}."""
+    if not isinstance(space, dict) or not space:
+        raise UserError("[tune.space] must name at least one dotted config key")
+    out = {}
+    for key, spec in space.items():
+        if not isinstance(spec, dict):
+            raise UserError(f"[tune.space] {key}: give {{low, high}} or {{choices}}")
+        if "choices" in spec:
+            if not isinstance(spec["choices"], list) or not spec["choices"]:
+                raise UserError(f"[tune.space] {key}: choices must be a non-empty list")
+        elif "low" in spec and "high" in spec:
+            low, high = spec["low"], spec["high"]
+            if not (isinstance(low, int | float) and isinstance(high, int | float)
+                    and low < high):
+                raise UserError(f"[tune.space] {key}: needs numbers low < high")
+            if spec.get("log") and low <= 0:
+                raise UserError(f"[tune.space] {key}: a log scale needs low > 0")
+        else:
+            raise UserError(f"[tune.space] {key}: give {{low, high}} or {{choices}}")
+        out[key] = spec
+    return out
+
+
+def load_tune_spec(path: str | Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]],
+                                             int, int]:
+    """(base config dict, space, trials, seed) of a tuning file, every key checked: the
+    base and one trial at each range's low end validate as run configs."""
+    values = read_toml(path, "tuning file")
+    unknown = set(values) - {"tune", "base"}
+    if unknown:
+        raise UserError(f"tuning file: unknown section [{sorted(unknown)[0]}]; use [tune] "
+                        f"and [base]")
+    tune = values.get("tune") or {}
+    base = values.get("base") or {}
+    extra = set(tune) - {"trials", "seed", "space"}
+    if extra:
+        raise UserError(f"[tune]: unknown key {sorted(extra)[0]!r}; known: trials, seed, space")
+    trials, seed = tune.get("trials", 20), tune.get("seed", 0)
+    for name, value in (("trials", trials), ("seed", seed)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < (name == "trials"):
+            kind = "positive" if name == "trials" else "non-negative"
+            raise UserError(f"[tune] {name} must be a {kind} integer, got {value!r}")
+    space = _check_space(tune.get("space"))
+    low = {k: (s["choices"][0] if "choices" in s else s["low"]) for k, s in space.items()}
+    try:
+        with_overrides(from_dict(base), low).validate()
+    except KeyError as exc:
+        raise UserError(f"[tune.space]: unknown config key {exc.args[0]!r}") from None
+    return base, space, trials, seed
+
+
+def _suggest(trial: Any, space: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    out = {}
+    for key, spec in space.items():
+        if "choices" in spec:
+            out[key] = trial.suggest_categorical(key, spec["choices"])
+        elif spec.get("int"):
+            out[key] = trial.suggest_int(key, int(spec["low"]), int(spec["high"]),
+                                         log=bool(spec.get("log")))
+        else:
+            out[key] = trial.suggest_float(key, float(spec["low"]), float(spec["high"]),
+                                           log=bool(spec.get("log")))
+    return out
+
+
+def run_tuning(spec: str | Path, out: str | Path, trials: int | None = None
+               ) -> dict[str, Any]:
+    """Run (or resume) the study of ``spec`` into ``out`` until it has ``trials`` completed
+    trials (default: the file's); returns {"best_value", "best_params", "completed"}."""
+    try:
+        import optuna
+    except ImportError:
+        raise UserError("tune needs Optuna: pip install 'fedem-private[tune]'") from None
+    from fedem_private.experiments.runner import execute
+
+    base, space, file_trials, seed = load_tune_spec(spec)
+    wanted = file_trials if trials is None else int(trials)
+    root = Path(out)
+    root.mkdir(parents=True, exist_ok=True)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(
+        study_name="fedem-private-tune", storage=f"sqlite:///{(root / 'study.db').resolve()}",
+        sampler=optuna.samplers.TPESampler(seed=seed), direction="maximize",
+        load_if_exists=True)
+
+    def completed() -> int:
+        return sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
+
+    def objective(trial: Any) -> float:
+        params = _suggest(trial, space)
+        overrides = {**params, "train.select_round": "best-val"}
+        cfg = with_overrides(from_dict(base), overrides).validate().resolved()
+        path = root / "trials" / f"{trial.number:04d}"
+        summary = execute(cfg, path, force=True)
+        metrics = summary.get("metrics") or {}
+        value = (metrics.get(OBJECTIVE[0]) or {}).get(OBJECTIVE[1])
+        if value is None or not math.isfinite(value):
+            raise UserError(f"trial {trial.number}: the run reported no validation HR@10")
+        trial.set_user_attr("run_dir", str(path))
+        return float(value)
+
+    left = wanted - completed()
+    if left > 0:
+        study.optimize(objective, n_trials=left, catch=())
+    _write_outputs(study, root, optuna)
+    best = study.best_trial
+    return {"best_value": best.value, "best_params": best.params, "completed": completed()}
+
+
+def _write_outputs(study: Any, root: Path, optuna: Any) -> None:
+    """trials.csv (every completed trial) and best.toml (the best one's resolved config)."""
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    keys = sorted({k for t in done for k in t.params})
+    with (root / "trials.csv").open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["trial", *keys, "val_hr@10", "run_dir"])
+        for t in done:
+            writer.writerow([t.number, *(t.params.get(k) for k in keys), t.value,
+                             t.user_attrs.get("run_dir")])
+    best_dir = Path(study.best_trial.user_attrs["run_dir"])
+    from fedem_private.simulation.config import load_toml
+
+    cfg = load_toml(best_dir / "config.toml")
+    (root / "best.toml").write_text(
+        f"# best of {len(done)} trials by sampled validation HR@10 "
+        f"({study.best_trial.value:.6g}); trial {study.best_trial.number}, "
+        f"{json.dumps(study.best_trial.params)}\n" + to_toml(to_dict(cfg)))

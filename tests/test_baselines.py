@@ -1,0 +1,176 @@
+"""Non-federated baselines selected like methods (DESIGN section 14, issue 42)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import fedem_private as fp
+from fedem_private import baselines
+from fedem_private.baselines.models import ease_weights, interaction_matrix
+from fedem_private.baselines.popularity import mostpop_scores, tiebreak, train_counts
+from fedem_private.data import SyntheticConfig, generate, leave_one_out
+from fedem_private.errors import UserError
+from fedem_private.evaluation.metrics import RankAccumulator
+from fedem_private.experiments.runner import prepare
+from fedem_private.simulation.config import (
+    BASELINE_METHODS,
+    RunConfig,
+    from_dict,
+    identity_dict,
+)
+
+SYN = {"n_users": 60, "n_items": 80, "mean_activity": 12}
+HAS_IMPLICIT = importlib.util.find_spec("implicit") is not None
+
+
+def _cfg(method: str, **sections) -> dict:
+    cfg = {"data": {"synthetic": SYN}, "federation": {"method": method}}
+    cfg.update(sections)
+    return cfg
+
+
+def _split(seed: int = 0):
+    return leave_one_out(generate(SyntheticConfig(**SYN), seed), seed)
+
+
+def test_every_baseline_name_has_a_registered_fit():
+    assert set(baselines.REGISTRY) == set(BASELINE_METHODS)
+
+
+def test_mostpop_ranks_by_training_count_and_breaks_ties_only():
+    sp = _split()
+    counts = train_counts(sp)
+    scores = mostpop_scores(sp, seed=0)
+    assert np.array_equal(counts, np.bincount(sp.train_items, minlength=sp.n_items))
+    jitter = tiebreak(sp.n_items, 0)
+    assert ((0 <= jitter) & (jitter < 0.5)).all()
+    # distinct counts keep their order; equal counts are ordered, not tied
+    i, j = np.nonzero(counts[:, None] > counts[None, :])
+    assert (scores[i] > scores[j]).all()
+    assert len(np.unique(scores)) == sp.n_items
+
+
+def test_baseline_is_scored_on_the_federated_runs_evaluation_sets():
+    """The same scores give the same metrics through baselines.evaluate and through the
+    RankAccumulator over a federated Simulation's own evaluation sets."""
+    cfg = from_dict(_cfg("fedmf", train={"seed": 4})).validate().resolved()
+    sim = prepare(cfg)
+    scores = np.random.default_rng(0).standard_normal((sim.split.n_users, sim.split.n_items))
+    acc = RankAccumulator(sim.split.n_users)
+    acc.add_scores(np.arange(sim.split.n_users), torch.from_numpy(scores), sim.eval_sets)
+    mp = from_dict(_cfg("mostpop", train={"seed": 4})).validate().resolved()
+    assert baselines.evaluate(mp, sim.split, scores) == acc.result()
+
+
+def test_ease_weights_solve_the_constrained_least_squares():
+    """KKT conditions of min ||X - XB||^2 + lambda ||B||^2 s.t. diag(B) = 0 (Steck 2019):
+    (X'X + lambda I) B - X'X is zero off the diagonal, and diag(B) = 0."""
+    x = interaction_matrix(_split())
+    lam = 7.0
+    b = ease_weights(x, lam)
+    g = x.T @ x
+    resid = (g + lam * np.eye(len(g))) @ b - g
+    off = ~np.eye(len(g), dtype=bool)
+    assert np.abs(np.diag(b)).max() == 0.0
+    assert np.abs(resid[off]).max() < 1e-8 * max(1.0, np.abs(g).max())
+    # a larger lambda shrinks the weights
+    assert np.abs(ease_weights(x, 70.0)).sum() < np.abs(b).sum()
+
+
+@pytest.mark.parametrize("method", [m for m in BASELINE_METHODS
+                                    if m != "als" or HAS_IMPLICIT])
+def test_baseline_run_directory_reads_like_a_federated_run(method, tmp_path):
+    extra = {"baseline": {"epochs": 2}} if method == "centralised" else {}
+    res = fp.run(_cfg(method, **extra), out=tmp_path / method)
+    assert res.summary["method"] == method and res.summary["rounds"] == 0
+    for kind in ("sampled", "full"):
+        for metric in ("hr@10", "ndcg@10"):
+            assert 0.0 <= res.summary["metrics"][kind][metric] <= 1.0
+    assert list(res.metrics["round"]) == [0]
+    row = fp.load_results(tmp_path).iloc[0]
+    assert row["method"] == method and row["variant"] == method
+    assert row["hr10_full"] == pytest.approx(res.summary["metrics"]["full"]["hr@10"])
+    if method == "dp-mostpop":
+        assert row["eps_target"] == 1.0 and row["mode"] == "central-gaussian"
+        assert row["eps_reported"] <= 1.0 and bool(row["guarantee"])
+    else:
+        assert row["mode"] == "none" and math.isinf(row["eps_target"])
+
+
+def test_models_beat_chance_on_clustered_data(tmp_path):
+    """On the synthetic clustered tastes, popularity, EASE and a few epochs of pooled MF
+    rank the held-out item above random ranking (sampled HR@10 of chance: 10/100)."""
+    for method in ("mostpop", "ease", "centralised"):
+        extra = {"baseline": {"epochs": 5}} if method == "centralised" else {}
+        res = fp.run(_cfg(method, **extra), out=tmp_path / method)
+        assert res.summary["metrics"]["sampled"]["hr@10"] > 0.2, method
+
+
+@pytest.mark.skipif(not HAS_IMPLICIT, reason="the implicit library is not installed "
+                    "(pip install 'fedem-private[baselines]')")
+def test_als_is_seeded_and_deterministic(tmp_path):
+    a = fp.run(_cfg("als"), out=tmp_path / "a").summary["metrics"]
+    b = fp.run(_cfg("als"), out=tmp_path / "b").summary["metrics"]
+    assert a == b
+
+
+def test_baseline_config_refusals():
+    with pytest.raises(UserError, match="does not apply"):
+        from_dict(_cfg("mostpop", privacy={"mode": "ldp-laplace", "epsilon": 1.0})).validate()
+    with pytest.raises(UserError, match="--aggregation"):
+        from_dict({"federation": {"method": "ease", "aggregation": "fedavg"}}).validate()
+    with pytest.raises(UserError, match=r"\[baseline\] settings"):
+        from_dict({"baseline": {"k": 5}}).validate()
+    with pytest.raises(UserError, match="architecture"):
+        from_dict(_cfg("dp-mostpop", baseline={"architecture": "shuffle"})).validate()
+    with pytest.raises(UserError, match="epsilon"):
+        from_dict(_cfg("dp-mostpop", baseline={"epsilon": 0.0})).validate()
+
+
+def test_default_baseline_section_leaves_a_federated_configs_identity_alone():
+    ident = identity_dict(RunConfig().validate().resolved())
+    assert "baseline" not in ident
+    changed = identity_dict(from_dict(_cfg("dp-mostpop", baseline={"k": 3})))
+    assert changed["baseline"] == {"k": 3}
+
+
+def test_a_sweep_and_its_report_take_baselines_as_variants(tmp_path):
+    from fedem_private.experiments.report import write_report
+    from fedem_private.experiments.sweep import run_sweep
+
+    spec = tmp_path / "s.toml"
+    spec.write_text('[sweep]\nvariants = ["mostpop", "dp-mostpop", "ease"]\n'
+                    'privacy = ["none"]\nseeds = [0]\n\n'
+                    "[base.data.synthetic]\nn_users = 40\nn_items = 60\nmean_activity = 8\n")
+    run_sweep(str(spec), str(tmp_path / "out"), jobs=1)
+    table = fp.load_results(tmp_path / "out")
+    assert sorted(table["variant"]) == ["dp-mostpop", "ease", "mostpop"]
+    assert table["hr10_sampled"].notna().all()
+    write_report(str(tmp_path / "out"), str(tmp_path / "rep"))
+    assert "mostpop" in (tmp_path / "rep" / "report.md").read_text()
+
+
+def test_ladder_chance_is_the_mean_over_every_rank():
+    from benchmarks.ladder import expected_random
+    from fedem_private.evaluation.metrics import hr_ndcg
+
+    for n in (3, 10, 12, 100):
+        exact = hr_ndcg(torch.arange(n), ks=(10,))  # every rank once: the uniform mean
+        hr, ndcg = expected_random(np.array([n]))
+        assert hr == pytest.approx(exact["hr@10"], abs=1e-12)
+        assert ndcg == pytest.approx(exact["ndcg@10"], abs=1e-12)
+    hr, _ = expected_random(np.array([20, 100]))
+    assert hr == pytest.approx((10 / 20 + 10 / 100) / 2)
+
+
+def test_dp_mostpop_local_refuses_an_infinite_epsilon():
+    with pytest.raises(UserError, match="finite epsilon"):
+        from_dict(_cfg("dp-mostpop", baseline={"architecture": "local",
+                                                "epsilon": float("inf")})).validate()
+    from_dict(_cfg("dp-mostpop", baseline={"architecture": "central",
+                                            "epsilon": float("inf")})).validate()

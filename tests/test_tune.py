@@ -1,0 +1,86 @@
+"""``fedem-private tune``: Optuna over the validation item, resumable (issue 42)."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from fedem_private.cli import main
+from fedem_private.errors import UserError
+from fedem_private.simulation.config import load_toml
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("optuna") is None,
+                                reason="Optuna is not installed (pip install "
+                                "'fedem-private[tune]')")
+
+SPEC = """
+[tune]
+trials = {trials}
+seed = 3
+
+[tune.space]
+"baseline.ease_lambda" = {{ low = 1.0, high = 1000.0, log = true }}
+
+[base.data.synthetic]
+n_users = 40
+n_items = 60
+mean_activity = 8
+
+[base.federation]
+method = "ease"
+"""
+
+
+def _read(path):
+    with path.open() as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_tune_runs_trials_on_validation_and_resumes(tmp_path):
+    import json
+
+    from fedem_private.experiments.tune import run_tuning
+
+    spec = tmp_path / "t.toml"
+    spec.write_text(SPEC.format(trials=3))
+    out = tmp_path / "study"
+    first = run_tuning(spec, out)
+    assert first["completed"] == 3
+    rows = _read(out / "trials.csv")
+    assert len(rows) == 3
+    for row in rows:  # the objective is the trial run's own validation HR@10, not test
+        summary = json.loads((Path(row["run_dir"]) / "summary.json").read_text())
+        assert float(row["val_hr@10"]) == pytest.approx(summary["metrics"]["val"]["hr@10"])
+        assert summary["metrics"]["val"] != summary["metrics"]["sampled"]
+    before = {r["trial"]: r["baseline.ease_lambda"] for r in rows}
+    # resuming tops the same study up to 5 completed trials; the first three are kept
+    second = run_tuning(spec, out, trials=5)
+    assert second["completed"] == 5
+    after = {r["trial"]: r["baseline.ease_lambda"] for r in _read(out / "trials.csv")}
+    assert len(after) == 5 and all(after[k] == v for k, v in before.items())
+    best = load_toml(out / "best.toml")
+    assert best.federation.method == "ease"
+    assert max(float(r["val_hr@10"]) for r in _read(out / "trials.csv")) == \
+        pytest.approx(second["best_value"])
+    assert best.baseline.ease_lambda == pytest.approx(second["best_params"][
+        "baseline.ease_lambda"])
+
+
+def test_tune_command_and_bad_files(tmp_path, capsys):
+    spec = tmp_path / "t.toml"
+    spec.write_text(SPEC.format(trials=1))
+    assert main(["tune", str(spec), "--out", str(tmp_path / "s")]) == 0
+    assert "best sampled validation HR@10" in capsys.readouterr().out
+    from fedem_private.experiments.tune import load_tune_spec
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text(SPEC.format(trials=1).replace("baseline.ease_lambda", "baseline.nope"))
+    with pytest.raises(UserError, match="nope"):
+        load_tune_spec(bad)
+    bad.write_text(SPEC.format(trials=0))
+    with pytest.raises(UserError, match="trials"):
+        load_tune_spec(bad)
+    assert main(["tune", str(bad), "--out", str(tmp_path / "x")]) == 2
