@@ -58,7 +58,8 @@ def _num(x) -> str:
     return "" if x is None else repr(float(x))
 
 
-def run(seeds: int, confidence: float, out: Path) -> None:
+def run(seeds: int, confidence: float, out: Path, modes: tuple[str, ...] = MODES,
+        epsilons: tuple[float, ...] = EPSILONS) -> None:
     out.mkdir(parents=True, exist_ok=True)
     path = out / "runs.csv"
     done = _done(path)
@@ -68,8 +69,8 @@ def run(seeds: int, confidence: float, out: Path) -> None:
         if new:
             w.writeheader()
         for seed in range(seeds):
-            for mode in MODES:
-                for eps in EPSILONS:
+            for mode in modes:
+                for eps in epsilons:
                     params = params_for(mode, eps)
                     for cond, factor in CONDITIONS.items():
                         key = (mode, repr(eps), cond, str(seed))
@@ -115,7 +116,7 @@ def summarise(out: Path) -> str:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for mode in MODES:
-        for eps in EPSILONS:
+        for eps in sorted({float(k[1]) for k in groups}):
             for cond in CONDITIONS:
                 g = groups.get((mode, repr(eps), cond), [])
                 if not g:
@@ -145,12 +146,16 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--confidence", type=float, default=0.95)
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--eps", default=",".join(f"{e:g}" for e in EPSILONS))
     ap.add_argument("--summary-only", action="store_true")
     a = ap.parse_args()
-    if not 0 < a.confidence < 1 or a.seeds < 1:
-        raise SystemExit("need 0 < confidence < 1 and seeds >= 1")
+    modes = tuple(m for m in a.modes.split(",") if m)
+    epsilons = tuple(float(e) for e in a.eps.split(",") if e)
+    if not 0 < a.confidence < 1 or a.seeds < 1 or not set(modes) <= set(MODES):
+        raise SystemExit(f"need 0 < confidence < 1, seeds >= 1 and modes among {MODES}")
     if not a.summary_only:
-        run(a.seeds, a.confidence, a.out)
+        run(a.seeds, a.confidence, a.out, modes, epsilons)
     text = summarise(a.out)
     (a.out / "summary.md").write_text(text)
     print(text)
