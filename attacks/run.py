@@ -52,7 +52,13 @@ from fedem_private.errors import UserError
 from . import ATTACKS
 from ._atomic import write_json
 from .attribute import KnownAttributes, attribute
-from .canary import AUDITED_MODES, canary_audit, claimed_epsilon, params_from_log
+from .canary import (
+    AUDITED_MODES,
+    audit_confidence,
+    canary_audit,
+    claimed_epsilon,
+    params_from_log,
+)
 from .ground_truth import Demographics, GroundTruth, load_demographics, load_ground_truth
 from .imia import assumption_note as imia_assumption
 from .labels import RELATIONS, labels_for
@@ -281,7 +287,7 @@ def _canary_record(ctx: PrivacyContext, seed: int) -> dict[str, Any]:
                      "audit_ok": None, "audit_reason": "not audited"})
         return base
     t0 = time.perf_counter()
-    out = canary_audit(ctx.params, seed=seed, confidence=CONFIDENCE)
+    out = canary_audit(ctx.params, seed=seed, confidence=audit_confidence(ctx.mode))
     lower = out["eps_lower_bound"]
     ok, reason = _verdict(lower, ctx, certified=True)
     base.update({"seconds": time.perf_counter() - t0, "relations": {"canary": out},

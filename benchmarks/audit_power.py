@@ -26,7 +26,7 @@ import platform
 import time
 from pathlib import Path
 
-from attacks.canary import canary_audit
+from attacks.canary import audit_confidence, canary_audit
 from fedem_private.privacy.config import PrivacyConfig
 from fedem_private.privacy.params import resolve_params
 
@@ -50,7 +50,7 @@ def _done(path: Path) -> set[tuple[str, str, str, str]]:
     if not path.is_file():
         return set()
     with path.open(newline="") as f:
-        return {(r["mode"], r["eps_target"], r["condition"], r["seed"])
+        return {(r["mode"], r["eps_target"], r["condition"], r["seed"], r["confidence"])
                 for r in csv.DictReader(f)}
 
 
@@ -58,7 +58,7 @@ def _num(x) -> str:
     return "" if x is None else repr(float(x))
 
 
-def run(seeds: int, confidence: float, out: Path, modes: tuple[str, ...] = MODES,
+def run(seeds: int, confidence: float | None, out: Path, modes: tuple[str, ...] = MODES,
         epsilons: tuple[float, ...] = EPSILONS) -> None:
     out.mkdir(parents=True, exist_ok=True)
     path = out / "runs.csv"
@@ -72,13 +72,14 @@ def run(seeds: int, confidence: float, out: Path, modes: tuple[str, ...] = MODES
             for mode in modes:
                 for eps in epsilons:
                     params = params_for(mode, eps)
+                    level = audit_confidence(mode) if confidence is None else confidence
                     for cond, factor in CONDITIONS.items():
-                        key = (mode, repr(eps), cond, str(seed))
+                        key = (mode, repr(eps), cond, str(seed), repr(level))
                         if key in done:
                             continue
                         t0 = time.perf_counter()
                         r = canary_audit(params, seed=seed, noise_factor=factor,
-                                         confidence=confidence)
+                                         confidence=level)
                         w.writerow({
                             "mode": mode, "eps_target": repr(eps), "condition": cond,
                             "noise_factor": factor, "seed": seed,
@@ -90,7 +91,7 @@ def run(seeds: int, confidence: float, out: Path, modes: tuple[str, ...] = MODES
                             "mu_lb_gdp": _num(r.get("mu_lb_gdp")),
                             "mu_claimed": _num(r.get("mu_claimed")),
                             "alarm": int(r["audit_ok"] is False),
-                            "n_canaries": r["n_canaries"], "confidence": confidence,
+                            "n_canaries": r["n_canaries"], "confidence": level,
                             "delta": r["delta"], "auc": _num(r["auc"]),
                             "seconds": f"{time.perf_counter() - t0:.2f}"})
                         f.flush()
@@ -144,7 +145,9 @@ def summarise(out: Path) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=20)
-    ap.add_argument("--confidence", type=float, default=0.95)
+    ap.add_argument("--confidence", type=float, default=None,
+                    help="one confidence for every mode (default: each mode's shipped "
+                         "attacks.canary.audit_confidence)")
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--eps", default=",".join(f"{e:g}" for e in EPSILONS))
@@ -152,7 +155,8 @@ def main() -> None:
     a = ap.parse_args()
     modes = tuple(m for m in a.modes.split(",") if m)
     epsilons = tuple(float(e) for e in a.eps.split(",") if e)
-    if not 0 < a.confidence < 1 or a.seeds < 1 or not set(modes) <= set(MODES):
+    bad_level = a.confidence is not None and not 0 < a.confidence < 1
+    if bad_level or a.seeds < 1 or not set(modes) <= set(MODES):
         raise SystemExit(f"need 0 < confidence < 1, seeds >= 1 and modes among {MODES}")
     if not a.summary_only:
         run(a.seeds, a.confidence, a.out, modes, epsilons)
