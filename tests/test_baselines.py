@@ -174,3 +174,18 @@ def test_dp_mostpop_local_refuses_an_infinite_epsilon():
                                                 "epsilon": float("inf")})).validate()
     from_dict(_cfg("dp-mostpop", baseline={"architecture": "central",
                                             "epsilon": float("inf")})).validate()
+
+
+@pytest.mark.slow
+def test_ladder_floor_and_ceiling_on_ml100k(ml100k_dir, tmp_path):
+    """On the real ML-100K (strict, seed 0): MostPop and EASE reproduce the committed
+    ladder (benchmarks/results/ladder/ml-100k.md) and EASE sits far above MostPop."""
+    out = {}
+    for method in ("mostpop", "ease"):
+        cfg = {"data": {"dataset": "ml-100k", "data_dir": str(ml100k_dir)},
+               "federation": {"method": method}}
+        out[method] = fp.run(cfg, out=tmp_path / method).summary["metrics"]
+    assert out["mostpop"]["sampled"]["hr@10"] == pytest.approx(0.3881, abs=1e-4)
+    assert out["mostpop"]["full"]["hr@10"] == pytest.approx(0.0774, abs=1e-4)
+    assert out["ease"]["sampled"]["hr@10"] == pytest.approx(0.6501, abs=1e-4)
+    assert out["ease"]["full"]["hr@10"] > 1.5 * out["mostpop"]["full"]["hr@10"]
