@@ -1,4 +1,4 @@
-"""Inference attacks of an honest-but-curious server, and their scoring (DESIGN.md, section 6).
+"""Inference attacks of an honest-but-curious server, and their scoring (docs/design.md, section 6).
 
 Item-level attacks (``ATTACKS``) take one :class:`Observation` and the
 :class:`PublicKnowledge` and return a (clients, items) score array; see

@@ -1,6 +1,6 @@
 """The ``attribute`` attack: infer a demographic attribute (gender) from what clients uploaded.
 
-Threat model (DESIGN.md, sections 5-6): besides the uploads and the public
+Threat model (docs/design.md, sections 5-6): besides the uploads and the public
 hyper-parameters, the server is assumed to know the attribute of a fraction
 of the clients (users who disclosed it, e.g. in their profile). That side
 knowledge is the only labelled input, and it arrives as

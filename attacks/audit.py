@@ -1,4 +1,4 @@
-"""Empirical lower bounds on epsilon from an attack's guesses (DESIGN.md, section 6).
+"""Empirical lower bounds on epsilon from an attack's guesses (docs/design.md, section 6).
 
 Two bounds, each with what it assumes.
 

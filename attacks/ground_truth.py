@@ -1,4 +1,4 @@
-"""The private side of a recorded run: only the scorer reads it (DESIGN.md, section 6).
+"""The private side of a recorded run: only the scorer reads it (docs/design.md, section 6).
 
 Per recorded round and client: the training positives and the negatives the
 client sampled that round; per client: demographics (e.g. gender, for the

@@ -1,6 +1,6 @@
 """Membership labels for the scorer, under a relation the caller names explicitly.
 
-Two relations (DESIGN.md, section 6; IMIA, Yuan et al., WWW 2023):
+Two relations (docs/design.md, section 6; IMIA, Yuan et al., WWW 2023):
 
 - ``"positive_vs_any"``: members are the client's training positives,
   non-members every other item of the catalogue (label 0).

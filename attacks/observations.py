@@ -1,6 +1,6 @@
 """What the server saw, and what it knows: the attacks' side of the data contract.
 
-DESIGN.md, section 6. Two records reach the attacks:
+docs/design.md, section 6. Two records reach the attacks:
 
 - :class:`Observation`: what an honest-but-curious server saw in one recorded
   round: which clients, the table it sent each of them, what each uploaded,
@@ -53,7 +53,7 @@ _STORE_DTYPES = {"float16": np.float16, "float32": np.float32}
 
 @dataclass(frozen=True, eq=False)
 class Observation:
-    """What the server saw in one recorded round (DESIGN.md, sections 5-6).
+    """What the server saw in one recorded round (docs/design.md, sections 5-6).
 
     ``sent[j]`` is the table the server sent client ``clients[j]`` (Q_sent) and
     ``upload[j]`` what that client uploaded after the privacy layer. Rows of
@@ -125,7 +125,7 @@ def observes_aggregate(public: PublicKnowledge) -> bool:
 
 @dataclass(frozen=True)
 class PublicKnowledge:
-    """Hyper-parameters the server knows (DESIGN.md, section 5 threat model).
+    """Hyper-parameters the server knows (docs/design.md, section 5 threat model).
 
     ``privacy_params`` holds the mode's public parameters, e.g. ``clip``,
     ``noise_scale``, ``eps_round``, ``delta``. Nothing secret belongs here: no

@@ -1,4 +1,4 @@
-"""Scoring an item-level attack against ground truth (DESIGN.md, section 6).
+"""Scoring an item-level attack against ground truth (docs/design.md, section 6).
 
 Input: ``scores`` (k, m) from an attack and ``labels`` (k, m) from
 :mod:`attacks.labels` (1 member, 0 non-member, NaN left out) under a relation

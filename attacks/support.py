@@ -4,7 +4,7 @@ A client's local step only moves the rows it trained on: with a fresh Adam
 state, a row that never gets a gradient keeps zero moments and a zero update,
 so in a noise-free upload the changed rows are exactly the round's positives
 and sampled negatives. Mechanisms that add noise only to touched rows (the
-INSECURE ``ldp-touched-rows`` mode of DESIGN.md, section 5) or upload sparse
+INSECURE ``ldp-touched-rows`` mode of docs/design.md, section 5) or upload sparse
 updates leak the same set. Under noise on every entry (``ldp-laplace``,
 ``ldp-gaussian``) each row changes and the norm is mostly noise.
 

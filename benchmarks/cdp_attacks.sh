@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# cdp-gaussian (issue 20, DESIGN section 6): the item attacks on what the server sees under
+# cdp-gaussian (issue 20, docs/design.md section 6): the item attacks on what the server sees under
 # secure aggregation, the released aggregate. The issue-20 target setting (ML-100K strict,
 # FedMF, 40 rounds, q = 0.2, clip C = 50, delta 1e-5), eps in {inf (clip only), 16, 4, 1},
 # three seeds; the last round recorded for the first 200 clients. Each item attack is scored on

@@ -4,7 +4,7 @@ FedNCF collapses on ML-100K under Adam at lr 0.1 (sampled HR@10 below chance, fu
 HR@10 exactly 0) and GPFedRec, which shares its score MLP, declines there round after
 round (BENCHMARKS, issues 13 and 14). A network whose first-layer ReLUs are all off
 for every item scores every item the same, and the evaluation counts a tie against
-the test item (DESIGN 2a), so such a client can never hit. This benchmark trains a
+the test item (docs/design.md 2a), so such a client can never hit. This benchmark trains a
 run in memory and, every ``--every`` rounds, measures on every client's own model:
 
 - ``dead_l0``: the share of first-layer units that are off (pre-activation <= 0) for

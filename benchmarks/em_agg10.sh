@@ -2,7 +2,7 @@
 # Table 3's EM rows with the FedEM code's 10% aggregation put on their backbone's own
 # aggregation (issue 17): do PFedRec+EM, GPFedRec+EM and FedRAP+EM reach the published
 # 0.97-0.99 when only a random 10% of each round's uploads is aggregated and everyone else
-# continues alone (DESIGN 2a)? No published code does this for them (the FedEM code's
+# continues alone (docs/design.md 2a)? No published code does this for them (the FedEM code's
 # agg_clients_ratio is for its similarity aggregation), so the preset never switches it
 # on; this asks whether it could account for those rows. Each point is the published-
 # optimiser grid file's `paper-code` EM point as `paper-code+agg10` (the preset and the

@@ -1,4 +1,4 @@
-"""The accuracy ladder (issue 42, DESIGN section 14): chance, the popularity floor, the
+"""The accuracy ladder (issue 42, docs/design.md section 14): chance, the popularity floor, the
 private floor (DP-MostPop per architecture), the centralised ceilings and the federated
 models, on one split, protocol (``strict``) and evaluation.
 

@@ -32,7 +32,7 @@ Runs of a backbone trained with its published code's optimiser (``train.optimize
 are runs of the preset with an option it leaves off for that method (protocol
 ``paper-code+agg10``: row ``<method> with agg10``, in the paper-code column); runs
 under the paper's privacy recipe are ``fedem-em + paper LDP`` (Table 4). Published
-LastFM-2K figures come from another file than the one run here (DESIGN 2a). A dataset
+LastFM-2K figures come from another file than the one run here (docs/design.md 2a). A dataset
 with published figures and no runs at all (ML-1M on these machines) gets one line that
 says so, with the command that fills it.
 """

@@ -52,7 +52,7 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--data-dir", "data.data_dir", str, "directory (or CSV file) holding the dataset"),
     ("--protocol", "data.protocol", str,
      "strict, paper, or paper-code (paper with every option of the authors' code below that "
-     "applies to the dataset and method; DESIGN section 2a)"),
+     "applies to the dataset and method; docs/design.md section 2a)"),
     ("--min-user-ratings", "data.min_user_ratings", _integer,
      "users with fewer positives are dropped (authors' code: 10)"),
     ("--select-round", "train.select_round", str,
@@ -205,7 +205,7 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
 ]
 
 
-# switches: flag -> (config key, help); given, the key is true (DESIGN section 2a options)
+# switches: flag -> (config key, help); given, the key is true (docs/design.md section 2a options)
 RUN_SWITCHES: list[tuple[str, str, str]] = [
     ("--first-seen-order", "data.first_seen_order",
      "datasets without timestamps: order each user's items by the item's first appearance in "
@@ -410,7 +410,7 @@ def privacy_text(privacy: dict[str, Any] | None) -> str:
 
 
 def _central_text(privacy: dict[str, Any], eps: float) -> str:
-    """cdp-gaussian's line: both guarantees (DESIGN section 5), each with what it assumes."""
+    """cdp-gaussian's line: both guarantees (docs/design.md §5), each with what it assumes."""
     agg = (privacy.get("epsilon_aggregator") or {}).get("reported")
     agg_text = "∞" if agg is None else f"{float(agg):.4g}"
     return (f"privacy: cdp-gaussian (user-level central DP, secure aggregation)  eps {eps:.4g} "
@@ -459,7 +459,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     for kind in ("full", "sampled"):
         if kind in m:
             print(f"{kind:>7}: HR@10 {m[kind]['hr@10']:.4f}  NDCG@10 {m[kind]['ndcg@10']:.4f}")
-    if summary.get("protocol_options"):  # DESIGN 2a: the authors' code's options
+    if summary.get("protocol_options"):  # docs/design.md 2a: the authors' code's options
         opts = ", ".join(f"{k}={v}" for k, v in summary["protocol_options"].items())
         print(f"protocol: {summary['protocol_label']} ({opts})")
     selected = summary.get("selected")

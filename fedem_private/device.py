@@ -1,4 +1,4 @@
-"""Where the heavy tensors live: ``--device cpu|cuda|auto`` (``train.device``; DESIGN section 13).
+"""Where the heavy tensors live: ``--device cpu|cuda|auto`` (``train.device``; docs/design.md §13).
 
 The device is a plain value threaded through constructors (never global
 state). Every random draw is still made on the CPU, by the counter-based

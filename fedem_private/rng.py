@@ -163,7 +163,7 @@ def generator(seed: int, stream: int, round_: int, client: int) -> torch.Generat
 
     Used for bulk draws (noise on whole tables, shuffles). All 64 bits of the key
     reach the state (see :func:`mt_words`): no two distinct keys share a stream, so no
-    two (round, client) pairs of a run draw the same noise (DESIGN section 5,
+    two (round, client) pairs of a run draw the same noise (docs/design.md section 5,
     "Randomness"). Seeding costs about 20 microseconds per generator.
     """
     k = int(key(seed, stream, round_, client))

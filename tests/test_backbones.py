@@ -1,4 +1,4 @@
-"""Backbones as parts (DESIGN sections 9-10): each vectorised path against its per-client
+"""Backbones as parts (docs/design.md sections 9-10): each vectorised path against its per-client
 reference, with and without elastic merging; composition refusals; the codec round trip."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Non-federated baselines selected like methods (DESIGN section 14, issue 42)."""
+"""Non-federated baselines selected like methods (docs/design.md section 14, issue 42)."""
 
 from __future__ import annotations
 

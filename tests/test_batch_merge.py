@@ -1,4 +1,4 @@
-"""Merging on every batch (the FedEM code, DESIGN 2a): the vectorised rows against a plain
+"""Merging on every batch (the FedEM code, docs/design.md 2a): the vectorised rows against a plain
 per-client reference, the round loop's use of them, and the refusals."""
 
 from __future__ import annotations

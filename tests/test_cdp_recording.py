@@ -1,6 +1,6 @@
 """Recording under cdp-gaussian: the released aggregate, and attacks with a control.
 
-DESIGN section 6: under a central mechanism the server sees no upload, only the
+docs/design.md section 6: under a central mechanism the server sees no upload, only the
 noisy aggregate of each round (and, as the aggregator, who took part). The
 recording holds exactly that, the same two tables for every recorded client;
 the item attacks score the participants and, as a control, the recorded

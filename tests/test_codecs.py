@@ -1,4 +1,4 @@
-"""FedPEFT's codecs (DESIGN section 11): training theta through the item rows against the
+"""FedPEFT's codecs (docs/design.md section 11): training theta through the item rows against the
 decode-then-full-table reference, E0 frozen, round trips, bytes, privacy over theta."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``--device cpu|cuda|auto`` (issue 19, item 2; DESIGN section 13).
+"""``--device cpu|cuda|auto`` (issue 19, item 2; docs/design.md section 13).
 
 On every machine: ``cpu`` and ``auto`` (where no GPU is available) give
 exactly the default's results; a cuda request without a GPU is a one-line

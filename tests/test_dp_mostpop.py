@@ -1,4 +1,4 @@
-"""dp-mostpop's three releases (DESIGN section 14): noise scale, unbiasedness, and epsilon
+"""dp-mostpop's three releases (docs/design.md section 14): noise scale, unbiasedness, and epsilon
 against the accountants (issue 42)."""
 
 from __future__ import annotations

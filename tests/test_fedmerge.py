@@ -1,4 +1,4 @@
-"""FedMerge (issue 16, DESIGN section 12): K global tables merged per client on the server.
+"""FedMerge (issue 16, docs/design.md section 12): K global tables merged per client on the server.
 
 The server fit (12.2) against its plain per-client reference, K = 1 as uniform
 averaging, weights on the simplex, a decreasing objective; whole rounds against

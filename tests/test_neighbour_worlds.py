@@ -1,5 +1,5 @@
 """The neighbour-world harness over every composition the configuration accepts
-(:mod:`tests.neighbours`; DESIGN section 5, "What the server may use").
+(:mod:`tests.neighbours`; docs/design.md section 5, "What the server may use").
 
 A new mechanism, aggregator, merge, codec or backbone joins the axes by
 being accepted by the configuration, and is not done until it passes here.

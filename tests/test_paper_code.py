@@ -1,4 +1,4 @@
-"""The ``paper-code`` protocol: each fact of DESIGN section 2a as a named option."""
+"""The ``paper-code`` protocol: each fact of docs/design.md section 2a as a named option."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""FedPEFT's server-side pre-training (DESIGN section 11; FedPEFT paper, section "Pre-train"):
+"""FedPEFT's server-side pre-training (docs/design.md §11; FedPEFT paper, section "Pre-train"):
 item attributes, the autoencoder, its latent as the initial item table, and the refusals."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""cdp-gaussian (DESIGN section 5): user-level central DP, DP-FedAvg under secure aggregation.
+"""cdp-gaussian (docs/design.md §5): user-level central DP, DP-FedAvg under secure aggregation.
 
 Clipping, the noise added once to the sum, Poisson participation, accounting
 pinned against dp-accounting and opacus, calibration round trips, refusals,

@@ -1,4 +1,4 @@
-"""ldp-dpsgd (DESIGN section 5): interaction-level local DP by DP-SGD in local training.
+"""ldp-dpsgd (docs/design.md section 5): interaction-level local DP by DP-SGD in local training.
 
 The vectorised engine against opacus's GradSampleModule / DPOptimizer (same
 batches, same negatives, same noise draws), the clip bound per positive, the

@@ -82,7 +82,7 @@ def test_clip_only_claims_no_guarantee() -> None:
 ])
 def test_every_run_states_its_neighbouring_relation_trust_model_and_amplification(
         tmp_path, mode, relation, trust):
-    """summary.json and results.csv carry the mode's threat model (DESIGN section 5)."""
+    """summary.json and results.csv carry the mode's threat model (docs/design.md section 5)."""
     from fedem_private.experiments.results import collect
     from fedem_private.experiments.runner import execute
     from fedem_private.simulation.config import RunConfig, with_overrides

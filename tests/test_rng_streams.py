@@ -1,4 +1,4 @@
-"""No two draws of a run share a stream (DESIGN section 5, "Randomness").
+"""No two draws of a run share a stream (docs/design.md section 5, "Randomness").
 
 A CPU torch.Generator keeps only the low 32 bits of ``manual_seed``'s argument,
 so seeding it with a 64-bit key made (round, client) pairs whose keys share

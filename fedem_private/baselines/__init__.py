@@ -1,4 +1,4 @@
-"""Non-federated baselines: the floor and the ceilings of the accuracy axis (DESIGN 14).
+"""Non-federated baselines: the floor and the ceilings of the accuracy axis (docs/design.md 14).
 
 A baseline is selected like a method (``--method mostpop``, ``dp-mostpop``,
 ``centralised``, ``ease``, ``als``; settings in ``[baseline]``), runs on the

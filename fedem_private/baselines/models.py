@@ -1,4 +1,4 @@
-"""The strong non-federated models of the accuracy axis (DESIGN section 14): EASE, implicit
+"""The strong non-federated models of the accuracy axis (docs/design.md section 14): EASE, implicit
 ALS and the federated backbone (MF) trained centrally on the pooled training data.
 
 Each function returns the (n_users, n_items) score matrix of a model fitted on the

@@ -1,4 +1,4 @@
-"""Item popularity over the training interactions, plain and released under DP (DESIGN 14).
+"""Item popularity over the training interactions, plain and released under DP (docs/design.md 14).
 
 ``mostpop`` ranks every item by its number of training interactions c_i =
 sum_u x_ui (x_ui = 1 when item i is among u's training items): the same

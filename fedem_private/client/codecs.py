@@ -1,6 +1,6 @@
 """Upload codecs: what a client's shared groups look like on the wire, and back.
 
-A codec (DESIGN section 9, and section 11 for FedPEFT's) turns a chunk's
+A codec (docs/design.md section 9, and section 11 for FedPEFT's) turns a chunk's
 shared groups (item table (k, m, d) and dense groups such as an MLP) into one
 upload tensor (k, rows, d), and the server decodes an upload into the
 item-table and dense groups it implies. The privacy mechanism clips and
@@ -11,7 +11,7 @@ is covered; aggregation and the attacks see the decoded item table.
 zero-padded into extra rows of width d below it. With no dense groups the
 upload *is* the item table (no copy).
 
-FedPEFT's codecs (DESIGN section 11; FedPEFT paper, equations 1, 2, 5-6 and
+FedPEFT's codecs (docs/design.md section 11; FedPEFT paper, equations 1, 2, 5-6 and
 11) train and upload a small set of parameters theta instead of the table.
 After W warm-up rounds of ``full`` training the server's global table becomes
 the frozen base E0, and every item vector is E0[i] + f_theta(i):

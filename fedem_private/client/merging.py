@@ -1,4 +1,4 @@
-"""Client-side elastic merging (FedEM, section 4 of DESIGN.md; paper equations 9-11).
+"""Client-side elastic merging (FedEM, section 4 of docs/design.md; paper equations 9-11).
 
 A client starts each round from Q_m = Q_l + rho (.) (Q_g - Q_l) (equation 10)
 instead of the downloaded Q_g. Strategies (the paper's Table 2 ablation):
@@ -61,7 +61,7 @@ AdapterTrainer = Callable[[tuple[Tensor, ...], tuple[Tensor, ...], Tensor, Tenso
 
 @dataclass(frozen=True)
 class MergeConfig:
-    """How a client merges its local table with the global one (DESIGN.md section 4)."""
+    """How a client merges its local table with the global one (docs/design.md section 4)."""
 
     strategy: str = "em"
     rho: float = 0.5
@@ -72,7 +72,7 @@ class MergeConfig:
     # "holdout" (a rotating fold withheld from local training; fedem_private.client.holdout)
     adapter_objective: str = "train"
     adapter_folds: int = 5  # holdout: F folds of each client's positives
-    # DESIGN 2a, the FedEM code: merge on every local batch (adapter step, then item step,
+    # docs/design.md 2a, the FedEM code: merge on every local batch (adapter step, then item step,
     # both through the merge) instead of once before local training, and evaluate the merged
     # table (:class:`BatchMergeRows`); em only
     every_batch: bool = False
@@ -382,7 +382,7 @@ def train_adapter(cfg: MergeConfig, state: MergeState | None, client_rows: Tenso
 
 
 class BatchMergeRows(CompactRows):
-    """Item rows trained through the merge on every batch: the FedEM code (DESIGN 2a).
+    """Item rows trained through the merge on every batch: the FedEM code (docs/design.md 2a).
 
     The published code does not train the adapter once before local training
     (equation 11) and then train the merged table (equation 12). Each local
@@ -634,7 +634,7 @@ class Merger:
     @property
     def every_batch(self) -> bool:
         """Whether the adapter trains on every local batch, through the merge, and the merged
-        table is evaluated (the FedEM code, DESIGN 2a; :class:`BatchMergeRows`)."""
+        table is evaluated (the FedEM code, docs/design.md 2a; :class:`BatchMergeRows`)."""
         return self.cfg.every_batch
 
     def batch_rows(self, idx: Tensor, sent: Tensor,
@@ -710,7 +710,7 @@ class Merger:
         """Train the adapters of clients ``idx`` (DM, EM), then merge (equation 10).
 
         ``merging`` (k,) bool: the clients that received a table this round; the others
-        (the FedEM code's ``agg_clients_ratio``, DESIGN 2a) neither train their adapter
+        (the FedEM code's ``agg_clients_ratio``, docs/design.md 2a) neither train their adapter
         nor merge: their start table is ``q_prev``. None: all merge.
         ``trainer`` replaces equation 11's Adam training (ldp-dpsgd's DP-SGD adapter): it
         gets the chunk's (weights, biases), q_prev and sent, and returns the trained pair.

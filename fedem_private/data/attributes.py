@@ -1,4 +1,4 @@
-"""Item attributes for FedPEFT's server-side pre-training (DESIGN section 11).
+"""Item attributes for FedPEFT's server-side pre-training (docs/design.md section 11).
 
 The FedPEFT paper (reference 003, section "Pre-train") encodes each item's
 attributes into an input vector x, trains an autoencoder on the server and

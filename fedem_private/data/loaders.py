@@ -1,4 +1,4 @@
-"""Readers for the supported dataset formats (DESIGN section 2).
+"""Readers for the supported dataset formats (docs/design.md section 2).
 
 Each reader takes the directory a user names and returns :class:`Interactions`.
 Bad input (missing directory or file, malformed or empty file) raises

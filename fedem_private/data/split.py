@@ -1,4 +1,4 @@
-"""Leave-one-out splits and the two evaluation protocols (DESIGN section 2)."""
+"""Leave-one-out splits and the two evaluation protocols (docs/design.md section 2)."""
 
 from __future__ import annotations
 
@@ -46,9 +46,9 @@ def leave_one_out(data: Interactions, seed: int, min_interactions: int = 3,
     Order is by timestamp; ties, and datasets without timestamps, use a
     seeded random order. Users with fewer than ``min_interactions``
     interactions are dropped and counted in ``dropped_users`` (the authors'
-    code drops users with fewer than 10: ``--min-user-ratings 10``, DESIGN 2a).
+    code drops users with fewer than 10: ``--min-user-ratings 10``, docs/design.md 2a).
 
-    ``first_seen`` (DESIGN 2a, the authors' code for FilmTrust and LastFM-2K):
+    ``first_seen`` (docs/design.md 2a, the authors' code for FilmTrust and LastFM-2K):
     a dataset without timestamps is ordered by the position at which each item
     first appears in the file (an item first seen later counts as later), not
     by a seeded random order. A dataset with timestamps is refused.

@@ -28,14 +28,14 @@ class EvalSets:
     sampled: torch.Tensor  # (n, 99) sampled negatives
     excl_indptr: np.ndarray  # items never ranked in full ranking (train + validation)
     excl_items: np.ndarray
-    # validation (DESIGN 2a): each user's validation item and its (n, 99) sampled negatives,
+    # validation (docs/design.md 2a): each user's validation item and its (n, 99) sampled negatives,
     # None when the run reports no validation metric
     val_items: torch.Tensor | None = None
     val_sampled: torch.Tensor | None = None
 
 
 # what the validation item is ranked against: no validation metric, the test's own 99
-# negatives (the authors' code, DESIGN 2a), or a separate draw of 99 from the same pool
+# negatives (the authors' code, docs/design.md 2a), or a separate draw of 99 from the same pool
 VALIDATIONS = (None, "shared", "separate")
 
 
@@ -47,7 +47,7 @@ def build_eval_sets(split: Split, protocol: str, seed: int, n_sampled: int = 99,
     any split (as in the published code). ``strict``: from items outside the
     user's training set and validation item, other than the test item.
 
-    ``validation`` (DESIGN 2a): None, no validation metric; ``"shared"``, the
+    ``validation`` (docs/design.md 2a): None, no validation metric; ``"shared"``, the
     validation item is ranked against the test's own 99 negatives (ONE set, as
     in the FedEM code); ``"separate"``, against 99 drawn separately from the
     same pool (keyed as the test's draw with evaluation round 1, not 0).
@@ -145,6 +145,6 @@ class RankAccumulator:
     def result(self) -> dict[str, dict[str, float]]:
         done = self.sampled >= 0
         out = {"sampled": hr_ndcg(self.sampled[done]), "full": hr_ndcg(self.full[done])}
-        if bool((self.val >= 0).any()):  # validation item vs its 99 sampled (DESIGN 2a)
+        if bool((self.val >= 0).any()):  # validation item vs its 99 sampled (docs/design.md 2a)
             out["val"] = hr_ndcg(self.val[self.val >= 0])
         return out

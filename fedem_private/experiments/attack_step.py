@@ -1,4 +1,4 @@
-"""The sweep's bridge to the recording and attack step (DESIGN.md, section 6).
+"""The sweep's bridge to the recording and attack step (docs/design.md, section 6).
 
 The sweep never calls :mod:`fedem_private.experiments.recording` or :mod:`attacks.run`
 directly: it asks :func:`load` for an :class:`AttackStep`, a pair of plain

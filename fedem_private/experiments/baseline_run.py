@@ -1,4 +1,4 @@
-"""A baseline's run directory (DESIGN section 14): the same files as a federated run.
+"""A baseline's run directory (docs/design.md section 14): the same files as a federated run.
 
 ``config.toml`` (the resolved config), ``metrics.csv`` (one row, round 0: a
 baseline has no rounds) and ``summary.json`` with the keys a federated run's

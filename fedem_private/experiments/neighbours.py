@@ -1,4 +1,4 @@
-"""The neighbour-world harness (DESIGN section 5, "What the server may use").
+"""The neighbour-world harness (docs/design.md section 5, "What the server may use").
 
 Used by the tests (``tests/test_neighbour_worlds.py``) and by
 ``python -m benchmarks.neighbour_worlds``; a new mechanism, aggregator or

@@ -1,4 +1,4 @@
-"""Record what an honest-but-curious server saw, for the attacks (DESIGN.md, section 6).
+"""Record what an honest-but-curious server saw, for the attacks (docs/design.md, section 6).
 
 ``fedem-private run ... --record-rounds 1,50,last --record-clients N`` attaches a
 :class:`Recorder` to the simulation. In each recorded round it stores, for the
@@ -19,7 +19,7 @@ recorded clients, into the run directory:
   the negatives they sampled that round, and ``ground_truth/demographics.npz``
   (e.g. gender, where the dataset has it). Only the scorer reads these.
 
-Under a central mechanism (``cdp-gaussian``, DESIGN section 6) no upload is
+Under a central mechanism (``cdp-gaussian``, docs/design.md section 6) no upload is
 observed: the secure sum hides each client's, and the server sees one noisy
 aggregate a round. A recorded round then holds, for every recorded client, the
 global table it was sent and the one released after the round (the same two

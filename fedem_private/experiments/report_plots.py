@@ -284,7 +284,7 @@ def bytes_figure(agg: pd.DataFrame, dataset: str, path: Path, n_seeds: str) -> P
     """HR@10 (full) against bytes uploaded per client per round: a panel per protocol and
     privacy mechanism.
 
-    For runs that differ in upload codec (FedPEFT, DESIGN section 11): x is the
+    For runs that differ in upload codec (FedPEFT, docs/design.md section 11): x is the
     last round's upload (the codec's steady state, after its warm-up; log
     scale), colour the method (``variant`` without its ``~codec``), marker the
     codec, and each point is labelled with its epsilon when any run is private.

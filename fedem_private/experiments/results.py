@@ -188,7 +188,7 @@ def run_row(run: Path, root: Path) -> dict[str, Any]:
     if cfg is not None and cfg.privacy.epsilon is not None:
         eps_target = cfg.privacy.epsilon
     elif cfg is not None and cfg.federation.resolved_method == "dp-mostpop":
-        eps_target = cfg.baseline.epsilon  # a baseline's budget (DESIGN section 14)
+        eps_target = cfg.baseline.epsilon  # a baseline's budget (docs/design.md section 14)
     elif mode == "none":
         eps_target = math.inf
     metrics = summary.get("metrics") or {}
@@ -200,7 +200,7 @@ def run_row(run: Path, root: Path) -> dict[str, Any]:
         "backbone": summary.get("backbone") or "mf",
         "aggregation": summary.get("aggregation"),
         "merge": summary.get("merge"),
-        # the protocol and the DESIGN 2a options it ran with, e.g. paper+min10+sharedneg
+        # the protocol and the docs/design.md 2a options it ran with, e.g. paper+min10+sharedneg
         "protocol": protocol_label(cfg) if cfg else summary.get("protocol"),
         "mode": mode,
         "eps_target": eps_target,
@@ -211,7 +211,7 @@ def run_row(run: Path, root: Path) -> dict[str, Any]:
         row[f"hr10_{kind}"] = _number(values.get("hr@10"))
         row[f"ndcg10_{kind}"] = _number(values.get("ndcg@10"))
     selected = summary.get("selected")
-    if isinstance(selected, dict):  # DESIGN 2a option 4: the selected round, besides the last
+    if isinstance(selected, dict):  # docs/design.md 2a, option 4: the selected round
         row["selected_rule"] = selected.get("rule")
         row["selected_round"] = selected.get("round")
         for kind in ("full", "sampled", "val"):

@@ -123,7 +123,7 @@ SELECTION_KEYS = {"best-test": ("sampled", "hr@10"), "best-val": ("val", "hr@10"
 
 
 def selected_round(history: list[RoundStats], rule: str) -> dict[str, Any] | None:
-    """The evaluated round a ``select_round`` rule picks (DESIGN 2a, option 4), or None.
+    """The evaluated round a ``select_round`` rule picks (docs/design.md 2a, option 4), or None.
 
     ``best-test``: the highest sampled test HR@10 (the FedEM and FedRAP code);
     ``best-val``: the highest validation HR@10 (PFedRec, GPFedRec). Ties go to
@@ -178,7 +178,7 @@ def summarise(sim: Simulation, history: list[RoundStats], wall: float) -> dict[s
         "version": __version__,
     }
     options = protocol_options(cfg)
-    if options:  # DESIGN 2a: the authors' code's options this run used
+    if options:  # docs/design.md 2a: the authors' code's options this run used
         out["protocol_label"] = protocol_label(cfg)
         out["protocol_options"] = options
     selected = selected_round(history, cfg.train.select_round)
@@ -188,7 +188,7 @@ def summarise(sim: Simulation, history: list[RoundStats], wall: float) -> dict[s
 
 
 def communication_summary(history: list[RoundStats]) -> dict[str, float]:
-    """Bytes moved (DESIGN section 11), from each round's counts of the tensors sent.
+    """Bytes moved (docs/design.md section 11), from each round's counts of the tensors sent.
 
     ``*_per_client_round``: mean over rounds of the mean per participant (a
     codec's warm-up rounds included); ``*_last_round``: the last round's;
@@ -220,7 +220,7 @@ def execute(cfg: RunConfig, out: str | Path,
     """Run ``cfg`` and write ``out`` atomically; returns the summary.
 
     ``setup`` may attach observers (e.g. recording) and write into the run
-    directory before the first round. A baseline method (DESIGN section 14) has no
+    directory before the first round. A baseline method (docs/design.md section 14) has no
     rounds: it is fitted and evaluated by
     :func:`~fedem_private.experiments.baseline_run.execute_baseline` (the hooks do not
     apply).

@@ -24,7 +24,7 @@ Two more axes cross with ``methods``: ``merges`` (sr, sm, dm, em) and
 ``"default"`` (the method's own); e.g. ``methods = ["fedem"]`` with
 ``merges = ["sr", "sm", "dm", "em"]`` gives the four FedEM merge variants.
 ``codecs = ["full", "lora", "hash", "rqvae", "c-lora"]`` crosses the upload
-codecs (DESIGN section 11) with every method.
+codecs (docs/design.md section 11) with every method.
 
 To run chosen method / merge pairs instead of the full cross product, list
 them as ``variants = ["fedmf", "fedsim", "fedem-sm", "fedem-dm", "fedem-em"]``
@@ -40,7 +40,7 @@ is refused, as no run would spend it.
 ``datasets`` axis go in ``[sweep.data_dirs]`` (a ``data_dir`` no point would read is
 refused).
 
-``protocols`` takes ``strict``, ``paper``, ``paper-code`` (the preset of DESIGN
+``protocols`` takes ``strict``, ``paper``, ``paper-code`` (the preset of docs/design.md
 section 2a) and ``paper`` with named options of the authors' code, e.g.
 ``"paper+min10"``, ``"paper+agg10+pcasim"`` (tokens: min10, firstseen,
 sharedneg, besttest, bestval, bestauto, agg10, pcasim, earlystop). An option
@@ -152,7 +152,7 @@ class SweepSpec:
     record_clients: int = 100
     source: str = "built-in quick sweep"
     variants: tuple[tuple[str, str | None], ...] = ()  # (method, merge) pairs; () = product
-    codecs: tuple[str, ...] = ("full",)  # upload codecs (DESIGN section 11)
+    codecs: tuple[str, ...] = ("full",)  # upload codecs (docs/design.md section 11)
 
     def method_merges(self) -> list[tuple[str, str | None]]:
         """The (method, merge) pairs of the grid: ``variants``, else methods x merges."""
@@ -238,7 +238,7 @@ def _variants(values: list[Any]) -> tuple[tuple[str, str | None], ...]:
 
 def _protocols(values: list[Any]) -> tuple[str, ...]:
     """Protocol labels: strict, paper, paper-code, paper+<option>+... or
-    paper-code+<option>+... (DESIGN 2a)."""
+    paper-code+<option>+... (docs/design.md 2a)."""
     for v in values:
         if not isinstance(v, str):
             raise UserError(f"[sweep] protocols: unknown value {v!r}; choose from "

@@ -1,4 +1,4 @@
-"""``fedem-private tune``: hyper-parameters chosen on the validation item (DESIGN section 14).
+"""``fedem-private tune``: hyper-parameters chosen on the validation item (docs/design.md §14).
 
 A tuning file names a base run config and a search space::
 

@@ -1,6 +1,6 @@
 """What every backbone shares: its parameter groups, its training samples, its lock-step plan.
 
-A backbone (DESIGN sections 9-10) is a client-side score model. It declares
+A backbone (docs/design.md sections 9-10) is a client-side score model. It declares
 three parameter groups, each with the client axis first:
 
 - the **item table** (k, m, d): shared, aggregated by the chosen aggregator,
@@ -55,7 +55,7 @@ class LocalTrainConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     grad_clip: float | None = None  # L2 clip of each step's item-table gradient (paper mode)
-    # DESIGN 2a (the FedEM code): a client stops after the epoch whose loss (the sum of its
+    # docs/design.md 2a (the FedEM code): a client stops after the epoch whose loss (the sum of its
     # batch losses) changed by less than this relative to the previous epoch's; 0: off
     early_stop_tol: float = 0.0
     # "adam" or "sgd" (torch.optim.SGD without momentum; backbones that build it only). Under
@@ -70,7 +70,7 @@ class LocalTrainConfig:
 
 
 def stops_early(prev: float, cur: float, tol: float) -> bool:
-    """Whether an epoch loss ``cur`` after ``prev`` stops local training (DESIGN 2a):
+    """Whether an epoch loss ``cur`` after ``prev`` stops local training (docs/design.md 2a):
     |cur - prev| / |prev| < tol (the FedEM code's early stop; tol 0 never stops)."""
     return tol > 0 and abs(cur - prev) < tol * abs(prev)
 
@@ -436,7 +436,7 @@ def _on(like: Tensor, array: np.ndarray) -> Tensor:
 
 
 class ItemRows(ABC):
-    """A chunk's trainable item rows during local training (DESIGN sections 9 and 11).
+    """A chunk's trainable item rows during local training (docs/design.md sections 9 and 11).
 
     A backbone reads the item vectors of a step's batch with :meth:`gather`,
     hands back d loss / d (those vectors) with :meth:`add_grad`, and calls
@@ -466,7 +466,7 @@ class ItemRows(ABC):
         """(each client's trained item table (k, m, d), rows it trained on (k, m) bool)."""
 
     #: whether the rows have parameters of their own that take a step on each batch before
-    #: the item step (the FedEM code's merge on every batch, DESIGN 2a): a backbone that
+    #: the item step (the FedEM code's merge on every batch, docs/design.md 2a): a backbone that
     #: trains through ItemRows then, at every step, first gathers the batch, hands d loss /
     #: d (those vectors) to :meth:`pre_step`, and only then gathers again for its own step
     pre_steps: ClassVar[bool] = False
@@ -477,7 +477,7 @@ class ItemRows(ABC):
         raise NotImplementedError(f"{type(self).__name__} has no step of its own")
 
     def save(self, j: int) -> object:
-        """A copy of client j's trained state (for the early stop, DESIGN 2a)."""
+        """A copy of client j's trained state (for the early stop, docs/design.md 2a)."""
         raise NotImplementedError(f"{type(self).__name__} cannot save a client's state")
 
     def load(self, j: int, saved: object) -> None:
@@ -612,16 +612,16 @@ def fused_adam(params: list[Tensor], grads: list[Tensor], exp_avg: list[Tensor],
 
 
 class Backbone(ABC):
-    """A client-side score model, vectorised over clients (DESIGN sections 9-10)."""
+    """A client-side score model, vectorised over clients (docs/design.md sections 9-10)."""
 
     name: ClassVar[str]
-    #: whether its local training honours ``LocalTrainConfig.early_stop_tol`` (DESIGN 2a)
+    #: whether its local training honours ``LocalTrainConfig.early_stop_tol`` (docs/design.md 2a)
     early_stop: ClassVar[bool] = False
     #: whether score(u, i) = <user-side vector, q_i> (+ a per-client constant), which the
     #: projection attack assumes; False for an MLP score.
     dot_product: ClassVar[bool]
     #: whether local training goes through :class:`ItemRows` (``rows=``), so an upload
-    #: codec can train its own parameters in place of the item table (DESIGN section 11)
+    #: codec can train its own parameters in place of the item table (docs/design.md section 11)
     trains_item_rows: ClassVar[bool] = False
     #: the local optimisers its train_chunk builds (``LocalTrainConfig.optimizer``)
     optimizers: ClassVar[tuple[str, ...]] = ("adam",)

@@ -3,7 +3,7 @@ personalization", ICLR 2024).
 
 Each client u represents item i as the sum of a private personal row P_u[i]
 and a row C[i] of the shared common table, and scores it with a private head
-(w_u, b_u): logit = w_u . (P_u[i] + C[i]) + b_u (DESIGN section 10). Per
+(w_u, b_u): logit = w_u . (P_u[i] + C[i]) + b_u (docs/design.md section 10). Per
 batch it minimises
 
     BCE - lambda * mean((P_u[i] - C[i])^2) + mu * mean(|C[i]|)

@@ -2,7 +2,7 @@
 recommendation", KDD 2024).
 
 The client model is FedNCF's, score = MLP over [p_u, q_i] with layers
-[32, 16, 8, 1] (DESIGN section 10), but, as in the authors' code, the MLP is
+[32, 16, 8, 1] (docs/design.md section 10), but, as in the authors' code, the MLP is
 private: every client starts from the same initial MLP and keeps its own,
 with p_u, across rounds; only the item table is uploaded. The client starts
 each round from the table the server sends (the graph aggregator's global

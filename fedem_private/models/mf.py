@@ -87,7 +87,7 @@ def train_chunk(q_start: torch.Tensor, p: torch.Tensor, clients: np.ndarray,
 
 
 class _EarlyStop:
-    """The FedEM code's early stop (DESIGN 2a) inside lock-step training, exactly.
+    """The FedEM code's early stop (docs/design.md 2a) inside lock-step training, exactly.
 
     A client's epoch loss is the sum of its batch losses (the mean BCE of each
     batch, before that batch's step). After an epoch e >= 1 whose loss changed
@@ -135,7 +135,7 @@ def dot_scores(rows: torch.Tensor, p_rows: torch.Tensor, q_items: torch.Tensor,
 
 
 class MFBackbone(Backbone):
-    """FedMF (DESIGN section 10): score sigmoid(p_u . q_i); shared item table, private p_u."""
+    """FedMF (docs/design.md §10): score sigmoid(p_u . q_i); shared item table, private p_u."""
 
     name = "mf"
     dot_product = True
@@ -207,7 +207,7 @@ def reference_train_client(q_start: torch.Tensor, p_start: torch.Tensor, items: 
         order = torch.from_numpy(orders[epoch])
         epoch_loss = 0.0
         if prev is not None and cfg.early_stop_tol > 0 and stops_early(*prev, cfg.early_stop_tol):
-            break  # the epoch loss barely moved: stop (DESIGN 2a, the FedEM code)
+            break  # the epoch loss barely moved: stop (docs/design.md 2a, the FedEM code)
         for start in range(0, n, cfg.batch_size):
             batch = order[start: start + cfg.batch_size]
             logits = q[items_t[batch]] @ p

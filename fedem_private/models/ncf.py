@@ -1,7 +1,7 @@
 """FedNCF's backbone (Perifanis and Efraimidis 2022; the FedEM authors' variant).
 
 Client u scores item i as sigmoid(MLP([p_u, q_i])) with layers [32, 16, 8, 1]
-and ReLU between them (DESIGN section 10). Shared: the item table (by the
+and ReLU between them (docs/design.md section 10). Shared: the item table (by the
 chosen aggregator, and the group a merge acts on) and the MLP weights (a dense
 group, always averaged with FedAvg weights). Private: p_u. Local training is
 mean BCE with Adam, E epochs, as for MF (FedEM paper, equation 12).

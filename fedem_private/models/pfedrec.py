@@ -4,11 +4,11 @@ IJCAI 2023.
 
 No user vector: each client scores item i as sigmoid(w_u . q_i + b_u) with a
 private score head Linear(d -> 1) (w_u, b_u), kept across rounds and never
-uploaded. Shared: the item table. Each batch takes two steps (DESIGN
+uploaded. Shared: the item table. Each batch takes two steps (docs/design.md
 section 10): first the head, with the item table frozen; then the item
 table, with the (just updated) head frozen; both on the batch's mean BCE.
 Each step has its own Adam state, fresh every round (our engine's local
-optimiser, DESIGN section 3; the published code's choice of optimiser is not
+optimiser, docs/design.md section 3; the published code's choice of optimiser is not
 part of the method). The client is evaluated with its own fine-tuned table
 and head.
 

@@ -1,4 +1,4 @@
-"""Privacy layer (DESIGN.md section 5): clipping, mechanisms, accounting, calibration, ledger.
+"""Privacy layer (docs/design.md section 5): clipping, mechanisms, accounting, calibration, ledger.
 
 Modules: ``config`` (PrivacyConfig), ``clipping`` (float64 per-client L1/L2
 clipping), ``params`` (config -> per-round parameters), ``mechanisms`` (one

@@ -350,7 +350,7 @@ BOUND_FUNCTIONS = {
 
 
 # ---------------------------------------------------------------------------------------------
-# DP-FedAvg (cdp-gaussian, DESIGN section 5): user-level central DP with Poisson sampling
+# DP-FedAvg (cdp-gaussian, docs/design.md section 5): user-level central DP with Poisson sampling
 CENTRAL_BOUNDS: tuple[str, ...] = ("rdp", "pld")
 
 

@@ -1,4 +1,4 @@
-"""cdp-gaussian: user-level central DP on the aggregate (DP-FedAvg; DESIGN section 5).
+"""cdp-gaussian: user-level central DP on the aggregate (DP-FedAvg; docs/design.md section 5).
 
 McMahan, Ramage, Talwar and Zhang, "Learning differentially private
 recurrent language models" (ICLR 2018), with fixed clipping. One round t:
@@ -124,7 +124,7 @@ def aggregate_noise(shape: tuple[int, ...] | torch.Size, scale: float, *, seed: 
 
 def noisy_mean_delta(delta_sum: torch.Tensor, *, clip: float, noise_multiplier: float,
                      expected_count: float, seed: int, round_: int) -> torch.Tensor:
-    """(sum_u clip_2(Delta_u, C) + N(0, z^2 C^2)) / (q n), float64 (DESIGN section 5).
+    """(sum_u clip_2(Delta_u, C) + N(0, z^2 C^2)) / (q n), float64 (docs/design.md section 5).
 
     ``expected_count`` is q n, a public constant (dividing by the realised
     count would make the divisor depend on who took part). z = 0: no noise. The

@@ -1,4 +1,4 @@
-"""Validated configuration of the privacy layer (DESIGN.md section 5).
+"""Validated configuration of the privacy layer (docs/design.md section 5).
 
 Budget fields, at most one of which may be set (an ldp mode needs one):
 
@@ -15,14 +15,14 @@ Budget fields, at most one of which may be set (an ldp mode needs one):
 means: clip the update but add no noise. The clipped upload then has no
 finite privacy guarantee and every accountant reports eps = inf.
 
-``cdp-gaussian`` (user-level central DP, DESIGN section 5) differs: the
+``cdp-gaussian`` (user-level central DP, docs/design.md section 5) differs: the
 sensitivity of one client's clipped delta in the sum is C (add/remove one
 client), so ``noise_multiplier`` is z = sigma / C; ``epsilon`` is the total
 against observers of the released models, calibrated for T rounds of the
 Poisson-subsampled Gaussian at ``sample_rate`` q with ``accountant`` (pld or
 rdp); ``epsilon_round`` is refused. ``sample_rate`` applies to it only.
 
-``ldp-dpsgd`` (interaction-level local DP, DESIGN section 5) noises local
+``ldp-dpsgd`` (interaction-level local DP, docs/design.md section 5) noises local
 training instead of the upload: ``clip`` is C_e, the L2 bound of each
 positive's gradient on all the client's trained parameters, the sensitivity
 of a step's gradient sum under add/remove of one interaction;
@@ -44,16 +44,16 @@ from fedem_private.errors import UserError
 MODES: tuple[str, ...] = ("none", "ldp-laplace", "ldp-gaussian", "paper", "ldp-touched-rows",
                           "cdp-gaussian", "ldp-dpsgd")
 LDP_MODES: tuple[str, ...] = ("ldp-laplace", "ldp-gaussian", "ldp-touched-rows")
-# modes that noise the aggregate on the server, not each upload (DESIGN section 5)
+# modes that noise the aggregate on the server, not each upload (docs/design.md section 5)
 CENTRAL_MODES: tuple[str, ...] = ("cdp-gaussian",)
-# modes that make local training itself DP, the upload being post-processing (DESIGN section 5)
+# modes that make local training itself DP, the upload being post-processing (docs/design.md §5)
 DPSGD_MODES: tuple[str, ...] = ("ldp-dpsgd",)
 # the settings of ldp-dpsgd alone (refused at a non-default value under any other mode)
 DPSGD_FIELDS: tuple[str, ...] = ("dpsgd_rate", "dpsgd_steps", "dpsgd_negatives", "dpsgd_lr",
                                  "dpsgd_adapter_steps")
 
 
-# What each mode protects, against whom, and what it claims (DESIGN sections 5-6): the
+# What each mode protects, against whom, and what it claims (docs/design.md sections 5-6): the
 # neighbouring relation, the trust model and the amplification. Every run writes its
 # mode's entry into summary.json and results.csv.
 THREAT_MODELS: dict[str, dict[str, str]] = {
@@ -104,7 +104,7 @@ THREAT_MODELS: dict[str, dict[str, str]] = {
                          "who took part",
     },
 }
-# What the server may know of each client's data size |D_u| (DESIGN section 5, "What the
+# What the server may know of each client's data size |D_u| (docs/design.md section 5, "What the
 # server may use"): "private" (the default) keeps it from the server, whose weights are then
 # uniform under every mode but none; "public" declares the sizes public, which lets FedAvg's
 # |D_u| / sum |D| and the p_v term of equation 13 use them and narrows the relation printed.

@@ -1,4 +1,4 @@
-"""``ldp-dpsgd``: interaction-level local DP from DP-SGD in local training (DESIGN section 5).
+"""``ldp-dpsgd``: interaction-level local DP from DP-SGD in local training (docs/design.md §5).
 
 **Neighbouring relation.** One training interaction (a positive) of one client
 added or removed.

@@ -4,7 +4,7 @@ One object per run. Per round: ``begin_round(t)``, then ``release`` for each
 chunk of participating clients, then ``end_round(clients)``, which charges
 exactly those clients in the ledger and returns the round's log fields.
 
-Under a central mechanism (``central`` True: cdp-gaussian, DESIGN section 5)
+Under a central mechanism (``central`` True: cdp-gaussian, docs/design.md section 5)
 the layer also picks the round's participants (:meth:`participants`,
 Poisson sampling), and instead of ``release`` takes each chunk's encoded
 (sent, local) tables through :meth:`contribute` into a secure sum that no
@@ -40,7 +40,7 @@ DPSGD_NSR = ("noise std per entry of a local step's gradient sum (sigma C) / mea
 def server_sizes(counts: np.ndarray, cfg: PrivacyConfig) -> np.ndarray:
     """The clients' data sizes as the server may use them, float64 (n,).
 
-    DESIGN section 5, "What the server may use": under a mechanism |D_u| is private
+    docs/design.md section 5, "What the server may use": under a mechanism |D_u| is private
     data that none of them releases (under ldp-dpsgd neighbours differ in it by one,
     under the user-level modes arbitrarily), so unless it is declared public
     (``sizes = "public"``, which the printed relation then says) every client counts
@@ -186,7 +186,7 @@ class PrivacyLayer:
     def centres_release(self) -> bool:
         """Whether an upload is released around a table the client started from (every local
         mode but ldp-dpsgd, whose upload is its DP-SGD-trained table as is): that centre must
-        be public, what the server last sent the client (DESIGN section 5)."""
+        be public, what the server last sent the client (docs/design.md section 5)."""
         return self.perturbs and not self.dpsgd and not self.central
 
     @property
@@ -268,7 +268,7 @@ class PrivacyLayer:
             out["frac_clipped"] = self._n_clipped / n
             out["mean_pre_clip_norm"] = self._norm_sum / n if self._n else math.nan
         if self.dpsgd:
-            # per sampled positive over the round's local steps (DESIGN section 5)
+            # per sampled positive over the round's local steps (docs/design.md section 5)
             ex = self._dpsgd
             out["frac_clipped"] = ex.clipped / ex.examples if ex.examples else math.nan
             out["mean_pre_clip_norm"] = ex.norm_sum / ex.examples if ex.examples else math.nan
@@ -279,7 +279,7 @@ class PrivacyLayer:
             if ad.examples:
                 out["adapter_frac_clipped"] = ad.clipped / ad.examples
         if self._signal_n and noise_std(self.params) > 0:
-            # LDP (DESIGN section 5): noise std per entry over the mean |clipped delta| on
+            # LDP (docs/design.md section 5): noise std per entry over the mean |clipped delta| on
             # the entries of the rows the clients trained; >> 1 explains a flat curve
             signal = self._signal_sum / self._signal_n
             out["noise_to_signal"] = (noise_std(self.params) / signal if signal > 0
@@ -303,7 +303,7 @@ class PrivacyLayer:
         return dpfedavg_bounds(p.sample_rate, p.noise_multiplier, self.rounds_released, p.delta)
 
     def _central_summary(self, out: dict[str, Any]) -> dict[str, Any]:
-        """cdp-gaussian: both guarantees of DESIGN section 5, and what each assumes.
+        """cdp-gaussian: both guarantees of docs/design.md section 5, and what each assumes.
 
         ``epsilon`` (what tables read) is the observer's, amplified by Poisson
         sampling; ``epsilon_aggregator`` is the per-client ledger's worst

@@ -4,7 +4,7 @@ Every function has the signature ``(params, sent, local, *, seed, round_,
 clients, touched=None) -> (released, RoundPrivacyStats)``: ``sent`` and
 ``local`` are (k, m, d) tables of the k clients ``clients`` (what the server
 sent, what local training produced); ``released`` is the (k, m, d) float32
-upload. Threat model (DESIGN.md section 5): the server sees every upload,
+upload. Threat model (docs/design.md section 5): the server sees every upload,
 what it sent and who took part. Neighbouring relation for the guarantees
 (local DP): replace-one, the client's whole dataset replaced by any other.
 

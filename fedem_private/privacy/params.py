@@ -221,7 +221,7 @@ def resolve_params(cfg: PrivacyConfig, rounds: int,
 
 def _central_params(cfg: PrivacyConfig, rounds: int,
                     n_clients: int | None = None) -> MechanismParams:
-    """cdp-gaussian (DESIGN section 5): sigma = z C on the sum of the clipped deltas.
+    """cdp-gaussian (docs/design.md section 5): sigma = z C on the sum of the clipped deltas.
 
     z is given, or calibrated so that ``rounds`` rounds of the
     Poisson-subsampled Gaussian at q = ``cfg.sample_rate`` are
@@ -269,7 +269,7 @@ def _central_params(cfg: PrivacyConfig, rounds: int,
 
 
 def _dpsgd_params(cfg: PrivacyConfig, rounds: int) -> MechanismParams:
-    """ldp-dpsgd (DESIGN section 5): sigma C_e on every entry of every local step's sum.
+    """ldp-dpsgd (docs/design.md section 5): sigma C_e on every entry of every local step's sum.
 
     One step under add/remove of one interaction: the sum of the sampled
     positives' clipped gradients moves by at most C_e in L2 (the positive is

@@ -323,7 +323,7 @@ def similarity_weights_cvxpy(p: Tensor, sq_dists: Tensor, alpha: float,
     return torch.from_numpy(out)
 
 
-# ------------------------------------------------ the authors' code's similarity (DESIGN 2a)
+# ----------------------------------------- the authors' code's similarity (docs/design.md 2a)
 
 # similarities above this are set to 1 in the FedEM code
 PCA_SIM_CAP = 0.9
@@ -336,7 +336,7 @@ def pca_codes(tables: Tensor, chunk_clients: int = DEFAULT_CHUNK_CLIENTS) -> Ten
     Row u is the projection of u's centred table Q_u - mean_i(Q_u) on its first
     principal direction (the top eigenvector of the d x d scatter matrix), as
     ``sklearn.decomposition.PCA(n_components=1).fit_transform`` in the FedEM
-    code (DESIGN 2a). A principal direction has no sign; the distance between
+    code (docs/design.md 2a). A principal direction has no sign; the distance between
     two clients' codes depends on it, so it is fixed as sklearn's ``svd_flip``
     fixes it (u-based): the entry of largest magnitude of each code is positive.
     """
@@ -354,7 +354,7 @@ def pca_codes(tables: Tensor, chunk_clients: int = DEFAULT_CHUNK_CLIENTS) -> Ten
 
 def pca_similarity(codes_a: Tensor, codes_b: Tensor) -> Tensor:
     """s_uv = 1 / (1 + ||c_u - c_v||_2) between 1-D PCA codes, values above 0.9 set to 1
-    (the FedEM code, DESIGN 2a): (k, m) x (n, m) -> (k, n) float64."""
+    (the FedEM code, docs/design.md 2a): (k, m) x (n, m) -> (k, n) float64."""
     dist = torch.cdist(codes_a.to(torch.float64), codes_b.to(torch.float64))
     s = 1.0 / (1.0 + dist)
     return torch.where(s > PCA_SIM_CAP, torch.ones_like(s), s)
@@ -363,7 +363,7 @@ def pca_similarity(codes_a: Tensor, codes_b: Tensor) -> Tensor:
 def pca_similarity_weights(p: Tensor, sim: Tensor, alpha: float,
                            participating: Tensor | None = None) -> Tensor:
     """The FedEM code's QP on the simplex: minimise x'x - 2 (p + alpha s_u)'x, i.e. the
-    projection of p + alpha s_u (not divided by 1 + alpha as in equation 13; DESIGN 2a).
+    projection of p + alpha s_u (not divided by 1 + alpha as in equation 13; docs/design.md 2a).
 
     p: (n,); sim: (k, n) from :func:`pca_similarity`. Returns float64 (k, n).
     """
@@ -447,7 +447,7 @@ def similarity_aggregate(uploads: Tensor, p: Tensor, alpha: float,
     (n_anchor, n_participants) float64 distance matrix plus one chunk's weights,
     besides the (n, m, d) output. ``precision``: of the distances' products (see
     :func:`cross_sq_distances`). ``similarity``: ``eq13`` (the paper) or ``pca`` (the
-    FedEM code, DESIGN 2a: :func:`pca_similarity` and :func:`pca_similarity_weights`).
+    FedEM code, docs/design.md 2a: :func:`pca_similarity` and :func:`pca_similarity_weights`).
     Returns a new tensor in uploads' dtype.
     """
     if similarity not in SIMILARITIES:

@@ -1,6 +1,6 @@
 """The server's aggregators as objects with one job: from the round's uploads, the next tables.
 
-Every aggregator (DESIGN sections 3 and 9) answers three questions for the
+Every aggregator (docs/design.md sections 3 and 9) answers three questions for the
 round loop, which never branches on their names:
 
 - :meth:`Aggregator.sent`: what item table the server sends each client of a
@@ -12,7 +12,7 @@ round loop, which never branches on their names:
 ``fedavg`` (weights |D_v| / sum |D| over the round's participants),
 ``uniform`` (1/n), ``similarity`` (equation 13, personalised per client),
 ``graph`` (GPFedRec) and ``fedmerge`` (K global tables merged per client,
-DESIGN section 12) live here; ``none`` is the ``local`` baseline. Under a central
+docs/design.md section 12) live here; ``none`` is the ``local`` baseline. Under a central
 mechanism (cdp-gaussian) no upload reaches the aggregator: a sum-based one
 (:attr:`Aggregator.takes_aggregate`) is handed the round's noisy aggregate
 by :meth:`Aggregator.take_aggregate` instead. An
@@ -57,7 +57,7 @@ def aggregated_uploads(part_mask: Tensor, agg_ratio: float, seed: int, round_: i
                        ) -> Tensor:
     """The uploads a round aggregates, (n,) bool: all participants (``agg_ratio`` 1), or the
     ceil(q n_t) participants with the smallest draws keyed by (seed, AGG_SAMPLE, round,
-    client): the FedEM code's ``agg_clients_ratio`` q (DESIGN 2a), which only the owners of
+    client): the FedEM code's ``agg_clients_ratio`` q (docs/design.md 2a), which only the owners of
     the sampled uploads hear back from next round."""
     if agg_ratio >= 1.0:
         return part_mask
@@ -74,7 +74,7 @@ def aggregated_uploads(part_mask: Tensor, agg_ratio: float, seed: int, round_: i
 
 class _Sampled:
     """An aggregator that may aggregate a random share of the round's uploads (the FedEM
-    code's ``agg_clients_ratio``, DESIGN 2a): only the owners of the sampled uploads receive
+    code's ``agg_clients_ratio``, docs/design.md 2a): only the owners of the sampled uploads receive
     a table next round; every other client continues from its own model, with no merge.
     The share 1 (the default) is plain aggregation over all participants."""
 
@@ -224,7 +224,7 @@ class _SumAggregator(_Sampled, Aggregator):
 
     Under cdp-gaussian it takes the round's noisy aggregate instead
     (:meth:`take_aggregate`): the UNWEIGHTED mean of clipped deltas over the
-    expected count (DESIGN section 5), so fedavg's data-size weights are not
+    expected count (docs/design.md section 5), so fedavg's data-size weights are not
     used there (they would raise the sensitivity).
     """
 
@@ -268,7 +268,7 @@ class _SumAggregator(_Sampled, Aggregator):
 
     def adopt(self, table: Tensor) -> None:
         """Replace the global table between rounds (m, d): the table a FedPEFT codec's
-        starting parameters decode to (DESIGN section 11)."""
+        starting parameters decode to (docs/design.md section 11)."""
         if tuple(table.shape) != tuple(self.global_table.shape):
             raise ValueError(f"table {tuple(table.shape)} does not match the global table "
                              f"{tuple(self.global_table.shape)}")
@@ -354,9 +354,9 @@ class SimilarityAggregator(_Sampled, _PerUploadAggregator):
                  agg_ratio: float = 1.0, seed: int = 0) -> None:
         super().__init__(sizes, n_clients)
         self.alpha = alpha
-        # "eq13" (the paper) or "pca" (the FedEM code, DESIGN 2a; server.aggregation)
+        # "eq13" (the paper) or "pca" (the FedEM code, docs/design.md 2a; server.aggregation)
         self.similarity = similarity
-        # the share of each round's uploads aggregated (the FedEM code: 0.1, DESIGN 2a)
+        # the share of each round's uploads aggregated (the FedEM code: 0.1, docs/design.md 2a)
         self._init_sampling(agg_ratio, seed)
         m, d = q0.shape
         self.global_tables = q0.expand(n_clients, m, d).clone()
@@ -439,7 +439,7 @@ class GraphAggregator(_Sampled, _PerUploadAggregator):
 
 
 class FedMergeAggregator(_PerUploadAggregator):
-    """FedMerge (DESIGN section 12): K global tables, one merged table per client.
+    """FedMerge (docs/design.md section 12): K global tables, one merged table per client.
 
     Sends client u Q_sent[u] = sum_k softmax(a_u)_k G_k (12.1), also as the
     anchor of a backbone's regulariser; after the round fits the tables and
@@ -528,7 +528,7 @@ def build(name: str, sizes: Tensor, q0: Tensor, *, alpha: float,
     ``graph``: GPFedRec's threshold, topk, layers; ``fedmerge``: ``k``,
     ``steps``, ``lr`` of FedMerge (its initial tables are keyed by ``seed``);
     ``server``: the sum aggregators' step on the aggregate (:class:`ServerMomentum`);
-    ``similarity``: the similarity aggregator's options (``similarity``, DESIGN 2a);
+    ``similarity``: the similarity aggregator's options (``similarity``, docs/design.md 2a);
     ``agg_ratio``: the share of each round's uploads aggregated (:class:`_Sampled`), for
     the aggregators of :data:`SAMPLED_AGGREGATORS`.
     """
@@ -561,7 +561,7 @@ def build(name: str, sizes: Tensor, q0: Tensor, *, alpha: float,
 class DenseFedAvg:
     """Non-item shared groups (an MLP, a FedPEFT codec's parameters), averaged over the
     participants with FedAvg weights (``uniform``: 1 / n_t each). Under the FedEM code's
-    ``agg_clients_ratio`` (DESIGN 2a) :meth:`begin_round` is given the sampled share
+    ``agg_clients_ratio`` (docs/design.md 2a) :meth:`begin_round` is given the sampled share
     instead (:meth:`Aggregator.aggregated`): the mean is over those uploads alone, and the
     round loop sends it only to their owners, as it does the item table."""
 

@@ -1,4 +1,4 @@
-"""FedMerge on the server: K global item tables merged per client (DESIGN section 12).
+"""FedMerge on the server: K global item tables merged per client (docs/design.md section 12).
 
 The server keeps K global item tables G_1..G_K and per-client logits a_u with
 weights w_u = softmax(a_u). It sends client u one table,

@@ -7,7 +7,7 @@ trains an autoencoder (encoder E, decoder D) on the reconstruction loss
     L_AE = ||x - D(E(x))||^2,
 
 and uses every item's latent vector z = E(x) as its initial full item
-embedding. Here (DESIGN section 11):
+embedding. Here (docs/design.md section 11):
 
 - x comes from :func:`fedem_private.data.attributes.item_attributes` (genre
   flags and a title TF-IDF; the paper's sentence-t5 encoder is not used, as

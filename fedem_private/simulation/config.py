@@ -29,7 +29,7 @@ from fedem_private.privacy.config import CENTRAL_MODES, DPSGD_MODES, PrivacyConf
 
 FEDERATED_METHODS = ("fedmf", "fedsim", "fedem", "local", "fedncf", "pfedrec", "gpfedrec",
                      "fedrap", "fedmerge")
-# non-federated references on the same split, protocol and evaluation (DESIGN section 14,
+# non-federated references on the same split, protocol and evaluation (docs/design.md section 14,
 # fedem_private.baselines): no rounds, no uploads; each scores every (user, item) at once
 BASELINE_METHODS = ("mostpop", "dp-mostpop", "centralised", "ease", "als")
 METHODS = (*FEDERATED_METHODS, *BASELINE_METHODS)
@@ -41,7 +41,7 @@ CODECS = ("full", "lora", "hash", "rqvae", "c-lora", "c-hash", "c-rqvae")
 # FedPEFT's initial item table: random ("none") or an autoencoder over item attributes
 PEFT_PRETRAINS = ("none", "attributes")
 # backbones whose local training goes through ItemRows (Backbone.trains_item_rows), so a
-# FedPEFT codec can train its parameters in place of the item table (DESIGN section 11)
+# FedPEFT codec can train its parameters in place of the item table (docs/design.md section 11)
 PEFT_BACKBONES = ("mf", "ncf", "pfedrec")
 # aggregations with one global table that a codec's averaged parameters decode to
 PEFT_AGGREGATIONS = ("fedavg", "uniform")
@@ -49,7 +49,7 @@ AGGREGATIONS = ("fedavg", "uniform", "similarity", "graph", "fedmerge", "none")
 # aggregations that need each client's upload, not only a sum: refused under central DP
 EACH_UPLOAD_AGGREGATIONS = ("similarity", "graph", "fedmerge")
 # aggregations that can aggregate a random share of the uploads (--agg-clients-ratio; the
-# FedEM code's agg_clients_ratio, DESIGN 2a): its similarity aggregation, and (not in any
+# FedEM code's agg_clients_ratio, docs/design.md 2a): its similarity aggregation, and (not in any
 # published code) the sums and GPFedRec's graph, to ask what the share does to their +EM
 SAMPLED_AGGREGATIONS = ("similarity", "fedavg", "uniform", "graph")
 MERGES = ("sr", "sm", "dm", "em")
@@ -58,7 +58,7 @@ LEARNED_MERGES = ("dm", "em")  # merges with an adapter (equations 9 and 11)
 ADAPTER_OBJECTIVES = ("train", "holdout")
 # method (a preset) -> (aggregation, merge); FedSim is FedMF with similarity aggregation
 # (paper, Table 2). A preset's parts are defaults: --backbone, --merge, --aggregation and
-# --codec override them one by one (DESIGN section 9).
+# --codec override them one by one (docs/design.md section 9).
 METHOD_DEFAULTS = {
     "fedmf": ("fedavg", "sr"),
     "fedsim": ("similarity", "sr"),
@@ -68,17 +68,17 @@ METHOD_DEFAULTS = {
     "pfedrec": ("fedavg", "sr"),
     "gpfedrec": ("graph", "sr"),
     "fedrap": ("uniform", "sr"),  # the published plain mean of the common tables
-    "fedmerge": ("fedmerge", "sr"),  # K global tables merged per client (DESIGN section 12)
+    "fedmerge": ("fedmerge", "sr"),  # K global tables merged per client (docs/design.md section 12)
     **{name: ("none", "sr") for name in BASELINE_METHODS},  # nothing is uploaded
 }
-# DESIGN 2a: the authors' code's facts, each a named option of the `paper` protocol
+# docs/design.md 2a: the authors' code's facts, each a named option of the `paper` protocol
 SELECT_ROUNDS = ("last", "best-test", "best-val", "auto")
 SIMILARITIES = ("eq13", "pca")
 # datasets with timestamps: --first-seen-order does not apply to them
 TIMED_DATASETS = ("ml-100k", "ml-1m", "synthetic")
 PROTOCOL_PRESETS = ("paper-code",)
 PROTOCOLS_ALL = (*PROTOCOLS, *PROTOCOL_PRESETS)
-# method -> its backbone (DESIGN section 10)
+# method -> its backbone (docs/design.md section 10)
 METHOD_BACKBONE = {"fedmf": "mf", "fedsim": "mf", "fedem": "mf", "local": "mf",
                    "fedncf": "ncf", "pfedrec": "pfedrec", "gpfedrec": "gpfedrec",
                    "fedrap": "fedrap", "fedmerge": "mf",
@@ -90,7 +90,7 @@ BACKBONE_METHOD = {"mf": "fedmf", "ncf": "fedncf", "pfedrec": "pfedrec",
 
 @dataclass(frozen=True)
 class DataConfig:
-    """Which data and which evaluation protocol (DESIGN section 2)."""
+    """Which data and which evaluation protocol (docs/design.md section 2)."""
 
     dataset: str = "synthetic"
     data_dir: str | None = None
@@ -98,12 +98,12 @@ class DataConfig:
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     # implicit positives: None keeps every rated pair; R keeps the pairs rated >= R
     min_rating: float | None = None
-    # DESIGN 2a, option 1: users with fewer positives are dropped (the authors' code: 10)
+    # docs/design.md 2a, option 1: users with fewer positives are dropped (the authors' code: 10)
     min_user_ratings: int = 3
-    # DESIGN 2a, option 2: a dataset without timestamps orders each user's interactions by
+    # docs/design.md 2a, option 2: a dataset without timestamps orders each user's interactions by
     # the order in which each item first appears in the file (not a seeded random order)
     first_seen_order: bool = False
-    # DESIGN 2a, option 3: ONE set of 99 sampled negatives ranks both the validation and the
+    # docs/design.md 2a, option 3: ONE set of 99 sampled negatives ranks both the validation and the
     # test item (instead of a separate draw for validation)
     shared_eval_negatives: bool = False
 
@@ -149,12 +149,12 @@ class TrainConfig:
     # where the heavy tensors live: cpu, cuda, or auto (cuda when available);
     # :meth:`RunConfig.resolved` turns auto into what it means on this machine
     device: str = "cpu"
-    # DESIGN 2a, option 4: which evaluated round summary.json / results.csv also report
+    # docs/design.md 2a, option 4: which evaluated round summary.json / results.csv also report
     # (the last round stays the headline): "last" (off), "best-test" (best sampled test
     # HR@10: the FedEM and FedRAP code), "best-val" (best validation HR@10: PFedRec,
     # GPFedRec), "auto" (the backbone's own code's rule)
     select_round: str = "last"
-    # DESIGN 2a, option 8: a client stops local training when the relative change of its
+    # docs/design.md 2a, option 8: a client stops local training when the relative change of its
     # epoch loss is below this (0: off; the authors' code: 1e-4)
     early_stop_tol: float = 0.0
     # local training's optimiser: "adam" (the default, every backbone) or "sgd" (plain
@@ -229,7 +229,7 @@ USER_EMBEDDING_BACKBONES = ("gpfedrec",)
 
 @dataclass(frozen=True)
 class FederationConfig:
-    """A method as a composition (DESIGN section 9): preset, backbone, merge, codec, aggregator.
+    """A method as a composition (docs/design.md §9): preset, backbone, merge, codec, aggregator.
 
     ``method`` names a preset; every other part left ``None`` takes the
     preset's choice. With only ``backbone`` given, the preset is the one named
@@ -269,13 +269,13 @@ class FederationConfig:
     # (as published), or "holdout", a rotating fold withheld from local training
     adapter_objective: str = "train"
     adapter_folds: int = 5  # holdout: F folds of each client's positives
-    # DESIGN 2a, option 5: similarity aggregation over a random share of the round's uploads
+    # docs/design.md 2a, option 5: similarity aggregation over a random share of the round's uploads
     # (the authors' code: agg_clients_ratio = 0.1); only those clients get a new table
     agg_clients_ratio: float = 1.0
-    # DESIGN 2a, option 6: "eq13" (the paper's equation 13) or "pca" (the authors' code:
+    # docs/design.md 2a, option 6: "eq13" (the paper's equation 13) or "pca" (the authors' code:
     # 1-D PCA of each table, 1 / (1 + L2), > 0.9 -> 1, projection of p + alpha s)
     similarity: str = "eq13"
-    # DESIGN 2a, option 7: merge on every local batch and evaluate the merged table
+    # docs/design.md 2a, option 7: merge on every local batch and evaluate the merged table
     merge_every_batch: bool = False
 
     def validate(self) -> None:
@@ -443,7 +443,7 @@ def refuse_central(aggregation: str, mode: str,
 @dataclass(frozen=True)
 class BaselineConfig:
     """Settings of the non-federated baselines (``--method mostpop|dp-mostpop|centralised|
-    ease|als``; DESIGN section 14, :mod:`fedem_private.baselines`). Ignored by federated
+    ease|als``; docs/design.md section 14, :mod:`fedem_private.baselines`). Ignored by federated
     methods, and refused there when changed."""
 
     # dp-mostpop: the privacy architecture, its total (epsilon, delta) for the one release,
@@ -593,7 +593,8 @@ class RunConfig:
                                 f"it; drop --optimizer")
         for token, section, name, _, default in PAPER_CODE_OPTIONS:
             if token in UNBUILT_OPTIONS and getattr(getattr(self, section), name) != default:
-                raise UserError(f"{section}.{name}: the option is not built yet (DESIGN 2a)")
+                raise UserError(f"{section}.{name}: the option is not built yet "
+                                "(docs/design.md 2a)")
         if self.federation.resolved_aggregation == "none" and self.privacy.mode != "none":
             raise UserError(f"privacy {self.privacy.mode!r} protects uploads, but aggregation "
                             "'none' (local) uploads nothing; use --privacy none")
@@ -619,7 +620,7 @@ class RunConfig:
         return self
 
     def _check_baseline(self) -> None:
-        """A baseline (DESIGN section 14) trains no federation: the parts that shape uploads,
+        """A baseline (docs/design.md §14) trains no federation: the parts that shape uploads,
         privacy modes of uploads and recording do not apply to it."""
         fed, method = self.federation, self.federation.resolved_method
         for name, value, default in (("--aggregation", fed.resolved_aggregation, "none"),
@@ -699,9 +700,9 @@ class RunConfig:
         return replace(self, data=data, train=train, federation=fed, record=record)
 
 
-# ---------------------------------------------------------------- DESIGN 2a: paper-code
+# ---------------------------------------------------------------- docs/design.md 2a: paper-code
 # (label token, section, field, value in the paper-code preset, default): each fact of the
-# authors' code (DESIGN section 2a) as a named option, off by default
+# authors' code (docs/design.md section 2a) as a named option, off by default
 PAPER_CODE_OPTIONS: tuple[tuple[str, str, str, Any, Any], ...] = (
     ("min10", "data", "min_user_ratings", 10, 3),
     ("firstseen", "data", "first_seen_order", True, False),
@@ -724,7 +725,7 @@ UNTIMED_DATASETS = ("filmtrust", "lastfm-2k")
 
 
 def auto_select_round(backbone: str) -> str:
-    """The reported round of the backbone's own code (DESIGN 2a): best validation HR@10 for
+    """The reported round of the backbone's own code (docs/design.md 2a): best validation HR@10 for
     PFedRec and GPFedRec, best test HR@10 for FedEM (mf, ncf) and FedRAP."""
     return "best-val" if backbone in ("pfedrec", "gpfedrec") else "best-test"
 
@@ -748,7 +749,7 @@ def option_applies(token: str, data: DataConfig, fed: FederationConfig) -> bool:
 
 def paper_code(data: DataConfig, train: TrainConfig, fed: FederationConfig
                ) -> tuple[DataConfig, TrainConfig, FederationConfig]:
-    """The ``paper-code`` preset: the ``paper`` protocol with every option of DESIGN 2a that
+    """The ``paper-code`` preset: the ``paper`` protocol with every option of docs/design.md 2a that
     applies to the dataset and method switched on (an option already set keeps its value)."""
     sections = {"data": replace(data, protocol="paper"), "train": train, "federation": fed}
     for token, section, name, value, default in PAPER_CODE_OPTIONS:
@@ -758,7 +759,7 @@ def paper_code(data: DataConfig, train: TrainConfig, fed: FederationConfig
 
 
 def protocol_options(cfg: RunConfig) -> dict[str, Any]:
-    """The DESIGN 2a options a config switches on, as ``{field: value}`` ({} for none)."""
+    """The docs/design.md 2a options a config switches on, as ``{field: value}`` ({} for none)."""
     out: dict[str, Any] = {}
     for _, section, name, _, default in PAPER_CODE_OPTIONS:
         value = getattr(getattr(cfg, section), name)
@@ -784,7 +785,7 @@ def protocol_label(cfg: RunConfig) -> str:
     """``strict``, ``paper``, ``paper-code`` (the preset exactly), ``paper-code+<option>``
     (the preset and options it does not switch on here, e.g. ``paper-code+agg10`` for a
     PFedRec+EM given the 10% share), or the protocol and its options, e.g.
-    ``paper+min10+sharedneg`` (DESIGN 2a)."""
+    ``paper+min10+sharedneg`` (docs/design.md 2a)."""
     options = protocol_options(cfg)
     if not options:
         return cfg.data.protocol

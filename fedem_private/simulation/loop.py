@@ -1,4 +1,4 @@
-"""The federated round loop, vectorised over clients (DESIGN sections 3, 7 and 9).
+"""The federated round loop, vectorised over clients (docs/design.md sections 3, 7 and 9).
 
 A method is a composition of parts, each with one job and each chosen by
 name from its own room; this loop only composes them and names none:
@@ -21,7 +21,7 @@ Round t, for the clients taking part (all unless a client fraction is set):
    that leaves it;
 5. the server decodes and aggregates the uploads.
 
-Under a central mechanism (cdp-gaussian, DESIGN section 5) the privacy
+Under a central mechanism (cdp-gaussian, docs/design.md section 5) the privacy
 layer picks the participants (Poisson sampling) and steps 4 and 5 change:
 each client's encoded (sent, trained) pair goes into the layer's secure sum
 (:meth:`~fedem_private.privacy.layer.PrivacyLayer.contribute`), no upload is
@@ -29,7 +29,7 @@ decoded or observed, and after the last chunk the layer releases ONE noisy
 aggregate, which the (sum-based) aggregator adopts as the next global table.
 
 Under a FedPEFT codec (``lora``, ``hash``, ``rqvae`` and their ``c-``
-variants; DESIGN section 11) the first W rounds are ordinary full-table
+variants; docs/design.md section 11) the first W rounds are ordinary full-table
 rounds; then the server freezes its global table as E0 and from round W + 1
 sends, trains and averages only the codec's parameters theta: the backbone
 trains theta through the codec's item rows (it never knows), the privacy
@@ -45,7 +45,7 @@ tensors each client sends and receives.
 Clients are processed in chunks sorted by workload; every random draw is keyed
 by (seed, round, client), so chunking never changes results.
 
-Device (``train.device``, DESIGN section 13): the client state (:class:`SimState`),
+Device (``train.device``, docs/design.md section 13): the client state (:class:`SimState`),
 the aggregators' tables, each chunk's training tensors, the merge adapters, the
 privacy layer's clipping and noise addition and the evaluation's scores live on
 ``Simulation.device``. Random draws are made on the CPU exactly as on a CPU run
@@ -108,7 +108,7 @@ class ChunkView:
 
 @dataclass
 class AggregateView:
-    """One round of a central mechanism as the server sees it (DESIGN section 6).
+    """One round of a central mechanism as the server sees it (docs/design.md section 6).
 
     Under ``cdp-gaussian`` no upload is observed: the secure sum hides each one and
     only the noisy aggregate is released. ``sent`` is the global item table of the
@@ -189,7 +189,7 @@ def wire_bytes(groups: dict[str, torch.Tensor] | tuple[object, ...]) -> int:
 
 
 def validation_kind(cfg: RunConfig) -> str | None:
-    """Whether (and against which negatives) the validation item is ranked (DESIGN 2a):
+    """Whether (and against which negatives) the validation item is ranked (docs/design.md 2a):
     ``"shared"`` with ``--shared-eval-negatives``, ``"separate"`` when the reported round is
     chosen by validation HR@10 without it, else None (no validation metric)."""
     if cfg.data.shared_eval_negatives:
@@ -231,7 +231,7 @@ class Simulation:
         self.excl = exclusion_csr(split, self.cfg.data.protocol)
         self.eval_sets: EvalSets = build_eval_sets(split, self.cfg.data.protocol, self.seed,
                                                    validation=validation_kind(self.cfg))
-        # the data sizes as the server may use them (DESIGN section 5): |D_u| with no
+        # the data sizes as the server may use them (docs/design.md section 5): |D_u| with no
         # mechanism or when declared public, else all ones (uniform weights)
         self.sizes = torch.from_numpy(server_sizes(split.train_counts, self.cfg.privacy)
                                       ).to(self.device)
@@ -339,7 +339,7 @@ class Simulation:
 
     def _initial_items(self) -> torch.Tensor:
         """The server's initial item table: the backbone's random one, or (``--peft-pretrain
-        attributes``) FedPEFT's autoencoder latent of the item attributes (DESIGN section 11)."""
+        attributes``) FedPEFT's autoencoder latent of the item attributes (docs/design.md §11)."""
         q0 = self.backbone.init_items()
         if self.cfg.federation.peft_pretrain == "none":
             return q0
@@ -375,7 +375,7 @@ class Simulation:
         when it sends none, their own) and their own private groups.
 
         A client the aggregator sends nothing this round (:meth:`Aggregator.receives`
-        False: FedEM code's ``agg_clients_ratio``, DESIGN 2a) starts from its own model."""
+        False: FedEM code's ``agg_clients_ratio``, docs/design.md 2a) starts from its own model."""
         own = self.state.params(idx)
         sent = self.aggregator.sent(idx)
         if sent is None:  # nothing from the server: the client continues from its own
@@ -501,7 +501,7 @@ class Simulation:
                 down_bytes += k * wire_bytes({**theta_sent, **dense_sent})
             elif self.aggregator.sends_table:
                 down_bytes += n_recv * wire_bytes({"items": sent, **dense_sent})
-            if self.privacy.dpsgd:  # local DP-SGD is the mechanism (DESIGN section 5)
+            if self.privacy.dpsgd:  # local DP-SGD is the mechanism (docs/design.md section 5)
                 new, touched = self.privacy.train_local(
                     self.backbone, start, chunk, self.split.train_indptr,
                     self.split.train_items, self.local_cfg.num_negatives)
@@ -579,7 +579,7 @@ class Simulation:
     def _release_base(self, idx: torch.Tensor, recv: torch.Tensor | None,
                       enc_sent: torch.Tensor) -> torch.Tensor:
         """The encoded table a chunk's release is centred on: what the server last sent
-        each client (DESIGN section 5, "What the server may use").
+        each client (docs/design.md section 5, "What the server may use").
 
         ``enc_sent`` is the encoded start table before merging. Where every client of
         the chunk received the server's table this round (``recv`` None) it is that
@@ -619,7 +619,7 @@ class Simulation:
     def evaluate(self) -> dict[str, dict[str, float]]:
         """HR/NDCG of every client's own current model (its Q_l and private groups).
 
-        Merging on every batch (the FedEM code, DESIGN 2a), a client that will receive a
+        Merging on every batch (the FedEM code, docs/design.md 2a), a client that will receive a
         table next round is evaluated with Q_l merged with it, as that code does."""
         acc = RankAccumulator(self.split.n_users)
         n = self.split.n_users

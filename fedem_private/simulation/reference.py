@@ -155,7 +155,7 @@ def similarity_tables(uploads: torch.Tensor, p: torch.Tensor, alpha: float) -> t
 
 
 def _sampled_uploads(sim, n: int, t: int) -> torch.Tensor:
-    """(n,) bool: the uploads round ``t`` aggregates under ``agg_clients_ratio`` q (DESIGN
+    """(n,) bool: the uploads round ``t`` aggregates under ``agg_clients_ratio`` q (docs/design.md
     2a), all n clients taking part: the ceil(q n) with the smallest keyed draws."""
     q = sim.cfg.federation.agg_clients_ratio
     chosen = torch.ones(n, dtype=torch.bool)
@@ -169,7 +169,7 @@ def _sampled_uploads(sim, n: int, t: int) -> torch.Tensor:
 
 def _code_similarity(sim, q_local: torch.Tensor, sizes: torch.Tensor, t: int
                      ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Similarity aggregation with the FedEM code's options (DESIGN 2a), slowly: the
+    """Similarity aggregation with the FedEM code's options (docs/design.md 2a), slowly: the
     uploads of a random ``agg_clients_ratio`` share (ceil(q n) smallest keyed draws) and,
     with ``similarity = "pca"``, sklearn's PCA and cvxpy's QP per client. Only the sampled
     clients' tables change. Returns (q_global, {"receiving": (n,) bool})."""
@@ -233,7 +233,7 @@ def simulation_round(sim) -> dict[str, Any]:
                           if sim.dense is not None else {})
         anchor = sim.aggregator.anchor(torch.tensor([u])) if agg != "none" else None
         receives = receiving is None or bool(receiving[u])
-        if not receives:  # agg_clients_ratio (DESIGN 2a): no table, its own model, no merge
+        if not receives:  # agg_clients_ratio (docs/design.md 2a): no table, its own model, no merge
             sent, dense_sent = st.q_local[u], own.dense
         start = ClientParams(sent[None].clone(), dense_sent, own.private, anchor)
         if strategy != "sr" and t > 1 and receives:
@@ -267,7 +267,7 @@ def simulation_round(sim) -> dict[str, Any]:
     q_local = torch.cat([p.items for p in new_params])
     private = {k: torch.cat([p.private[k] for p in new_params]) for k in new_params[0].private}
     dense = {k: torch.cat([p.dense[k] for p in new_params]) for k in new_params[0].dense}
-    # the sizes the server may use (DESIGN section 5): uniform under a mechanism unless public
+    # the sizes the server may use (docs/design.md §5): uniform under a mechanism unless public
     sizes = torch.from_numpy(server_sizes(split.train_counts, sim.cfg.privacy))
     server: dict[str, torch.Tensor] = {}  # an aggregator's own state where it keeps one
     if agg == "none":
