@@ -165,6 +165,12 @@ def _cancel(ray: ModuleType, refs: list[Any]) -> None:
 
     The KeyboardInterrupt reaches a task at its next Python instruction: a
     training loop stops within a step, one long C call only once it returns.
+    A task it has not reached after the grace (under heavy load Ray can drop
+    every polite cancel of a task that has just started: seen in CI) is killed
+    with its worker process (``force``); the temporary run folder such a task
+    leaves carries a dead writer's pid and is removed by the next run of the
+    sweep, as a SIGKILLed sweep's is (:func:`~fedem_private.experiments.rundir.
+    remove_stale`).
     """
     pending = list(refs)
     for _ in range(CANCEL_ATTEMPTS):
@@ -178,3 +184,8 @@ def _cancel(ray: ModuleType, refs: list[Any]) -> None:
                                   timeout=CANCEL_GRACE_S / CANCEL_ATTEMPTS)
         if not pending:
             return
+    for ref in pending:  # still running: end it with its worker
+        with contextlib.suppress(Exception):
+            ray.cancel(ref, force=True)
+    with contextlib.suppress(Exception):
+        ray.wait(pending, num_returns=len(pending), timeout=CANCEL_GRACE_S)
