@@ -81,3 +81,26 @@ def test_report_writes_the_verdict_column_and_the_ladder(tmp_path):
     assert "beats (central 0.080)" in text
     rows = floors.ladder_table(agg, 0.006)
     assert [r[0] for r in rows] == ["chance (random ranking, ≈)", "mostpop"]
+
+
+def test_sweep_references_run_the_matched_floor_at_each_epsilon_and_report_it(tmp_path):
+    """``[sweep] references``: mostpop once, dp-mostpop at (matched architecture, eps) of
+    every private mode and finite eps; the report judges the private points against it."""
+    from fedem_private.experiments.report import write_report
+    from fedem_private.experiments.sweep import run_sweep
+    from fedem_private.experiments.sweep_spec import grid, load_spec
+
+    spec = tmp_path / "s.toml"
+    spec.write_text('[sweep]\nmethods = ["fedmf"]\nprivacy = ["ldp-dpsgd", "cdp-gaussian"]\n'
+                    'epsilons = [inf, 4]\nseeds = [0, 1]\n'
+                    'references = ["mostpop", "dp-mostpop"]\n\n'
+                    "[base.train]\nrounds = 2\n\n"
+                    "[base.data.synthetic]\nn_users = 40\nn_items = 60\nmean_activity = 8\n")
+    floors_run = {(p.config.baseline.architecture, p.config.baseline.epsilon)
+                  for p in grid(load_spec(str(spec))) if p.variant == "dp-mostpop"}
+    assert floors_run == {("interaction-local", 4.0), ("central", 4.0)}
+    run_sweep(str(spec), str(tmp_path / "out"), jobs=1)
+    write_report(str(tmp_path / "out"), str(tmp_path / "rep"))
+    text = (tmp_path / "rep" / "report.md").read_text()
+    assert "vs DP-MostPop" in text and "The ladder without privacy" in text
+    assert "interaction-local 0." in text and "central 0." in text  # both judged

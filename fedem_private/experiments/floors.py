@@ -34,6 +34,9 @@ FLOOR_OF_MODE = {
     "ldp-gaussian": "ldp-oue",
     "ldp-dpsgd": "ldp-interaction-laplace",
 }
+# the same, as dp-mostpop's ``baseline.architecture``
+ARCHITECTURE_OF_MODE = {"cdp-gaussian": "central", "ldp-laplace": "local",
+                        "ldp-gaussian": "local", "ldp-dpsgd": "interaction-local"}
 FLOOR_LABEL = {
     "central-gaussian": "central", "ldp-oue": "local", "idp-laplace": "interaction",
     "ldp-interaction-laplace": "interaction-local",
