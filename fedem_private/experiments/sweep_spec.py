@@ -52,6 +52,12 @@ options (``"paper-code+agg10"``) is the preset and options it leaves off here, a
 for: a point where one cannot be built is refused, not dropped (``agg10`` on PFedRec's
 FedAvg: the FedEM code's 10% share put on another aggregation).
 
+``references = ["mostpop", "dp-mostpop", "ease"]`` adds the accuracy ladder's
+baselines beside the grid (docs/design.md section 14): each non-private one once per
+seed, dataset and protocol, and ``dp-mostpop`` at every private mode's matched
+architecture (:data:`~fedem_private.experiments.floors.ARCHITECTURE_OF_MODE`) and finite
+epsilon, named ``<dataset>/dp-mostpop/<architecture>-eps<eps>/<protocol>/seed<seed>``.
+
 Each grid point gets a readable directory name,
 ``<dataset>/<variant>/<privacy>/<protocol>/seed<seed>`` (e.g.
 ``synthetic/fedem-em/ldp-laplace-eps8/strict/seed0``), and a digest of its
