@@ -53,14 +53,20 @@ import torch
 from .base import DEFAULT_CHUNK, blank_nonparticipants, delta_chunks
 from .observations import Observation, PublicKnowledge
 
-#: backbones whose score is <vector, q_i> (+ a per-client constant): the case derived above
-DOT_PRODUCT_BACKBONES = ("mf", "pfedrec", "fedrap")
-
 
 def assumption_note(public: PublicKnowledge) -> str | None:
-    """A one-line caveat when the recorded backbone breaks the rank-one assumption, else None."""
-    if public.backbone in DOT_PRODUCT_BACKBONES:
+    """A one-line caveat when the recorded backbone breaks the rank-one assumption, else None.
+
+    Whether the backbone scores by <vector, q_i> (+ a per-client constant), the case derived
+    above, is a public fact the recording states (``extra["dot_product"]``, from the
+    backbone's class); a recording without it is treated as not known.
+    """
+    dot = public.extra.get("dot_product")
+    if dot:
         return None
+    if dot is None:
+        return (f"the recording does not say whether backbone {public.backbone!r} scores by a "
+                "dot product: the projection attack's rank-one assumption is not known to hold")
     return (f"backbone {public.backbone!r} does not score by a dot product: the projection "
             "attack's rank-one assumption does not hold, its scores are a heuristic")
 

@@ -406,7 +406,32 @@ def _agg(variants: list[str]):
 
 
 @pytest.mark.parametrize("n", [3, 15])
-def test_a_long_legend_sits_below_its_panel(tmp_path, monkeypatch, n):
+def test_a_long_legend_sits_below_its_panel(tmp_path, n):
+    """rp.legend (the attack and frontier panels'): inside a panel when short, else below it,
+    under its ticks and label."""
+    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from fedem_private.experiments import report_plots as rp
+
+    fig, ax = plt.subplots()
+    for i in range(n):
+        ax.plot([0, 1], [i, i + 1], label=f"method{i}")
+    ax.set_xlabel("x")
+    rp.legend(ax, 8)
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    box, leg = ax.get_window_extent(), ax.get_legend().get_window_extent()
+    inside = leg.y1 > box.y0 and leg.y0 < box.y1 and leg.x1 > box.x0 and leg.x0 < box.x1
+    assert inside == (n <= rp.LEGEND_INSIDE_MAX)
+    if not inside:  # below the axis, its ticks and its label too
+        assert leg.y1 <= ax.xaxis.get_tightbbox(renderer).y0
+    plt.close(fig)
+
+
+@pytest.mark.parametrize("n", [3, 15])
+def test_the_utility_figure_has_one_legend_below_every_panel(tmp_path, monkeypatch, n):
     from fedem_private.experiments import report_plots as rp
 
     figures = []
@@ -421,12 +446,12 @@ def test_a_long_legend_sits_below_its_panel(tmp_path, monkeypatch, n):
     canvas = FigureCanvasAgg(fig)  # the saved figure was closed: draw it again
     canvas.draw()
     renderer = canvas.get_renderer()
+    (leg,) = fig.legends
+    assert len(leg.get_texts()) == n + 1  # n lines + the random baseline, each once
+    top = leg.get_window_extent().y1
     for ax in fig.axes:
-        box, leg = ax.get_window_extent(), ax.get_legend().get_window_extent()
-        inside = leg.y1 > box.y0 and leg.y0 < box.y1 and leg.x1 > box.x0 and leg.x0 < box.x1
-        assert inside == (n + 1 <= rp.LEGEND_INSIDE_MAX)  # n lines + the random baseline
-        if not inside:  # below the axis, its ticks and its label too
-            assert leg.y1 <= ax.xaxis.get_tightbbox(renderer).y0
+        assert ax.get_legend() is None
+        assert top <= ax.xaxis.get_tightbbox(renderer).y0
     assert (tmp_path / "u.png").stat().st_size > 0
 
 
@@ -451,8 +476,9 @@ def test_a_label_names_only_the_settings_its_variant_varies_in():
 
 # ------------------------------------------------------------- 10: list, and run --dry-run
 def test_list_names_every_preset_and_part_one_line_each(capsys):
+    from fedem_private.models import BACKBONES
     from fedem_private.privacy.config import MODES
-    from fedem_private.simulation.config import AGGREGATIONS, BACKBONES, CODECS, MERGES, METHODS
+    from fedem_private.simulation.config import AGGREGATIONS, CODECS, MERGES, METHODS
 
     assert main(["list"]) == 0
     lines = capsys.readouterr().out.splitlines()

@@ -19,7 +19,6 @@ from fedem_private.models.base import (
 )
 from fedem_private.simulation import reference
 from fedem_private.simulation.config import (
-    OPTIMIZER_BACKBONES,
     RunConfig,
     identity_dict,
     with_overrides,
@@ -166,10 +165,11 @@ def test_sgd_is_refused_where_it_is_not_built():
         _cfg(**{**SGD, "train.lr_batch_decay": 1.5}).validate()
 
 
-def test_the_backbones_that_build_sgd_are_the_configs_list():
+def test_the_backbones_that_build_sgd_are_the_published_codes():
     built = tuple(name for name in models.BACKBONES
                   if "sgd" in models.build(name, 5, 2, seed=0, init_std=0.1).optimizers)
-    assert built == OPTIMIZER_BACKBONES
+    assert built == models.backbones_where("optimizers", "sgd") == ("pfedrec", "gpfedrec",
+                                                                     "fedrap")
 
 
 def test_defaults_leave_run_identities_unchanged():

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from fedem_private.data import DATASETS
 from fedem_private.experiments.attack_step import ATTACK_NAMES
+from fedem_private.models import BACKBONES
 from fedem_private.privacy.config import MODE_DESCRIPTIONS, MODES
 from fedem_private.simulation.config import (
     AGGREGATIONS,
     BACKBONE_METHOD,
-    BACKBONES,
     CODECS,
     LEARNED_MERGES,
     MERGES,

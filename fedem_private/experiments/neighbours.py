@@ -263,9 +263,9 @@ def describe(cfg: RunConfig) -> str:
 
 # ------------------------------------------------------------ the space of compositions
 def _axes() -> dict[str, tuple[Any, ...]]:
+    from fedem_private.models import BACKBONES
     from fedem_private.simulation.config import (
         AGGREGATIONS,
-        BACKBONES,
         CODECS,
         MERGES,
         PROTOCOLS_ALL,

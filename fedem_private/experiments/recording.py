@@ -55,6 +55,7 @@ from attacks.observations import (
     save_public,
 )
 from fedem_private.errors import UserError
+from fedem_private.models import backbone_class
 from fedem_private.models.base import ClientSamples, draw_samples
 from fedem_private.simulation.config import RecordConfig
 from fedem_private.simulation.loop import AggregateView, ChunkView, Simulation
@@ -115,6 +116,7 @@ def public_knowledge(sim: Simulation, rounds: Sequence[int], clients: np.ndarray
             "aggregation": fed.resolved_aggregation,
             "merge": fed.resolved_merge,
             "codec": fed.codec,
+            "dot_product": bool(backbone_class(fed.resolved_backbone).dot_product),
             "rounds": tr.rounds,
             "init_std": tr.init_std,
             "client_fraction": tr.client_fraction,

@@ -11,7 +11,39 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from fedem_private.models.base import Backbone
 
-BACKBONES = ("mf", "ncf", "pfedrec", "gpfedrec", "fedrap")
+# the registry: a backbone's name -> "module:class"; a new backbone adds its module and one
+# line here. Its capabilities are class variables of its class (Backbone), read through
+# backbone_class / backbones_where, never listed by name elsewhere.
+REGISTRY: dict[str, str] = {
+    "mf": "fedem_private.models.mf:MFBackbone",
+    "ncf": "fedem_private.models.ncf:NCFBackbone",
+    "pfedrec": "fedem_private.models.pfedrec:PFedRecBackbone",
+    "gpfedrec": "fedem_private.models.gpfedrec:GPFedRecBackbone",
+    "fedrap": "fedem_private.models.fedrap:FedRAPBackbone",
+}
+BACKBONES = tuple(REGISTRY)
+
+
+def backbone_class(name: str) -> type[Backbone]:
+    """The class registered as ``name`` (imported on first use)."""
+    import importlib
+
+    try:
+        module, cls = REGISTRY[name].split(":")
+    except KeyError:
+        raise ValueError(f"unknown backbone {name!r}") from None
+    return getattr(importlib.import_module(module), cls)
+
+
+def backbones_where(capability: str, value: object = True) -> tuple[str, ...]:
+    """The registered backbones whose class variable ``capability`` is ``value`` (or, for a
+    tuple-valued one such as ``optimizers``, contains it), in registry order."""
+    out = []
+    for name in REGISTRY:
+        have = getattr(backbone_class(name), capability)
+        if have == value or (isinstance(have, tuple) and value in have):
+            out.append(name)
+    return tuple(out)
 
 
 def build(name: str, n_items: int, dim: int, seed: int, init_std: float,
@@ -19,23 +51,7 @@ def build(name: str, n_items: int, dim: int, seed: int, init_std: float,
     """The backbone called ``name`` for a catalogue of ``n_items`` items.
 
     ``options`` holds every backbone's hyper-parameters (``gpfedrec_reg``,
-    ``fedrap_lambda``, ``fedrap_mu``); each backbone takes its own.
+    ``fedrap_lambda``, ``fedrap_mu``); each backbone takes its own
+    (:meth:`~fedem_private.models.base.Backbone.from_options`).
     """
-    opts = options or {}
-    if name == "mf":
-        from fedem_private.models.mf import MFBackbone
-        return MFBackbone(n_items, dim, seed, init_std)
-    if name == "ncf":
-        from fedem_private.models.ncf import NCFBackbone
-        return NCFBackbone(n_items, dim, seed, init_std)
-    if name == "pfedrec":
-        from fedem_private.models.pfedrec import PFedRecBackbone
-        return PFedRecBackbone(n_items, dim, seed, init_std)
-    if name == "gpfedrec":
-        from fedem_private.models.gpfedrec import GPFedRecBackbone
-        return GPFedRecBackbone(n_items, dim, seed, init_std, reg=opts.get("gpfedrec_reg", 1.0))
-    if name == "fedrap":
-        from fedem_private.models.fedrap import FedRAPBackbone
-        return FedRAPBackbone(n_items, dim, seed, init_std, lam=opts.get("fedrap_lambda", 0.1),
-                              mu=opts.get("fedrap_mu", 0.1))
-    raise ValueError(f"unknown backbone {name!r}")
+    return backbone_class(name).from_options(n_items, dim, seed, init_std, options or {})

@@ -625,9 +625,23 @@ class Backbone(ABC):
     trains_item_rows: ClassVar[bool] = False
     #: the local optimisers its train_chunk builds (``LocalTrainConfig.optimizer``)
     optimizers: ClassVar[tuple[str, ...]] = ("adam",)
+    #: whether its local training can merge with the adapter on every batch (the FedEM
+    #: code's FCF; ``--merge-every-batch``)
+    batch_merge: ClassVar[bool] = False
+    #: whether it has a user embedding with its own sgd rate (``--lr-user``)
+    user_embedding: ClassVar[bool] = False
+    #: the round its published code reports (docs/design.md 2a): best validation or best
+    #: test HR@10 (``select_round = "auto"`` under the ``paper-code`` protocol)
+    own_select_round: ClassVar[str] = "best-test"
 
     def __init__(self, n_items: int, dim: int, seed: int, init_std: float) -> None:
         self.n_items, self.dim, self.seed, self.init_std = n_items, dim, seed, init_std
+
+    @classmethod
+    def from_options(cls, n_items: int, dim: int, seed: int, init_std: float,
+                     options: dict[str, float]) -> Backbone:
+        """Build it from the run's options (every backbone's; each takes its own)."""
+        return cls(n_items, dim, seed, init_std)
 
     def init_items(self) -> Tensor:
         """The server's initial item table (m, d): N(0, init_std^2), keyed by the server."""

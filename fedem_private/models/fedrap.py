@@ -80,6 +80,13 @@ class FedRAPBackbone(Backbone):
         super().__init__(n_items, dim, seed, init_std)
         self.lam, self.mu = float(lam), float(mu)
 
+    @classmethod
+    def from_options(cls, n_items: int, dim: int, seed: int, init_std: float,
+                     options: dict[str, float]) -> FedRAPBackbone:
+        """Its options: ``fedrap_lambda`` and ``fedrap_mu``."""
+        return cls(n_items, dim, seed, init_std, lam=options.get("fedrap_lambda", 0.1),
+                   mu=options.get("fedrap_mu", 0.1))
+
     def init_private(self, clients: np.ndarray) -> dict[str, Tensor]:
         """Personal tables N(0, init_std^2) and heads (nn.Linear's init), keyed by client."""
         k = len(clients)

@@ -55,11 +55,19 @@ class GPFedRecBackbone(NCFBackbone):
     trains_item_rows = False
     dot_product = False
     optimizers = ("adam", "sgd")  # sgd: the published code's (module docstring)
+    user_embedding = True
+    own_select_round = "best-val"
 
     def __init__(self, n_items: int, dim: int, seed: int, init_std: float,
                  reg: float = 1.0) -> None:
         super().__init__(n_items, dim, seed, init_std)
         self.reg = float(reg)
+
+    @classmethod
+    def from_options(cls, n_items: int, dim: int, seed: int, init_std: float,
+                     options: dict[str, float]) -> GPFedRecBackbone:
+        """Its option: ``gpfedrec_reg``, the regulariser's weight toward the anchor."""
+        return cls(n_items, dim, seed, init_std, reg=options.get("gpfedrec_reg", 1.0))
 
     def init_dense(self) -> dict[str, Tensor]:
         return {}  # nothing but the item table is shared

@@ -141,6 +141,7 @@ class MFBackbone(Backbone):
     dot_product = True
     trains_item_rows = True
     early_stop = True
+    batch_merge = True
 
     def init_private(self, clients: np.ndarray) -> dict[str, torch.Tensor]:
         p = torch.empty((len(clients), self.dim))

@@ -57,6 +57,7 @@ class PFedRecBackbone(Backbone):
     dot_product = True  # logit = w_u . q_i + b_u: a dot product with w_u, plus a constant
     trains_item_rows = True
     optimizers = ("adam", "sgd")  # sgd: the published code's (module docstring)
+    own_select_round = "best-val"
 
     def init_private(self, clients: np.ndarray) -> dict[str, Tensor]:
         """Each client's head, nn.Linear(d, 1)'s init keyed by (seed, client)."""

@@ -25,6 +25,7 @@ from fedem_private.data.attributes import ATTRIBUTE_DATASETS
 from fedem_private.device import check_name as check_device
 from fedem_private.device import resolve as resolve_device
 from fedem_private.errors import UserError
+from fedem_private.models import REGISTRY, backbone_class, backbones_where
 from fedem_private.privacy.config import CENTRAL_MODES, DPSGD_MODES, PrivacyConfig
 
 FEDERATED_METHODS = ("fedmf", "fedsim", "fedem", "local", "fedncf", "pfedrec", "gpfedrec",
@@ -37,13 +38,9 @@ METHODS = (*FEDERATED_METHODS, *BASELINE_METHODS)
 # user-level local (optimal unary encoding), interaction-level (Laplace on each count, once
 # centrally, or by every client on its own counts)
 DP_MOSTPOP_ARCHITECTURES = ("central", "local", "interaction", "interaction-local")
-BACKBONES = ("mf", "ncf", "pfedrec", "gpfedrec", "fedrap")
 CODECS = ("full", "lora", "hash", "rqvae", "c-lora", "c-hash", "c-rqvae")
 # FedPEFT's initial item table: random ("none") or an autoencoder over item attributes
 PEFT_PRETRAINS = ("none", "attributes")
-# backbones whose local training goes through ItemRows (Backbone.trains_item_rows), so a
-# FedPEFT codec can train its parameters in place of the item table (docs/design.md section 11)
-PEFT_BACKBONES = ("mf", "ncf", "pfedrec")
 # aggregations with one global table that a codec's averaged parameters decode to
 PEFT_AGGREGATIONS = ("fedavg", "uniform")
 AGGREGATIONS = ("fedavg", "uniform", "similarity", "graph", "fedmerge", "none")
@@ -160,11 +157,11 @@ class TrainConfig:
     early_stop_tol: float = 0.0
     # local training's optimiser: "adam" (the default, every backbone) or "sgd" (plain
     # torch.optim.SGD, no momentum: the published PFedRec, FedRAP and GPFedRec codes';
-    # OPTIMIZER_BACKBONES). The next five apply to sgd only: the rates of the private head
-    # or MLP and of the user embedding (None: lr; lr itself is the item tables'), L2
-    # weight decay on every trained tensor (whole tables included), the rates' factor
-    # after every local step (an ExponentialLR stepped per batch) and per round (round t:
-    # factor^(t-1))
+    # the backbones whose Backbone.optimizers has it). The next five apply to sgd only:
+    # the rates of the private head or MLP and of the user embedding (None: lr; lr itself
+    # is the item tables'), L2 weight decay on every trained tensor (whole tables
+    # included), the rates' factor after every local step (an ExponentialLR stepped per
+    # batch) and per round (round t: factor^(t-1))
     optimizer: str = "adam"
     lr_head: float | None = None
     lr_user: float | None = None
@@ -217,15 +214,11 @@ class TrainConfig:
                                 f"setting of --optimizer sgd, not {self.optimizer!r}")
 
 
-#: local optimisers; "sgd" is built for OPTIMIZER_BACKBONES only
+#: local optimisers; each backbone builds those of its ``Backbone.optimizers``
 OPTIMIZERS = ("adam", "sgd")
 #: the settings of --optimizer sgd alone, with their defaults
 SGD_FIELDS: dict[str, Any] = {"lr_head": None, "lr_user": None, "weight_decay": 0.0,
                               "lr_batch_decay": 1.0, "lr_round_decay": 1.0}
-#: backbones whose local training has --optimizer sgd (the published codes')
-OPTIMIZER_BACKBONES = ("pfedrec", "gpfedrec", "fedrap")
-#: backbones with a user embedding (--lr-user)
-USER_EMBEDDING_BACKBONES = ("gpfedrec",)
 
 
 @dataclass(frozen=True)
@@ -282,9 +275,9 @@ class FederationConfig:
     def validate(self) -> None:
         if self.method is not None and self.method not in METHODS:
             raise UserError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
-        if self.backbone is not None and self.backbone not in BACKBONES:
+        if self.backbone is not None and self.backbone not in REGISTRY:  # live: a test may add
             raise UserError(f"unknown backbone {self.backbone!r}; choose one of "
-                            f"{', '.join(BACKBONES)}")
+                            f"{', '.join(REGISTRY)}")
         if self.codec not in CODECS:
             raise UserError(f"unknown codec {self.codec!r}; available: {', '.join(CODECS)}")
         for name in ("graph_threshold", "gpfedrec_reg", "fedrap_lambda", "fedrap_mu"):
@@ -396,10 +389,10 @@ class FederationConfig:
         if self.merge_every_batch and merge != "em":
             raise UserError(f"--merge-every-batch merges with the adapter on every batch (the "
                             f"FedEM code's EM), but merge is {merge!r}; use --merge em")
-        if self.merge_every_batch and self.resolved_backbone not in BATCH_MERGE_BACKBONES:
+        if self.merge_every_batch and not backbone_class(self.resolved_backbone).batch_merge:
             raise UserError(f"--merge-every-batch is built for backbone "
-                            f"{', '.join(BATCH_MERGE_BACKBONES)} (the FedEM code's FCF), not "
-                            f"{self.resolved_backbone!r}")
+                            f"{', '.join(backbones_where('batch_merge'))} (the FedEM code's "
+                            f"FCF), not {self.resolved_backbone!r}")
         if self.merge_every_batch and self.codec != "full":
             raise UserError(f"--merge-every-batch trains the item table through the merge; "
                             f"codec {self.codec!r} trains its own parameters; use --codec full")
@@ -416,11 +409,11 @@ class FederationConfig:
                                 f"not built (the step would act on theta and on its decoded "
                                 f"table); use --codec full")
         if self.codec != "full":
-            if self.resolved_backbone not in PEFT_BACKBONES:
+            if not backbone_class(self.resolved_backbone).trains_item_rows:
                 raise UserError(f"codec {self.codec!r} trains its own parameters in place of "
                                 f"the item table, which backbone {self.resolved_backbone!r} "
                                 f"regularises as a whole; use one of "
-                                f"{', '.join(PEFT_BACKBONES)}")
+                                f"{', '.join(backbones_where('trains_item_rows'))}")
             if agg not in PEFT_AGGREGATIONS:
                 raise UserError(f"codec {self.codec!r} uploads parameters the server averages "
                                 f"into one global table; aggregation {agg!r} keeps per-client "
@@ -558,6 +551,14 @@ class RunConfig:
     baseline: BaselineConfig = field(default_factory=BaselineConfig)
 
     def validate(self) -> RunConfig:
+        """Check every value and the composition of parts; returns self.
+
+        A config from :meth:`resolved` was checked when it was resolved and is returned as
+        is, so a run validates its configuration once, where it is built (the CLI, the API
+        or a sweep), and everything downstream accepts it without checking again.
+        """
+        if _is_checked(self):
+            return self
         self.data.validate()
         self.train.validate()
         self.federation.validate()
@@ -569,19 +570,20 @@ class RunConfig:
         self.federation.check_composition()
         if self.train.early_stop_tol > 0:
             backbone = self.federation.resolved_backbone
-            if backbone not in EARLY_STOP_BACKBONES:
+            if not backbone_class(backbone).early_stop:
                 raise UserError(f"--early-stop-tol is built for backbone "
-                                f"{', '.join(EARLY_STOP_BACKBONES)}, not {backbone!r}")
+                                f"{', '.join(backbones_where('early_stop'))}, not {backbone!r}")
             if self.federation.codec != "full":
                 raise UserError(f"--early-stop-tol stops training of the item table itself; "
                                 f"codec {self.federation.codec!r} trains its own parameters; "
                                 f"use --codec full")
         if self.train.optimizer != "adam":
             backbone = self.federation.resolved_backbone
-            if backbone not in OPTIMIZER_BACKBONES:
+            if self.train.optimizer not in backbone_class(backbone).optimizers:
                 raise UserError(f"--optimizer {self.train.optimizer} is built for backbone "
-                                f"{', '.join(OPTIMIZER_BACKBONES)}, not {backbone!r}")
-            if self.train.lr_user is not None and backbone not in USER_EMBEDDING_BACKBONES:
+                                f"{', '.join(backbones_where('optimizers', self.train.optimizer))}"
+                                f", not {backbone!r}")
+            if self.train.lr_user is not None and not backbone_class(backbone).user_embedding:
                 raise UserError(f"--lr-user is the rate of a user embedding; backbone "
                                 f"{backbone!r} has none")
             if self.federation.codec != "full":
@@ -644,10 +646,10 @@ class RunConfig:
         """ldp-dpsgd's preconditions (:mod:`fedem_private.privacy.dpsgd`): everything that
         shapes the upload besides the noisy steps must be public or post-processing."""
         fed, mode = self.federation, self.privacy.mode
-        if fed.resolved_backbone not in DPSGD_BACKBONES:
+        if not backbone_class(fed.resolved_backbone).per_example_grads:
             raise UserError(f"privacy {mode!r} is built for backbone "
-                            f"{', '.join(DPSGD_BACKBONES)} (per-example gradients), not "
-                            f"{fed.resolved_backbone!r}")
+                            f"{', '.join(backbones_where('per_example_grads'))} (per-example "
+                            f"gradients), not {fed.resolved_backbone!r}")
         merge, adapter_steps = fed.resolved_merge, self.privacy.dpsgd_adapter_steps
         if merge == "dm":
             raise UserError(f"privacy {mode!r}: merge 'dm' trains its adapter on the client's "
@@ -677,12 +679,15 @@ class RunConfig:
                             f"--early-stop-tol")
 
     def resolved(self) -> RunConfig:
-        """Fill method-dependent defaults so the written config says what ran.
+        """Fill method-dependent defaults so the written config says what ran; the result
+        is validated and marked checked (:meth:`validate` then returns it as is).
 
         ``train.device`` ``auto`` becomes ``cpu`` or ``cuda`` (the device that runs);
         ``cuda`` on a machine without one is a UserError (this imports torch, which
         a ``cpu`` config never does here).
         """
+        if _is_checked(self):
+            return self
         train = replace(self.train, device=resolve_device(self.train.device))
         fed = replace(self.federation, method=self.federation.resolved_method,
                       backbone=self.federation.resolved_backbone,
@@ -698,7 +703,19 @@ class RunConfig:
             rounds = ",".join(str(r) for r in record.parsed_rounds())
             record = replace(record, rounds=rounds,
                              clients=record.clients or DEFAULT_RECORD_CLIENTS)
-        return replace(self, data=data, train=train, federation=fed, record=record)
+        out = replace(self, data=data, train=train, federation=fed, record=record).validate()
+        object.__setattr__(out, _CHECKED, True)  # not a field: dataclasses.replace drops it
+        return out
+
+
+# a resolved, checked RunConfig carries this attribute (not a dataclass field, so neither
+# to_dict nor the run's identity sees it, and a copy changed by dataclasses.replace is new
+# and unchecked)
+_CHECKED = "_resolved_and_checked"
+
+
+def _is_checked(cfg: RunConfig) -> bool:
+    return bool(getattr(cfg, _CHECKED, False))
 
 
 # ---------------------------------------------------------------- docs/design.md 2a: paper-code
@@ -716,11 +733,6 @@ PAPER_CODE_OPTIONS: tuple[tuple[str, str, str, Any, Any], ...] = (
 )
 # options not built yet: the preset leaves them off (and the sweep labels refuse them)
 UNBUILT_OPTIONS: frozenset[str] = frozenset()
-# backbones whose local training can merge on every batch (the FedEM code's FCF is MF)
-BATCH_MERGE_BACKBONES = ("mf",)
-# backbones whose local training has the early stop (Backbone.early_stop)
-EARLY_STOP_BACKBONES = ("mf",)
-DPSGD_BACKBONES = ("mf", "pfedrec")  # backbones with per-example gradients (ldp-dpsgd)
 # datasets the preset's first-seen order applies to (no timestamps; csv: the file decides)
 UNTIMED_DATASETS = ("filmtrust", "lastfm-2k")
 
@@ -728,7 +740,7 @@ UNTIMED_DATASETS = ("filmtrust", "lastfm-2k")
 def auto_select_round(backbone: str) -> str:
     """The reported round of the backbone's own code (docs/design.md 2a): best validation HR@10 for
     PFedRec and GPFedRec, best test HR@10 for FedEM (mf, ncf) and FedRAP."""
-    return "best-val" if backbone in ("pfedrec", "gpfedrec") else "best-test"
+    return backbone_class(backbone).own_select_round
 
 
 def option_applies(token: str, data: DataConfig, fed: FederationConfig) -> bool:
@@ -741,9 +753,9 @@ def option_applies(token: str, data: DataConfig, fed: FederationConfig) -> bool:
     if token in ("agg10", "pcasim"):
         return fed.resolved_aggregation == "similarity"
     if token == "earlystop":
-        return fed.resolved_backbone in EARLY_STOP_BACKBONES and fed.codec == "full"
+        return backbone_class(fed.resolved_backbone).early_stop and fed.codec == "full"
     if token == "batchmerge":
-        return (fed.resolved_merge == "em" and fed.resolved_backbone in BATCH_MERGE_BACKBONES
+        return (fed.resolved_merge == "em" and backbone_class(fed.resolved_backbone).batch_merge
                 and fed.codec == "full" and fed.adapter_objective == "train")
     return True
 
@@ -1049,7 +1061,10 @@ def flatten(values: dict, prefix: str = "") -> dict[str, Any]:
 
 
 def with_overrides(cfg: RunConfig, overrides: dict[str, Any]) -> RunConfig:
-    """Apply ``{"train.rounds": 5, "data.synthetic.n_users": 100}``-style overrides."""
+    """Apply ``{"train.rounds": 5, "data.synthetic.n_users": 100}``-style overrides (a new,
+    unchecked config; ``cfg`` itself when there is nothing to apply)."""
+    if all(value is None for value in overrides.values()):
+        return cfg
     values = to_dict(cfg)
     for dotted, value in overrides.items():
         if value is None:
