@@ -1,6 +1,6 @@
 """Time one per-client reference round alone and report the process's peak memory.
 
-The reference (``fedem_private.simulation.reference.simulation_round``) is the slow,
+The reference (``fedem_private.reference.round.simulation_round``) is the slow,
 obvious counterpart the speed benchmark divides by. Run it in a fresh process, with and
 without the host allocator tuning of the engine's round before it, to see what the
 allocator does to it (BENCHMARKS.md, "A fourth reading"):
@@ -24,7 +24,7 @@ import resource
 import time
 
 from fedem_private.experiments.runner import prepare
-from fedem_private.simulation import reference
+from fedem_private.reference import round as reference
 
 from .common import run_config
 

@@ -54,13 +54,13 @@ import numpy as np
 import torch
 
 from fedem_private.experiments.runner import prepare
+from fedem_private.reference import round as reference
+from fedem_private.reference.aggregation import similarity_weights_cvxpy
 from fedem_private.server.aggregation import (
     fedavg_weights,
     pairwise_sq_distances,
     similarity_weights,
-    similarity_weights_cvxpy,
 )
-from fedem_private.simulation import reference
 
 from .common import SHARED, emit, machine, run_config
 

@@ -21,7 +21,7 @@ not what they hold.
 
 Why only while a round runs: a heap that never maps blocks apart and never
 shrinks can fragment without bound under other allocation patterns. The
-per-client FedEM reference (:mod:`fedem_private.simulation.reference`) on
+per-client FedEM reference (:mod:`fedem_private.reference.round`) on
 ML-100K, run in a process tuned for good, grew to 23 GB resident until the OOM
 killer took it, against 1.26 GiB with glibc's defaults (BENCHMARKS.md, "A
 fourth reading"). A :class:`~fedem_private.simulation.loop.Simulation` wraps

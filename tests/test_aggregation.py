@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from fedem_private.errors import UserError
+from fedem_private.reference.aggregation import similarity_weights_cvxpy
 from fedem_private.server.aggregation import (
     cross_sq_distances,
     fedavg_aggregate,
@@ -17,7 +18,6 @@ from fedem_private.server.aggregation import (
     project_to_simplex,
     similarity_aggregate,
     similarity_weights,
-    similarity_weights_cvxpy,
     uniform_weights,
 )
 

@@ -19,7 +19,8 @@ from fedem_private.models.base import (
     LocalTrainConfig,
     draw_samples,
 )
-from fedem_private.simulation import reference
+from fedem_private.reference import round as reference
+from fedem_private.reference.models import reference_train_client
 from fedem_private.simulation.config import RunConfig, with_overrides
 from fedem_private.simulation.loop import Simulation
 
@@ -53,7 +54,7 @@ def test_local_training_equals_reference(small_split, sorted_chunk, backbone):
         one = ClientParams(q0[j:j + 1], {n: v[j:j + 1] for n, v in dense.items()},
                            {n: v[j:j + 1] for n, v in start.private.items()})
         items, labels = samples.of(j)
-        ref = bb.reference_train_client(one, items, labels, cfg, 1, c)
+        ref = reference_train_client(bb, one, items, labels, cfg, 1, c)
         assert (new.items[j] - ref.items[0]).abs().max() < 1e-4
         assert _max_diff({n: v[j] for n, v in new.private.items()},
                          {n: v[0] for n, v in ref.private.items()}) < 1e-4
@@ -233,7 +234,8 @@ def test_attacks_run_on_every_backbone_and_projection_says_when_it_assumes(tmp_p
 @pytest.mark.parametrize("threshold,topk,layers", [(1.0, 0, 1), (1.0, 0, 2), (0.5, 0, 1),
                                                   (1e6, 0, 1), (1.0, 3, 1), (1.0, 5, 2)])
 def test_graph_aggregator_equals_per_pair_reference(threshold, topk, layers):
-    from fedem_private.server.graph import graph_reference, graph_tables
+    from fedem_private.reference.graph import graph_reference
+    from fedem_private.server.graph import graph_tables
 
     g = torch.Generator().manual_seed(3)
     base = torch.randn(4, 20, 6, generator=g)  # four taste clusters of users

@@ -13,12 +13,13 @@ from fedem_private.client.merging import (
     MergeConfig,
     init_merge_state,
     merge,
-    reference_batch_merge_client,
     take_clients,
 )
 from fedem_private.data.split import exclusion_csr
 from fedem_private.errors import UserError
 from fedem_private.models.base import ClientParams, LocalTrainConfig, draw_samples, num_steps
+from fedem_private.reference.merging import reference_batch_merge_client
+from fedem_private.reference.models import reference_train_client
 
 
 def _chunk(split, cfg: LocalTrainConfig, dim: int = 8):
@@ -62,8 +63,8 @@ def test_batch_merge_rows_equal_the_per_client_reference(small_split, float64, t
         one_w = tuple(w[j] for w in adapters.weights)
         one_b = tuple(b[j] for b in adapters.biases)
         if merging is not None and not bool(merging[j]):
-            ref = bb.reference_train_client(
-                ClientParams(q_local[j:j + 1], {}, {"p": private["p"][j:j + 1]}), items, labels,
+            ref = reference_train_client(
+                bb, ClientParams(q_local[j:j + 1], {}, {"p": private["p"][j:j + 1]}), items, labels,
                 cfg, 2, c)
             q_ref, p_ref, w_ref, b_ref = ref.items[0], ref.private["p"][0], one_w, one_b
         else:

@@ -19,6 +19,8 @@ from fedem_private.models.base import (
     mlp_forward,
     num_steps,
 )
+from fedem_private.reference import codecs as reference_codecs
+from fedem_private.reference.models import reference_logits
 from fedem_private.simulation.config import RunConfig, with_overrides
 from fedem_private.simulation.loop import Simulation
 
@@ -47,7 +49,7 @@ def _logits_fn(bb, private_names, dense_names):
 
     def fn(ps, rows, items):
         params = ClientParams(rows, {}, {n: ps[n][None] for n in private_names})
-        return bb.reference_logits(params, rows, items)
+        return reference_logits(bb, params, rows, items)
     return fn
 
 
@@ -101,7 +103,7 @@ def test_peft_training_equals_decode_then_full_table_reference(small_split, floa
         params = {**{n: v[j] for n, v in start.private.items()},
                   **{n: v[j] for n, v in dense.items()}}
         items, labels = samples.of(j)
-        ref_params, ref_theta = codecs.reference_train_client(
+        ref_params, ref_theta = reference_codecs.reference_train_client(
             codec, fn, params, {n: v[j] for n, v in theta.items()}, base, items, labels, cfg,
             0, 1, c, GROUPS[backbone])
         for n, v in ref_theta.items():

@@ -9,7 +9,7 @@ import torch
 from fedem_private.data import SyntheticConfig, generate, leave_one_out
 from fedem_private.data.split import exclusion_csr
 from fedem_private.models.mf import LocalTrainConfig, draw_samples, num_steps, train_chunk
-from fedem_private.simulation import reference
+from fedem_private.reference import round as reference
 from fedem_private.simulation.config import RunConfig, with_overrides
 from fedem_private.simulation.loop import Simulation
 

@@ -19,17 +19,17 @@ import pytest
 import torch
 
 from fedem_private.errors import UserError
+from fedem_private.reference import round as reference
+from fedem_private.reference.fedmerge import fit_reference
 from fedem_private.server.aggregators import FedMergeAggregator, UniformAggregator
 from fedem_private.server.fedmerge import (
     FitConfig,
     fit,
-    fit_reference,
     initial_tables,
     logit_step,
     merged_tables,
     weight_entropy,
 )
-from fedem_private.simulation import reference
 from fedem_private.simulation.config import (
     RunConfig,
     identity_dict,

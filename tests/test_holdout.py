@@ -20,7 +20,7 @@ from fedem_private.data import SyntheticConfig, generate, leave_one_out
 from fedem_private.data.split import exclusion_csr
 from fedem_private.errors import UserError
 from fedem_private.models.base import draw_samples
-from fedem_private.simulation import reference
+from fedem_private.reference import round as reference
 from fedem_private.simulation.config import RunConfig, identity_dict, with_overrides
 from fedem_private.simulation.loop import Simulation
 

@@ -11,12 +11,13 @@ from fedem_private.data.interactions import from_raw
 from fedem_private.errors import UserError
 from fedem_private.evaluation.metrics import RankAccumulator, build_eval_sets
 from fedem_private.experiments.runner import selected_round
+from fedem_private.reference.aggregation import pca_similarity_weights_reference
+from fedem_private.reference.models import reference_train_client
 from fedem_private.server.aggregation import (
     fedavg_weights,
     pca_codes,
     pca_similarity,
     pca_similarity_weights,
-    pca_similarity_weights_reference,
     similarity_aggregate,
 )
 from fedem_private.simulation.config import (
@@ -353,7 +354,7 @@ def test_early_stop_equals_per_client_reference(small_split, sorted_chunk, tol):
     for j, c in enumerate(order.tolist()):
         one = ClientParams(q0[j:j + 1], {}, {"p": start.private["p"][j:j + 1]})
         items, labels = samples.of(j)
-        ref = bb.reference_train_client(one, items, labels, cfg, 1, c)
+        ref = reference_train_client(bb, one, items, labels, cfg, 1, c)
         assert (new.items[j] - ref.items[0]).abs().max() < 1e-4
         assert (new.private["p"][j] - ref.private["p"][0]).abs().max() < 1e-4
         stopped += bool((new.items[j] - full.items[j]).abs().max() > 1e-3)
@@ -477,7 +478,7 @@ def test_sampled_share_of_fedncf_equals_per_client_reference(small_split, merge,
 
 
 def _sampled_share_rounds(small_split, method: str, merge: str, tol: float) -> None:
-    from fedem_private.simulation import reference
+    from fedem_private.reference import round as reference
 
     over = {"train.rounds": 4, "train.local_epochs": 2, "train.batch_size": 32,
             "train.dim": 8, "train.eval_every": 100, "federation.method": method,
@@ -541,7 +542,7 @@ def test_sampled_share_of_a_sum_leaves_the_others_alone(small_split):
 def test_second_round_with_code_options_equals_per_client_reference(small_split, over):
     """Round 2 of FedEM (EM merge active) with the code's server options against the
     one-client-at-a-time loop (sklearn PCA, cvxpy, torch.optim, the keyed 30% draw)."""
-    from fedem_private.simulation import reference
+    from fedem_private.reference import round as reference
 
     base = {"train.rounds": 3, "train.local_epochs": 2, "train.batch_size": 32,
             "train.dim": 8, "train.eval_every": 100, "federation.method": "fedem",

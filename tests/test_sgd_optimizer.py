@@ -17,7 +17,7 @@ from fedem_private.models.base import (
     sgd_rates,
     untouched_decay,
 )
-from fedem_private.simulation import reference
+from fedem_private.reference import round as reference
 from fedem_private.simulation.config import (
     RunConfig,
     identity_dict,

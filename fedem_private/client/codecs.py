@@ -36,7 +36,6 @@ warm-up table is then used only to derive the codes). See
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -490,53 +489,3 @@ def build(name: str, n_items: int, dim: int, dense_shapes: dict[str, tuple[int, 
     if name in PEFT_CODECS:
         return PeftCodec(name, n_items, dim, dense_shapes, peft or PeftConfig())
     raise ValueError(f"unknown codec {name!r}")
-
-
-LogitsFn = Callable[[dict[str, Tensor], Tensor, Tensor], Tensor]
-
-
-def reference_train_client(codec: PeftCodec, logits_fn: LogitsFn,
-                           params: dict[str, Tensor], theta: dict[str, Tensor], base: Tensor,
-                           items: np.ndarray, labels: np.ndarray, cfg: LocalTrainConfig,
-                           seed: int, round_: int, client: int,
-                           groups: list[tuple[str, ...]]) -> tuple[dict[str, Tensor],
-                                                                   dict[str, Tensor]]:
-    """The obvious counterpart of :class:`PeftRows`: decode, then the full-table path.
-
-    One client. Per batch the whole table base + f_theta (m, d) is decoded with
-    autograd, ``logits_fn(params, rows, items)`` scores the batch's rows, and
-    each group of ``groups`` (names from ``params`` and ``"theta"``) takes its
-    own ``torch.optim.Adam`` step on the batch-mean BCE, in order (PFedRec:
-    the head, then theta; MF and NCF: everything at once). A gradient clip
-    (``cfg.grad_clip``) applies to theta's joint gradient. Returns the
-    trained (params, theta).
-    """
-    import torch.nn.functional as F
-
-    from fedem_private.models.base import reference_batches
-
-    ps = {n: torch.nn.Parameter(v.detach().clone()) for n, v in params.items()}
-    th = {n: torch.nn.Parameter(v.detach().clone()) for n, v in theta.items()}
-    opts = []
-    for group in groups:
-        tensors = [t for n in group if n != "theta" for t in [ps[n]]]
-        if "theta" in group:
-            tensors += list(th.values())
-        opts.append((group, torch.optim.Adam(tensors, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)))
-    items_t = torch.from_numpy(items)
-    labels_t = torch.from_numpy(labels).to(base.dtype)
-    for batch in reference_batches(seed, round_, client, items.shape[0], cfg):
-        for group, opt in opts:
-            table = base + codec.delta({n: v[None] for n, v in th.items()})[0]
-            logits = logits_fn(ps, table[items_t[batch]], items_t[batch])
-            loss = F.binary_cross_entropy_with_logits(logits, labels_t[batch])
-            for _, o in opts:
-                o.zero_grad()
-            loss.backward()
-            if "theta" in group and cfg.grad_clip is not None:
-                norm = torch.sqrt(sum(v.grad.double().pow(2).sum() for v in th.values()))
-                if norm > cfg.grad_clip:
-                    for v in th.values():
-                        v.grad.mul_(float(cfg.grad_clip / norm))
-            opt.step()
-    return ({n: v.detach() for n, v in ps.items()}, {n: v.detach() for n, v in th.items()})

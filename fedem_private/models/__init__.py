@@ -1,4 +1,6 @@
-"""Backbones: client-side score models, vectorised over clients, each with its reference.
+"""Backbones: client-side score models, vectorised over clients.
+
+Each one's per-client reference is in :mod:`fedem_private.reference.models`.
 
 :func:`build` is the registry the round loop asks for a backbone by name, so
 the loop never names one.

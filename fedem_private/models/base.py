@@ -11,9 +11,10 @@ three parameter groups, each with the client axis first:
 
 It trains a chunk of clients in lock-step (step s advances every client that
 still has a batch at step s), scores all items for evaluation, and gives the
-adapter of elastic merging its score function. Each backbone module also
-holds a per-client reference (one client at a time, ``torch.optim.Adam``,
-obvious code) that the vectorised path is tested against. A backbone never
+adapter of elastic merging its score function. Each backbone has a
+per-client reference (one client at a time, ``torch.optim.Adam``, obvious
+code; :mod:`fedem_private.reference.models`) that the vectorised path is
+tested against. A backbone never
 knows which aggregator, merge, codec or privacy mechanism runs.
 
 Devices: the ``init_*`` methods draw on the CPU (keyed generators) and the
@@ -88,21 +89,6 @@ def sgd_rates(cfg: LocalTrainConfig, round_: int, steps: int) -> dict[str, np.nd
     base = {"items": cfg.lr, "head": cfg.lr if cfg.lr_head is None else cfg.lr_head,
             "user": cfg.lr if cfg.lr_user is None else cfg.lr_user}
     return {group: rate * factor for group, rate in base.items()}
-
-
-def reference_optimizer(groups: dict[str, list[Tensor]], cfg: LocalTrainConfig, round_: int
-                        ) -> tuple[torch.optim.Optimizer,
-                                   torch.optim.lr_scheduler.LRScheduler | None]:
-    """One client's torch optimiser for a reference path: Adam over every group, or, under
-    ``optimizer == "sgd"``, torch.optim.SGD with a rate per group ("items", "head", "user";
-    :func:`sgd_rates`), weight decay, and an ExponentialLR to step after every batch."""
-    if cfg.optimizer != "sgd":
-        params = [t for group in groups.values() for t in group]
-        return torch.optim.Adam(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps), None
-    first = {g: float(r[0]) for g, r in sgd_rates(cfg, round_, 1).items()}
-    opt = torch.optim.SGD([{"params": ts, "lr": first[g]} for g, ts in groups.items()],
-                          lr=first["items"], weight_decay=cfg.weight_decay)
-    return opt, torch.optim.lr_scheduler.ExponentialLR(opt, gamma=cfg.lr_batch_decay)
 
 
 def sgd_step(param: Tensor, grad: Tensor, lr: float, weight_decay: float) -> None:
@@ -582,17 +568,6 @@ def adam_buffers(params: list[Tensor]) -> tuple[list[Tensor], list[Tensor], list
     """Zeroed (gradients, first moments, second moments) shaped like ``params``."""
     return ([torch.zeros_like(t) for t in params], [torch.zeros_like(t) for t in params],
             [torch.zeros_like(t) for t in params])
-
-
-def reference_batches(seed: int, round_: int, client: int, n: int,
-                      cfg: LocalTrainConfig) -> Iterator[Tensor]:
-    """One client's batches (sample positions), epoch by epoch, in the vectorised order."""
-    if n == 0:
-        return
-    for order in epoch_orders(seed, round_, client, n, cfg.epochs):
-        order_t = torch.from_numpy(order)
-        for a in range(0, n, cfg.batch_size):
-            yield order_t[a: a + cfg.batch_size]
 
 
 def fused_adam(params: list[Tensor], grads: list[Tensor], exp_avg: list[Tensor],

@@ -35,8 +35,8 @@ authors' code evaluates with the server's C instead).
 
 Only batch rows get gradients, so training runs on a compact table of the
 touched rows of P_u and C (see :class:`~fedem_private.models.base.Plan`); the
-gradients are written by hand, and
-:meth:`FedRAPBackbone.reference_train_client` is the obvious counterpart
+gradients are written by hand, and its reference in
+:mod:`fedem_private.reference.models` is the obvious counterpart
 (``nn.Linear``, ``F.mse_loss``, ``F.l1_loss``, ``torch.optim.Adam``).
 """
 
@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from fedem_private import rng
@@ -61,8 +60,6 @@ from fedem_private.models.base import (
     clip_rows_l2,
     linear_init,
     make_plan,
-    reference_batches,
-    reference_optimizer,
     untouched_decay,
 )
 
@@ -172,40 +169,3 @@ class FedRAPBackbone(Backbone):
                     + bias.index_select(0, rows)[:, None])
 
         return params.private["w"], score
-
-    # ------------------------------------------------------------ reference
-    def reference_train_client(self, start: ClientParams, items: np.ndarray, labels: np.ndarray,
-                               cfg: LocalTrainConfig, round_: int,
-                               client: int) -> ClientParams:
-        """One client (k = 1): torch.optim.Adam on the head, P_u and C (full tables)."""
-        c = torch.nn.Parameter(start.items[0].detach().clone())
-        p = torch.nn.Parameter(start.private["personal"][0].detach().clone())
-        head = torch.nn.Linear(self.dim, 1)
-        with torch.no_grad():
-            head.weight.copy_(start.private["w"][0][None])
-            head.bias.copy_(start.private["b"][0][None])
-        # Adam, or the published code's SGD: per-group rates, per-batch decay
-        opt, sched = reference_optimizer({"items": [c, p], "head": list(head.parameters())},
-                                         cfg, round_)
-        items_t, labels_t = torch.from_numpy(items), torch.from_numpy(labels).to(c.dtype)
-        for sel in reference_batches(self.seed, round_, client, items.shape[0], cfg):
-            pi, ci = p[items_t[sel]], c[items_t[sel]]
-            logits = head(pi + ci).squeeze(1)
-            loss = (F.binary_cross_entropy_with_logits(logits, labels_t[sel])
-                    - self.lam * F.mse_loss(pi, ci)
-                    + self.mu * F.l1_loss(ci, torch.zeros_like(ci)))
-            opt.zero_grad()
-            loss.backward()
-            if cfg.grad_clip is not None and c.grad.norm() > cfg.grad_clip:
-                c.grad.mul_(cfg.grad_clip / c.grad.norm())
-            opt.step()
-            if sched is not None:
-                sched.step()
-        private = {"personal": p.detach()[None].clone(), "w": head.weight.detach()[0][None].clone(),
-                   "b": head.bias.detach().clone()}
-        return ClientParams(c.detach()[None].clone(), {}, private)
-
-    def reference_logits(self, params: ClientParams, c_items: Tensor, items: Tensor) -> Tensor:
-        """One client's logits for common rows (B, d) of items ``items``, differentiable."""
-        p_items = params.private["personal"][0][items]
-        return (p_items + c_items) @ params.private["w"][0] + params.private["b"][0]

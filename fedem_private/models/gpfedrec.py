@@ -21,15 +21,14 @@ SGD with three rates, the MLP at ``lr_head``, p_u at ``lr_user`` and the item
 table at ``lr`` (that code sets them from one rate: lr, lr / sample ratio x
 eta - lr and lr x m x eta - lr).
 
-:meth:`GPFedRecBackbone.reference_train_client` is the obvious counterpart
-(``nn.Sequential``, ``F.mse_loss``, ``torch.optim.Adam``).
+Its reference in :mod:`fedem_private.reference.models` is the obvious
+counterpart (``nn.Sequential``, ``F.mse_loss``, ``torch.optim.Adam``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from fedem_private.models.base import (
@@ -42,8 +41,6 @@ from fedem_private.models.base import (
     ScoreFn,
     clip_rows_l2,
     make_plan,
-    reference_batches,
-    reference_optimizer,
 )
 from fedem_private.models.ncf import NCFBackbone
 
@@ -131,40 +128,3 @@ class GPFedRecBackbone(NCFBackbone):
     def adapter_score(self, params: ClientParams) -> tuple[Tensor, ScoreFn]:
         return super().adapter_score(ClientParams(params.items, self._mlp(params),
                                                   params.private))
-
-    # ------------------------------------------------------------ reference
-    def reference_train_client(self, start: ClientParams, items: np.ndarray, labels: np.ndarray,
-                               cfg: LocalTrainConfig, round_: int,
-                               client: int) -> ClientParams:
-        """One client (k = 1): Adam on q, p_u and its MLP; BCE + reg * MSE(q, anchor)."""
-        q = torch.nn.Parameter(start.items[0].detach().clone())
-        p = torch.nn.Parameter(start.private["p"][0].detach().clone())
-        net = self.reference_net(ClientParams(start.items, self._mlp(start), start.private))
-        anchor = start.anchor[0] if (start.anchor is not None and self.reg > 0) else None
-        # Adam, or the published code's SGD with its three rates (and our decay options)
-        opt, sched = reference_optimizer({"items": [q], "user": [p],
-                                          "head": list(net.parameters())}, cfg, round_)
-        items_t, labels_t = torch.from_numpy(items), torch.from_numpy(labels).to(q.dtype)
-        for batch in reference_batches(self.seed, round_, client, items.shape[0], cfg):
-            qi = q[items_t[batch]]
-            logits = net(torch.cat([p.expand(qi.shape[0], -1), qi], dim=1)).squeeze(1)
-            loss = F.binary_cross_entropy_with_logits(logits, labels_t[batch])
-            if anchor is not None:
-                loss = loss + self.reg * F.mse_loss(q, anchor)
-            opt.zero_grad()
-            loss.backward()
-            if cfg.grad_clip is not None and q.grad.norm() > cfg.grad_clip:
-                q.grad.mul_(cfg.grad_clip / q.grad.norm())
-            opt.step()
-            if sched is not None:
-                sched.step()
-        private: dict[str, Tensor] = {"p": p.detach()[None].clone()}
-        linears = [mod for mod in net if isinstance(mod, torch.nn.Linear)]
-        for j, lin in enumerate(linears):
-            private[f"w{j}"] = lin.weight.detach().T.clone()[None]
-            private[f"b{j}"] = lin.bias.detach().clone()[None]
-        return ClientParams(q.detach()[None], {}, private)
-
-    def reference_logits(self, params: ClientParams, q_items: Tensor, items: Tensor) -> Tensor:
-        mlp_params = ClientParams(params.items, self._mlp(params), params.private)
-        return super().reference_logits(mlp_params, q_items, items)

@@ -8,13 +8,12 @@ still has a batch at step s, so ragged batch counts cost nothing extra.
 
 Shared: the item table. Private: the user vector p_u. Only the touched rows
 are trained, in a compact table (see :class:`~fedem_private.models.base.Plan`);
-:func:`reference_train_client` runs ``torch.optim.Adam`` on the full table,
-one client at a time, and the tests check both give the same tables.
+:func:`fedem_private.reference.models.mf_train_client` runs ``torch.optim.Adam``
+on the full table, one client at a time, and the tests check both give the
+same tables.
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 import torch
@@ -38,7 +37,7 @@ from fedem_private.models.base import (
 )
 
 __all__ = ["MFBackbone", "ClientSamples", "LocalTrainConfig", "draw_samples", "epoch_orders",
-           "num_steps", "train_chunk", "reference_train_client", "dot_scores"]
+           "num_steps", "train_chunk", "dot_scores"]
 
 
 def train_chunk(q_start: torch.Tensor, p: torch.Tensor, clients: np.ndarray,
@@ -174,52 +173,3 @@ class MFBackbone(Backbone):
         p = private["p"]
         err = torch.sigmoid(torch.einsum("abd,ad->ab", rows, p)) - labels
         return err[:, :, None] * p[:, None, :], {"p": err[:, :, None] * rows}
-
-    # ------------------------------------------------------------ reference
-    def reference_train_client(self, start: ClientParams, items: np.ndarray, labels: np.ndarray,
-                               cfg: LocalTrainConfig, round_: int,
-                               client: int) -> ClientParams:
-        """One client (k = 1), E epochs of mini-batch torch.optim.Adam on the full table."""
-        q, p = reference_train_client(start.items[0], start.private["p"][0], items, labels, cfg,
-                                      self.seed, round_, client)
-        return ClientParams(q[None], {}, {"p": p[None]})
-
-    def reference_logits(self, params: ClientParams, q_items: torch.Tensor,
-                         items: torch.Tensor) -> torch.Tensor:
-        """One client's logits for item rows (B, d), differentiable in q_items."""
-        return q_items @ params.private["p"][0]
-
-
-def reference_train_client(q_start: torch.Tensor, p_start: torch.Tensor, items: np.ndarray,
-                           labels: np.ndarray, cfg: LocalTrainConfig, seed: int, round_: int,
-                           client: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """E epochs of mini-batch Adam on one client's full (m, d) item table and p_u."""
-    q = torch.nn.Parameter(q_start.detach().clone())
-    p = torch.nn.Parameter(p_start.detach().clone())
-    opt = torch.optim.Adam([q, p], lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
-    n = items.shape[0]
-    if n == 0:
-        return q.detach(), p.detach()
-    orders = epoch_orders(seed, round_, client, n, cfg.epochs)
-    items_t = torch.from_numpy(items)
-    labels_t = torch.from_numpy(labels).to(q.dtype)
-    prev = None
-    for epoch in range(cfg.epochs):
-        order = torch.from_numpy(orders[epoch])
-        epoch_loss = 0.0
-        if prev is not None and cfg.early_stop_tol > 0 and stops_early(*prev, cfg.early_stop_tol):
-            break  # the epoch loss barely moved: stop (docs/design.md 2a, the FedEM code)
-        for start in range(0, n, cfg.batch_size):
-            batch = order[start: start + cfg.batch_size]
-            logits = q[items_t[batch]] @ p
-            loss = F.binary_cross_entropy_with_logits(logits, labels_t[batch])
-            epoch_loss += float(loss.detach())
-            opt.zero_grad()
-            loss.backward()
-            if cfg.grad_clip is not None:  # L2 clip of the item-table gradient at Z
-                norm = q.grad.norm()
-                if norm > cfg.grad_clip:
-                    q.grad.mul_(cfg.grad_clip / norm)
-            opt.step()
-        prev = (math.inf if prev is None else prev[1], epoch_loss)
-    return q.detach(), p.detach()

@@ -10,8 +10,9 @@ The vectorised path trains a chunk of clients in lock-step with one batched
 MLP per client (weights (k, fan_in, fan_out)); gradients come from autograd on
 the active clients' batch rows only, and the item-table gradient is scattered
 into a compact table of touched rows (exact: see
-:class:`~fedem_private.models.base.Plan`). :meth:`NCFBackbone.reference_train_client`
-is the obvious counterpart: one client, ``nn.Sequential``, ``torch.optim.Adam``.
+:class:`~fedem_private.models.base.Plan`). Its reference in
+:mod:`fedem_private.reference.models` is the obvious counterpart: one client,
+``nn.Sequential``, ``torch.optim.Adam``.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ from fedem_private.models.base import (
     linear_init,
     make_plan,
     mlp_forward,
-    reference_batches,
 )
 
 LAYERS = (32, 16, 8, 1)
@@ -143,49 +143,3 @@ class NCFBackbone(Backbone):
                                 p_rows, q_items)
 
         return params.private["p"], score
-
-    # ------------------------------------------------------------ reference
-    def reference_net(self, params: ClientParams) -> torch.nn.Sequential:
-        """One client's MLP as a plain nn.Sequential holding copies of its weights."""
-        mods: list[torch.nn.Module] = []
-        for j, (fan_in, fan_out) in enumerate(self.shapes):
-            lin = torch.nn.Linear(fan_in, fan_out)
-            with torch.no_grad():
-                lin.weight.copy_(params.dense[f"w{j}"][0].T)
-                lin.bias.copy_(params.dense[f"b{j}"][0])
-            mods.append(lin)
-            if j < len(self.shapes) - 1:
-                mods.append(torch.nn.ReLU())
-        return torch.nn.Sequential(*mods)
-
-    def reference_train_client(self, start: ClientParams, items: np.ndarray, labels: np.ndarray,
-                               cfg: LocalTrainConfig, round_: int,
-                               client: int) -> ClientParams:
-        """One client (k = 1): E epochs of torch.optim.Adam on q (full table), p_u and the MLP."""
-        q = torch.nn.Parameter(start.items[0].detach().clone())
-        p = torch.nn.Parameter(start.private["p"][0].detach().clone())
-        net = self.reference_net(start)
-        opt = torch.optim.Adam([q, p, *net.parameters()], lr=cfg.lr, betas=cfg.betas,
-                               eps=cfg.eps)
-        items_t, labels_t = torch.from_numpy(items), torch.from_numpy(labels).to(q.dtype)
-        for batch in reference_batches(self.seed, round_, client, items.shape[0], cfg):
-            qi = q[items_t[batch]]
-            logits = net(torch.cat([p.expand(qi.shape[0], -1), qi], dim=1)).squeeze(1)
-            loss = F.binary_cross_entropy_with_logits(logits, labels_t[batch])
-            opt.zero_grad()
-            loss.backward()
-            if cfg.grad_clip is not None and q.grad.norm() > cfg.grad_clip:
-                q.grad.mul_(cfg.grad_clip / q.grad.norm())
-            opt.step()
-        dense: dict[str, Tensor] = {}
-        linears = [mod for mod in net if isinstance(mod, torch.nn.Linear)]
-        for j, lin in enumerate(linears):
-            dense[f"w{j}"] = lin.weight.detach().T.clone()[None]
-            dense[f"b{j}"] = lin.bias.detach().clone()[None]
-        return ClientParams(q.detach()[None], dense, {"p": p.detach()[None]})
-
-    def reference_logits(self, params: ClientParams, q_items: Tensor, items: Tensor) -> Tensor:
-        """One client's logits for item rows (B, d), differentiable in q_items."""
-        net = self.reference_net(params)
-        p = params.private["p"][0]
-        return net(torch.cat([p.expand(q_items.shape[0], -1), q_items], dim=1)).squeeze(1)

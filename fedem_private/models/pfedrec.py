@@ -19,7 +19,7 @@ and the table's to lr x m x eta, eta = 80 by default; L2 weight decay 0 by
 default), the table through :class:`~fedem_private.models.base.SGDRows`.
 
 Gradients are linear in the head and written by hand: for logit z = w . q + b,
-dz/dw = q, dz/db = 1, dz/dq = w. :meth:`PFedRecBackbone.reference_train_client`
+dz/dw = q, dz/db = 1, dz/dq = w. Its reference in :mod:`fedem_private.reference.models`
 runs the same two steps with ``nn.Linear`` and two ``torch.optim.Adam`` (or two
 ``torch.optim.SGD``).
 """
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from fedem_private import rng
@@ -44,8 +43,6 @@ from fedem_private.models.base import (
     SGDRows,
     linear_init,
     make_plan,
-    reference_batches,
-    reference_optimizer,
     sgd_rates,
 )
 
@@ -130,44 +127,3 @@ class PFedRecBackbone(Backbone):
         w, b = private["w"], private["b"]
         err = torch.sigmoid(torch.einsum("abd,ad->ab", rows, w) + b[:, None]) - labels
         return err[:, :, None] * w[:, None, :], {"b": err, "w": err[:, :, None] * rows}
-
-    # ------------------------------------------------------------ reference
-    def _head(self, params: ClientParams) -> torch.nn.Linear:
-        head = torch.nn.Linear(self.dim, 1)
-        with torch.no_grad():
-            head.weight.copy_(params.private["w"][0][None])
-            head.bias.copy_(params.private["b"][0][None])
-        return head
-
-    def reference_train_client(self, start: ClientParams, items: np.ndarray, labels: np.ndarray,
-                               cfg: LocalTrainConfig, round_: int,
-                               client: int) -> ClientParams:
-        """One client (k = 1): per batch, an Adam (or SGD) step on the head, then one on the
-        table; under SGD each optimiser's ExponentialLR steps after every batch."""
-        q = torch.nn.Parameter(start.items[0].detach().clone())
-        head = self._head(start)
-        opt_head, sched_head = reference_optimizer({"head": list(head.parameters())}, cfg,
-                                                   round_)
-        opt_items, sched_items = reference_optimizer({"items": [q]}, cfg, round_)
-        items_t, labels_t = torch.from_numpy(items), torch.from_numpy(labels).to(q.dtype)
-        for batch in reference_batches(self.seed, round_, client, items.shape[0], cfg):
-            for opt in (opt_head, opt_items):
-                logits = head(q[items_t[batch]]).squeeze(1)
-                loss = F.binary_cross_entropy_with_logits(logits, labels_t[batch])
-                opt_head.zero_grad()
-                opt_items.zero_grad()
-                loss.backward()
-                if (opt is opt_items and cfg.grad_clip is not None
-                        and q.grad.norm() > cfg.grad_clip):
-                    q.grad.mul_(cfg.grad_clip / q.grad.norm())
-                opt.step()
-            for sched in (sched_head, sched_items):
-                if sched is not None:
-                    sched.step()
-        private = {"w": head.weight.detach()[0].clone()[None],
-                   "b": head.bias.detach().clone()}
-        return ClientParams(q.detach()[None], {}, private)
-
-    def reference_logits(self, params: ClientParams, q_items: Tensor, items: Tensor) -> Tensor:
-        """One client's logits for item rows (B, d), differentiable in q_items."""
-        return q_items @ params.private["w"][0] + params.private["b"][0]

@@ -9,8 +9,8 @@ over the uploaded tables Q_v, and client u receives Q_g[u] = sum_v w_uv Q_v.
 Completing the square gives (1 + alpha) ||w_u - c_u||^2 + const with
 c_uv = (p_v + alpha s_uv) / (1 + alpha), so w_u is the Euclidean projection of
 c_u onto the simplex (Held, Wolfe and Crowder 1974; Duchi et al., ICML 2008),
-computed exactly by sorting. cvxpy solving the QP itself is kept as the
-reference (:func:`similarity_weights_cvxpy`).
+computed exactly by sorting. cvxpy solving the QP itself is the reference
+(:mod:`fedem_private.reference.aggregation`).
 
 Weights are float64 tensors; tables keep their own dtype and device.
 """
@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -287,42 +285,6 @@ def similarity_weights(p: Tensor, sq_dists: Tensor, alpha: float,
     return project_to_simplex(similarity_targets(p, sq_dists, alpha), participating)
 
 
-def _solve_reference_qp(problem: Any, client: int) -> None:
-    """Solve a reference cvxpy QP with CLARABEL at tolerances of 1e-11; raise unless optimal."""
-    import cvxpy as cp  # deferred: only the references need it
-
-    problem.solve(solver=cp.CLARABEL, tol_gap_abs=1e-11, tol_gap_rel=1e-11,
-                  tol_feas=1e-11, max_iter=500)
-    if problem.status != cp.OPTIMAL:
-        raise RuntimeError(f"cvxpy did not solve client {client}'s QP: {problem.status}")
-
-
-def similarity_weights_cvxpy(p: Tensor, sq_dists: Tensor, alpha: float,
-                             participating: Tensor | None = None) -> Tensor:
-    """Reference for :func:`similarity_weights`: cvxpy solves equation 13 client by client.
-
-    Uses the objective exactly as written in the paper and CLARABEL with
-    tolerances of 1e-11. Slow; for tests and benchmarks.
-    """
-    import cvxpy as cp  # deferred: only the reference needs it
-
-    _check_alpha(alpha)
-    k, n = sq_dists.shape
-    keep = _participants(n, participating, torch.device("cpu")).numpy()
-    p_np = p.detach().cpu().to(torch.float64).numpy()[keep]
-    s_all = 1.0 / (1.0 + sq_dists.detach().cpu().to(torch.float64).numpy()[:, keep])
-    w = cp.Variable(int(keep.sum()))
-    s = cp.Parameter(int(keep.sum()))
-    objective = cp.sum_squares(w - p_np) + alpha * cp.sum_squares(w - s)
-    problem = cp.Problem(cp.Minimize(objective), [w >= 0, cp.sum(w) == 1])
-    out = np.zeros((k, n))
-    for u in range(k):
-        s.value = s_all[u]
-        _solve_reference_qp(problem, u)
-        out[u, keep] = w.value
-    return torch.from_numpy(out)
-
-
 # ----------------------------------------- the authors' code's similarity (docs/design.md 2a)
 
 # similarities above this are set to 1 in the FedEM code
@@ -370,35 +332,6 @@ def pca_similarity_weights(p: Tensor, sim: Tensor, alpha: float,
     _check_alpha(alpha)
     return project_to_simplex(p.to(torch.float64)[None, :] + alpha * sim.to(torch.float64),
                               participating)
-
-
-def pca_similarity_weights_reference(p: Tensor, tables: Tensor, alpha: float,
-                                     participating: Tensor | None = None) -> Tensor:
-    """Slow reference for the ``pca`` similarity: per client sklearn's PCA, a loop over pairs
-    and cvxpy solving min x'x - 2 (p + alpha s_u)'x on the simplex. For tests."""
-    import cvxpy as cp  # deferred: only the reference needs it
-    from sklearn.decomposition import PCA
-
-    n = tables.shape[0]
-    keep = _participants(n, participating, torch.device("cpu")).numpy()
-    codes = []
-    for u in range(n):
-        z = PCA(n_components=1, svd_solver="full").fit_transform(
-            tables[u].detach().cpu().double().numpy())[:, 0]
-        codes.append(z if z[np.argmax(np.abs(z))] > 0 else -z)
-    p_np = p.detach().cpu().double().numpy()
-    ids = np.flatnonzero(keep)
-    out = np.zeros((n, n))
-    for u in range(n):
-        s = np.array([1.0 / (1.0 + np.linalg.norm(codes[u] - codes[v])) for v in ids])
-        s[s > PCA_SIM_CAP] = 1.0
-        c = p_np[ids] + alpha * s
-        x = cp.Variable(ids.shape[0])
-        problem = cp.Problem(cp.Minimize(cp.sum_squares(x) - 2 * c @ x),
-                             [x >= 0, cp.sum(x) == 1])
-        _solve_reference_qp(problem, u)
-        out[u, ids] = x.value
-    return torch.from_numpy(out)
 
 
 # ---------------------------------------------------------------- similarity aggregation

@@ -18,8 +18,8 @@ The published code computes "similarity" with scikit-learn's
 ``pairwise_distances(metric="cosine")``, which returns the cosine *distance*
 1 - cos, and then treats it as a similarity, so its neighbours are the least
 similar users. This module implements what the paper describes (cosine
-similarity); :func:`graph_reference` is the plain per-pair loop the tests
-compare it with.
+similarity); :func:`fedem_private.reference.graph.graph_reference` is the plain
+per-pair loop the tests compare it with.
 """
 
 from __future__ import annotations
@@ -82,28 +82,3 @@ def graph_tables(tables: Tensor, *, threshold: float = 1.0, topk: int = 0,
     weights = neighbour_weights(cosine_similarity_matrix(tables), threshold=threshold, topk=topk)
     personal = propagate(weights, tables, layers)
     return personal, personal.double().mean(dim=0).to(tables.dtype)
-
-
-def graph_reference(tables: Tensor, *, threshold: float = 1.0, topk: int = 0,
-                    layers: int = 1) -> tuple[Tensor, Tensor]:
-    """The same, one pair and one user at a time in float64 (slow; for tests)."""
-    n = tables.shape[0]
-    flat = [tables[u].double().reshape(-1) for u in range(n)]
-    sim = [[float(flat[u] @ flat[v] / (flat[u].norm() * flat[v].norm())) for v in range(n)]
-           for u in range(n)]
-    mean = sum(sum(row) for row in sim) / (n * n)
-    weights = [[0.0] * n for _ in range(n)]
-    for u in range(n):
-        if topk > 0:
-            order = sorted(range(n), key=lambda v: sim[u][v], reverse=True)[:min(topk, n)]
-            for v in order:
-                weights[u][v] = 1.0 / len(order)
-        else:
-            near = [v for v in range(n) if sim[u][v] > mean * threshold]
-            for v in near or [u]:
-                weights[u][v] = 1.0 / len(near or [u])
-    current = flat
-    for _ in range(layers):
-        current = [sum(weights[u][v] * current[v] for v in range(n)) for u in range(n)]
-    personal = torch.stack([c.reshape(tables.shape[1:]) for c in current])
-    return personal, personal.mean(dim=0)

@@ -1,1 +1,4 @@
-"""The round loop that composes backbone, merge, codec, privacy and aggregator; its reference."""
+"""The round loop that composes backbone, merge, codec, privacy and aggregator.
+
+Its one-client-at-a-time reference is :mod:`fedem_private.reference.round`.
+"""

@@ -1,8 +1,9 @@
-"""The slow, obvious reference: one client at a time, ``torch.optim.Adam``.
+"""The slow, obvious round: one client at a time, ``torch.optim.Adam``.
 
-Kept for tests and benchmarks only: the vectorised engine must give the same
-tables (same seeds) and is timed against this loop. Nothing here is batched
-or clever on purpose.
+The reference of :meth:`~fedem_private.simulation.loop.Simulation.step`, for
+tests and benchmarks only: the vectorised engine must give the same tables
+(same seeds) and is timed against this loop. Nothing here is batched or
+clever on purpose.
 """
 
 from __future__ import annotations
@@ -18,15 +19,19 @@ import torch.nn.functional as F
 from fedem_private import rng
 from fedem_private.client.holdout import withheld
 from fedem_private.models.base import ClientParams, ClientSamples, LocalTrainConfig, epoch_orders
-from fedem_private.models.mf import reference_train_client
 from fedem_private.privacy.layer import server_sizes
+from fedem_private.reference.models import (
+    mf_train_client,
+    reference_logits,
+    reference_train_client,
+)
 
 
 def train_client(q_start: torch.Tensor, p_start: torch.Tensor, items: np.ndarray,
                  labels: np.ndarray, cfg: LocalTrainConfig, seed: int, round_: int,
                  client: int) -> tuple[torch.Tensor, torch.Tensor]:
     """E epochs of mini-batch Adam on one MF client's full (m, d) item table and p_u."""
-    return reference_train_client(q_start, p_start, items, labels, cfg, seed, round_, client)
+    return mf_train_client(q_start, p_start, items, labels, cfg, seed, round_, client)
 
 
 def train_clients(q_start: torch.Tensor, p: torch.Tensor, clients: np.ndarray,
@@ -139,7 +144,7 @@ def merge_client(net: torch.nn.Sequential | None, strategy: str, rho_fixed: floa
 
 def similarity_tables(uploads: torch.Tensor, p: torch.Tensor, alpha: float) -> torch.Tensor:
     """Equation 13 per client with cvxpy, then Q_g[u] = sum_v w_uv Q_v, one client at a time."""
-    from fedem_private.server.aggregation import similarity_weights_cvxpy
+    from fedem_private.reference.aggregation import similarity_weights_cvxpy
 
     n = uploads.shape[0]
     dists = torch.stack([((uploads.double() - uploads[u].double()) ** 2).sum(dim=(1, 2))
@@ -173,11 +178,11 @@ def _code_similarity(sim, q_local: torch.Tensor, sizes: torch.Tensor, t: int
     uploads of a random ``agg_clients_ratio`` share (ceil(q n) smallest keyed draws) and,
     with ``similarity = "pca"``, sklearn's PCA and cvxpy's QP per client. Only the sampled
     clients' tables change. Returns (q_global, {"receiving": (n,) bool})."""
-    from fedem_private.server.aggregation import (
-        fedavg_weights,
+    from fedem_private.reference.aggregation import (
         pca_similarity_weights_reference,
         similarity_weights_cvxpy,
     )
+    from fedem_private.server.aggregation import fedavg_weights
 
     fed, n = sim.cfg.federation, q_local.shape[0]
     chosen = _sampled_uploads(sim, n, t)
@@ -204,9 +209,9 @@ def simulation_round(sim) -> dict[str, Any]:
     ``server`` (FedMerge: its refitted ``tables`` and ``logits``).
     Supports every backbone, merge and aggregation with full participation
     (``agg_clients_ratio`` below 1 too) and no privacy noise; each client trains through
-    its backbone's
-    ``reference_train_client`` (torch.optim, obvious code). Used by tests and
-    by the speed benchmark as the slow counterpart of ``sim.step()``.
+    its backbone's reference (:func:`~fedem_private.reference.models.reference_train_client`,
+    torch.optim, obvious code). Used by tests and by the speed benchmark as the slow
+    counterpart of ``sim.step()``.
     """
     from fedem_private.models.base import draw_samples
     from fedem_private.server.aggregation import fedavg_weights
@@ -256,14 +261,14 @@ def simulation_round(sim) -> dict[str, Any]:
                             fit_labels[o[i: i + cfg.batch_size]])
                            for o in orders for i in range(0, fit_items.shape[0], cfg.batch_size)]
                 def logits_of(q, i, start=start):
-                    return bb.reference_logits(start, q, i)
+                    return reference_logits(bb, start, q, i)
 
                 train_adapter_client(net, strategy, sim.merge_cfg.adapter_lr, st.q_local[u],
                                      sent, None, batches, logits_of=logits_of)
             merged, rho = merge_client(net, strategy, sim.merge_cfg.rho, st.q_local[u], sent)
             start.items = merged[None]
             rhos.append(rho)
-        new_params.append(bb.reference_train_client(start, items, labels, cfg, t, u))
+        new_params.append(reference_train_client(bb, start, items, labels, cfg, t, u))
     q_local = torch.cat([p.items for p in new_params])
     private = {k: torch.cat([p.private[k] for p in new_params]) for k in new_params[0].private}
     dense = {k: torch.cat([p.dense[k] for p in new_params]) for k in new_params[0].dense}
@@ -279,7 +284,7 @@ def simulation_round(sim) -> dict[str, Any]:
         else:
             q_global = similarity_tables(q_local, fedavg_weights(sizes), fed.alpha)
     elif agg == "graph":
-        from fedem_private.server.graph import graph_reference
+        from fedem_private.reference.graph import graph_reference
 
         fed = sim.cfg.federation
         personal, q_global = graph_reference(q_local[chosen], threshold=fed.graph_threshold,
@@ -289,7 +294,7 @@ def simulation_round(sim) -> dict[str, Any]:
         anchors[chosen] = personal.to(anchors.dtype)
         server = {"personal": anchors, "receiving": chosen}
     elif agg == "fedmerge":
-        from fedem_private.server.fedmerge import fit_reference
+        from fedem_private.reference.fedmerge import fit_reference
 
         ag = sim.aggregator
         fitted = fit_reference(q_local, ag.tables, ag.logits, ag.fit_cfg)
