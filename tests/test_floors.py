@@ -104,3 +104,13 @@ def test_sweep_references_run_the_matched_floor_at_each_epsilon_and_report_it(tm
     text = (tmp_path / "rep" / "report.md").read_text()
     assert "vs DP-MostPop" in text and "The ladder without privacy" in text
     assert "interaction-local 0." in text and "central 0." in text  # both judged
+
+
+def test_beating_a_floor_at_chance_is_not_a_finding():
+    agg = _agg(("dp-mostpop", "ldp-oue", 1.0, 0.003, 0.001),
+               ("fedmf", "ldp-laplace", 1.0, 0.0065, 0.001))
+    row = floors.part(agg, "models").iloc[0]
+    fl = floors.part(agg, "floors")
+    assert floors.verdict(row, fl).startswith("beats")
+    assert floors.verdict(row, fl, chance=0.006).startswith("at chance")
+    assert floors.verdict(row, fl, chance=0.001).startswith("beats")

@@ -76,10 +76,16 @@ def _difference(a: pd.Series, b: pd.Series, column: str) -> tuple[float, float]:
     return float(diff), math.sqrt(var) if not math.isnan(var) else math.nan
 
 
-def verdict(row: pd.Series, floors: pd.DataFrame, column: str = "hr10_full") -> str:
+def verdict(row: pd.Series, floors: pd.DataFrame, column: str = "hr10_full",
+            chance: float | None = None) -> str:
     """How a model row stands against the floor of its relation at its epsilon: ``beats``,
     ``below`` or ``within noise`` (with the floor's value), or ``–`` when not judged
-    (no privacy, no matched floor, or none run at that epsilon)."""
+    (no privacy, no matched floor, or none run at that epsilon).
+
+    With ``chance`` (the metric's value for a random ranking), a model whose mean is not
+    above it by :data:`NOISE_SE` standard errors is ``at chance`` whatever the floor does:
+    beating a floor that is itself at chance is no finding.
+    """
     matched = FLOOR_OF_MODE.get(str(row["mode"]))
     eps = row["eps_target"]
     if matched is None or not isinstance(eps, float) or not math.isfinite(eps):
@@ -94,6 +100,9 @@ def verdict(row: pd.Series, floors: pd.DataFrame, column: str = "hr10_full") -> 
     value = f"{FLOOR_LABEL[matched]} {floor[f'{column}_mean']:.3f}"
     if math.isnan(se) or row["n_seeds"] < 2 or floor["n_seeds"] < 2:
         return f"{'above' if diff > 0 else 'below'}, one seed ({value})"
+    own_se = row[f"{column}_std"] / math.sqrt(row["n_seeds"])
+    if chance is not None and diff > 0 and row[f"{column}_mean"] - chance <= NOISE_SE * own_se:
+        return f"at chance ({value})"
     if diff > NOISE_SE * se:
         return f"beats ({value})"
     if -diff > NOISE_SE * se:

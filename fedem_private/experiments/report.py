@@ -180,7 +180,8 @@ def _sort(agg: pd.DataFrame) -> pd.DataFrame:
             True, True, True, True, True, False]).drop(columns=["_o", "_none"])
 
 
-def results_table(agg: pd.DataFrame, attacks: list[str]) -> str:
+def results_table(agg: pd.DataFrame, attacks: list[str], chance_full: float | None = None
+                  ) -> str:
     """Utility, privacy and attack success per (variant, mode, eps) of one dataset/protocol;
     a private model's full HR@10 is judged against DP-MostPop of its relation at its
     epsilon (:func:`~fedem_private.experiments.floors.verdict`) when the table has one."""
@@ -203,7 +204,8 @@ def results_table(agg: pd.DataFrame, attacks: list[str]) -> str:
                  _pm(r, "hr10_full"), _pm(r, "ndcg10_full"), _pm(r, "hr10_sampled"),
                  _pm(r, "ndcg10_sampled"), _eps_spent(r)]
         if judged:
-            cells.append(ladder.verdict(r, floors) if r.name in models.index else "")
+            cells.append(ladder.verdict(r, floors, chance=chance_full)
+                         if r.name in models.index else "")
         for a in attacks:
             cells += [_pm(r, f"{a}_auc"), _pm(r, f"{a}_tpr@1%fpr"),
                       _pm(r, f"{a}_eps_lower_bound", 2)]
@@ -455,7 +457,9 @@ def write_report(sources: str | Sequence[str], out_dir: str | None = None,
         md += [f"## {dataset}", ""]
         for protocol in sorted(sub["protocol"].unique()):
             rows = sub[sub["protocol"] == protocol]
-            md += [f"Protocol `{protocol}`:", "", results_table(rows, ds_attacks), ""]
+            md += [f"Protocol `{protocol}`:", "",
+                   results_table(rows, ds_attacks, 10.0 / n_items if n_items > 10 else None),
+                   ""]
             if not ladder.part(rows, "references").empty:
                 md += ["The ladder without privacy (mean over seeds):", "",
                        _table(["rung", "HR@10 full", "HR@10 sampled"],
@@ -475,8 +479,9 @@ def write_report(sources: str | Sequence[str], out_dir: str | None = None,
            "(cdp-gaussian: central; ldp-laplace and ldp-gaussian: local; ldp-dpsgd: "
            "interaction-local; docs/baselines.md). `beats` / `below`: the difference of the "
            f"means exceeds {ladder.NOISE_SE:g} standard errors over seeds; otherwise `within "
-           "noise`. The plots draw the non-private baselines as horizontal lines and "
-           "DP-MostPop as a dashed grey curve per architecture.",
+           "noise`; `at chance` when the model is not that far above a random ranking "
+           "(10 / items), whatever the floor. The plots draw the non-private baselines as "
+           "horizontal lines and DP-MostPop as a dashed grey curve per architecture.",
            "- `ε spent (reported)` is the total over all rounds; the attacks see one upload, "
            "so their empirical ε lower bound is compared with the per-round ε accounted for "
            "it.",
