@@ -7,12 +7,17 @@ code of this checkout, the same jobs:
 
 - FedMF, FedSim and FedEM on ML-100K, 3 rounds, `paper` and `strict`, seed 0;
 - the built-in quick sweep (synthetic, 18 runs) and its report's results.csv;
+- the neighbour-world harness's cover of compositions (about 50 short synthetic runs in
+  which every privacy mechanism, backbone, merge, codec, aggregator, protocol, share
+  rule and size setting occurs, each value with every mode it can meet:
+  :func:`fedem_private.experiments.neighbours.covering`), written as config files by
+  this checkout and run by both sides;
 
 then compares every value of every metrics.csv row and of results.csv,
 leaving out only timings (columns whose name contains "seconds") and
 columns that exist on one side only (listed). Exit 1 if any value differs.
 Every run uses one torch thread, so results do not depend on the machine's
-load. Takes about 10 minutes on 2 cores.
+load. Takes about 20 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -29,9 +34,32 @@ ROOT = Path(__file__).resolve().parents[1]
 RUNS = [(m, p) for p in ("paper", "strict") for m in ("fedmf", "fedsim", "fedem")]
 
 
-def _jobs(code: Path, out: Path, ml100k: Path) -> None:
+def cover_configs(folder: Path) -> list[str]:
+    """Write the harness's cover of compositions as config files; their names."""
+    from dataclasses import replace
+
+    from fedem_private.experiments.neighbours import accepted, config_of, covering
+    from fedem_private.simulation.config import to_dict, to_toml
+
+    folder.mkdir(parents=True, exist_ok=True)
+    names = []
+    for i, combo in enumerate(covering(accepted())):
+        name = f"cover{i:02d}"
+        cfg = config_of(combo)
+        small = replace(cfg.data.synthetic, n_users=60, n_items=80, mean_activity=10.0)
+        cfg = replace(cfg, data=replace(cfg.data, synthetic=small))
+        (folder / f"{name}.toml").write_text(to_toml(to_dict(cfg)))
+        names.append(name)
+    return names
+
+
+def _jobs(code: Path, out: Path, ml100k: Path, configs: Path, cover: list[str]) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(code)}
     cli = [sys.executable, "-m", "fedem_private"]
+    for name in cover:
+        subprocess.run([*cli, "run", "--config", str(configs / f"{name}.toml"),
+                        "--out", str(out / name), "--no-progress", "--force"],
+                       cwd=code, env=env, check=True, capture_output=True)
     for method, protocol in RUNS:
         subprocess.run([*cli, "run", "--dataset", "ml-100k", "--data-dir", str(ml100k),
                         "--method", method, "--rounds", "3", "--protocol", protocol,
@@ -76,18 +104,20 @@ def main() -> int:
         print(f"identity: no ML-100K at {ml100k} (give --ml100k)", file=sys.stderr)
         return 2
     work = Path(args.work or tempfile.mkdtemp(prefix="identity-")).resolve()
+    cover = cover_configs(work / "cover-configs")
     tree = work / "before-code"
     subprocess.run(["git", "worktree", "add", "--detach", str(tree), args.before], cwd=ROOT,
                    check=True, capture_output=True)
     try:
         for side, code in (("before", tree), ("after", ROOT)):
             print(f"identity: running the {side} side ({code})", flush=True)
-            _jobs(code, work / side, ml100k)
+            _jobs(code, work / side, ml100k, work / "cover-configs", cover)
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT,
                        check=False, capture_output=True)
     bad = 0
-    checks = [(f"{m}-{p}/metrics.csv", None) for m, p in RUNS] + [("quick/results.csv", "run")]
+    checks = ([(f"{m}-{p}/metrics.csv", None) for m, p in RUNS] + [("quick/results.csv", "run")]
+              + [(f"{name}/metrics.csv", None) for name in cover])
     for rel, key in checks:
         n, diff, only = compare(work / "before" / rel, work / "after" / rel, key)
         bad += diff

@@ -176,6 +176,103 @@ class SimState:
                             {n: t.index_select(0, idx) for n, t in self.private.items()})
 
 
+@dataclass
+class RoundWork:
+    """One round's explicit state between its stages (:meth:`Simulation._step`)."""
+
+    t: int
+    t0: float  # perf_counter at the round's start
+    clients: np.ndarray  # the round's participants
+    peft: bool  # whether the wire is a FedPEFT codec's theta this round
+    before: torch.Tensor | None  # the global table at the start (central, observed)
+    setup_bytes: int = 0
+    rho_sum: float = 0.0
+    rho_n: int = 0
+    up_bytes: int = 0
+    down_bytes: int = 0
+    privacy_stats: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class ChunkWork:
+    """One chunk of clients through a round's stages: what it was sent, what it trained
+    and what it encodes for upload (filled stage by stage)."""
+
+    chunk: np.ndarray  # client ids
+    idx: torch.Tensor  # the same on the run's device
+    samples: ClientSamples
+    start: ClientParams  # the start of local training (the merge replaces its items)
+    own_items: torch.Tensor  # (k, m, d) each client's own table before the round
+    sent: torch.Tensor  # (k, m, d) what the server sent (observers' view of it)
+    dense_sent: dict[str, torch.Tensor]
+    recv: torch.Tensor | None  # (k,) who got a table under the share rule; None: all
+    merged: bool = False
+    rows: object | None = None  # what local training trains the item vectors through
+    batch_rows: object | None = None  # the FedEM code's per-batch merge rows
+    theta_sent: dict[str, torch.Tensor] | None = None  # a FedPEFT codec's sent theta
+    new: ClientParams | None = None  # after local training
+    touched: torch.Tensor | None = None  # (k, m) rows local training touched
+    enc_sent: torch.Tensor | None = None  # the encoded release centre
+    enc_new: torch.Tensor | None = None  # the encoded trained groups
+    touched_rows: torch.Tensor | None = None
+
+    @property
+    def k(self) -> int:
+        return int(self.chunk.shape[0])
+
+    @property
+    def n_recv(self) -> int:
+        return self.k if self.recv is None else int(self.recv.sum())
+
+
+class ReleasedUploads:
+    """How uploads travel under no mechanism or a local one: each client's encoded pair
+    is released by the privacy layer, decoded by the server, added to the aggregator (or
+    a FedPEFT codec's theta) and shown to the observers (recording, attacks)."""
+
+    def __init__(self, sim: Simulation) -> None:
+        self.sim = sim
+
+    def upload(self, rnd: RoundWork, work: ChunkWork) -> None:
+        """Steps 4-5 for one chunk: privatise, decode, aggregate, observe."""
+        sim = self.sim
+        released = sim.privacy.release(work.enc_sent, work.enc_new, work.chunk,
+                                       work.touched_rows)
+        decoded = sim.wire(rnd).decode(released)
+        rnd.up_bytes += work.k * wire_bytes(decoded)
+        if rnd.peft:
+            assert sim.codec_server is not None
+            theta_up, dense_upload = decoded
+            sim.codec_server.add(work.idx, theta_up)
+            upload = sim.codec.table(theta_up)  # what the server decodes (E0 + f_theta)
+        else:
+            upload, dense_upload = decoded
+            sim.aggregator.add(work.idx, upload)
+        if sim.dense is not None:
+            sim.dense.add(work.idx, dense_upload)
+        for observe in sim.observers:
+            observe(ChunkView(rnd.t, work.chunk, work.sent, upload, work.samples))
+
+    def finish(self, rnd: RoundWork) -> None:
+        """Nothing to release at the end of the round."""
+
+
+class SecureSumUploads(ReleasedUploads):
+    """How uploads travel under a central mechanism (cdp-gaussian): each client's encoded
+    pair goes into the privacy layer's secure sum, nothing per client is released,
+    decoded or observed, and the round's one noisy aggregate is taken at its end."""
+
+    def upload(self, rnd: RoundWork, work: ChunkWork) -> None:
+        """Into the secure sum: no upload is released or observed."""
+        sim = self.sim
+        sim.privacy.contribute(work.enc_sent, work.enc_new, work.chunk)
+        rnd.up_bytes += work.k * wire_bytes(sim.wire(rnd).decode(work.enc_new[:1]))
+
+    def finish(self, rnd: RoundWork) -> None:
+        """The round's one noisy aggregate to the aggregator and the dense groups."""
+        self.sim._take_central_aggregate(rnd.peft)
+
+
 def wire_bytes(groups: dict[str, torch.Tensor] | tuple[object, ...]) -> int:
     """Bytes one client sends or receives: the sizes of its tensors (client axis first).
 
@@ -331,6 +428,9 @@ class Simulation:
         if self.privacy.centres_release and fed.agg_clients_ratio < 1.0:
             enc0 = self.full_codec.encode(q0[None], {k: v[None] for k, v in dense0.items()})
             self._public_sent = enc0.expand(n, *enc0.shape[1:]).clone()
+        # how uploads travel, chosen once: a secure sum under a central mechanism
+        self.uploads = (SecureSumUploads(self) if self.privacy.central
+                        else ReleasedUploads(self))
 
     # ---------------------------------------------------------------- helpers
     def _index(self, clients: np.ndarray) -> torch.Tensor:
@@ -444,8 +544,24 @@ class Simulation:
         return keep_freed_memory()
 
     def _step(self) -> RoundStats:
-        st = self.state
-        t = st.round + 1
+        """One round as stages over explicit state (module docstring): for each chunk of
+        the round's clients send -> merge -> train -> encode -> upload (privatise,
+        aggregate, observe; :attr:`uploads`), then the server's end of the round."""
+        rnd = self._begin_round()
+        for chunk in self._chunks(rnd.clients, rnd.t):
+            work = self._send(rnd, chunk)
+            self._merge(rnd, work)
+            self._train(rnd, work)
+            self._encode(rnd, work)
+            self.uploads.upload(rnd, work)
+        self.uploads.finish(rnd)
+        self._end_round(rnd)
+        return self._round_stats(rnd)
+
+    def _begin_round(self) -> RoundWork:
+        """Sample the participants and open the round in every part that keeps per-round
+        state (aggregator, dense groups, privacy layer, a FedPEFT codec's server)."""
+        t = self.state.round + 1
         t0 = time.perf_counter()
         clients = self.participants(t)
         part_mask = torch.zeros(self.split.n_users, dtype=torch.bool, device=self.device)
@@ -454,100 +570,112 @@ class Simulation:
         if self.dense is not None:
             self.dense.begin_round(self.aggregator.aggregated())
         self.privacy.begin_round(t)
-        central = self.privacy.central
         before = (self.aggregator.table.detach().clone()
-                  if central and self.aggregate_observers else None)
+                  if self.privacy.central and self.aggregate_observers else None)
         peft = self._peft_round(t)
         setup_bytes = self._start_codec() if peft and self.codec_server is None else 0
         if self.codec_server is not None:
             self.codec_server.begin_round(part_mask)
-        rho_sum, rho_n = 0.0, 0
-        up_bytes = down_bytes = 0
-        for chunk in self._chunks(clients, t):
-            idx = self._index(chunk)
-            k = chunk.shape[0]
-            samples = draw_samples(self.seed, t, chunk, self.split.train_indptr,
-                                   self.split.train_items, *self.excl, self.split.n_items,
-                                   self.local_cfg.num_negatives)
-            start = self._sent_params(idx)
-            own_items, sent, dense_sent = st.q_local.index_select(0, idx), start.items, start.dense
-            recv = self.aggregator.receives(idx)  # None: every client of the chunk gets a table
-            n_recv = k if recv is None else int(recv.sum())
-            merged = False
-            if self.merger.merges and t > 1:
-                user_vecs, score = self.backbone.adapter_score(start)
-                lc = self.local_cfg  # holdout: samples loses the fold the adapter trains on
-                samples, steps = self.merger.round_samples(t, chunk, samples, lc.epochs,
-                                                           lc.batch_size, lc.num_negatives)
-                trainer = None
-                if self.privacy.dpsgd and self.merger.learned:  # the adapter by DP-SGD too
-                    def trainer(w, b, ql, qg, _chunk=chunk, _private=start.private):
-                        return self.privacy.train_adapter(
-                            self.backbone, _private, w, b, ql, qg, _chunk,
-                            self.split.train_indptr, self.split.train_items,
-                            self.local_cfg.num_negatives)
-                start.items, rho = self.merger.start(idx, own_items, sent, user_vecs, score,
-                                                     steps, merging=recv, trainer=trainer)
-                rho_sum += float(rho.sum() if recv is None else rho[recv].sum())
-                rho_n += n_recv
-                merged = True
-            rows = batch_rows = None
-            if merged and self.merger.every_batch:  # the FedEM code: merge on every batch
-                rows = batch_rows = self.merger.batch_rows(idx, sent, recv)
-            if peft:
-                assert self.codec_server is not None and isinstance(self.codec, codecs.PeftCodec)
-                theta_sent = self.codec_server.sent(k)
-                rows = self.codec.trainer(theta_sent, base=None if merged else self.codec.e0)
-                down_bytes += k * wire_bytes({**theta_sent, **dense_sent})
-            elif self.aggregator.sends_table:
-                down_bytes += n_recv * wire_bytes({"items": sent, **dense_sent})
-            if self.privacy.dpsgd:  # local DP-SGD is the mechanism (docs/design.md section 5)
-                new, touched = self.privacy.train_local(
-                    self.backbone, start, chunk, self.split.train_indptr,
-                    self.split.train_items, self.local_cfg.num_negatives)
-            else:
-                new, touched = self.backbone.train_chunk(start, chunk, samples, self.local_cfg,
-                                                         t, rows=rows)
-            if batch_rows is not None:
-                self.merger.keep_trained(idx, batch_rows)
-            st.q_local[idx] = new.items
-            for name, value in new.private.items():
-                st.private[name][idx] = value
-            for name, value in new.dense.items():
-                st.dense_local[name][idx] = value
-            if peft:
-                enc_sent = self.codec.encode(theta_sent, dense_sent)
-                enc_new = self.codec.encode(rows.theta, new.dense)
-                touched_rows = self.codec.touched(k)
-            else:
-                enc_sent = self._release_base(idx, recv, self.full_codec.encode(sent, dense_sent))
-                enc_new = self.full_codec.encode(new.items, new.dense)
-                touched_rows = self.full_codec.touched(touched)
-                if recv is not None and self._public_sent is not None:
-                    sent = self.full_codec.decode(enc_sent)[0]  # what the server knows it sent
-            wire = self.codec if peft else self.full_codec
-            if central:  # into the secure sum: no upload is released or observed
-                self.privacy.contribute(enc_sent, enc_new, chunk)
-                up_bytes += k * wire_bytes(wire.decode(enc_new[:1]))
-                continue
-            released = self.privacy.release(enc_sent, enc_new, chunk, touched_rows)
-            decoded = wire.decode(released)
-            up_bytes += k * wire_bytes(decoded)
-            if peft:
-                assert self.codec_server is not None
-                theta_up, dense_upload = decoded
-                self.codec_server.add(idx, theta_up)
-                upload = self.codec.table(theta_up)  # what the server decodes (E0 + f_theta)
-            else:
-                upload, dense_upload = decoded
-                self.aggregator.add(idx, upload)
-            if self.dense is not None:
-                self.dense.add(idx, dense_upload)
-            for observe in self.observers:
-                observe(ChunkView(t, chunk, sent, upload, samples))
-        if central:
-            self._take_central_aggregate(peft)
-        if peft:
+        return RoundWork(t, t0, clients, peft, before, setup_bytes)
+
+    def _send(self, rnd: RoundWork, chunk: np.ndarray) -> ChunkWork:
+        """Step 1: the chunk's samples and what the server sends it (its start before
+        merging), with the download's bytes."""
+        idx = self._index(chunk)
+        samples = draw_samples(self.seed, rnd.t, chunk, self.split.train_indptr,
+                               self.split.train_items, *self.excl, self.split.n_items,
+                               self.local_cfg.num_negatives)
+        start = self._sent_params(idx)
+        recv = self.aggregator.receives(idx)  # None: every client of the chunk gets a table
+        work = ChunkWork(chunk, idx, samples, start,
+                         own_items=self.state.q_local.index_select(0, idx),
+                         sent=start.items, dense_sent=start.dense, recv=recv)
+        if not rnd.peft and self.aggregator.sends_table:
+            rnd.down_bytes += work.n_recv * wire_bytes({"items": work.sent, **work.dense_sent})
+        return work
+
+    def _merge(self, rnd: RoundWork, work: ChunkWork) -> None:
+        """Step 2: the start table (equations 10-11): the merger's, from round 2 on."""
+        if not (self.merger.merges and rnd.t > 1):
+            return
+        user_vecs, score = self.backbone.adapter_score(work.start)
+        lc = self.local_cfg  # holdout: samples loses the fold the adapter trains on
+        work.samples, steps = self.merger.round_samples(rnd.t, work.chunk, work.samples,
+                                                        lc.epochs, lc.batch_size,
+                                                        lc.num_negatives)
+        work.start.items, rho = self.merger.start(
+            work.idx, work.own_items, work.sent, user_vecs, score, steps, merging=work.recv,
+            trainer=self._adapter_trainer(work))
+        rnd.rho_sum += float(rho.sum() if work.recv is None else rho[work.recv].sum())
+        rnd.rho_n += work.n_recv
+        work.merged = True
+        if self.merger.every_batch:  # the FedEM code: merge on every batch
+            work.rows = work.batch_rows = self.merger.batch_rows(work.idx, work.sent,
+                                                                 work.recv)
+
+    def _adapter_trainer(self, work: ChunkWork) -> Callable[..., object] | None:
+        """The merge adapter's trainer: by the mechanism's DP-SGD when local training is
+        (ldp-dpsgd); None: the merger's own."""
+        if not (self.privacy.dpsgd and self.merger.learned):
+            return None
+
+        def trainer(w, b, ql, qg, _chunk=work.chunk, _private=work.start.private):
+            return self.privacy.train_adapter(
+                self.backbone, _private, w, b, ql, qg, _chunk, self.split.train_indptr,
+                self.split.train_items, self.local_cfg.num_negatives)
+        return trainer
+
+    def _train(self, rnd: RoundWork, work: ChunkWork) -> None:
+        """Step 3: local training (equation 12; by local DP-SGD when that is the
+        mechanism, docs/design.md section 5), and the clients' new state kept."""
+        if rnd.peft:
+            assert self.codec_server is not None and isinstance(self.codec, codecs.PeftCodec)
+            work.theta_sent = self.codec_server.sent(work.k)
+            work.rows = self.codec.trainer(work.theta_sent,
+                                           base=None if work.merged else self.codec.e0)
+            rnd.down_bytes += work.k * wire_bytes({**work.theta_sent, **work.dense_sent})
+        if self.privacy.dpsgd:
+            new, touched = self.privacy.train_local(
+                self.backbone, work.start, work.chunk, self.split.train_indptr,
+                self.split.train_items, self.local_cfg.num_negatives)
+        else:
+            new, touched = self.backbone.train_chunk(work.start, work.chunk, work.samples,
+                                                     self.local_cfg, rnd.t, rows=work.rows)
+        if work.batch_rows is not None:
+            self.merger.keep_trained(work.idx, work.batch_rows)
+        st = self.state
+        st.q_local[work.idx] = new.items
+        for name, value in new.private.items():
+            st.private[name][work.idx] = value
+        for name, value in new.dense.items():
+            st.dense_local[name][work.idx] = value
+        work.new, work.touched = new, touched
+
+    def _encode(self, rnd: RoundWork, work: ChunkWork) -> None:
+        """Step 4: the (sent, trained) pair in the round's wire format (a FedPEFT codec's
+        theta, or the full table centred on what the server last sent, _release_base)."""
+        new = work.new
+        if rnd.peft:
+            assert work.theta_sent is not None and work.rows is not None
+            work.enc_sent = self.codec.encode(work.theta_sent, work.dense_sent)
+            work.enc_new = self.codec.encode(work.rows.theta, new.dense)
+            work.touched_rows = self.codec.touched(work.k)
+            return
+        work.enc_sent = self._release_base(work.idx, work.recv,
+                                           self.full_codec.encode(work.sent, work.dense_sent))
+        work.enc_new = self.full_codec.encode(new.items, new.dense)
+        work.touched_rows = self.full_codec.touched(work.touched)
+        if work.recv is not None and self._public_sent is not None:
+            work.sent = self.full_codec.decode(work.enc_sent)[0]  # what the server knows it sent
+
+    def wire(self, rnd: RoundWork) -> codecs.FullCodec | codecs.PeftCodec:
+        """The round's wire format: the codec after a FedPEFT warm-up, else full tables."""
+        return self.codec if rnd.peft else self.full_codec
+
+    def _end_round(self, rnd: RoundWork) -> None:
+        """The server's end of the round: the codec's theta, the aggregator's next tables,
+        the dense groups, the aggregate observers and the privacy layer's accounting."""
+        if rnd.peft:
             assert self.codec_server is not None
             self.codec_server.end_round()
             theta = {n: v[None] for n, v in self.codec_server.params.items()}
@@ -555,24 +683,27 @@ class Simulation:
         self.aggregator.end_round()
         if self.dense is not None:
             self.dense.end_round()
-        st.q_global = self.aggregator.table
-        if before is not None:
-            view = AggregateView(t, clients, before, self.aggregator.table)
+        self.state.q_global = self.aggregator.table
+        if rnd.before is not None:
+            view = AggregateView(rnd.t, rnd.clients, rnd.before, self.aggregator.table)
             for observe_aggregate in self.aggregate_observers:
                 observe_aggregate(view)
-        privacy_stats = self.privacy.end_round(clients)
-        st.round = t
+        rnd.privacy_stats = self.privacy.end_round(rnd.clients)
+        self.state.round = rnd.t
+
+    def _round_stats(self, rnd: RoundWork) -> RoundStats:
+        """The round's row of metrics.csv (evaluated when due)."""
         if self.device.type == "cuda":  # the round's kernels run asynchronously: time them all
             torch.cuda.synchronize(self.device)
-        seconds = time.perf_counter() - t0
-        stats = RoundStats(t, seconds, int(clients.shape[0]), privacy=privacy_stats,
-                           server=self.aggregator.round_stats())
-        n_part = max(int(clients.shape[0]), 1)
-        stats.comm = {"bytes_up": up_bytes / n_part, "bytes_down": down_bytes / n_part,
-                      "bytes_setup": float(setup_bytes)}
-        if rho_n and self.merger.merges:
-            stats.merge = {"rho_mean": rho_sum / rho_n}
-        if t % self.cfg.train.eval_every == 0 or t == self.cfg.train.rounds:
+        seconds = time.perf_counter() - rnd.t0
+        stats = RoundStats(rnd.t, seconds, int(rnd.clients.shape[0]),
+                           privacy=rnd.privacy_stats, server=self.aggregator.round_stats())
+        n_part = max(int(rnd.clients.shape[0]), 1)
+        stats.comm = {"bytes_up": rnd.up_bytes / n_part, "bytes_down": rnd.down_bytes / n_part,
+                      "bytes_setup": float(rnd.setup_bytes)}
+        if rnd.rho_n and self.merger.merges:
+            stats.merge = {"rho_mean": rnd.rho_sum / rnd.rho_n}
+        if rnd.t % self.cfg.train.eval_every == 0 or rnd.t == self.cfg.train.rounds:
             stats.metrics = self.evaluate()
         return stats
 
