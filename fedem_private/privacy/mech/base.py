@@ -22,19 +22,24 @@ state lives in :class:`~fedem_private.privacy.layer.PrivacyLayer`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
 if TYPE_CHECKING:
     import numpy as np
     import torch
 
-    from fedem_private.models.base import Backbone, ClientParams
     from fedem_private.privacy.accounting import RoundMechanism
     from fedem_private.privacy.central import SecureSum
     from fedem_private.privacy.config import PrivacyConfig
-    from fedem_private.privacy.dpsgd import DpsgdStats
     from fedem_private.privacy.mechanisms import RoundPrivacyStats
     from fedem_private.privacy.params import MechanismParams
+
+# The training hooks' backbone, parameters and DP-SGD statistics are typed Any here: naming
+# models.base or privacy.dpsgd, even for the type checker, would put the models room on the
+# attacks' import path (pyproject.toml's contracts); privacy/mech/ldp_dpsgd.py types them.
+Backbone: TypeAlias = Any
+ClientParams: TypeAlias = Any
+DpsgdStats: TypeAlias = Any
 
 # the clause every printed relation gains when the data sizes are declared public
 SIZES_PUBLIC_CLAUSE = ("; each client's number of training interactions is declared public "
