@@ -34,8 +34,19 @@ from typing import Any
 import numpy as np
 
 FEDERATED = ("fedmf", "fedem")
-DP_EPSILONS = (0.1, 1.0, 10.0)
-ARCHITECTURES = ("central", "local", "interaction")
+# the issue's 0.1, 1, 10 per architecture, and the private federated points' 1, 4, 16, 64
+DP_EPSILONS = (0.1, 1.0, 4.0, 10.0, 16.0, 64.0)
+ARCHITECTURES = ("central", "local", "interaction", "interaction-local")
+PRIVATE_EPSILONS = (1.0, 4.0, 16.0, 64.0)
+# the private FedMF points with settings fixed in advance (never tuned on these users):
+# benchmarks/cdp_curve.toml's and benchmarks/dpsgd.toml's, the architectures' headline
+PRIVATE_FIXED: dict[str, dict[str, Any]] = {
+    "cdp-gaussian": {"train": {"rounds": 40, "eval_every": 10},
+                     "privacy": {"mode": "cdp-gaussian", "delta": 1e-5, "sample_rate": 0.2,
+                                 "clip": 50.0}},
+    "ldp-dpsgd": {"train": {"rounds": 20, "eval_every": 20},
+                  "privacy": {"mode": "ldp-dpsgd", "delta": 1e-5}},
+}
 # validation grids, {method: {setting: values}} (settings of [baseline] or [train])
 GRIDS: dict[str, dict[str, tuple[Any, ...]]] = {
     "ease": {"baseline.ease_lambda": (10.0, 50.0, 200.0, 500.0, 1000.0, 3000.0)},
@@ -99,6 +110,41 @@ def tune(runs: Path, dataset: str, data_dir: str, method: str, seed: int
         if hr > best_hr:
             best, best_hr = setting, hr
     return best, rows
+
+
+def tuned_config(path: str, seed: int) -> dict[str, Any]:
+    """A ``fedem-private tune`` best.toml as a run config for ``seed`` (its round still
+    chosen on validation)."""
+    from fedem_private.simulation.config import read_toml
+
+    cfg = read_toml(path, "tuned config")
+    cfg.setdefault("train", {})["seed"] = seed
+    return cfg
+
+
+def private_rungs(dataset: str, data_dir: str, seeds: list[int],
+                  tuned_files: dict[str, str]) -> list[tuple[str, str, dict[str, Any]]]:
+    """FedMF under cdp-gaussian and ldp-dpsgd at PRIVATE_EPSILONS: settings fixed in
+    advance, then (``tuned_files``: {"none" or a mode: best.toml}) the tuned settings."""
+    out = []
+    for seed in seeds:
+        for mode, extra in PRIVATE_FIXED.items():
+            for eps in PRIVATE_EPSILONS:
+                cfg = _merge(base_config(dataset, data_dir, seed, "fedmf"),
+                             _merge(extra, {"privacy": {"epsilon": eps}}))
+                out.append((f"FedMF {mode} eps {eps:g} (fixed in advance)",
+                            f"fedmf-{mode}-eps{eps:g}-seed{seed}", cfg))
+        for mode, path in tuned_files.items():
+            if mode == "none":
+                out.append(("FedMF (val-tuned, no privacy)", f"fedmf-tuned-seed{seed}",
+                            tuned_config(path, seed)))
+                continue
+            tuned_at = tuned_config(path, seed)["privacy"]["epsilon"]
+            for eps in PRIVATE_EPSILONS:
+                cfg = _merge(tuned_config(path, seed), {"privacy": {"epsilon": eps}})
+                out.append((f"FedMF {mode} eps {eps:g} (val-tuned at eps {tuned_at:g})",
+                            f"fedmf-{mode}-tuned-eps{eps:g}-seed{seed}", cfg))
+    return out
 
 
 def rungs(dataset: str, data_dir: str, seeds: list[int], rounds: int,
@@ -200,9 +246,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=100)
     parser.add_argument("--runs", default="runs/ladder")
     parser.add_argument("--out", default="benchmarks/results/ladder")
-    parser.add_argument("--only", choices=("federated", "baselines", "table"), default=None,
+    parser.add_argument("--only", choices=("federated", "baselines", "private", "table"),
+                        default=None,
                         help="run only the federated rungs, only the baselines (and their "
-                        "tuning), or only write the table from finished runs")
+                        "tuning), only the private FedMF rungs, or only write the table "
+                        "from finished runs")
+    parser.add_argument("--tuned", nargs="*", default=[], metavar="MODE=FILE",
+                        help="a `fedem-private tune` best.toml per privacy mode (`none` for "
+                        "no privacy), run on every seed (private ones at every eps of "
+                        "PRIVATE_EPSILONS)")
     parser.add_argument("--no-tune", action="store_true", help="skip the validation grids")
     args = parser.parse_args(argv)
     data_dir = args.data_dir or str(Path("../shared/datasets") / args.dataset)
@@ -220,13 +272,16 @@ def main(argv: list[str] | None = None) -> int:
                              "\n\n| setting | val HR@10 (sampled) | val NDCG@10 (sampled) |\n"
                              "|---|---|---|\n" + "".join(
                                  f"| {lab} | {hr:.4f} | {nd:.4f} |\n" for lab, hr, nd in rows))
-    plan = rungs(args.dataset, data_dir, args.seeds, args.rounds, tuned)
+    tuned_files = dict(t.split("=", 1) for t in args.tuned)
+    private = private_rungs(args.dataset, data_dir, args.seeds, tuned_files)
+    plan = rungs(args.dataset, data_dir, args.seeds, args.rounds, tuned) + private
     if args.only != "table":
+        private_names = {name for _, name, _ in private}
         for _, name, cfg in plan:
             federated = cfg["federation"]["method"] in FEDERATED
-            if args.only == "federated" and not federated:
-                continue
-            if args.only == "baselines" and federated:
+            kind = "private" if name in private_names else (
+                "federated" if federated else "baselines")
+            if args.only is not None and args.only != kind:
                 continue
             ensure(runs / name, cfg)
     out.mkdir(parents=True, exist_ok=True)

@@ -93,7 +93,8 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
      "centralised, ease, als (settings in [baseline]; docs/baselines.md)"),
     ("--dp-architecture", "baseline.architecture", str,
      "dp-mostpop: central (Gaussian on the secure sum of k-clipped one-hot vectors), local "
-     "(optimal unary encoding) or interaction (Laplace on each count)"),
+     "(optimal unary encoding), interaction (Laplace on each count, once) or "
+     "interaction-local (each client noises its own counts: ldp-dpsgd's relation)"),
     ("--baseline-epsilon", "baseline.epsilon", _number,
      "dp-mostpop: the release's total epsilon"),
     ("--baseline-k", "baseline.k", _integer,

@@ -13,6 +13,7 @@ from fedem_private.baselines.popularity import (
     central_gaussian_counts,
     interaction_laplace_counts,
     k_subsets,
+    local_interaction_laplace_counts,
     local_oue_counts,
     oue_probabilities,
     train_counts,
@@ -144,7 +145,8 @@ def test_interaction_laplace_scale_and_epsilon(split):
 def test_every_release_states_relation_trust_and_sensitivity(split):
     for rel in (central_gaussian_counts(split, 5, 1.0, 1e-5, 0),
                 local_oue_counts(split, 5, 1.0, 0),
-                interaction_laplace_counts(split, 1.0, 1e-5, 0)):
+                interaction_laplace_counts(split, 1.0, 1e-5, 0),
+                local_interaction_laplace_counts(split, 1.0, 1e-5, 0)):
         for key in ("neighbouring", "trust_model", "sensitivity", "epsilon", "mode"):
             assert rel.privacy[key], key
         assert rel.privacy["guarantee"] is True
@@ -185,3 +187,38 @@ def test_infinite_epsilon_is_the_noiseless_release_without_a_guarantee(split):
     assert inter.privacy["guarantee"] is False
     with pytest.raises(ValueError, match="finite"):
         local_oue_counts(split, k, math.inf, 0)
+
+
+def test_local_interaction_laplace_scale_and_epsilon(split):
+    """Every client's report carries Laplace(1 / eps) per item: the sum's noise has
+    standard deviation sqrt(2 n) / eps and is unbiased; one Laplace round's epsilon."""
+    eps, delta = 2.0, 1e-5
+    rel = local_interaction_laplace_counts(split, eps, delta, seed=0)
+    assert rel.privacy["laplace_b"] == pytest.approx(1 / eps, rel=1e-9)
+    assert rel.epsilon["basic"] == pytest.approx(eps, rel=1e-9)
+    assert rel.noise_std == pytest.approx(math.sqrt(2 * split.n_users) / eps, rel=1e-9)
+    err = np.concatenate([local_interaction_laplace_counts(split, eps, delta, s).estimate
+                          - train_counts(split) for s in range(30)])
+    assert abs(err.mean()) < 4 * rel.noise_std / math.sqrt(err.size)
+    assert err.std() == pytest.approx(rel.noise_std, rel=0.05)
+    with pytest.raises(ValueError, match="finite"):
+        local_interaction_laplace_counts(split, math.inf, delta, 0)
+
+
+def test_local_interaction_neighbours_differ_by_one_count_alone(split):
+    """Neighbour worlds (add/remove one interaction) share every noise draw, so the two
+    releases differ by exactly 1 in the removed item's count and nowhere else."""
+    import dataclasses
+
+    u = int(np.argmax(split.train_counts))
+    lo = split.train_indptr[u]
+    removed = int(split.train_items[lo])
+    items = np.delete(split.train_items, lo)
+    indptr = split.train_indptr.copy()
+    indptr[u + 1:] -= 1
+    smaller = dataclasses.replace(split, train_items=items, train_indptr=indptr)
+    a = local_interaction_laplace_counts(split, 1.0, 1e-5, seed=3).estimate
+    b = local_interaction_laplace_counts(smaller, 1.0, 1e-5, seed=3).estimate
+    diff = a - b
+    assert diff[removed] == pytest.approx(1.0, abs=1e-9)
+    assert np.abs(np.delete(diff, removed)).max() < 1e-9

@@ -13,7 +13,10 @@ trust model and sensitivity, and the accountant its epsilon comes from:
 
 - :func:`central_gaussian_counts`: user level, central (secure aggregation);
 - :func:`local_oue_counts`: user level, local (optimal unary encoding);
-- :func:`interaction_laplace_counts`: interaction level, Laplace per count.
+- :func:`interaction_laplace_counts`: interaction level, Laplace per count once,
+  on the securely aggregated sum;
+- :func:`local_interaction_laplace_counts`: interaction level, local: every client
+  adds Laplace noise to its own count vector (the floor matched to ``ldp-dpsgd``).
 
 The released (noisy) counts are the scores; ranking is post-processing, so
 the guarantee of the release covers every recommendation made from it.
@@ -39,6 +42,7 @@ from fedem_private.privacy.calibration import dpfedavg_noise_multiplier, noise_m
 
 # purposes of the seeded generators below (numpy SeedSequence entropy: (seed, purpose))
 _TIEBREAK, _SUBSET, _CENTRAL, _LOCAL, _INTERACTION = 4201, 4202, 4203, 4204, 4205
+_LOCAL_INTERACTION = 4206
 
 
 def _generator(seed: int, purpose: int) -> np.random.Generator:
@@ -252,13 +256,66 @@ def interaction_laplace_counts(split: Split, epsilon: float, delta: float,
     return Release(counts + noise, eps, z * math.sqrt(2.0), privacy)
 
 
+def local_interaction_laplace_counts(split: Split, epsilon: float, delta: float, seed: int,
+                                     chunk: int = 256) -> Release:
+    """Interaction-level local DP: each client reports its own 0/1 training vector plus
+    Laplace noise of scale 1 / epsilon on every item; the server sums the reports.
+
+    User u holds x_u in {0, 1}^m (x_ui = 1 when i is among its training items) and sends
+    y_u = x_u + Lap(b)^m with b = 1 / epsilon; the release is S = sum_u y_u, an unbiased
+    estimate of the counts whose per-count noise has variance 2 n b^2.
+
+    - Neighbouring relation: add/remove one (user, item) training interaction, the
+      relation of ``ldp-dpsgd`` (one positive added or removed).
+    - Trust model: nobody is trusted; every client's report y_u is seen by the server
+      (and anyone), as under ``ldp-dpsgd``, so this is the floor matched to it.
+    - Sensitivity: one interaction moves one coordinate of x_u by 1, so the L1
+      sensitivity of a report is 1 and Laplace(1 / epsilon) per coordinate makes it
+      pure epsilon-DP; the sum is post-processing of the reports.
+    - Accounting: one Laplace round of :mod:`fedem_private.privacy.accounting` (as
+      :func:`interaction_laplace_counts`; the difference is n times the noise, the
+      price of trusting nobody). The noise of client u is drawn in user order from one
+      generator keyed by ``seed``, m values per user whatever its data, so two
+      neighbouring datasets get the same noise (the tests check the reports differ in
+      one coordinate by 1).
+    """
+    if not math.isfinite(epsilon):
+        raise ValueError("the local interaction release needs a finite epsilon "
+                         "(eps = inf is no noise: use mostpop)")
+    z = noise_multiplier_for("laplace", epsilon, delta, 1, "basic")
+    gen = _generator(seed, _LOCAL_INTERACTION)
+    noise = np.zeros(split.n_items, dtype=np.float64)
+    n = split.n_users
+    for start in range(0, n, chunk):
+        noise += gen.laplace(0.0, z, (min(n, start + chunk) - start, split.n_items)).sum(axis=0)
+    bounds = epsilon_bounds(repeated(RoundMechanism("laplace", z), 1), float(delta))
+    eps = bounds.as_dict()
+    std = z * math.sqrt(2.0 * n)
+    privacy = {
+        "mode": "ldp-interaction-laplace",
+        "architecture": "interaction-local",
+        "neighbouring": "add/remove one (user, item) interaction",
+        "trust_model": ("none trusted: each client adds Laplace noise to its own count vector "
+                        "on its device; the server sees every report"),
+        "amplification": "none",
+        "sensitivity": "L1 1 per report (one interaction moves one coordinate by 1)",
+        "noise_multiplier": z, "noise_scale": std, "laplace_b": z,
+        "delta": delta, "epsilon": eps, "guarantee": True,
+        "accountant": "fedem_private.privacy.accounting, one Laplace round per report "
+                      "(reported = min)",
+    }
+    return Release(train_counts(split) + noise, eps, std, privacy)
+
+
 def dp_counts(split: Split, architecture: str, k: int, epsilon: float, delta: float,
               seed: int) -> Release:
-    """The release of ``architecture`` (central, local or interaction)."""
+    """The release of ``architecture`` (central, local, interaction or interaction-local)."""
     if architecture == "central":
         return central_gaussian_counts(split, k, epsilon, delta, seed)
     if architecture == "local":
         return local_oue_counts(split, k, epsilon, seed)
     if architecture == "interaction":
         return interaction_laplace_counts(split, epsilon, delta, seed)
+    if architecture == "interaction-local":
+        return local_interaction_laplace_counts(split, epsilon, delta, seed)
     raise ValueError(f"unknown architecture {architecture!r}")

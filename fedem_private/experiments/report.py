@@ -22,6 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from fedem_private.errors import UserError
+from fedem_private.experiments import floors as ladder
 from fedem_private.experiments.naming import check_report_sources, plural
 from fedem_private.experiments.results import (
     BOUNDS,
@@ -182,9 +183,16 @@ def _sort(agg: pd.DataFrame) -> pd.DataFrame:
 
 
 def results_table(agg: pd.DataFrame, attacks: list[str]) -> str:
-    """Utility, privacy and attack success per (variant, mode, eps) of one dataset/protocol."""
+    """Utility, privacy and attack success per (variant, mode, eps) of one dataset/protocol;
+    a private model's full HR@10 is judged against DP-MostPop of its relation at its
+    epsilon (:func:`~fedem_private.experiments.floors.verdict`) when the table has one."""
+    floors = ladder.part(agg, "floors")
+    models = ladder.part(agg, "models")
+    judged = not floors.empty and bool(models["mode"].isin(list(ladder.FLOOR_OF_MODE)).any())
     header = ["method", "privacy", "ε target", "seeds", "HR@10 full", "NDCG@10 full",
               "HR@10 sampled", "NDCG@10 sampled", "ε spent (reported)"]
+    if judged:
+        header.append("full HR@10 vs DP-MostPop, same ε and relation")
     for a in attacks:
         header += [f"{a} AUC", f"{a} TPR@1%FPR", f"{a} ε lower bound"]
     header += ["audit", "s / round"]
@@ -196,6 +204,8 @@ def results_table(agg: pd.DataFrame, attacks: list[str]) -> str:
         cells = [r["variant"], r["mode"], _eps_label(r), str(int(r["n_seeds"])),
                  _pm(r, "hr10_full"), _pm(r, "ndcg10_full"), _pm(r, "hr10_sampled"),
                  _pm(r, "ndcg10_sampled"), _eps_spent(r)]
+        if judged:
+            cells.append(ladder.verdict(r, floors) if r.name in models.index else "")
         for a in attacks:
             cells += [_pm(r, f"{a}_auc"), _pm(r, f"{a}_tpr@1%fpr"),
                       _pm(r, f"{a}_eps_lower_bound", 2)]
@@ -440,10 +450,11 @@ def write_report(sources: str | Sequence[str], out_dir: str | None = None,
         plots = [rp.utility_figure(sub, dataset, out / f"{slug}-hr10_vs_eps.png",
                                    10.0 / n_items if n_items > 10 else 0.0, n_seeds)]
         ds_attacks = [a for a in attacks if sub[f"{a}_auc_mean"].notna().any()]
+        attacked = ladder.part(sub, "models")
         if ds_attacks:
-            plots.append(rp.attack_figure(sub, dataset, ds_attacks,
+            plots.append(rp.attack_figure(attacked, dataset, ds_attacks,
                                           out / f"{slug}-auc_vs_eps.png", n_seeds))
-            plots.append(rp.frontier_figure(sub, dataset, ds_attacks,
+            plots.append(rp.frontier_figure(attacked, dataset, ds_attacks,
                                             out / f"{slug}-frontier.png", n_seeds))
         codecs = sub["codec"].nunique() if "codec" in sub else 1
         if codecs > 1 and sub["bytes_up_last_mean"].notna().any():
@@ -452,8 +463,12 @@ def write_report(sources: str | Sequence[str], out_dir: str | None = None,
         written += plots
         md += [f"## {dataset}", ""]
         for protocol in sorted(sub["protocol"].unique()):
-            md += [f"Protocol `{protocol}`:", "",
-                   results_table(sub[sub["protocol"] == protocol], ds_attacks), ""]
+            rows = sub[sub["protocol"] == protocol]
+            md += [f"Protocol `{protocol}`:", "", results_table(rows, ds_attacks), ""]
+            if not ladder.part(rows, "references").empty:
+                md += ["The ladder without privacy (mean over seeds):", "",
+                       _table(["rung", "HR@10 full", "HR@10 sampled"],
+                              ladder.ladder_table(rows, 10.0 / n_items)), ""]
         md += [f"![{p.stem}]({p.name})" for p in plots] + [""]
     md += ["## Privacy accounting", "",
            "Epsilon spent by the worst-off client under each bound; *reported* is the "
@@ -464,6 +479,13 @@ def write_report(sources: str | Sequence[str], out_dir: str | None = None,
            "the upload but adds no noise; mode `none` neither clips nor adds noise.",
            "- Mode `paper` reports the FedEM paper's heuristic ε, not a DP guarantee; "
            "`ldp-touched-rows` is INSECURE at any ε.",
+           "- `vs DP-MostPop`: a private model's full HR@10 against popularity released under "
+           "the same neighbouring relation and trust model at the same target ε "
+           "(cdp-gaussian: central; ldp-laplace and ldp-gaussian: local; ldp-dpsgd: "
+           "interaction-local; docs/baselines.md). `beats` / `below`: the difference of the "
+           f"means exceeds {ladder.NOISE_SE:g} standard errors over seeds; otherwise `within "
+           "noise`. The plots draw the non-private baselines as horizontal lines and "
+           "DP-MostPop as a dashed grey curve per architecture.",
            "- `ε spent (reported)` is the total over all rounds; the attacks see one upload, "
            "so their empirical ε lower bound is compared with the per-round ε accounted for "
            "it.",

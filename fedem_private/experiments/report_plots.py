@@ -186,24 +186,83 @@ def _titled(mode: str | None, title: str) -> str:
 def utility_figure(agg: pd.DataFrame, dataset: str, path: Path, random_full: float,
                    n_seeds: str) -> Path:
     """HR@10 (full ranking and sampled) against epsilon; a row of panels per architecture
-    (:func:`architectures`), each with its own epsilon axis."""
-    rows = _panel_rows(agg)
-    fig, axes = plt.subplots(len(rows), 2, figsize=(11, 4.2 * len(rows)), sharex=False,
+    (:func:`architectures`), each with its own epsilon axis.
+
+    The ladder (:mod:`~fedem_private.experiments.floors`): the non-private baselines are
+    horizontal lines on every panel, and DP-MostPop is a dashed grey curve per
+    architecture, on the panel of the federated mode with the same relation.
+    """
+    from fedem_private.experiments import floors as ladder
+
+    models, floors = ladder.part(agg, "models"), ladder.part(agg, "floors")
+    refs = ladder.part(agg, "references")
+    base = models if not models.empty else (floors if not floors.empty else agg)
+    extras = base is models
+    palette = sorted(base["variant"].unique())
+    panels = architectures(base)
+    fig, axes = plt.subplots(len(panels), 2, figsize=(11, 4.2 * len(panels)), sharex=False,
                              squeeze=False)
-    for row, (mode, all_lines, axis) in zip(axes, rows, strict=True):
+    for row, (mode, sub) in zip(axes, panels, strict=True):
+        fl = ladder.floors_for(floors, mode) if extras else floors.iloc[0:0]
+        all_lines = lines(sub, palette) + floor_lines(fl)
+        axis = EpsAxis(list(sub["x_key"]) + list(fl["x_key"]))
         for ax, column, title, rand in (
                 (row[0], "hr10_full", "HR@10, full ranking", random_full),
                 (row[1], "hr10_sampled", "HR@10, sampled (1 + 99 negatives)", 0.1)):
             _plot_vs_eps(ax, all_lines, axis, column)
             if rand > 0:
                 ax.axhline(rand, color="0.4", linestyle=":", linewidth=1,
-                           label=f"random ranking (≈{rand:.2g})")
+                           label="random ranking")
+                _value_at_right(ax, rand, "0.4")
+            if extras:
+                reference_lines(ax, refs, column)
             ax.set_ylim(bottom=0)
             ax.set_title(_titled(mode, title))
             ax.set_ylabel("HR@10")
-            legend(ax, 8)
+    handles: dict[str, object] = {}
+    for ax in axes.flat:  # one legend for the figure: every panel shares its labels
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, handle)
+    fig.legend(list(handles.values()), list(handles.keys()), loc="upper center",
+               bbox_to_anchor=(0.5, 0.0), ncol=min(3, len(handles)), fontsize=8,
+               frameon=False)
     fig.suptitle(f"{dataset}: utility vs privacy budget ({_over(n_seeds)})")
     return _save(fig, path)
+
+
+REFERENCE_STYLES = ("-.", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)), (0, (1, 1)), (0, (8, 2, 2, 2)))
+
+
+def reference_lines(ax: plt.Axes, refs: pd.DataFrame, column: str) -> None:
+    """A horizontal line per non-private baseline (mean over seeds), labelled with its value."""
+    # styles by name, so a baseline looks the same on every panel
+    for i, (_, r) in enumerate(refs.sort_values("variant").iterrows()):
+        value = r[f"{column}_mean"]
+        if isinstance(value, float) and math.isnan(value):
+            continue
+        color = f"{0.1 + 0.1 * (i % 5):.2f}"
+        ax.axhline(value, color=color, linestyle=REFERENCE_STYLES[i % len(REFERENCE_STYLES)],
+                   linewidth=1.1, label=str(r["variant"]))
+        _value_at_right(ax, value, color)
+
+
+def _value_at_right(ax: plt.Axes, value: float, color: str) -> None:
+    """The value of a horizontal line, written at the panel's right edge."""
+    ax.annotate(f"{value:.3g}", (1.0, value), xycoords=("axes fraction", "data"),
+                xytext=(3, 0), textcoords="offset points", fontsize=7, color=color,
+                va="center")
+
+
+def floor_lines(floors: pd.DataFrame) -> list[Line]:
+    """One dashed grey line per DP-MostPop architecture (its row's mode)."""
+    from fedem_private.experiments.floors import FLOOR_LABEL
+
+    out = []
+    for i, mode in enumerate(sorted(floors["mode"].unique())):
+        pts = floors[floors["mode"] == mode]
+        out.append(Line(f"DP-MostPop · {FLOOR_LABEL.get(mode, mode)}", f"{0.25 + 0.2 * i:.2f}",
+                        "--", ("x", "+", "1", "2")[i % 4], pts))
+    return out
 
 
 def attack_figure(agg: pd.DataFrame, dataset: str, attacks: Sequence[str], path: Path,

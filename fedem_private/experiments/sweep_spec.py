@@ -52,6 +52,12 @@ options (``"paper-code+agg10"``) is the preset and options it leaves off here, a
 for: a point where one cannot be built is refused, not dropped (``agg10`` on PFedRec's
 FedAvg: the FedEM code's 10% share put on another aggregation).
 
+``references = ["mostpop", "dp-mostpop", "ease"]`` adds the accuracy ladder's
+baselines beside the grid (docs/design.md section 14): each non-private one once per
+seed, dataset and protocol, and ``dp-mostpop`` at every private mode's matched
+architecture (:data:`~fedem_private.experiments.floors.ARCHITECTURE_OF_MODE`) and finite
+epsilon, named ``<dataset>/dp-mostpop/<architecture>-eps<eps>/<protocol>/seed<seed>``.
+
 Each grid point gets a readable directory name,
 ``<dataset>/<variant>/<privacy>/<protocol>/seed<seed>`` (e.g.
 ``synthetic/fedem-em/ldp-laplace-eps8/strict/seed0``), and a digest of its
@@ -101,7 +107,10 @@ def _takes_budget(mode: str) -> bool:
 
 AXES = ("datasets", "methods", "merges", "variants", "aggregations", "codecs", "privacy",
         "epsilons", "seeds", "protocols", "attacks")
-SPEC_KEYS = (*AXES, "data_dirs", "record_rounds", "record_clients")
+SPEC_KEYS = (*AXES, "data_dirs", "record_rounds", "record_clients", "references")
+# the ladder's rungs a sweep may add (docs/design.md section 14): non-private references,
+# and dp-mostpop, the private floor of each private mode at each of its epsilons
+REFERENCES = ("mostpop", "dp-mostpop", "centralised", "ease", "als")
 DEFAULT = "default"  # merges / aggregations: the method's own choice
 
 QUICK_SPEC = """\
@@ -151,6 +160,7 @@ class SweepSpec:
     source: str = "built-in quick sweep"
     variants: tuple[tuple[str, str | None], ...] = ()  # (method, merge) pairs; () = product
     codecs: tuple[str, ...] = ("full",)  # upload codecs (docs/design.md section 11)
+    references: tuple[str, ...] = ()  # the ladder's baselines run beside the grid
 
     def method_merges(self) -> list[tuple[str, str | None]]:
         """The (method, merge) pairs of the grid: ``variants``, else methods x merges."""
@@ -343,6 +353,8 @@ def parse_spec(data: dict[str, Any], source: str) -> SweepSpec:
         source=source,
         variants=variants,
         codecs=_choice("codecs", axis("codecs", base.federation.codec), CODECS),
+        references=_choice("references", _as_list("references", sweep["references"]),
+                           REFERENCES) if "references" in sweep else (),
     )
     _check_base_data_dir(spec)
     grid(spec)  # every point must be a valid config
@@ -495,4 +507,58 @@ def grid(spec: SweepSpec) -> list[GridPoint]:
             if name in points and to_dict(points[name].config) != to_dict(cfg):
                 raise UserError(f"{spec.source}: two different configs map to {name}")
             points.setdefault(name, point)
+    for point in reference_points(spec):
+        points.setdefault(point.name, point)
     return list(points.values())
+
+
+def _floor_budgets(spec: SweepSpec) -> list[tuple[str, float]]:
+    """(dp-mostpop architecture, epsilon) of every private mode of the grid that has a
+    matched floor (:data:`~fedem_private.experiments.floors.FLOOR_OF_MODE`), at each finite
+    epsilon of the grid."""
+    from fedem_private.experiments.floors import ARCHITECTURE_OF_MODE
+
+    out = []
+    for mode in spec.privacy:
+        arch = ARCHITECTURE_OF_MODE.get(mode)
+        for eps in spec.epsilons:
+            if arch and eps is not None and math.isfinite(eps) and (arch, eps) not in out:
+                out.append((arch, eps))
+    return out
+
+
+def reference_points(spec: SweepSpec) -> list[GridPoint]:
+    """The ladder's baselines of ``[sweep] references``, per seed, dataset and protocol:
+    each non-private reference once, and ``dp-mostpop`` at every (architecture, epsilon)
+    of :func:`_floor_budgets`. They upload nothing and are never attacked."""
+    from fedem_private.simulation.config import PrivacyConfig
+
+    dirs = dict(spec.data_dirs)
+    out = []
+    for seed, dataset, protocol, ref in product(spec.seeds, spec.datasets, spec.protocols,
+                                                spec.references):
+        base = spec.base
+        data_dir = dirs.get(dataset, base.data.data_dir if dataset == base.data.dataset
+                            else None)
+        budgets = _floor_budgets(spec) if ref == "dp-mostpop" else [(None, None)]
+        for arch, eps in budgets:
+            baseline = base.baseline if arch is None else replace(
+                base.baseline, architecture=arch, epsilon=eps)
+            proto, options = parse_protocol_label(protocol)
+            try:
+                cfg = RunConfig(
+                    data=replace(base.data, dataset=dataset, protocol=proto,
+                                 data_dir=data_dir),
+                    train=replace(base.train, seed=seed),
+                    federation=FederationConfig(method=ref), privacy=PrivacyConfig(),
+                    baseline=baseline)
+                applies = {k: v for k, v in options.items()
+                           if option_applies(_OPTION_TOKEN[k], cfg.data, cfg.federation)}
+                cfg = with_overrides(cfg, applies).validate().resolved()
+            except UserError as exc:
+                raise UserError(f"{spec.source}: references {ref}: {exc}") from None
+            label = "none" if arch is None else f"{arch}-eps{fmt_number(eps)}"
+            name = "/".join(_safe(part) for part in (dataset, ref, label, protocol,
+                                                     f"seed{seed}"))
+            out.append(GridPoint(name, cfg, (), ref))
+    return out

@@ -35,8 +35,9 @@ FEDERATED_METHODS = ("fedmf", "fedsim", "fedem", "local", "fedncf", "pfedrec", "
 BASELINE_METHODS = ("mostpop", "dp-mostpop", "centralised", "ease", "als")
 METHODS = (*FEDERATED_METHODS, *BASELINE_METHODS)
 # dp-mostpop's privacy architectures: user-level central (Gaussian on the secure sum),
-# user-level local (optimal unary encoding), interaction-level (Laplace on each count)
-DP_MOSTPOP_ARCHITECTURES = ("central", "local", "interaction")
+# user-level local (optimal unary encoding), interaction-level (Laplace on each count, once
+# centrally, or by every client on its own counts)
+DP_MOSTPOP_ARCHITECTURES = ("central", "local", "interaction", "interaction-local")
 BACKBONES = ("mf", "ncf", "pfedrec", "gpfedrec", "fedrap")
 CODECS = ("full", "lora", "hash", "rqvae", "c-lora", "c-hash", "c-rqvae")
 # FedPEFT's initial item table: random ("none") or an autoencoder over item attributes
@@ -472,8 +473,8 @@ class BaselineConfig:
                             f"of {', '.join(DP_MOSTPOP_ARCHITECTURES)}")
         if not (self.epsilon > 0 and not math.isnan(self.epsilon)):
             raise UserError(f"baseline.epsilon must be > 0, got {self.epsilon}")
-        if math.isinf(self.epsilon) and self.architecture == "local":
-            raise UserError("baseline.epsilon = inf: the local architecture's frequency oracle "
+        if math.isinf(self.epsilon) and self.architecture in ("local", "interaction-local"):
+            raise UserError(f"baseline.epsilon = inf: the {self.architecture} architecture "
                             "needs a finite epsilon (central or interaction release the "
                             "counts without noise)")
         if not 0 < self.delta < 1:

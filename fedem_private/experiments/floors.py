@@ -1,0 +1,116 @@
+"""The accuracy ladder of a report (docs/design.md section 14): references, private floors, models.
+
+A report's seed-aggregated rows fall into three parts:
+
+- **references**: the non-private, non-federated baselines (``mostpop``, ``centralised``,
+  ``ease``, ``als``): one value per dataset and protocol, drawn as horizontal lines;
+- **floors**: ``dp-mostpop``, popularity released under a privacy architecture, one
+  curve per architecture (its row's ``mode``, e.g. ``central-gaussian``);
+- **models**: every federated run.
+
+A private model point is judged against the floor of the *same* neighbouring relation
+and trust model at the same target epsilon (:data:`FLOOR_OF_MODE`): a personalised model
+is worth its budget only where it beats private popularity there. "Beyond seed noise"
+means the difference of the means exceeds :data:`NOISE_SE` standard errors of that
+difference, sqrt(s_a^2 / n_a + s_b^2 / n_b), with s the standard deviation over seeds.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+REFERENCE_METHODS = ("mostpop", "centralised", "ease", "als")
+FLOOR_METHOD = "dp-mostpop"
+NOISE_SE = 2.0
+# a federated privacy mode -> the dp-mostpop mode of the same neighbouring relation and
+# trust model (docs/baselines.md): user-level central under secure aggregation; user-level
+# local (replace one user's data); interaction-level local (one positive added or removed).
+# Modes without a guarantee (paper, ldp-touched-rows) have no floor.
+FLOOR_OF_MODE = {
+    "cdp-gaussian": "central-gaussian",
+    "ldp-laplace": "ldp-oue",
+    "ldp-gaussian": "ldp-oue",
+    "ldp-dpsgd": "ldp-interaction-laplace",
+}
+# the same, as dp-mostpop's ``baseline.architecture``
+ARCHITECTURE_OF_MODE = {"cdp-gaussian": "central", "ldp-laplace": "local",
+                        "ldp-gaussian": "local", "ldp-dpsgd": "interaction-local"}
+FLOOR_LABEL = {
+    "central-gaussian": "central", "ldp-oue": "local", "idp-laplace": "interaction",
+    "ldp-interaction-laplace": "interaction-local",
+}
+
+
+def method_of(variant: str) -> str:
+    """The method a variant label starts with (``ease [ease_lambda=500]`` -> ``ease``)."""
+    return str(variant).split(" ", 1)[0].split("~", 1)[0]
+
+
+def part(agg: pd.DataFrame, name: str) -> pd.DataFrame:
+    """The rows of one part of the ladder: ``references``, ``floors`` or ``models``."""
+    methods = agg["variant"].map(method_of)
+    if name == "references":
+        return agg[methods.isin(REFERENCE_METHODS)]
+    if name == "floors":
+        return agg[methods == FLOOR_METHOD]
+    if name == "models":
+        return agg[~methods.isin((*REFERENCE_METHODS, FLOOR_METHOD))]
+    raise ValueError(f"unknown ladder part {name!r}")
+
+
+def floors_for(floors: pd.DataFrame, mode: str | None) -> pd.DataFrame:
+    """The floor rows a panel of models under ``mode`` is drawn with: the matched
+    architecture's (all of them when ``mode`` is None, none when the mode has no floor)."""
+    if mode is None:
+        return floors
+    matched = FLOOR_OF_MODE.get(mode)
+    return floors[floors["mode"] == matched] if matched else floors.iloc[0:0]
+
+
+def _difference(a: pd.Series, b: pd.Series, column: str) -> tuple[float, float]:
+    """(mean_a - mean_b, its standard error over seeds; nan when a side has one seed)."""
+    diff = a[f"{column}_mean"] - b[f"{column}_mean"]
+    var = sum((r[f"{column}_std"] ** 2) / r["n_seeds"] for r in (a, b))
+    return float(diff), math.sqrt(var) if not math.isnan(var) else math.nan
+
+
+def verdict(row: pd.Series, floors: pd.DataFrame, column: str = "hr10_full") -> str:
+    """How a model row stands against the floor of its relation at its epsilon: ``beats``,
+    ``below`` or ``within noise`` (with the floor's value), or ``–`` when not judged
+    (no privacy, no matched floor, or none run at that epsilon)."""
+    matched = FLOOR_OF_MODE.get(str(row["mode"]))
+    eps = row["eps_target"]
+    if matched is None or not isinstance(eps, float) or not math.isfinite(eps):
+        return "–"
+    same = floors[(floors["mode"] == matched) & (floors["dataset"] == row["dataset"])
+                  & (floors["protocol"] == row["protocol"])
+                  & ((floors["eps_target"] - eps).abs() <= 1e-9 * max(1.0, eps))]
+    if same.empty:
+        return f"– (no {FLOOR_LABEL[matched]} DP-MostPop at ε={eps:g})"
+    floor = same.iloc[0]
+    diff, se = _difference(row, floor, column)
+    value = f"{FLOOR_LABEL[matched]} {floor[f'{column}_mean']:.3f}"
+    if math.isnan(se) or row["n_seeds"] < 2 or floor["n_seeds"] < 2:
+        return f"{'above' if diff > 0 else 'below'}, one seed ({value})"
+    if diff > NOISE_SE * se:
+        return f"beats ({value})"
+    if -diff > NOISE_SE * se:
+        return f"below ({value})"
+    return f"within noise ({value})"
+
+
+def ladder_table(agg: pd.DataFrame, random_full: float) -> list[list[str]]:
+    """Rows (rung, full HR@10, sampled HR@10) of the non-private rungs, best last: chance,
+    the references and the best federated model without privacy."""
+    rows = [["chance (random ranking, ≈)", f"{random_full:.3f}", "0.100"]]
+    refs = part(agg, "references").sort_values("hr10_full_mean")
+    models = part(agg, "models")
+    best = models[models["mode"] == "none"].sort_values("hr10_full_mean").tail(1)
+    for _, r in pd.concat([refs, best]).sort_values("hr10_full_mean").iterrows():
+        rows.append([str(r["variant"]) + (" (best federated, no privacy)"
+                                          if method_of(r["variant"]) not in REFERENCE_METHODS
+                                          else ""),
+                     f"{r['hr10_full_mean']:.3f}", f"{r['hr10_sampled_mean']:.3f}"])
+    return rows
