@@ -21,6 +21,8 @@ import math
 
 import pandas as pd
 
+from fedem_private.privacy.registry import no_privacy
+
 REFERENCE_METHODS = ("mostpop", "centralised", "ease", "als")
 FLOOR_METHOD = "dp-mostpop"
 NOISE_SE = 2.0
@@ -107,7 +109,7 @@ def ladder_table(agg: pd.DataFrame, random_full: float) -> list[list[str]]:
     rows = [["chance (random ranking, ≈)", f"{random_full:.3f}", "0.100"]]
     refs = part(agg, "references").sort_values("hr10_full_mean")
     models = part(agg, "models")
-    best = models[models["mode"] == "none"].sort_values("hr10_full_mean").tail(1)
+    best = models[models["mode"].map(no_privacy).astype(bool)].sort_values("hr10_full_mean").tail(1)
     for _, r in pd.concat([refs, best]).sort_values("hr10_full_mean").iterrows():
         rows.append([str(r["variant"]) + (" (best federated, no privacy)"
                                           if method_of(r["variant"]) not in REFERENCE_METHODS
