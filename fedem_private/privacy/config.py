@@ -175,8 +175,8 @@ class PrivacyConfig:
         mech.validate(self)
 
     def _validate_dpsgd(self) -> None:
-        rate = _number("dpsgd_rate", self.dpsgd_rate)
-        lr = _number("dpsgd_lr", self.dpsgd_lr)
+        _number("dpsgd_rate", self.dpsgd_rate)
+        _number("dpsgd_lr", self.dpsgd_lr)
         for name in ("dpsgd_steps", "dpsgd_negatives", "dpsgd_adapter_steps"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
@@ -189,23 +189,9 @@ class PrivacyConfig:
                 flag = "--" + changed[0].replace("_", "-")
                 raise UserError(f"{flag} (privacy.{changed[0]}) is for ldp-dpsgd, not privacy "
                                 f"{self.mode!r}")
-            return
-        if not 0 < rate <= 1:
-            raise UserError(f"--dpsgd-rate (privacy.dpsgd_rate) must be in (0, 1], got {rate}")
-        if self.dpsgd_steps < 1:
-            raise UserError(f"--dpsgd-steps (privacy.dpsgd_steps) must be >= 1, got "
-                            f"{self.dpsgd_steps}")
-        if self.dpsgd_adapter_steps < 0:
-            raise UserError(f"--dpsgd-adapter-steps (privacy.dpsgd_adapter_steps) must be >= 0, "
-                            f"got {self.dpsgd_adapter_steps}")
-        if self.dpsgd_negatives < 0:
-            raise UserError(f"--dpsgd-negatives (privacy.dpsgd_negatives) must be >= 0, got "
-                            f"{self.dpsgd_negatives}")
-        if not 0 < lr < math.inf:
-            raise UserError(f"--dpsgd-lr (privacy.dpsgd_lr) must be finite and > 0, got {lr}")
-        self._validate_sampled_gaussian_budget("a total budget over all local steps")
+        # ldp-dpsgd's own ranges and budget: LdpDpsgd.validate, run last by validate()
 
-    def _validate_sampled_gaussian_budget(self, budget: str) -> None:
+    def validate_sampled_gaussian_budget(self, budget: str) -> None:
         """A subsampled-Gaussian mode (cdp-gaussian, ldp-dpsgd): calibrated from ``budget``
         (a total epsilon, or a noise multiplier), delta > 0, an accountant of sampling."""
         if self.epsilon_round is not None:
@@ -266,7 +252,7 @@ class PrivacyConfig:
                                 f"cdp-gaussian; privacy {self.mode!r} does not sample (use "
                                 f"--client-fraction)")
             return
-        self._validate_sampled_gaussian_budget("a total budget")
+        self.validate_sampled_gaussian_budget("a total budget")
 
     def _validate_clip_auto(self) -> None:
         if self.clip_auto_epsilon is not None:

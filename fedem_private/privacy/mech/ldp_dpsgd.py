@@ -10,8 +10,10 @@ Amplification: the Poisson sample of the client's own positives.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
+from fedem_private.errors import UserError
 from fedem_private.privacy.mech.base import (
     ADD_REMOVE_INTERACTION,
     DPSGD_OPTIONS,
@@ -61,6 +63,26 @@ class LdpDpsgd(Mechanism):
     noise_kind = "gaussian"
     norm = "l2"
     options = SHARED_OPTIONS + SAMPLED_BUDGET + ("clip",) + DPSGD_OPTIONS
+
+    @classmethod
+    def validate(cls, cfg: PrivacyConfig) -> None:
+        """The DP-SGD settings' ranges (types are checked by PrivacyConfig) and a budget of
+        the subsampled Gaussian: a total epsilon or a noise multiplier, delta > 0."""
+        rate, lr = float(cfg.dpsgd_rate), float(cfg.dpsgd_lr)
+        if not 0 < rate <= 1:
+            raise UserError(f"--dpsgd-rate (privacy.dpsgd_rate) must be in (0, 1], got {rate}")
+        if cfg.dpsgd_steps < 1:
+            raise UserError(f"--dpsgd-steps (privacy.dpsgd_steps) must be >= 1, got "
+                            f"{cfg.dpsgd_steps}")
+        if cfg.dpsgd_adapter_steps < 0:
+            raise UserError(f"--dpsgd-adapter-steps (privacy.dpsgd_adapter_steps) must be >= 0, "
+                            f"got {cfg.dpsgd_adapter_steps}")
+        if cfg.dpsgd_negatives < 0:
+            raise UserError(f"--dpsgd-negatives (privacy.dpsgd_negatives) must be >= 0, got "
+                            f"{cfg.dpsgd_negatives}")
+        if not 0 < lr < math.inf:
+            raise UserError(f"--dpsgd-lr (privacy.dpsgd_lr) must be finite and > 0, got {lr}")
+        cfg.validate_sampled_gaussian_budget("a total budget over all local steps")
 
     @classmethod
     def calibrate(cls, cfg: PrivacyConfig, rounds: int,
