@@ -258,3 +258,15 @@ def test_capabilities_match_the_old_mode_sets(mode):
     assert mech.accepts("clip_auto") == (mode in ("ldp-laplace", "ldp-gaussian"))
     assert mech.accepts("sample_rate") == (mode == "cdp-gaussian")
     assert mech.accepts("dpsgd_rate") == (mode == "ldp-dpsgd")
+
+
+# the neighbour-world harness's old table: (norm, gap) per mode at clip C = 0.5, Z = 0.25
+OLD_GAPS = {"none": None, "ldp-laplace": (1, 1.0), "ldp-gaussian": (2, 1.0), "paper": (1, 0.5),
+            "ldp-touched-rows": (1, 1.0), "cdp-gaussian": (2, 0.5), "ldp-dpsgd": None}
+
+
+@pytest.mark.parametrize("mode", list(OLD_GAPS))
+def test_claimed_gap_is_the_old_sensitivity(mode):
+    cfg = PrivacyConfig(mode=mode, clip=0.5, paper_clip=0.25,
+                        **({} if mode in ("none", "paper") else {"noise_multiplier": 1.0}))
+    assert registry.mechanism_for(mode).claimed_gap(cfg) == OLD_GAPS[mode]
