@@ -29,6 +29,7 @@ from attacks.run import run_attacks
 from fedem_private.experiments.recording import RecordSpec, recording_setup
 from fedem_private.experiments.runner import execute
 from fedem_private.privacy.accounting import PLD_MAX_ROUND_EPS
+from fedem_private.privacy.registry import no_privacy
 
 from .common import machine, run_config
 
@@ -169,7 +170,7 @@ def tables(points: list[dict[str, Any]], args: argparse.Namespace, cmd: str) -> 
     out += ["", "## Under local DP (total eps over the run; per-round eps in the table)", "",
             PRIVACY_HEADER]
     for p in points:
-        if p["mode"] == "none":
+        if no_privacy(p["mode"]):
             continue
         summary, report = _load(Path(args.out) / p["name"])
         out += _privacy_rows(p["name"], summary, report)

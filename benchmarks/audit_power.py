@@ -29,6 +29,7 @@ from pathlib import Path
 from attacks.canary import audit_confidence, canary_audit
 from fedem_private.privacy.config import PrivacyConfig
 from fedem_private.privacy.params import resolve_params
+from fedem_private.privacy.registry import mechanism_for
 
 OUT = Path(__file__).resolve().parent / "results" / "audit_power"
 MODES = ("ldp-laplace", "ldp-gaussian", "ldp-dpsgd", "cdp-gaussian")
@@ -42,7 +43,7 @@ FIELDS = ("mode", "eps_target", "condition", "noise_factor", "seed", "eps_accoun
 def params_for(mode: str, eps: float):
     """One round at per-round eps ``eps`` (cdp-gaussian: every client each round, q = 1, so
     the aggregator's unamplified per-round eps is the target)."""
-    extra = {"sample_rate": 1.0} if mode == "cdp-gaussian" else {}
+    extra = {"sample_rate": 1.0} if mechanism_for(mode).central else {}
     return resolve_params(PrivacyConfig(mode=mode, epsilon=eps, **extra), 1)
 
 

@@ -17,6 +17,8 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+from fedem_private.privacy.registry import no_privacy
+
 from .common import fmt_mean_std as _fmt
 from .common import mean_std as _ms
 from .common import seed_noise
@@ -65,7 +67,7 @@ def main() -> None:
                 diff, two_se, beyond = seed_noise(m, s, n, *base)
                 verdict = (f"{diff:+.4f} ({'exceeds' if beyond else 'within'} "
                            f"seed noise, 2 s.e. = {two_se:.4f})")
-            label = f"{data}, {proto}" + ("" if mode == "none" else f", {mode}")
+            label = f"{data}, {proto}" + ("" if no_privacy(mode) else f", {mode}")
             print(f"| {label} | {variant} | {n} | {_fmt(*cells['sampled'][:2])} | "
                   f"{_fmt(*cells['full'][:2])} | {_fmt(*cells['entropy'][:2])} | "
                   f"{_fmt(*cells['rho'][:2])} | {verdict} |")

@@ -353,11 +353,11 @@ def config_from_args(args: argparse.Namespace):
 def _check_clip_given(args: argparse.Namespace, cfg: Any) -> None:
     """Refuse an ldp mode whose clip nobody chose: the built-in C = 1 is far below any
     upload's L1 norm, so it would clip every upload to almost nothing."""
-    from fedem_private.privacy.config import LDP_MODES
     from fedem_private.simulation.config import read_toml
 
     mode = cfg.privacy.mode
-    if mode not in LDP_MODES or cfg.privacy.clip_auto or getattr(args, "privacy.clip") is not None:
+    if (not cfg.privacy.mechanism.ldp_upload or cfg.privacy.clip_auto
+            or getattr(args, "privacy.clip") is not None):
         return
     if args.config and "clip" in (read_toml(args.config).get("privacy") or {}):
         return
@@ -369,11 +369,14 @@ def _check_clip_given(args: argparse.Namespace, cfg: Any) -> None:
 
 def privacy_text(privacy: dict[str, Any] | None) -> str:
     """One line on the privacy a run spent, for people: rounded, and honest about no DP."""
+    from fedem_private.privacy.registry import lookup, no_privacy
+
     privacy = privacy or {}
     mode = privacy.get("mode", "none")
-    if mode == "none":
+    mech = lookup(mode)
+    if no_privacy(mode):
         return "privacy: none (no clipping, no noise: no privacy guarantee)"
-    if mode == "paper":  # noise, but no accountant: only the paper's own figure
+    if mech is not None and mech.paper_heuristic:  # noise, but no accountant: the paper's own
         heuristic = (privacy.get("paper_heuristic") or {}).get("epsilon_summed_worst_client")
         return (f"privacy: paper (the FedEM paper's recipe: gradient clip "
                 f"{privacy.get('paper_clip', float('nan')):g} in training, Laplace noise "
@@ -387,20 +390,13 @@ def privacy_text(privacy: dict[str, Any] | None) -> str:
         clip = privacy.get("clip")
         return (f"privacy: {mode}  eps spent ∞ (no noise: no privacy guarantee)"
                 + (f"; clip {clip:.4g}" if clip is not None else ""))
-    if mode == "cdp-gaussian":
+    if mech is not None and mech.central:
         return _central_text(privacy, eps)
-    text = f"privacy: {mode}  eps spent (worst client) {eps:.4g}"
-    if mode in ("ldp-laplace", "ldp-gaussian"):
-        text = (f"privacy: {mode} (user-level local DP, replace-one; no amplification "
-                f"claimed)  eps spent (worst client) {eps:.4g}")
-    if mode == "ldp-dpsgd":
-        text = (f"privacy: ldp-dpsgd (interaction-level local DP: one positive added or "
-                f"removed; amplified only by sampling a client's own positives)  eps spent "
-                f"(worst client) {eps:.4g}")
+    clause, warning = (mech.cli_clause, mech.cli_warning) if mech is not None else ("", "")
+    text = f"privacy: {mode}{clause}  eps spent (worst client) {eps:.4g}"
     if privacy.get("delta"):
         text += f" at delta {privacy['delta']:g}"
-    if mode == "ldp-touched-rows":
-        text += " (INSECURE: the touched rows leak at any eps)"
+    text += warning
     if privacy.get("sizes") == "public":
         text += "; data sizes declared public (not protected)"
     auto = privacy.get("clip_auto")

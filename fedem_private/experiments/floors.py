@@ -9,8 +9,9 @@ A report's seed-aggregated rows fall into three parts:
 - **models**: every federated run.
 
 A private model point is judged against the floor of the *same* neighbouring relation
-and trust model at the same target epsilon (:data:`FLOOR_OF_MODE`): a personalised model
-is worth its budget only where it beats private popularity there. "Beyond seed noise"
+and trust model at the same target epsilon (its mechanism's ``floor``,
+:func:`floor_mode`): a personalised model is worth its budget only where it beats private
+popularity there. "Beyond seed noise"
 means the difference of the means exceeds :data:`NOISE_SE` standard errors of that
 difference, sqrt(s_a^2 / n_a + s_b^2 / n_b), with s the standard deviation over seeds.
 """
@@ -21,26 +22,29 @@ import math
 
 import pandas as pd
 
+from fedem_private.privacy.registry import lookup, no_privacy
+
 REFERENCE_METHODS = ("mostpop", "centralised", "ease", "als")
 FLOOR_METHOD = "dp-mostpop"
 NOISE_SE = 2.0
-# a federated privacy mode -> the dp-mostpop mode of the same neighbouring relation and
-# trust model (docs/baselines.md): user-level central under secure aggregation; user-level
-# local (replace one user's data); interaction-level local (one positive added or removed).
-# Modes without a guarantee (paper, ldp-touched-rows) have no floor.
-FLOOR_OF_MODE = {
-    "cdp-gaussian": "central-gaussian",
-    "ldp-laplace": "ldp-oue",
-    "ldp-gaussian": "ldp-oue",
-    "ldp-dpsgd": "ldp-interaction-laplace",
-}
-# the same, as dp-mostpop's ``baseline.architecture``
-ARCHITECTURE_OF_MODE = {"cdp-gaussian": "central", "ldp-laplace": "local",
-                        "ldp-gaussian": "local", "ldp-dpsgd": "interaction-local"}
-FLOOR_LABEL = {
-    "central-gaussian": "central", "ldp-oue": "local", "idp-laplace": "interaction",
-    "ldp-interaction-laplace": "interaction-local",
-}
+# dp-mostpop's architecture (baseline.architecture) -> the mode its results rows carry
+DP_MOSTPOP_MODE = {"central": "central-gaussian", "local": "ldp-oue",
+                   "interaction": "idp-laplace", "interaction-local": "ldp-interaction-laplace"}
+FLOOR_LABEL = {mode: arch for arch, mode in DP_MOSTPOP_MODE.items()}
+
+
+def architecture_of(mode: object) -> str | None:
+    """The dp-mostpop architecture a federated privacy mode is judged against: its
+    mechanism's ``floor`` (same neighbouring relation and trust model); None when it has
+    none (no guarantee) or the mode is not a registered mechanism."""
+    cls = lookup(mode)
+    return cls.floor if cls is not None else None
+
+
+def floor_mode(mode: object) -> str | None:
+    """The dp-mostpop results-row mode matched to a federated mode (or None)."""
+    arch = architecture_of(mode)
+    return DP_MOSTPOP_MODE[arch] if arch else None
 
 
 def method_of(variant: str) -> str:
@@ -65,7 +69,7 @@ def floors_for(floors: pd.DataFrame, mode: str | None) -> pd.DataFrame:
     architecture's (all of them when ``mode`` is None, none when the mode has no floor)."""
     if mode is None:
         return floors
-    matched = FLOOR_OF_MODE.get(mode)
+    matched = floor_mode(mode)
     return floors[floors["mode"] == matched] if matched else floors.iloc[0:0]
 
 
@@ -86,7 +90,7 @@ def verdict(row: pd.Series, floors: pd.DataFrame, column: str = "hr10_full",
     above it by :data:`NOISE_SE` standard errors is ``at chance`` whatever the floor does:
     beating a floor that is itself at chance is no finding.
     """
-    matched = FLOOR_OF_MODE.get(str(row["mode"]))
+    matched = floor_mode(row["mode"])
     eps = row["eps_target"]
     if matched is None or not isinstance(eps, float) or not math.isfinite(eps):
         return "–"
@@ -116,7 +120,8 @@ def ladder_table(agg: pd.DataFrame, random_full: float) -> list[list[str]]:
     rows = [["chance (random ranking, ≈)", f"{random_full:.3f}", "0.100"]]
     refs = part(agg, "references").sort_values("hr10_full_mean")
     models = part(agg, "models")
-    best = models[models["mode"] == "none"].sort_values("hr10_full_mean").tail(1)
+    plain = models[models["mode"].map(no_privacy).astype(bool)]
+    best = plain.sort_values("hr10_full_mean").tail(1)
     for _, r in pd.concat([refs, best]).sort_values("hr10_full_mean").iterrows():
         rows.append([str(r["variant"]) + (" (best federated, no privacy)"
                                           if method_of(r["variant"]) not in REFERENCE_METHODS

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fedem_private.data import DATASETS
 from fedem_private.experiments.attack_step import ATTACK_NAMES
 from fedem_private.models import BACKBONES
-from fedem_private.privacy.config import MODE_DESCRIPTIONS, MODES
+from fedem_private.privacy.registry import mechanism_for, names
 from fedem_private.simulation.config import (
     AGGREGATIONS,
     BACKBONE_METHOD,
@@ -29,7 +29,7 @@ def catalogue() -> list[tuple[str, str, str]]:
     rows += [("merge", m, "--merge" + (" (learned: an adapter)" if m in LEARNED_MERGES else ""))
              for m in MERGES]
     rows += [("codec", c, "--codec (upload)") for c in CODECS]
-    rows += [("privacy", p, MODE_DESCRIPTIONS.get(p, "--privacy")) for p in MODES]
+    rows += [("privacy", p, mechanism_for(p).description or "--privacy") for p in names()]
     rows += [("dataset", d, "--dataset") for d in DATASETS]
     rows += [("protocol", p, "--protocol") for p in PROTOCOLS_ALL]
     rows += [("attack", a, "attack --attacks") for a in ATTACK_NAMES]

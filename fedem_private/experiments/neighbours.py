@@ -41,7 +41,9 @@ import torch
 
 from fedem_private.data import SyntheticConfig, generate, leave_one_out
 from fedem_private.data.split import Split
+from fedem_private.privacy import registry
 from fedem_private.privacy.config import PrivacyConfig
+from fedem_private.privacy.mech.base import ADD_REMOVE_CLIENT, ADD_REMOVE_INTERACTION
 from fedem_private.simulation.config import (
     DataConfig,
     FederationConfig,
@@ -69,12 +71,13 @@ MODE_SETTINGS: dict[str, dict[str, Any]] = {
     "ldp-dpsgd": {"clip": 0.5, "noise_multiplier": 1.0, "dpsgd_steps": 2,
                   "dpsgd_rate": 0.5, "dpsgd_negatives": 4, "dpsgd_lr": 0.5},
 }
-# the modes that claim a bound the harness checks (paper and ldp-touched-rows claim none:
-# the harness must find them leaking); ldp-dpsgd's guarantee is on its noisy steps, not a
-# bounded gap between uploads, so only the other clients' equality is checked for it
-BOUND_NORM = {"ldp-laplace": 1, "ldp-gaussian": 2, "cdp-gaussian": 2,
-              "paper": 1, "ldp-touched-rows": 1}
-NO_GUARANTEE = ("paper", "ldp-touched-rows")
+# the mechanisms whose claimed gap (Mechanism.claimed_gap) the harness checks; those that
+# perturb but claim no guarantee (paper and ldp-touched-rows) the harness must find leaking;
+# ldp-dpsgd's guarantee is on its noisy steps, not a bounded gap between uploads, so only the
+# other clients' equality is checked for it
+NO_GUARANTEE = tuple(n for n in registry.names()
+                     if registry.capability(n, "perturbs")
+                     and not registry.capability(n, "claims_guarantee"))
 
 
 @dataclass
@@ -111,9 +114,10 @@ def neighbour_split(split: Split, mode: str, sizes: str = "private") -> Split | 
     (cdp-gaussian: add/remove one client). With the sizes declared public the relation
     keeps |D_u|: the replacement has as many items."""
     own = split.train_of(TARGET)
-    if mode == "cdp-gaussian":
+    relation = registry.mechanism_for(mode).relation
+    if relation == ADD_REMOVE_CLIENT:
         return None
-    if mode == "ldp-dpsgd":  # one interaction removed
+    if relation == ADD_REMOVE_INTERACTION:  # one interaction removed
         return _with_items(split, TARGET, own[1:])
     # user-level replace-one: another set of items, of another size, none of the old ones
     taken = set(own.tolist()) | {int(split.val_items[TARGET]), int(split.test_items[TARGET])}
@@ -135,7 +139,7 @@ def make_config(mode: str, *, method: str = "fedmf", backbone: str | None = None
                            "fedmerge_steps": 2}
     resolved_merge = FederationConfig(method=method, backbone=backbone, merge=merge
                                       ).resolved_merge
-    if mode == "ldp-dpsgd" and resolved_merge == "em":
+    if registry.mechanism_for(mode).in_training and resolved_merge == "em":
         settings["dpsgd_adapter_steps"] = 1
     cfg = RunConfig(
         data=DataConfig(dataset="synthetic", protocol=protocol),
@@ -228,13 +232,7 @@ def _hook(sim: Simulation, record: _Record, replay: _Record | None, findings: Fi
 
 def sensitivity(cfg: RunConfig) -> tuple[int, float] | None:
     """(norm, allowed gap) of one release under the mode's relation; None: not checked."""
-    mode = cfg.privacy.mode
-    if mode not in BOUND_NORM:
-        return None
-    if mode == "paper":  # no clip of the delta: the claim would be 2 x the gradient clip
-        return 1, 2.0 * cfg.privacy.paper_clip
-    clip = cfg.privacy.clip
-    return BOUND_NORM[mode], (clip if mode == "cdp-gaussian" else 2.0 * clip)
+    return cfg.privacy.mechanism.claimed_gap(cfg.privacy)
 
 
 def run_pair(cfg: RunConfig, split: Split | None = None) -> Findings:

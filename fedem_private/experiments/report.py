@@ -33,6 +33,7 @@ from fedem_private.experiments.results import (
     read_results,
 )
 from fedem_private.experiments.rundir import write_text_atomic
+from fedem_private.privacy.registry import capability, no_privacy
 
 ERRORS_FILE = "sweep_errors.log"  # written by fedem_private.experiments.sweep
 KEYS = ["dataset", "protocol", "variant", "mode", "eps_target"]
@@ -159,7 +160,7 @@ def _pm(row: pd.Series, column: str, digits: int = 3) -> str:
 
 
 def _eps_label(row: pd.Series) -> str:
-    if row["mode"] == "none":
+    if no_privacy(row["mode"]):
         return "– (no DP)"
     eps = row["eps_target"]
     if isinstance(eps, float) and math.isnan(eps):
@@ -174,8 +175,9 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def _sort(agg: pd.DataFrame) -> pd.DataFrame:
-    order = agg["eps_target"].fillna(-1.0).where(agg["mode"] != "none", math.inf)
-    return agg.assign(_o=order, _none=agg["mode"] == "none").sort_values(
+    none = agg["mode"].map(no_privacy).astype(bool)
+    order = agg["eps_target"].fillna(-1.0).where(~none, math.inf)
+    return agg.assign(_o=order, _none=none).sort_values(
         ["dataset", "protocol", "variant", "_none", "mode", "_o"], ascending=[
             True, True, True, True, True, False]).drop(columns=["_o", "_none"])
 
@@ -187,7 +189,7 @@ def results_table(agg: pd.DataFrame, attacks: list[str], chance_full: float | No
     epsilon (:func:`~fedem_private.experiments.floors.verdict`) when the table has one."""
     floors = ladder.part(agg, "floors")
     models = ladder.part(agg, "models")
-    judged = not floors.empty and bool(models["mode"].isin(list(ladder.FLOOR_OF_MODE)).any())
+    judged = not floors.empty and bool(models["mode"].map(ladder.floor_mode).notna().any())
     header = ["method", "privacy", "ε target", "seeds", "HR@10 full", "NDCG@10 full",
               "HR@10 sampled", "NDCG@10 sampled", "ε spent (reported)"]
     if judged:
@@ -221,7 +223,8 @@ def _eps_spent(r: pd.Series) -> str:
     """The reported eps; for mode ``paper`` (no accountant) the paper's heuristic, so
     labelled."""
     heuristic = r.get("eps_paper_heuristic_mean")
-    if r["mode"] == "paper" and heuristic is not None and not math.isnan(heuristic):
+    if (capability(r["mode"], "paper_heuristic") and heuristic is not None
+            and not math.isnan(heuristic)):
         return f"{_num(heuristic)} (paper's heuristic)"
     return _num(r["eps_reported_mean"])
 
@@ -298,7 +301,7 @@ def clipping_notes(agg: pd.DataFrame) -> list[str]:
         what = f"{r['dataset']} / {r['protocol']} / {r['variant']} / {r['mode']} ε {_eps_label(r)}"
         norm = _num(r.get("mean_pre_clip_norm_mean", math.nan))
         # ldp-dpsgd clips each sampled positive's gradient, not the upload
-        unit = "positives' gradients" if r["mode"] == "ldp-dpsgd" else "uploads"
+        unit = "positives' gradients" if capability(r["mode"], "in_training") else "uploads"
         if frac > MOSTLY_CLIPPED and not _diverged(r):
             notes.append(f"{what}: {frac:.0%} of {unit} clipped (pre-clip norm {norm}, clip "
                          f"{_num(r['clip_mean'])}): clipping discards most of each update")

@@ -32,6 +32,7 @@ from fedem_private.errors import UserError
 from fedem_private.experiments.attack_step import ATTACKS_FILE, read_records
 from fedem_private.experiments.rundir import write_text_atomic
 from fedem_private.experiments.sweep_spec import variant_label
+from fedem_private.privacy.registry import no_privacy
 from fedem_private.simulation.config import flatten, identity_dict, load_toml, protocol_label
 
 RESULTS_FILE = "results.csv"
@@ -189,7 +190,7 @@ def run_row(run: Path, root: Path) -> dict[str, Any]:
         eps_target = cfg.privacy.epsilon
     elif cfg is not None and cfg.federation.resolved_method == "dp-mostpop":
         eps_target = cfg.baseline.epsilon  # a baseline's budget (docs/design.md section 14)
-    elif mode == "none":
+    elif no_privacy(mode):
         eps_target = math.inf
     metrics = summary.get("metrics") or {}
     row: dict[str, Any] = {
@@ -220,7 +221,7 @@ def run_row(run: Path, root: Path) -> dict[str, Any]:
                 row[f"hr10_{kind}_selected"] = _number(values.get("hr@10"))
                 row[f"ndcg10_{kind}_selected"] = _number(values.get("ndcg@10"))
     eps = privacy.get("epsilon") if isinstance(privacy.get("epsilon"), dict) else {}
-    no_noise = mode == "none" or _number(privacy.get("noise_scale")) == 0
+    no_noise = no_privacy(mode) or _number(privacy.get("noise_scale")) == 0
     for bound in BOUNDS:
         value = _number(eps.get(bound))
         # without noise there is no finite guarantee, whatever the summary writes (null)

@@ -45,6 +45,7 @@ from fedem_private.experiments.attack_step import ATTACKS_FILE, AttackStep, read
 from fedem_private.experiments.naming import default_out, plural
 from fedem_private.experiments.rundir import json_safe, remove_stale, write_text_atomic
 from fedem_private.experiments.sweep_spec import QUICK_SPEC, GridPoint, grid, load_spec
+from fedem_private.privacy.registry import capability, no_privacy
 from fedem_private.simulation.config import RecordConfig, flatten
 
 POINT_FILE = "sweep_point.json"
@@ -188,9 +189,9 @@ def point_result(out: Path) -> str | None:
     full = (summary.get("metrics") or {}).get("full") or {}
     privacy = summary.get("privacy") or {}
     eps = (privacy.get("epsilon") or {}).get("reported")
-    if privacy.get("mode", "none") == "none":
+    if no_privacy(privacy.get("mode", "none")):
         eps_text = "no DP"
-    elif privacy.get("mode") == "paper":  # noise without an accountant
+    elif capability(privacy.get("mode"), "paper_heuristic"):  # noise without an accountant
         heuristic = (privacy.get("paper_heuristic") or {}).get("epsilon_summed_worst_client")
         eps_text = (f"paper's Laplace {privacy.get('noise_scale', float('nan')):g}, heuristic "
                     f"eps {float('nan') if heuristic is None else float(heuristic):.3g} "

@@ -55,7 +55,7 @@ FedAvg: the FedEM code's 10% share put on another aggregation).
 ``references = ["mostpop", "dp-mostpop", "ease"]`` adds the accuracy ladder's
 baselines beside the grid (docs/design.md section 14): each non-private one once per
 seed, dataset and protocol, and ``dp-mostpop`` at every private mode's matched
-architecture (:data:`~fedem_private.experiments.floors.ARCHITECTURE_OF_MODE`) and finite
+architecture (its mechanism's ``floor``) and finite
 epsilon, named ``<dataset>/dp-mostpop/<architecture>-eps<eps>/<protocol>/seed<seed>``.
 
 Each grid point gets a readable directory name,
@@ -79,14 +79,8 @@ from typing import Any
 
 from fedem_private.data import DATASETS, PROTOCOLS
 from fedem_private.errors import UserError
-from fedem_private.privacy.config import (
-    CENTRAL_MODES,
-    DPSGD_FIELDS,
-    DPSGD_MODES,
-    LDP_MODES,
-    MODES,
-    PrivacyConfig,
-)
+from fedem_private.privacy import registry
+from fedem_private.privacy.config import DPSGD_FIELDS, PrivacyConfig
 from fedem_private.simulation.config import (
     AGGREGATIONS,
     CODECS,
@@ -105,8 +99,12 @@ from fedem_private.simulation.config import (
     with_overrides,
 )
 
-# modes that take a budget (epsilon); the sweep's epsilons axis applies to them
-BUDGET_MODES = LDP_MODES + CENTRAL_MODES + DPSGD_MODES
+
+def _takes_budget(mode: str) -> bool:
+    """Whether privacy ``mode`` takes a budget (epsilon): the sweep's epsilons axis applies."""
+    return registry.mechanism_for(mode).takes_budget
+
+
 AXES = ("datasets", "methods", "merges", "variants", "aggregations", "codecs", "privacy",
         "epsilons", "seeds", "protocols", "attacks")
 SPEC_KEYS = (*AXES, "data_dirs", "record_rounds", "record_clients", "references")
@@ -321,14 +319,15 @@ def parse_spec(data: dict[str, Any], source: str) -> SweepSpec:
     attacks = _as_list("attacks", sweep["attacks"]) if "attacks" in sweep else []
     attacks_t = (_choice("attacks", attacks, attack_names) if attack_names is not None
                  else _choice("attacks", attacks, [a for a in attacks if isinstance(a, str)]))
-    privacy = _choice("privacy", axis("privacy", base.privacy.mode), MODES)
+    privacy = _choice("privacy", axis("privacy", base.privacy.mode), registry.names())
     epsilons: tuple[float | None, ...] = (None,)
     if "epsilons" in sweep:
         epsilons = _epsilons(_as_list("epsilons", sweep["epsilons"]))
-        if not any(m in BUDGET_MODES for m in privacy):
+        if not any(_takes_budget(m) for m in privacy):
             if not all(math.isinf(e) for e in epsilons if e is not None):
                 raise UserError(f"{source}: [sweep] epsilons needs an ldp privacy mode or a "
-                                f"central one ({', '.join(BUDGET_MODES)}) in privacy")
+                                f"central one ({', '.join(registry.names_with('takes_budget'))}) "
+                                f"in privacy")
             epsilons = (None,)  # inf (no noise) is what a mode without a budget does anyway
     if "variants" in sweep and ("methods" in sweep or "merges" in sweep):
         raise UserError(f"{source}: [sweep] variants replaces methods and merges; give "
@@ -424,11 +423,12 @@ def variant_label(fed: FederationConfig) -> str:
 
 def privacy_label(p: PrivacyConfig) -> str:
     """none, ldp-laplace-eps8, ldp-laplace-epsinf, ldp-gaussian-z1.5, paper-lambda0.1, ..."""
-    if p.mode == "none":
-        return "none"
-    if p.mode == "paper":
-        return f"paper-lambda{fmt_number(p.paper_lambda)}"
-    if p.mode in CENTRAL_MODES:
+    mech = p.mechanism
+    if not mech.perturbs:
+        return p.mode
+    if mech.fixed_noise:  # noise set by the paper's lambda, no budget
+        return f"{p.mode}-lambda{fmt_number(p.paper_lambda)}"
+    if mech.central:
         budget = (f"eps{fmt_number(p.epsilon)}" if p.epsilon is not None
                   else f"z{fmt_number(p.noise_multiplier or 0.0)}")
         return f"{p.mode}-q{fmt_number(p.sample_rate)}-{budget}"
@@ -440,15 +440,16 @@ def privacy_label(p: PrivacyConfig) -> str:
 
 
 def _privacy(base: PrivacyConfig, mode: str, eps: float | None) -> PrivacyConfig:
-    if mode not in CENTRAL_MODES:  # the Poisson rate is cdp-gaussian's alone
+    mech = registry.mechanism_for(mode)
+    if not mech.accepts("sample_rate"):  # the Poisson rate is cdp-gaussian's alone
         base = replace(base, sample_rate=1.0)
-    if mode not in DPSGD_MODES:  # and the local DP-SGD settings ldp-dpsgd's
+    if not mech.in_training:  # and the local DP-SGD settings ldp-dpsgd's
         defaults = PrivacyConfig.__dataclass_fields__
         base = replace(base, **{n: defaults[n].default for n in DPSGD_FIELDS})
-    if mode not in BUDGET_MODES:
+    if not mech.takes_budget:
         return replace(base, mode=mode, epsilon=None, epsilon_round=None, noise_multiplier=None)
     if eps is None:  # keep the base budget (an ldp base mode always has one)
-        if base.mode in BUDGET_MODES:
+        if base.mechanism.takes_budget:
             return replace(base, mode=mode)
         raise UserError(f"privacy mode {mode!r} needs a budget: give [sweep] epsilons or "
                         f"[base.privacy] epsilon")
@@ -466,7 +467,7 @@ def grid(spec: SweepSpec) -> list[GridPoint]:
     for seed, dataset, protocol, (method, merge), agg, codec, mode in product(
             spec.seeds, spec.datasets, spec.protocols, spec.method_merges(),
             spec.aggregations, spec.codecs, spec.privacy):
-        for eps in (spec.epsilons if mode in BUDGET_MODES else (None,)):
+        for eps in (spec.epsilons if _takes_budget(mode) else (None,)):
             base = spec.base
             data_dir = dirs.get(dataset, base.data.data_dir if dataset == base.data.dataset
                                 else None)
@@ -480,7 +481,7 @@ def grid(spec: SweepSpec) -> list[GridPoint]:
                                        aggregation=agg, codec=codec),
                     privacy=_privacy(base.privacy, mode, eps),
                 )
-                if (cfg.privacy.mode in DPSGD_MODES and cfg.privacy.dpsgd_adapter_steps
+                if (cfg.privacy.mechanism.in_training and cfg.privacy.dpsgd_adapter_steps
                         and cfg.federation.resolved_merge != "em"):
                     # the DP-SGD adapter's steps are em's alone (other merges train none)
                     cfg = replace(cfg, privacy=replace(cfg.privacy, dpsgd_adapter_steps=0))
@@ -513,13 +514,13 @@ def grid(spec: SweepSpec) -> list[GridPoint]:
 
 def _floor_budgets(spec: SweepSpec) -> list[tuple[str, float]]:
     """(dp-mostpop architecture, epsilon) of every private mode of the grid that has a
-    matched floor (:data:`~fedem_private.experiments.floors.FLOOR_OF_MODE`), at each finite
+    matched floor (:func:`~fedem_private.experiments.floors.architecture_of`), at each finite
     epsilon of the grid."""
-    from fedem_private.experiments.floors import ARCHITECTURE_OF_MODE
+    from fedem_private.experiments.floors import architecture_of
 
     out = []
     for mode in spec.privacy:
-        arch = ARCHITECTURE_OF_MODE.get(mode)
+        arch = architecture_of(mode)
         for eps in spec.epsilons:
             if arch and eps is not None and math.isfinite(eps) and (arch, eps) not in out:
                 out.append((arch, eps))

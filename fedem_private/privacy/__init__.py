@@ -1,8 +1,10 @@
 """Privacy layer (docs/design.md section 5): clipping, mechanisms, accounting, calibration, ledger.
 
-Modules: ``config`` (PrivacyConfig), ``clipping`` (float64 per-client L1/L2
-clipping), ``params`` (config -> per-round parameters), ``mechanisms`` (one
-release function per mode), ``accounting`` (composition bounds),
+Modules: ``config`` (PrivacyConfig), ``registry`` (mode name -> mechanism
+class), ``mech`` (one module per mechanism: self-description, capabilities,
+options and hooks), ``clipping`` (float64 per-client L1/L2 clipping),
+``params`` (config -> per-round parameters), ``mechanisms`` (the noise
+primitives and one release function per local mode), ``accounting`` (composition bounds),
 ``calibration`` (total budget -> per-round noise), ``ledger`` (per-client
 rounds and eps spent), ``central`` (cdp-gaussian: Poisson sampling, clipped
 sum, one noise draw on the aggregate).
@@ -19,6 +21,9 @@ from typing import Any
 
 _EXPORTS = {
     "PrivacyConfig": "config",
+    "Mechanism": "mech.base",
+    "mechanism_for": "registry",
+    "register": "registry",
     "ClipStats": "clipping",
     "clip_l1": "clipping",
     "clip_l2": "clipping",

@@ -40,112 +40,37 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedem_private.errors import UserError
+from fedem_private.privacy import registry
+from fedem_private.privacy.mech.base import DPSGD_OPTIONS, Mechanism
 
-MODES: tuple[str, ...] = ("none", "ldp-laplace", "ldp-gaussian", "paper", "ldp-touched-rows",
-                          "cdp-gaussian", "ldp-dpsgd")
-LDP_MODES: tuple[str, ...] = ("ldp-laplace", "ldp-gaussian", "ldp-touched-rows")
-# modes that noise the aggregate on the server, not each upload (docs/design.md section 5)
-CENTRAL_MODES: tuple[str, ...] = ("cdp-gaussian",)
-# modes that make local training itself DP, the upload being post-processing (docs/design.md §5)
-DPSGD_MODES: tuple[str, ...] = ("ldp-dpsgd",)
 # the settings of ldp-dpsgd alone (refused at a non-default value under any other mode)
-DPSGD_FIELDS: tuple[str, ...] = ("dpsgd_rate", "dpsgd_steps", "dpsgd_negatives", "dpsgd_lr",
-                                 "dpsgd_adapter_steps")
+DPSGD_FIELDS: tuple[str, ...] = DPSGD_OPTIONS
 
-
-# What each mode protects, against whom, and what it claims (docs/design.md sections 5-6): the
-# neighbouring relation, the trust model and the amplification. Every run writes its
-# mode's entry into summary.json and results.csv.
-THREAT_MODELS: dict[str, dict[str, str]] = {
-    "none": {
-        "neighbouring": "none: no mechanism, no guarantee",
-        "trust_model": "none: the server sees every upload exactly",
-        "amplification": "none",
-    },
-    "ldp-laplace": {
-        "neighbouring": "user-level, replace-one: the client's whole dataset replaced by any other",
-        "trust_model": "local: each client clips (L1) and noises its whole upload; the server "
-                       "is not trusted",
-        "amplification": "none: the server sees who took part",
-    },
-    "ldp-gaussian": {
-        "neighbouring": "user-level, replace-one: the client's whole dataset replaced by any other",
-        "trust_model": "local: each client clips (L2) and noises its whole upload; the server "
-                       "is not trusted",
-        "amplification": "none: the server sees who took part",
-    },
-    "paper": {
-        "neighbouring": "none: the FedEM paper's heuristic eps bounds one SGD step, not a "
-                        "client's E epochs; not a DP guarantee",
-        "trust_model": "local: gradient clipping in training, Laplace noise on the upload",
-        "amplification": "none",
-    },
-    "ldp-touched-rows": {
-        "neighbouring": "none: INSECURE, the set of rows a client trained on is released in "
-                        "the clear; no DP guarantee",
-        "trust_model": "local: noise only on the rows the client trained",
-        "amplification": "none",
-    },
-    "cdp-gaussian": {
-        "neighbouring": "user-level: add/remove one client's whole data",
-        "trust_model": "central: clipped deltas summed under secure aggregation (or by a "
-                       "trusted server), Gaussian noise added once to the sum",
-        "amplification": "Poisson sampling at rate q, claimed only against observers of the "
-                         "released models; none against the aggregator",
-    },
-    "ldp-dpsgd": {
-        "neighbouring": "interaction-level: add/remove one training interaction (a positive) "
-                        "of one client",
-        "trust_model": "local: each client trains with DP-SGD (per-positive clipping, Gaussian "
-                       "noise on every entry of every step's gradient); the server is not "
-                       "trusted and sees every upload",
-        "amplification": "Poisson sampling of the client's own positives at each local step "
-                         "(the server never sees which); none over clients: the server sees "
-                         "who took part",
-    },
-}
 # What the server may know of each client's data size |D_u| (docs/design.md section 5, "What the
 # server may use"): "private" (the default) keeps it from the server, whose weights are then
 # uniform under every mode but none; "public" declares the sizes public, which lets FedAvg's
-# |D_u| / sum |D| and the p_v term of equation 13 use them and narrows the relation printed.
+# |D_u| / sum |D| and the p_v term of equation 13 use them and narrows the relation printed
+# (the mechanism's relation gains SIZES_PUBLIC_CLAUSE).
 SIZES: tuple[str, ...] = ("private", "public")
-SIZES_PUBLIC_CLAUSE = ("; each client's number of training interactions is declared public "
-                       "(--sizes public) and not protected")
 ACCOUNTANTS: tuple[str, ...] = ("basic", "advanced", "rdp", "pld")
 # accountants that handle Poisson subsampling (cdp-gaussian's calibration)
 CENTRAL_ACCOUNTANTS: tuple[str, ...] = ("rdp", "pld")
 
-MODE_DESCRIPTIONS: dict[str, str] = {
-    "none": "no clipping, no noise: no privacy guarantee",
-    "ldp-laplace": (
-        "local DP (replace-one): L1-clip the delta to C, Laplace noise b = 2C/eps_round "
-        "on every entry; eps_round-DP per round"
-    ),
-    "ldp-gaussian": (
-        "local DP (replace-one): L2-clip the delta to C, Gaussian noise sigma = 2Cz "
-        "on every entry; (eps, delta)-DP by accounting"
-    ),
-    "paper": (
-        "FedEM paper's recipe: gradient clip Z in training, Laplace(lambda) on the upload; "
-        "its eps = 2 p_u eta Z / lambda is the paper's HEURISTIC, not a DP guarantee"
-    ),
-    "ldp-touched-rows": (
-        "INSECURE: like ldp-laplace but noise only on touched rows; the set of touched "
-        "rows leaks, so there is no DP guarantee at any noise level"
-    ),
-    "cdp-gaussian": (
-        "user-level central DP (DP-FedAvg, add/remove one client's data): Poisson sampling at "
-        "rate q, L2-clip each delta to C, N(0, z^2 C^2) added once to the sum under secure "
-        "aggregation, divided by q n; amplified eps for observers of the released models, "
-        "unamplified eps for the aggregator"
-    ),
-    "ldp-dpsgd": (
-        "interaction-level local DP (add/remove one positive): local DP-SGD, Poisson sample of "
-        "positives at rate q_e per step, each positive's gradient L2-clipped to C, N(0, "
-        "sigma^2 C^2) on every entry of every step's sum, data-independent negatives; "
-        "(eps, delta) per client over all its steps by accounting"
-    ),
-}
+# Views of the registry (docs/design.md section 5), built on first use: the mode names, the
+# one-line description of each, and what each protects against whom (the neighbouring
+# relation, the trust model and the amplification; every run writes its mode's entry into
+# summary.json and results.csv). The mechanism classes in privacy/mech/ declare them.
+_VIEWS = ("MODES", "MODE_DESCRIPTIONS", "THREAT_MODELS")
+
+
+def __getattr__(name: str) -> Any:
+    if name == "MODES":
+        return registry.names()
+    if name == "MODE_DESCRIPTIONS":
+        return {n: registry.mechanism_for(n).description for n in registry.names()}
+    if name == "THREAT_MODELS":
+        return {n: registry.mechanism_for(n).describe() for n in registry.names()}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _number(name: str, value: Any) -> float:
@@ -205,12 +130,14 @@ class PrivacyConfig:
     def __post_init__(self) -> None:
         self.validate()
 
+    @property
+    def mechanism(self) -> type[Mechanism]:
+        """The mechanism class of ``mode`` (UserError if no mechanism has that name)."""
+        return registry.mechanism_for(self.mode)
+
     def validate(self) -> None:
         """Raise UserError with a one-line message if the settings are inconsistent."""
-        if self.mode not in MODES:
-            raise UserError(
-                f"unknown privacy mode {self.mode!r} (choose one of {', '.join(MODES)})"
-            )
+        mech = self.mechanism
         if self.accountant not in ACCOUNTANTS:
             raise UserError(
                 f"unknown privacy accountant {self.accountant!r} "
@@ -234,49 +161,37 @@ class PrivacyConfig:
         if self.sizes not in SIZES:
             raise UserError(f"unknown --sizes (privacy.sizes) {self.sizes!r}; choose one of "
                             f"{', '.join(SIZES)}")
-        if self.sizes == "public" and self.mode in DPSGD_MODES:
+        if self.sizes == "public" and mech.in_training:
             raise UserError(f"--sizes public: under privacy {self.mode!r} neighbours differ by "
                             f"one interaction, so |D_u| is what the relation protects; the "
                             f"server weights uniformly (drop --sizes)")
-        if self.sizes == "public" and self.mode in CENTRAL_MODES:
+        if self.sizes == "public" and mech.central:
             raise UserError(f"--sizes public: privacy {self.mode!r} sums unweighted clipped "
                             f"deltas, so the sizes are never used (drop --sizes)")
         self._validate_budget()
         self._validate_clip_auto()
         self._validate_central()
         self._validate_dpsgd()
+        mech.validate(self)
 
     def _validate_dpsgd(self) -> None:
-        rate = _number("dpsgd_rate", self.dpsgd_rate)
-        lr = _number("dpsgd_lr", self.dpsgd_lr)
+        _number("dpsgd_rate", self.dpsgd_rate)
+        _number("dpsgd_lr", self.dpsgd_lr)
         for name in ("dpsgd_steps", "dpsgd_negatives", "dpsgd_adapter_steps"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise UserError(f"privacy.{name} must be an integer, got {value!r}")
         defaults = PrivacyConfig.__dataclass_fields__
-        if self.mode not in DPSGD_MODES:
-            changed = [n for n in DPSGD_FIELDS if getattr(self, n) != defaults[n].default]
+        if not self.mechanism.in_training:
+            changed = [n for n in DPSGD_FIELDS if not self.mechanism.accepts(n)
+                       and getattr(self, n) != defaults[n].default]
             if changed:
                 flag = "--" + changed[0].replace("_", "-")
                 raise UserError(f"{flag} (privacy.{changed[0]}) is for ldp-dpsgd, not privacy "
                                 f"{self.mode!r}")
-            return
-        if not 0 < rate <= 1:
-            raise UserError(f"--dpsgd-rate (privacy.dpsgd_rate) must be in (0, 1], got {rate}")
-        if self.dpsgd_steps < 1:
-            raise UserError(f"--dpsgd-steps (privacy.dpsgd_steps) must be >= 1, got "
-                            f"{self.dpsgd_steps}")
-        if self.dpsgd_adapter_steps < 0:
-            raise UserError(f"--dpsgd-adapter-steps (privacy.dpsgd_adapter_steps) must be >= 0, "
-                            f"got {self.dpsgd_adapter_steps}")
-        if self.dpsgd_negatives < 0:
-            raise UserError(f"--dpsgd-negatives (privacy.dpsgd_negatives) must be >= 0, got "
-                            f"{self.dpsgd_negatives}")
-        if not 0 < lr < math.inf:
-            raise UserError(f"--dpsgd-lr (privacy.dpsgd_lr) must be finite and > 0, got {lr}")
-        self._validate_sampled_gaussian_budget("a total budget over all local steps")
+        # ldp-dpsgd's own ranges and budget: LdpDpsgd.validate, run last by validate()
 
-    def _validate_sampled_gaussian_budget(self, budget: str) -> None:
+    def validate_sampled_gaussian_budget(self, budget: str) -> None:
         """A subsampled-Gaussian mode (cdp-gaussian, ldp-dpsgd): calibrated from ``budget``
         (a total epsilon, or a noise multiplier), delta > 0, an accountant of sampling."""
         if self.epsilon_round is not None:
@@ -295,7 +210,7 @@ class PrivacyConfig:
     def _validate_adaptive_clip(self) -> None:
         if self.clip_quantile is None:
             return
-        if self.mode not in CENTRAL_MODES:
+        if not self.mechanism.accepts("clip_quantile"):
             raise UserError(f"--clip-quantile (adaptive clipping) is for cdp-gaussian, not "
                             f"privacy {self.mode!r}")
         gamma = _number("clip_quantile", self.clip_quantile)
@@ -317,7 +232,7 @@ class PrivacyConfig:
             raise UserError(f"--canaries (privacy.canaries) must be an integer >= 0, got {n!r}")
         if n == 0:
             return
-        if self.mode not in CENTRAL_MODES:
+        if not self.mechanism.accepts("canaries"):
             raise UserError(f"--canaries audits the noisy aggregate of cdp-gaussian, not privacy "
                             f"{self.mode!r}")
         if n < 2:
@@ -331,13 +246,13 @@ class PrivacyConfig:
         if not 0 < q <= 1:
             raise UserError(f"--sample-rate (privacy.sample_rate) must be in (0, 1], got {q}")
         self._validate_adaptive_clip()
-        if self.mode not in CENTRAL_MODES:
+        if not self.mechanism.central:
             if q != 1:
                 raise UserError(f"--sample-rate (privacy.sample_rate) is the Poisson rate of "
                                 f"cdp-gaussian; privacy {self.mode!r} does not sample (use "
                                 f"--client-fraction)")
             return
-        self._validate_sampled_gaussian_budget("a total budget")
+        self.validate_sampled_gaussian_budget("a total budget")
 
     def _validate_clip_auto(self) -> None:
         if self.clip_auto_epsilon is not None:
@@ -351,7 +266,7 @@ class PrivacyConfig:
                             f"0 < min < max < inf, got {low:g} and {high:g}")
         if not self.clip_auto:
             return
-        if self.mode not in ("ldp-laplace", "ldp-gaussian"):
+        if not self.mechanism.accepts("clip_auto"):
             raise UserError(f"--clip auto (privacy.clip_auto) needs privacy mode ldp-laplace or "
                             f"ldp-gaussian, not {self.mode!r}")
         total = self.epsilon
@@ -381,21 +296,23 @@ class PrivacyConfig:
                 f"privacy: give only one of epsilon, epsilon_round, noise_multiplier "
                 f"(got {' and '.join(given)})"
             )
-        if self.mode in ("none", "paper") and given:
-            what = "adds no noise" if self.mode == "none" else "sets its noise by paper_lambda"
+        mech = self.mechanism
+        if not mech.takes_budget and given:
+            what = mech.no_budget_reason
             raise UserError(
                 f"privacy mode {self.mode!r} {what}: remove privacy.{given[0]} "
                 "or choose an ldp mode"
             )
-        if self.mode in LDP_MODES and not given:
+        if mech.ldp_upload and not given:
             raise UserError(
                 f"privacy mode {self.mode!r} needs a budget: set privacy.epsilon, "
                 "privacy.epsilon_round or privacy.noise_multiplier"
             )
-        if self.mode in LDP_MODES and self.adds_noise and self.delta == 0:
-            if self.mode == "ldp-gaussian":
+        if mech.ldp_upload and self.adds_noise and self.delta == 0:
+            if mech.noise_kind == "gaussian":
                 raise UserError(
-                    "privacy mode 'ldp-gaussian' needs delta > 0 (Gaussian noise gives no pure DP)"
+                    f"privacy mode {self.mode!r} needs delta > 0 (Gaussian noise gives no pure "
+                    f"DP)"
                 )
             if self.epsilon is not None and self.accountant != "basic":
                 raise UserError(
@@ -406,9 +323,9 @@ class PrivacyConfig:
     @property
     def adds_noise(self) -> bool:
         """True when the mode adds noise (an ldp mode with a finite budget, or paper)."""
-        if self.mode == "paper":
+        if self.mechanism.fixed_noise:
             return True
-        if self.mode not in LDP_MODES + CENTRAL_MODES + DPSGD_MODES:
+        if not self.mechanism.takes_budget:
             return False
         if self.noise_multiplier is not None:
             return self.noise_multiplier > 0
@@ -418,26 +335,21 @@ class PrivacyConfig:
     @property
     def noise_kind(self) -> str | None:
         """"laplace", "gaussian" or None (mode none)."""
-        if self.mode == "none":
-            return None
-        return ("gaussian" if self.mode in ("ldp-gaussian", "cdp-gaussian", "ldp-dpsgd")
-                else "laplace")
+        return self.mechanism.noise_kind
 
     @property
     def sizes_visible(self) -> bool:
         """Whether the server may weight by the clients' true data sizes: with no mechanism,
         or when they are declared public (``sizes = "public"``)."""
-        return self.mode == "none" or self.sizes == "public"
+        return not self.mechanism.perturbs or self.sizes == "public"
 
     def threat_model(self) -> dict[str, str]:
-        """The mode's entry of :data:`THREAT_MODELS`, its relation narrowed when the data
-        sizes are declared public under a mechanism (the server then learns |D_u|)."""
-        out = dict(THREAT_MODELS[self.mode])
-        if self.mode != "none" and self.sizes == "public":
-            out["neighbouring"] += SIZES_PUBLIC_CLAUSE
-        return out
+        """The mechanism's threat model (:meth:`Mechanism.describe`), its relation narrowed
+        when the data sizes are declared public under a mechanism (the server then learns
+        |D_u|)."""
+        return self.mechanism.describe(sizes_public=self.sizes == "public")
 
     @property
     def description(self) -> str:
         """One-line description of the mode (says INSECURE / heuristic where it applies)."""
-        return MODE_DESCRIPTIONS[self.mode]
+        return self.mechanism.description

@@ -21,12 +21,12 @@ import numpy as np
 import torch
 
 from .accounting import CentralBounds, RoundMechanism, compose, dpfedavg_bounds
-from .canaries import CanaryAudit
-from .central import AdaptiveClip, SecureSum, poisson_participants
+from .central import SecureSum, poisson_participants
 from .config import PrivacyConfig
 from .ledger import PrivacyLedger
+from .mech.base import Mechanism
 from .mechanisms import noise_std, release
-from .params import MechanismParams, paper_heuristic_epsilon, resolve_params
+from .params import MechanismParams, resolve_params
 
 if TYPE_CHECKING:
     from fedem_private.models.base import Backbone, ClientParams
@@ -73,19 +73,15 @@ class PrivacyLayer:
         self.n_clients = int(n_clients)
         self.rounds_released = 0
         self._nsr: list[float] = []  # noise-to-signal per round (LDP modes with noise)
-        self.secure: SecureSum | None = None
-        if self.params.central:
-            assert self.params.clip is not None and self.params.sample_rate is not None
-            assert self.params.noise_multiplier is not None
-            p = self.params
-            audit = (CanaryAudit(cfg.canaries, p.clip, p.noise_multiplier, p.sample_rate,
-                                 self.seed) if cfg.canaries else None)
-            self.secure = SecureSum(p.clip, p.sum_noise_multiplier if p.adaptive_clip
-                                    else p.noise_multiplier, self.expected_count, self.seed,
-                                    adaptive=AdaptiveClip(p.clip_quantile, p.clip_lr,
-                                                          p.count_noise)
-                                    if p.adaptive_clip else None, canaries=audit)
+        # the server-side hook: a secure sum noised once (central mechanisms), else None
+        self.secure: SecureSum | None = self.mechanism.server_sum(
+            self.params, cfg, self.seed, self.expected_count)
         self._reset_round()
+
+    @property
+    def mechanism(self) -> type[Mechanism]:
+        """The run's mechanism class (docs/design.md section 5): capabilities and hooks."""
+        return self.cfg.mechanism
 
     @property
     def central(self) -> bool:
@@ -136,12 +132,10 @@ class PrivacyLayer:
         """ldp-dpsgd: a chunk's local DP-SGD (:func:`.dpsgd.train_chunk`) in this round.
 
         Returns (trained parameters, touched (k, m) all True: every row moves)."""
-        from .dpsgd import DpsgdSettings, train_chunk
-
         assert self.dpsgd, "train_local() is for ldp-dpsgd"
-        settings = DpsgdSettings.of(self.params, num_negatives)
-        new, stats = train_chunk(backbone, start, clients, pos_indptr, pos_items, settings,
-                                 self.seed, self.round)
+        new, stats = self.mechanism.train_chunk(self.params, backbone, start, clients,
+                                                pos_indptr, pos_items, num_negatives,
+                                                self.seed, self.round)
         self._dpsgd.merge(stats)
         k, m = start.items.shape[:2]
         return new, torch.ones((k, m), dtype=torch.bool, device=start.items.device)
@@ -154,14 +148,12 @@ class PrivacyLayer:
         """ldp-dpsgd with merge em: the chunk's adapters trained by DP-SGD
         (:func:`.dpsgd.train_adapter_chunk`, ``dpsgd_adapter_steps`` steps, charged in
         every round by :meth:`end_round`)."""
-        from .dpsgd import DpsgdSettings, train_adapter_chunk
-
         p = self.params
         assert self.dpsgd and p.dpsgd_adapter_steps, "train_adapter() is for ldp-dpsgd + em"
-        settings = DpsgdSettings.of(p, num_negatives)
-        w, b, stats = train_adapter_chunk(backbone, private, weights, biases, q_local, q_global,
-                                          clients, pos_indptr, pos_items, settings,
-                                          p.dpsgd_adapter_steps, self.seed, self.round)
+        w, b, stats = self.mechanism.train_adapter(p, backbone, private, weights, biases,
+                                                   q_local, q_global, clients, pos_indptr,
+                                                   pos_items, num_negatives, self.seed,
+                                                   self.round)
         self._dpsgd_adapter.merge(stats)
         return w, b
 
@@ -180,7 +172,7 @@ class PrivacyLayer:
     @property
     def perturbs(self) -> bool:
         """Whether an upload can differ from the client's trained table."""
-        return self.cfg.mode != "none"
+        return self.mechanism.perturbs
 
     @property
     def centres_release(self) -> bool:
@@ -192,7 +184,7 @@ class PrivacyLayer:
     @property
     def local_grad_clip(self) -> float | None:
         """Gradient clip Z for local training (mode paper only)."""
-        return self.cfg.paper_clip if self.cfg.mode == "paper" else None
+        return self.mechanism.local_grad_clip(self.cfg)
 
     def begin_round(self, round_: int) -> None:
         self.round = round_
@@ -246,13 +238,7 @@ class PrivacyLayer:
 
     def end_round(self, clients: np.ndarray) -> dict[str, float]:
         """Charge ``clients`` for this round; the round's privacy log fields (floats)."""
-        heuristic = None
-        if self.cfg.mode == "paper":
-            ids = np.asarray(clients, dtype=np.int64)
-            total = float(self.sizes[ids].sum())
-            weights = self.sizes[ids] / total if total > 0 else np.zeros(ids.size)
-            heuristic = paper_heuristic_epsilon(weights, self.lr, self.cfg.paper_clip,
-                                                self.cfg.paper_lambda)
+        heuristic = self.mechanism.heuristic_epsilon(self.cfg, self.sizes, self.lr, clients)
         entry = self.ledger.record_round(self.round, clients, heuristic_epsilon=heuristic)
         out: dict[str, float] = {"noise_scale": float(self.params.noise_scale)}
         if self.params.clip is not None:
@@ -379,7 +365,7 @@ class PrivacyLayer:
         out = self.ledger.summary()
         out.update(self.cfg.threat_model())
         out["sizes"] = self.cfg.sizes
-        if self.cfg.mode != "none" and not self.central:
+        if self.perturbs and not self.central:
             out["aggregation_weights"] = (
                 "data sizes declared public: the aggregator may weight by |D_u|"
                 if self.cfg.sizes_visible else

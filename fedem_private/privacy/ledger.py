@@ -70,6 +70,7 @@ class PrivacyLedger:
 
     def __init__(self, params: MechanismParams) -> None:
         self.params = params
+        self.mechanism = params.mechanism
         self.delta = float(params.delta)
         self._columns: list[RoundMechanism | None] = []
         self._counts = np.zeros((0, 0), dtype=np.int64)
@@ -82,9 +83,9 @@ class PrivacyLedger:
     # -- recording -----------------------------------------------------------------------------
     def _mechanism(self, params: MechanismParams) -> RoundMechanism | None:
         """The accounting key of a round: real, nominal (touched rows) or None (no guarantee)."""
-        if params.mode != self.params.mode or params.delta != self.params.delta:
+        if params.mechanism is not self.mechanism or params.delta != self.params.delta:
             raise ValueError("a ledger records one privacy mode and one delta")
-        return params.round_mechanism() or params.nominal_round_mechanism()
+        return self.mechanism.ledger_event(params)
 
     def _column(self, mech: RoundMechanism | None) -> int:
         if mech not in self._columns:
@@ -165,7 +166,7 @@ class PrivacyLedger:
 
     def _bounds(self, signature: tuple[int, ...]) -> EpsilonBounds | None:
         """Bounds of the (real or nominal) mechanisms of a history; None if none apply."""
-        if self.params.mode in ("none", "paper"):
+        if not self.mechanism.takes_budget:  # nothing accounted (none, paper)
             return None
         return epsilon_bounds(self._history(signature), self.delta)
 
@@ -182,7 +183,7 @@ class PrivacyLedger:
 
     def nominal_spent(self, client: int) -> dict[str, float | None] | None:
         """ldp-touched-rows only: the eps it would give if touched rows were public."""
-        if self.params.mode != "ldp-touched-rows":
+        if not self.mechanism.nominal_only:
             return None
         bounds = self._bounds(self._signature(client))
         assert bounds is not None
@@ -194,9 +195,9 @@ class PrivacyLedger:
         totals = counts.sum(axis=1) if counts.size else np.zeros(0, dtype=np.int64)
         if not totals.size or totals.max() == 0:
             return None
-        if self.params.mode == "paper" and self._has_heuristic:
+        if self.mechanism.paper_heuristic and self._has_heuristic:
             return int(np.argmax(self._heuristic_sum))
-        if self.params.mode == "none" or counts.shape[1] == 1:
+        if not self.mechanism.perturbs or counts.shape[1] == 1:
             return int(np.argmax(totals))
         active = np.flatnonzero(totals)
         sigs, first = np.unique(counts[active], axis=0, return_index=True)
@@ -231,11 +232,11 @@ class PrivacyLedger:
             "worst_client_rounds": 0 if worst is None else self.n_rounds(worst),
             "epsilon": _constant_epsilon(0.0) if worst is None else self.spent(worst),
         }
-        if p.mode == "ldp-touched-rows":
+        if self.mechanism.nominal_only:
             out["nominal_epsilon"] = (_constant_epsilon(0.0) if worst is None
                                       else self.nominal_spent(worst))
             out["warning"] = TOUCHED_ROWS_WARNING
-        if p.mode == "paper":
+        if self.mechanism.paper_heuristic:
             out["paper_clip"] = p.paper_clip
             out["paper_heuristic"] = self._paper_heuristic(worst)
         return out

@@ -1,4 +1,6 @@
-"""The per-round release of client uploads, one function per privacy mode.
+"""The per-round release of client uploads: the noise primitives and one release function
+per local privacy mode, which the mechanism classes of :mod:`fedem_private.privacy.mech`
+call as their client-side hook.
 
 Every function has the signature ``(params, sent, local, *, seed, round_,
 clients, touched=None) -> (released, RoundPrivacyStats)``: ``sent`` and
@@ -279,15 +281,6 @@ def release_paper(params: MechanismParams, sent: torch.Tensor, local: torch.Tens
                                          else 0.0)
 
 
-RELEASES: dict[str, Release] = {
-    "none": release_none,
-    "ldp-laplace": release_ldp_laplace,
-    "ldp-gaussian": release_ldp_gaussian,
-    "paper": release_paper,
-    "ldp-touched-rows": release_touched_rows,
-}
-
-
 def release_dpsgd(params: MechanismParams, sent: torch.Tensor, local: torch.Tensor, *,
                   seed: int, round_: int, clients: np.ndarray,
                   touched: torch.Tensor | None = None) -> tuple[torch.Tensor, RoundPrivacyStats]:
@@ -297,12 +290,10 @@ def release_dpsgd(params: MechanismParams, sent: torch.Tensor, local: torch.Tens
     return local, _stats(params, local.shape[0], None, 1.0 if params.noise_scale > 0 else 0.0)
 
 
-RELEASES["ldp-dpsgd"] = release_dpsgd
-
-
 def release(params: MechanismParams, sent: torch.Tensor, local: torch.Tensor, *, seed: int,
             round_: int, clients: np.ndarray, touched: torch.Tensor | None = None
             ) -> tuple[torch.Tensor, RoundPrivacyStats]:
-    """Dispatch to the release function of ``params.mode``."""
-    return RELEASES[params.mode](params, sent, local, seed=seed, round_=round_,
-                                 clients=clients, touched=touched)
+    """The client-side hook of ``params.mode``'s mechanism
+    (:meth:`~fedem_private.privacy.mech.base.Mechanism.release`)."""
+    return params.mechanism.release(params, sent, local, seed=seed, round_=round_,
+                                    clients=clients, touched=touched)

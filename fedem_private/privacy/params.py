@@ -18,7 +18,9 @@ from fedem_private.privacy.calibration import (
     gaussian_noise_multiplier,
     laplace_epsilon_round,
 )
-from fedem_private.privacy.config import MODE_DESCRIPTIONS, PrivacyConfig
+from fedem_private.privacy.config import PrivacyConfig
+from fedem_private.privacy.mech.base import Mechanism
+from fedem_private.privacy.registry import mechanism_for
 
 
 @dataclass(frozen=True)
@@ -81,48 +83,43 @@ class MechanismParams:
         return self.clip_quantile is not None
 
     @property
+    def mechanism(self) -> type[Mechanism]:
+        """The mechanism class of ``mode`` (from the registry)."""
+        return mechanism_for(self.mode)
+
+    @property
     def central(self) -> bool:
         """True for a mechanism on the aggregate (cdp-*), not on each upload."""
-        return self.mode == "cdp-gaussian"
+        return self.mechanism.central
 
     @property
     def dpsgd(self) -> bool:
         """True for ldp-dpsgd: local training is DP-SGD and the upload is post-processing."""
-        return self.mode == "ldp-dpsgd"
+        return self.mechanism.in_training
 
     @property
     def guarantee(self) -> bool:
         """True only when a DP guarantee holds: ldp-laplace, ldp-gaussian, cdp-gaussian or
-        ldp-dpsgd WITH noise.
+        ldp-dpsgd WITH noise (a mechanism that claims one).
 
         Clip-only runs (epsilon = inf, noise 0) give no finite guarantee.
         """
-        return (self.mode in ("ldp-laplace", "ldp-gaussian", "cdp-gaussian", "ldp-dpsgd")
-                and math.isfinite(self.epsilon_round))
+        return self.mechanism.claims_guarantee and math.isfinite(self.epsilon_round)
 
     @property
     def description(self) -> str:
         """One-line description of the mode (INSECURE / heuristic stated where it applies)."""
-        return MODE_DESCRIPTIONS[self.mode]
+        return self.mechanism.description
 
     def round_mechanism(self) -> RoundMechanism | None:
         """The accounting view of one round; None when the mode gives no guarantee."""
         if not self.guarantee:
             return None
-        assert self.noise_kind is not None and self.noise_multiplier is not None
-        if self.dpsgd:
-            assert self.dpsgd_rate is not None and self.dpsgd_steps is not None
-            return RoundMechanism("sampled-gaussian", self.noise_multiplier,
-                                  sample_rate=self.dpsgd_rate,
-                                  steps=self.dpsgd_steps + (self.dpsgd_adapter_steps or 0))
-        return RoundMechanism(self.noise_kind, self.noise_multiplier)
+        return self.mechanism.guaranteed_event(self)
 
     def nominal_round_mechanism(self) -> RoundMechanism | None:
         """ldp-touched-rows: the mechanism it would be if the touched rows were public."""
-        if self.mode != "ldp-touched-rows":
-            return None
-        assert self.noise_multiplier is not None
-        return RoundMechanism("laplace", self.noise_multiplier)
+        return self.mechanism.nominal_event(self)
 
     def as_log(self) -> dict[str, object]:
         """JSON-ready summary (inf written as None)."""
@@ -181,36 +178,48 @@ def resolve_params(cfg: PrivacyConfig, rounds: int,
 
     A total ``epsilon`` is calibrated for a client that takes part in all
     ``rounds`` rounds (the worst case). Laplace: b = 2C / eps_round, L1
-    sensitivity 2C. Gaussian: sigma = z * 2C, L2 sensitivity 2C.
+    sensitivity 2C. Gaussian: sigma = z * 2C, L2 sensitivity 2C. The mechanism
+    of ``cfg.mode`` does it (:meth:`~fedem_private.privacy.mech.base.Mechanism.calibrate`).
     """
     cfg.validate()
-    if cfg.mode == "none":
-        return MechanismParams(
-            mode="none", delta=cfg.delta, norm=None, clip=None, sensitivity=None,
-            noise_kind=None, noise_scale=0.0, noise_multiplier=None, epsilon_round=math.inf,
-        )
-    if cfg.mode == "paper":
-        return MechanismParams(
-            mode="paper", delta=cfg.delta, norm=None, clip=None, sensitivity=None,
-            noise_kind="laplace", noise_scale=float(cfg.paper_lambda), noise_multiplier=None,
-            epsilon_round=math.inf, paper_clip=float(cfg.paper_clip),
-        )
-    if cfg.mode == "cdp-gaussian":
-        return _central_params(cfg, rounds, n_clients)
-    if cfg.mode == "ldp-dpsgd":
-        return _dpsgd_params(cfg, rounds)
+    return cfg.mechanism.calibrate(cfg, rounds, n_clients)
+
+
+def _none_params(cfg: PrivacyConfig) -> MechanismParams:
+    """No mechanism: nothing clipped, no noise, no guarantee."""
+    return MechanismParams(
+        mode=cfg.mode, delta=cfg.delta, norm=None, clip=None, sensitivity=None,
+        noise_kind=None, noise_scale=0.0, noise_multiplier=None, epsilon_round=math.inf,
+    )
+
+
+def _paper_params(cfg: PrivacyConfig) -> MechanismParams:
+    """The paper's recipe: Laplace(lambda) on the upload, gradient clip Z; no guarantee."""
+    return MechanismParams(
+        mode=cfg.mode, delta=cfg.delta, norm=None, clip=None, sensitivity=None,
+        noise_kind="laplace", noise_scale=float(cfg.paper_lambda), noise_multiplier=None,
+        epsilon_round=math.inf, paper_clip=float(cfg.paper_clip),
+    )
+
+
+def _ldp_gaussian_params(cfg: PrivacyConfig, rounds: int) -> MechanismParams:
+    """ldp-gaussian: L2 clip C, sensitivity 2C (replace-one), sigma = z 2C."""
     sensitivity = 2.0 * float(cfg.clip)
-    if cfg.mode == "ldp-gaussian":
-        z = _gaussian_noise_multiplier(cfg, rounds)
-        eps_round = math.inf if z == 0 else gaussian_epsilon(1.0 / z, cfg.delta)
-        return MechanismParams(
-            mode=cfg.mode, delta=cfg.delta, norm="l2", clip=float(cfg.clip),
-            sensitivity=sensitivity, noise_kind="gaussian", noise_scale=z * sensitivity,
-            noise_multiplier=z, epsilon_round=eps_round,
-        )
+    z = _gaussian_noise_multiplier(cfg, rounds)
+    eps_round = math.inf if z == 0 else gaussian_epsilon(1.0 / z, cfg.delta)
+    return MechanismParams(
+        mode=cfg.mode, delta=cfg.delta, norm="l2", clip=float(cfg.clip),
+        sensitivity=sensitivity, noise_kind="gaussian", noise_scale=z * sensitivity,
+        noise_multiplier=z, epsilon_round=eps_round,
+    )
+
+
+def _ldp_laplace_params(cfg: PrivacyConfig, rounds: int, secure: bool) -> MechanismParams:
+    """ldp-laplace (``secure``) or ldp-touched-rows: L1 clip C, sensitivity 2C
+    (replace-one), b = 2C / eps_round; without ``secure`` the eps is nominal only."""
+    sensitivity = 2.0 * float(cfg.clip)
     eps_round = _laplace_epsilon_round(cfg, rounds)
     z = 0.0 if math.isinf(eps_round) else 1.0 / eps_round
-    secure = cfg.mode == "ldp-laplace"
     return MechanismParams(
         mode=cfg.mode, delta=cfg.delta, norm="l1", clip=float(cfg.clip),
         sensitivity=sensitivity, noise_kind="laplace", noise_scale=z * sensitivity,

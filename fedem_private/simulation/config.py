@@ -26,7 +26,8 @@ from fedem_private.device import check_name as check_device
 from fedem_private.device import resolve as resolve_device
 from fedem_private.errors import UserError
 from fedem_private.models import REGISTRY, backbone_class, backbones_where
-from fedem_private.privacy.config import CENTRAL_MODES, DPSGD_MODES, PrivacyConfig
+from fedem_private.privacy.config import PrivacyConfig
+from fedem_private.privacy.registry import mechanism_for
 
 FEDERATED_METHODS = ("fedmf", "fedsim", "fedem", "local", "fedncf", "pfedrec", "gpfedrec",
                      "fedrap", "fedmerge")
@@ -420,15 +421,14 @@ class FederationConfig:
                                 f"tables; use fedavg or uniform")
 
 
-def refuse_central(aggregation: str, mode: str,
-                   central_modes: tuple[str, ...] = CENTRAL_MODES) -> None:
+def refuse_central(aggregation: str, mode: str) -> None:
     """Refuse, in one line, an aggregation that needs each upload under a central mechanism.
 
     Similarity, graph and FedMerge (section 12) aggregation read every
     client's upload, which a central mechanism (cdp-gaussian: noise on the
     aggregate, under secure aggregation) never releases.
     """
-    if aggregation in EACH_UPLOAD_AGGREGATIONS and mode in central_modes:
+    if aggregation in EACH_UPLOAD_AGGREGATIONS and mechanism_for(mode).central:
         raise UserError(f"aggregation {aggregation!r} needs each client's upload, but privacy "
                         f"{mode!r} is central (noise on the aggregate only); use a local "
                         f"(ldp-*) mode")
@@ -590,7 +590,7 @@ class RunConfig:
                 raise UserError(f"--optimizer {self.train.optimizer} trains the item table "
                                 f"itself; codec {self.federation.codec!r} trains its own "
                                 f"parameters with Adam; use --codec full")
-            if self.privacy.mode in DPSGD_MODES:
+            if self.privacy.mechanism.in_training:
                 raise UserError(f"privacy {self.privacy.mode!r} trains by its own DP-SGD "
                                 f"steps; --optimizer {self.train.optimizer} is not built for "
                                 f"it; drop --optimizer")
@@ -598,11 +598,12 @@ class RunConfig:
             if token in UNBUILT_OPTIONS and getattr(getattr(self, section), name) != default:
                 raise UserError(f"{section}.{name}: the option is not built yet "
                                 "(docs/design.md 2a)")
-        if self.federation.resolved_aggregation == "none" and self.privacy.mode != "none":
+        mech = self.privacy.mechanism
+        if self.federation.resolved_aggregation == "none" and mech.perturbs:
             raise UserError(f"privacy {self.privacy.mode!r} protects uploads, but aggregation "
                             "'none' (local) uploads nothing; use --privacy none")
         refuse_central(self.federation.resolved_aggregation, self.privacy.mode)
-        if self.federation.agg_clients_ratio != 1 and self.privacy.mode in CENTRAL_MODES:
+        if self.federation.agg_clients_ratio != 1 and mech.central:
             raise UserError(f"privacy {self.privacy.mode!r} adds its noise to the aggregate of "
                             f"all sampled clients; --agg-clients-ratio below 1 is not built "
                             f"for it")
@@ -613,9 +614,9 @@ class RunConfig:
         if self.federation.codec != "full" and self.privacy.clip_auto:
             raise UserError(f"--clip auto measures full-table deltas before round 1, not codec "
                             f"{self.federation.codec!r}'s parameters; give --clip a number")
-        if self.privacy.mode in DPSGD_MODES:
+        if mech.in_training:
             self._check_dpsgd()
-        if self.privacy.mode in CENTRAL_MODES:
+        if mech.central:
             if self.train.client_fraction != 1:
                 raise UserError(f"privacy {self.privacy.mode!r} samples clients itself (Poisson, "
                                 f"--sample-rate); leave --client-fraction at 1, got "
@@ -633,7 +634,7 @@ class RunConfig:
             if value != default:
                 raise UserError(f"method {method!r} is a non-federated baseline; {name} "
                                 f"{value} does not apply to it")
-        if self.privacy.mode != "none":
+        if self.privacy.mechanism.perturbs:
             what = ("set its budget with baseline.epsilon and baseline.architecture"
                     if method == "dp-mostpop" else "use --method dp-mostpop for a private one")
             raise UserError(f"method {method!r} uploads nothing; privacy {self.privacy.mode!r} "
@@ -932,7 +933,7 @@ def identity_dict(cfg: RunConfig) -> dict:
     """
     values = to_dict(cfg)
     values.pop("record", None)
-    if cfg.privacy.mode == "none":
+    if not cfg.privacy.mechanism.perturbs:
         # the sizes setting changes nothing without a mechanism; under one it does (the
         # server's weights became uniform by default), so points from before it do not resume
         values["privacy"].pop("sizes", None)

@@ -374,7 +374,8 @@ class Simulation:
             delta = (self.full_codec.encode(new.items, new.dense).double()
                      - self.full_codec.encode(start.items, start.dense).double())
             delta = delta.reshape(chunk.shape[0], -1)
-            norm = delta.norm(dim=1) if pc.mode == "ldp-gaussian" else delta.abs().sum(dim=1)
+            norm = (delta.norm(dim=1) if pc.mechanism.norm == "l2"  # the mechanism's clip norm
+                    else delta.abs().sum(dim=1))
             norms[chunk] = norm.cpu().numpy()
         released = noisy_log_norms(norms, clients, pc.clip_auto_min, pc.clip_auto_max,
                                    pc.warmup_epsilon, self.seed)

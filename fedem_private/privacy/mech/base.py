@@ -1,0 +1,204 @@
+"""The base class of a privacy mechanism (docs/design.md sections 5 and 15).
+
+A mechanism is a class: what it is (its name, neighbouring relation, trust model,
+claimed amplification and one-line description, printed in summary.json,
+results.csv, the report and the CLI), what it can do (capability flags read by
+the loop, the configuration and the tables instead of the mode's name), which
+privacy options it accepts, and its hooks:
+
+- :meth:`Mechanism.validate`: its own checks of a
+  :class:`~fedem_private.privacy.config.PrivacyConfig` (the shared ones stay there);
+- :meth:`Mechanism.calibrate`: the config to its per-round
+  :class:`~fedem_private.privacy.params.MechanismParams`;
+- the client-side hook, on the upload (:meth:`Mechanism.release`) or inside local
+  training (:meth:`Mechanism.train_chunk`, :meth:`Mechanism.train_adapter`);
+- the server-side hook on the aggregate (:meth:`Mechanism.server_sum`, a secure sum
+  that adds the noise once);
+- :meth:`Mechanism.ledger_event`: what one round charges each participant.
+
+Every hook is a class method: a mechanism holds no state of its own; the run's
+state lives in :class:`~fedem_private.privacy.layer.PrivacyLayer`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+    from fedem_private.privacy.accounting import RoundMechanism
+    from fedem_private.privacy.central import SecureSum
+    from fedem_private.privacy.config import PrivacyConfig
+    from fedem_private.privacy.mechanisms import RoundPrivacyStats
+    from fedem_private.privacy.params import MechanismParams
+
+# The training hooks' backbone, parameters and DP-SGD statistics are typed Any here: naming
+# models.base or privacy.dpsgd, even for the type checker, would put the models room on the
+# attacks' import path (pyproject.toml's contracts); privacy/mech/ldp_dpsgd.py types them.
+Backbone: TypeAlias = Any
+ClientParams: TypeAlias = Any
+DpsgdStats: TypeAlias = Any
+
+# the clause every printed relation gains when the data sizes are declared public
+SIZES_PUBLIC_CLAUSE = ("; each client's number of training interactions is declared public "
+                       "(--sizes public) and not protected")
+
+# neighbouring relations (what two neighbouring datasets differ by)
+NO_RELATION = "none"
+REPLACE_ONE = "replace-one"  # user-level: one client's whole dataset replaced
+ADD_REMOVE_CLIENT = "add-remove-client"  # user-level: one client's data present or absent
+ADD_REMOVE_INTERACTION = "add-remove-interaction"  # one positive of one client
+
+# privacy options, grouped by what they set (PrivacyConfig's field names)
+SHARED_OPTIONS: tuple[str, ...] = ("delta", "accountant", "sizes")
+UPLOAD_BUDGET: tuple[str, ...] = ("epsilon", "epsilon_round", "noise_multiplier")
+SAMPLED_BUDGET: tuple[str, ...] = ("epsilon", "noise_multiplier")
+CLIP_AUTO_OPTIONS: tuple[str, ...] = ("clip_auto", "clip_auto_epsilon", "clip_auto_min",
+                                      "clip_auto_max")
+PAPER_OPTIONS: tuple[str, ...] = ("paper_clip", "paper_lambda")
+CENTRAL_OPTIONS: tuple[str, ...] = ("sample_rate", "clip_quantile", "clip_lr",
+                                    "clip_count_noise", "canaries")
+DPSGD_OPTIONS: tuple[str, ...] = ("dpsgd_rate", "dpsgd_steps", "dpsgd_negatives", "dpsgd_lr",
+                                  "dpsgd_adapter_steps")
+
+
+class Mechanism:
+    """A privacy mechanism: self-description, capabilities, options and hooks.
+
+    Subclasses set the class attributes below and override the hooks that apply
+    to them; :func:`fedem_private.privacy.registry.register` makes one known by
+    its ``name``.
+    """
+
+    # -- self-description (printed; docs/design.md section 5) --------------------------------
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    neighbouring: ClassVar[str] = ""
+    trust_model: ClassVar[str] = ""
+    amplification: ClassVar[str] = ""
+    relation: ClassVar[str] = NO_RELATION
+    # what the CLI's one line adds after the name, and appends at its end
+    cli_clause: ClassVar[str] = ""
+    cli_warning: ClassVar[str] = ""
+
+    # -- capabilities ------------------------------------------------------------------------
+    perturbs: ClassVar[bool] = True  # an upload (or the aggregate) can differ from training's
+    central: ClassVar[bool] = False  # noise on the aggregate, under a secure sum
+    in_training: ClassVar[bool] = False  # local training itself is the mechanism (DP-SGD)
+    claims_guarantee: ClassVar[bool] = False  # a DP guarantee, whenever it adds noise
+    nominal_only: ClassVar[bool] = False  # an eps it would give, not a guarantee (INSECURE)
+    takes_budget: ClassVar[bool] = False  # noise calibrated from a budget and accounted
+    ldp_upload: ClassVar[bool] = False  # clips and noises each upload (budget needed)
+    fixed_noise: ClassVar[bool] = False  # noise set by an option of its own, always added
+    paper_heuristic: ClassVar[bool] = False  # the FedEM paper's heuristic eps is reported
+    noise_kind: ClassVar[str | None] = None  # "laplace", "gaussian" or None
+    norm: ClassVar[str | None] = None  # the clip's norm, "l1" or "l2"; None: no delta clip
+    no_budget_reason: ClassVar[str] = ""  # why a budget is refused (takes_budget False)
+    options: ClassVar[tuple[str, ...]] = SHARED_OPTIONS  # the privacy options it accepts
+    # the private floor it is judged against: dp-mostpop's architecture of the same
+    # neighbouring relation and trust model (docs/baselines.md); None: no guarantee, no floor
+    floor: ClassVar[str | None] = None
+
+    @classmethod
+    def accepts(cls, option: str) -> bool:
+        """Whether the privacy option ``option`` (a PrivacyConfig field) applies to it."""
+        return option in cls.options
+
+    @classmethod
+    def describe(cls, sizes_public: bool = False) -> dict[str, str]:
+        """The printed threat model: neighbouring relation, trust model, amplification.
+
+        With the data sizes declared public under a mechanism that perturbs, the
+        relation gains :data:`SIZES_PUBLIC_CLAUSE` (the server then learns |D_u|).
+        """
+        neighbouring = cls.neighbouring
+        if cls.perturbs and sizes_public:
+            neighbouring += SIZES_PUBLIC_CLAUSE
+        return {"neighbouring": neighbouring, "trust_model": cls.trust_model,
+                "amplification": cls.amplification}
+
+    # -- configuration -----------------------------------------------------------------------
+    @classmethod
+    def validate(cls, cfg: PrivacyConfig) -> None:
+        """Its own checks of ``cfg`` beyond the shared ones (UserError, one line)."""
+
+    @classmethod
+    def calibrate(cls, cfg: PrivacyConfig, rounds: int,
+                  n_clients: int | None = None) -> MechanismParams:
+        """Its per-round parameters for ``rounds`` planned rounds (docs/design.md section 5)."""
+        raise NotImplementedError(f"mechanism {cls.name!r} has no calibration")
+
+    @classmethod
+    def claimed_gap(cls, cfg: PrivacyConfig) -> tuple[int, float] | None:
+        """(norm p, bound) its claim puts on the L_p gap between one client's releases in
+        two neighbouring worlds (what the neighbour-world harness checks); None: none."""
+        return None
+
+    # -- client-side hooks -------------------------------------------------------------------
+    @classmethod
+    def release(cls, params: MechanismParams, sent: torch.Tensor, local: torch.Tensor, *,
+                seed: int, round_: int, clients: np.ndarray,
+                touched: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, RoundPrivacyStats]:
+        """The client-side hook on the upload: (k, ...) released tables and the stats."""
+        raise RuntimeError(f"mechanism {cls.name!r} releases no upload")
+
+    @classmethod
+    def local_grad_clip(cls, cfg: PrivacyConfig) -> float | None:
+        """A gradient clip for ordinary local training (None: none)."""
+        return None
+
+    @classmethod
+    def train_chunk(cls, params: MechanismParams, backbone: Backbone, start: ClientParams,
+                    clients: np.ndarray, pos_indptr: np.ndarray, pos_items: np.ndarray,
+                    num_negatives: int, seed: int, round_: int
+                    ) -> tuple[ClientParams, DpsgdStats]:
+        """The client-side hook inside local training (``in_training`` mechanisms)."""
+        raise RuntimeError(f"mechanism {cls.name!r} does not train")
+
+    @classmethod
+    def train_adapter(cls, params: MechanismParams, backbone: Backbone,
+                      private: dict[str, torch.Tensor], weights: tuple[torch.Tensor, ...],
+                      biases: tuple[torch.Tensor, ...], q_local: torch.Tensor,
+                      q_global: torch.Tensor, clients: np.ndarray, pos_indptr: np.ndarray,
+                      pos_items: np.ndarray, num_negatives: int, seed: int, round_: int
+                      ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], DpsgdStats]:
+        """The client-side hook inside the EM adapter's training (``in_training``)."""
+        raise RuntimeError(f"mechanism {cls.name!r} does not train an adapter")
+
+    # -- server-side hook --------------------------------------------------------------------
+    @classmethod
+    def server_sum(cls, params: MechanismParams, cfg: PrivacyConfig, seed: int,
+                   expected_count: float) -> SecureSum | None:
+        """The server-side hook: the secure sum that noises the aggregate (central
+        mechanisms); None for a mechanism on each upload."""
+        return None
+
+    # -- accounting --------------------------------------------------------------------------
+    @classmethod
+    def guaranteed_event(cls, params: MechanismParams) -> RoundMechanism:
+        """One round's accounted mechanism when it guarantees something: the noise of
+        ``params`` at its multiplier."""
+        from fedem_private.privacy.accounting import RoundMechanism
+
+        assert params.noise_kind is not None and params.noise_multiplier is not None
+        return RoundMechanism(params.noise_kind, params.noise_multiplier)
+
+    @classmethod
+    def nominal_event(cls, params: MechanismParams) -> RoundMechanism | None:
+        """The mechanism it would be were its leak public (``nominal_only``); else None."""
+        return None
+
+    @classmethod
+    def ledger_event(cls, params: MechanismParams) -> RoundMechanism | None:
+        """What one round charges each participant in the ledger: the guaranteed
+        mechanism, else the nominal one, else None (nothing claimed)."""
+        return params.round_mechanism() or cls.nominal_event(params)
+
+    @classmethod
+    def heuristic_epsilon(cls, cfg: PrivacyConfig, sizes: np.ndarray, lr: float,
+                          clients: np.ndarray) -> np.ndarray | None:
+        """A per-client heuristic eps of the round, reported beside the ledger (None)."""
+        return None
