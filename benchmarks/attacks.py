@@ -155,7 +155,7 @@ def tables(points: list[dict[str, Any]], args: argparse.Namespace, cmd: str) -> 
            "upload (ldp-laplace), the nominal eps ldp-touched-rows claims without a guarantee, "
            "or none.", ""]
     for p in points:
-        if p["mode"] != "none":
+        if not no_privacy(p["mode"]):
             continue
         summary, report = _load(Path(args.out) / p["name"])
         hr = (summary.get("metrics") or {}).get("full", {}).get("hr@10")

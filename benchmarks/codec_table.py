@@ -16,6 +16,8 @@ import argparse
 
 import pandas as pd
 
+from fedem_private.privacy.registry import no_privacy
+
 from .common import fmt_mean_std, mean_std, seed_noise
 
 CODECS = ("full", "lora", "hash", "rqvae", "c-lora")
@@ -31,7 +33,7 @@ def codec_rows(results: pd.DataFrame) -> list[str]:
              "KB up / round (last; mean over rounds) | vs full (sampled) | "
              "difference from full (2 s.e.) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
-    private = results[results["mode"] != "none"]
+    private = results[~results["mode"].map(no_privacy).astype(bool)]
     if len(private):
         raise SystemExit("codec_table: the results hold private runs; give it a no-privacy grid")
     for (dataset, protocol, method), group in results.groupby(["dataset", "protocol", "method"]):

@@ -126,6 +126,8 @@ def private_rungs(dataset: str, data_dir: str, seeds: list[int],
                   tuned_files: dict[str, str]) -> list[tuple[str, str, dict[str, Any]]]:
     """FedMF under cdp-gaussian and ldp-dpsgd at PRIVATE_EPSILONS: settings fixed in
     advance, then (``tuned_files``: {"none" or a mode: best.toml}) the tuned settings."""
+    from fedem_private.privacy.registry import no_privacy
+
     out = []
     for seed in seeds:
         for mode, extra in PRIVATE_FIXED.items():
@@ -135,7 +137,7 @@ def private_rungs(dataset: str, data_dir: str, seeds: list[int],
                 out.append((f"FedMF {mode} eps {eps:g} (fixed in advance)",
                             f"fedmf-{mode}-eps{eps:g}-seed{seed}", cfg))
         for mode, path in tuned_files.items():
-            if mode == "none":
+            if no_privacy(mode):
                 out.append(("FedMF (val-tuned, no privacy)", f"fedmf-tuned-seed{seed}",
                             tuned_config(path, seed)))
                 continue

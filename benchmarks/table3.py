@@ -31,6 +31,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from fedem_private.privacy.registry import capability
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ROOT / "benchmarks" / "results" / "backbones" / "results.csv"
 
@@ -132,7 +134,7 @@ def labelled(frame: pd.DataFrame) -> pd.DataFrame:
     if "mode" not in frame.columns:
         return frame
     out = frame.copy()
-    ldp = out["mode"] == "paper"
+    ldp = out["mode"].map(lambda m: capability(m, "paper_heuristic")).astype(bool)
     out.loc[ldp, "variant"] = out.loc[ldp, "variant"] + LDP_SUFFIX
     return out
 

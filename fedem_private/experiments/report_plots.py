@@ -24,6 +24,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from fedem_private.privacy.registry import capability, no_privacy  # noqa: E402
+
 CLIP_ONLY = "inf (clip only)"
 NO_DP = "no DP"
 STYLES = ("-", "--", ":", "-.")
@@ -41,9 +43,19 @@ class Line:
     points: pd.DataFrame  # rows of the seed-aggregated table, with column "x_key"
 
 
+def _plain(mode: object) -> bool:
+    """Whether a results row's mode is the mechanism that changes nothing (no DP); a
+    baseline's release mode (dp-mostpop's) is not a registered mechanism, so private."""
+    return no_privacy(mode)
+
+
+def _plain_rows(agg: pd.DataFrame) -> pd.Series:
+    return agg["mode"].map(_plain).astype(bool)
+
+
 def x_key(mode: str, eps_target: float, eps_reported: float) -> float | str:
     """The epsilon a point is plotted at: a number, CLIP_ONLY or NO_DP."""
-    if mode == "none":
+    if _plain(mode):
         return NO_DP
     eps = eps_target if not math.isnan(eps_target) else eps_reported  # paper: heuristic eps
     if math.isnan(eps) or math.isinf(eps):
@@ -102,23 +114,24 @@ def lines(agg: pd.DataFrame, palette: Sequence[str] | None = None) -> list[Line]
     variants = sorted(agg["variant"].unique())
     order = list(palette) if palette is not None else variants
     colors = {v: f"C{order.index(v) % 10}" for v in variants}
-    modes = sorted(m for m in agg["mode"].unique() if m != "none")
+    modes = sorted(m for m in agg["mode"].unique() if not _plain(m))
     # one variant under several modes (architectures compared): a colour per mode
     by_mode = len(variants) == 1 and len(modes) > 1
     protocols = sorted(agg["protocol"].unique())
     out = []
     for v in variants:
         rows = agg[agg["variant"] == v]
-        none_rows = rows[rows["mode"] == "none"]
-        keys = sorted({(m, p) for m, p in zip(rows["mode"], rows["protocol"], strict=True)
-                       if m != "none"}) or [("none", p) for p in sorted(rows["protocol"].unique())]
+        none_rows = rows[_plain_rows(rows)]
+        pairs = set(zip(rows["mode"], rows["protocol"], strict=True))
+        keys = sorted(k for k in pairs if not _plain(k[0])) or sorted(pairs)
         for mode, protocol in keys:
             pts = rows[(rows["mode"] == mode) & (rows["protocol"] == protocol)]
-            if mode != "none":
+            if not _plain(mode):
                 pts = pd.concat([pts, none_rows[none_rows["protocol"] == protocol]])
             label = v
-            if len(modes) > 1 and mode != "none":
-                label += f" · {mode}" + (" (heuristic eps)" if mode == "paper" else "")
+            if len(modes) > 1 and not _plain(mode):
+                label += f" · {mode}" + (" (heuristic eps)"
+                                         if capability(mode, "paper_heuristic") else "")
             if len(protocols) > 1:
                 label += f" · {protocol}"
             style = STYLES[modes.index(mode) % len(STYLES)] if mode in modes else "-"
@@ -164,10 +177,10 @@ def architectures(agg: pd.DataFrame) -> list[tuple[str | None, pd.DataFrame]]:
 
     With one method the modes stay on one panel, a colour each (see :func:`lines`).
     """
-    modes = sorted(str(m) for m in agg["mode"].unique() if m != "none")
+    modes = sorted(str(m) for m in agg["mode"].unique() if not _plain(m))
     if len(modes) < 2 or agg["variant"].nunique() < 2:
         return [(None, agg)]
-    return [(m, agg[agg["mode"].isin([m, "none"])]) for m in modes]
+    return [(m, agg[(agg["mode"] == m) | _plain_rows(agg)]) for m in modes]
 
 
 def _panel_rows(agg: pd.DataFrame) -> list[tuple[str | None, list[Line], EpsAxis]]:
@@ -350,16 +363,16 @@ def bytes_figure(agg: pd.DataFrame, dataset: str, path: Path, n_seeds: str) -> P
     Each mechanism has its own panels (the non-private runs sit with every
     private mechanism's), so one epsilon label never stands for two mechanisms.
     """
-    private_modes = sorted({str(m) for m in agg["mode"]} - {"none"})
+    private_modes: list[str | None] = sorted({str(m) for m in agg["mode"] if not _plain(m)})
     panels = [(protocol, mode) for protocol in sorted(agg["protocol"].unique())
-              for mode in (private_modes or ["none"])]
+              for mode in (private_modes or [None])]
     fig, axes = plt.subplots(1, len(panels), figsize=(max(6.0, 5.8 * len(panels)), 4.6),
                              squeeze=False)
     methods = sorted({str(v).split("~")[0] for v in agg["variant"]})
     codecs = sorted({str(c) for c in agg["codec"]}) if "codec" in agg else ["full"]
     private = bool(private_modes)
     for ax, (protocol, mode) in zip(axes[0], panels, strict=True):
-        sub = agg[(agg["protocol"] == protocol) & agg["mode"].isin([mode, "none"])]
+        sub = agg[(agg["protocol"] == protocol) & ((agg["mode"] == mode) | _plain_rows(agg))]
         for (variant, key), rows in sub.groupby(["variant", "x_key"], sort=True):
             method = str(variant).split("~")[0]
             codec = str(rows["codec"].iloc[0]) if "codec" in rows else "full"
