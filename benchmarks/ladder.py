@@ -16,7 +16,13 @@ the paper's), evaluated at the last round. The baselines run twice: with fixed s
 (the federated defaults for centralised MF; EASE lambda 500; ALS 64 factors) and with
 settings chosen on the validation item of seed 0 (sampled validation HR@10 over a small
 grid; never on test), then run on every seed. DP-MostPop uses k = 50, delta = 1e-5,
-fixed in advance. "chance" is the exact expectation of a uniformly random order of each
+fixed in advance, at eps 0.1 to 64 under each architecture (central, local, interaction,
+interaction-local). The private FedMF rungs (``--only private``) run under ``cdp-gaussian``
+and ``ldp-dpsgd`` at eps 1, 4, 16, 64 with settings fixed in advance
+(:data:`PRIVATE_FIXED`: the architectures' headline settings) and, with ``--tuned
+MODE=best.toml``, with the settings ``fedem-private tune`` chose on validation (a private
+tuning at one eps, reused at every eps). ``--report DATASET ...`` writes the combined
+report (``<out>/report``). "chance" is the exact expectation of a uniformly random order of each
 user's candidates (100 sampled, or every item outside the user's training set and
 validation item).
 """
@@ -239,6 +245,29 @@ def table(dataset: str, data_dir: str, runs: Path, seeds: list[int],
     return "\n".join(lines) + "\n"
 
 
+def combined_report(out: Path, datasets: list[str], headline: Path) -> list[Path]:
+    """The ladder's report: every dataset's ladder results.csv, plus the headline grid's
+    PFedRec, FedEM and their EM variants under the three architectures (its FedMF rows are
+    left out: the ladder reruns FedMF). Written by ``fedem-private report``."""
+    import tempfile
+
+    import pandas as pd
+
+    from fedem_private.experiments.report import write_report
+
+    frames = [pd.read_csv(out / d / "results.csv") for d in datasets
+              if (out / d / "results.csv").is_file()]
+    if headline.is_file():
+        h = pd.read_csv(headline)
+        frames.append(h[h["dataset"].isin(datasets) & (h["method"] != "fedmf")])
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = []
+        for i, frame in enumerate(frames):
+            paths.append(str(Path(tmp) / f"part{i}.csv"))
+            frame.to_csv(paths[-1], index=False)
+        return write_report(paths, str(out / "report"), force=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", default="ml-100k")
@@ -258,7 +287,15 @@ def main(argv: list[str] | None = None) -> int:
                         "no privacy), run on every seed (private ones at every eps of "
                         "PRIVATE_EPSILONS)")
     parser.add_argument("--no-tune", action="store_true", help="skip the validation grids")
+    parser.add_argument("--report", nargs="+", metavar="DATASET", default=None,
+                        help="only write the combined report of these datasets' ladders "
+                        "(and the headline grid's other methods) into <out>/report")
     args = parser.parse_args(argv)
+    if args.report:
+        for path in combined_report(Path(args.out), args.report,
+                                    Path("benchmarks/results/headline2/results.csv")):
+            print(f"wrote {path}")
+        return 0
     data_dir = args.data_dir or str(Path("../shared/datasets") / args.dataset)
     runs = Path(args.runs) / args.dataset
     out = Path(args.out)
