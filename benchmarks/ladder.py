@@ -129,7 +129,8 @@ def tuned_config(path: str, seed: int) -> dict[str, Any]:
 
 
 def private_rungs(dataset: str, data_dir: str, seeds: list[int],
-                  tuned_files: dict[str, str]) -> list[tuple[str, str, dict[str, Any]]]:
+                  tuned_files: dict[str, str], modes: list[str] | None = None
+                  ) -> list[tuple[str, str, dict[str, Any]]]:
     """FedMF under cdp-gaussian and ldp-dpsgd at PRIVATE_EPSILONS: settings fixed in
     advance, then (``tuned_files``: {"none" or a mode: best.toml}) the tuned settings."""
     from fedem_private.privacy.registry import no_privacy
@@ -137,6 +138,8 @@ def private_rungs(dataset: str, data_dir: str, seeds: list[int],
     out = []
     for seed in seeds:
         for mode, extra in PRIVATE_FIXED.items():
+            if modes is not None and mode not in modes:
+                continue
             for eps in PRIVATE_EPSILONS:
                 cfg = _merge(base_config(dataset, data_dir, seed, "fedmf"),
                              _merge(extra, {"privacy": {"epsilon": eps}}))
@@ -282,6 +285,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="run only the federated rungs, only the baselines (and their "
                         "tuning), only the private FedMF rungs, or only write the table "
                         "from finished runs")
+    parser.add_argument("--modes", nargs="+", default=None, choices=tuple(PRIVATE_FIXED),
+                        help="the private modes of the fixed-in-advance FedMF rungs "
+                        "(default: all)")
     parser.add_argument("--tuned", nargs="*", default=[], metavar="MODE=FILE",
                         help="a `fedem-private tune` best.toml per privacy mode (`none` for "
                         "no privacy), run on every seed (private ones at every eps of "
@@ -312,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
                              "|---|---|---|\n" + "".join(
                                  f"| {lab} | {hr:.4f} | {nd:.4f} |\n" for lab, hr, nd in rows))
     tuned_files = dict(t.split("=", 1) for t in args.tuned)
-    private = private_rungs(args.dataset, data_dir, args.seeds, tuned_files)
+    private = private_rungs(args.dataset, data_dir, args.seeds, tuned_files, args.modes)
     plan = rungs(args.dataset, data_dir, args.seeds, args.rounds, tuned) + private
     if args.only != "table":
         private_names = {name for _, name, _ in private}

@@ -1,0 +1,530 @@
+"""The sections of a run's configuration, each checking its own values (docs/design.md §9).
+
+``[data]`` (:class:`DataConfig`), ``[train]`` (:class:`TrainConfig`), ``[federation]``
+(:class:`FederationConfig`: the parts and their composition rules), ``[baseline]``
+(:class:`BaselineConfig`) and ``[record]`` (:class:`RecordConfig`), plus the names each
+accepts. :class:`~fedem_private.simulation.config.RunConfig` holds one of each and checks
+what spans sections. Importing this module is light (no torch or pandas).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from fedem_private.data import DATASETS, PROTOCOLS, RATED_DATASETS, SyntheticConfig
+from fedem_private.device import check_name as check_device
+from fedem_private.errors import UserError
+from fedem_private.models import REGISTRY, backbone_class, backbones_where
+from fedem_private.privacy.registry import mechanism_for
+
+FEDERATED_METHODS = ("fedmf", "fedsim", "fedem", "local", "fedncf", "pfedrec", "gpfedrec",
+                     "fedrap", "fedmerge")
+# non-federated references on the same split, protocol and evaluation (docs/design.md section 14,
+# fedem_private.baselines): no rounds, no uploads; each scores every (user, item) at once
+BASELINE_METHODS = ("mostpop", "dp-mostpop", "centralised", "ease", "als")
+METHODS = (*FEDERATED_METHODS, *BASELINE_METHODS)
+# dp-mostpop's privacy architectures: user-level central (Gaussian on the secure sum),
+# user-level local (optimal unary encoding), interaction-level (Laplace on each count, once
+# centrally, or by every client on its own counts)
+DP_MOSTPOP_ARCHITECTURES = ("central", "local", "interaction", "interaction-local")
+CODECS = ("full", "lora", "hash", "rqvae", "c-lora", "c-hash", "c-rqvae")
+# FedPEFT's initial item table: random ("none") or an autoencoder over item attributes
+PEFT_PRETRAINS = ("none", "attributes")
+# aggregations with one global table that a codec's averaged parameters decode to
+PEFT_AGGREGATIONS = ("fedavg", "uniform")
+AGGREGATIONS = ("fedavg", "uniform", "similarity", "graph", "fedmerge", "none")
+# aggregations that need each client's upload, not only a sum: refused under central DP
+EACH_UPLOAD_AGGREGATIONS = ("similarity", "graph", "fedmerge")
+# aggregations that can aggregate a random share of the uploads (--agg-clients-ratio; the
+# FedEM code's agg_clients_ratio, docs/design.md 2a): its similarity aggregation, and (not in any
+# published code) the sums and GPFedRec's graph, to ask what the share does to their +EM
+SAMPLED_AGGREGATIONS = ("similarity", "fedavg", "uniform", "graph")
+MERGES = ("sr", "sm", "dm", "em")
+LEARNED_MERGES = ("dm", "em")  # merges with an adapter (equations 9 and 11)
+# what the adapter trains on: the round's training samples, or a withheld fold of them
+ADAPTER_OBJECTIVES = ("train", "holdout")
+# method (a preset) -> (aggregation, merge); FedSim is FedMF with similarity aggregation
+# (paper, Table 2). A preset's parts are defaults: --backbone, --merge, --aggregation and
+# --codec override them one by one (docs/design.md section 9).
+METHOD_DEFAULTS = {
+    "fedmf": ("fedavg", "sr"),
+    "fedsim": ("similarity", "sr"),
+    "fedem": ("similarity", "em"),
+    "local": ("none", "sr"),
+    "fedncf": ("fedavg", "sr"),
+    "pfedrec": ("fedavg", "sr"),
+    "gpfedrec": ("graph", "sr"),
+    "fedrap": ("uniform", "sr"),  # the published plain mean of the common tables
+    "fedmerge": ("fedmerge", "sr"),  # K global tables merged per client (docs/design.md section 12)
+    **{name: ("none", "sr") for name in BASELINE_METHODS},  # nothing is uploaded
+}
+# docs/design.md 2a: the authors' code's facts, each a named option of the `paper` protocol
+SELECT_ROUNDS = ("last", "best-test", "best-val", "auto")
+SIMILARITIES = ("eq13", "pca")
+# datasets with timestamps: --first-seen-order does not apply to them
+TIMED_DATASETS = ("ml-100k", "ml-1m", "synthetic")
+PROTOCOL_PRESETS = ("paper-code",)
+PROTOCOLS_ALL = (*PROTOCOLS, *PROTOCOL_PRESETS)
+# method -> its backbone (docs/design.md section 10)
+METHOD_BACKBONE = {"fedmf": "mf", "fedsim": "mf", "fedem": "mf", "local": "mf",
+                   "fedncf": "ncf", "pfedrec": "pfedrec", "gpfedrec": "gpfedrec",
+                   "fedrap": "fedrap", "fedmerge": "mf",
+                   **{name: "mf" for name in BASELINE_METHODS}}
+# backbone -> the preset named after it, used when --backbone is given without --method
+BACKBONE_METHOD = {"mf": "fedmf", "ncf": "fedncf", "pfedrec": "pfedrec",
+                   "gpfedrec": "gpfedrec", "fedrap": "fedrap"}
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Which data and which evaluation protocol (docs/design.md section 2)."""
+
+    dataset: str = "synthetic"
+    data_dir: str | None = None
+    protocol: str = "strict"
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    # implicit positives: None keeps every rated pair; R keeps the pairs rated >= R
+    min_rating: float | None = None
+    # docs/design.md 2a, option 1: users with fewer positives are dropped (the authors' code: 10)
+    min_user_ratings: int = 3
+    # docs/design.md 2a, option 2: a dataset without timestamps orders each user's interactions by
+    # the order in which each item first appears in the file (not a seeded random order)
+    first_seen_order: bool = False
+    # docs/design.md 2a, option 3: ONE set of 99 sampled negatives ranks both the validation and the
+    # test item (instead of a separate draw for validation)
+    shared_eval_negatives: bool = False
+
+    def validate(self) -> None:
+        if self.dataset not in DATASETS:
+            raise UserError(f"unknown dataset {self.dataset!r}; choose one of "
+                            f"{', '.join(DATASETS)}")
+        if self.min_rating is not None:
+            if not math.isfinite(self.min_rating):
+                raise UserError(f"--min-rating (data.min_rating) must be a finite number, "
+                                f"got {self.min_rating}")
+            if self.dataset not in RATED_DATASETS:
+                raise UserError(f"--min-rating (data.min_rating): dataset {self.dataset} has no "
+                                f"ratings; it applies to {', '.join(RATED_DATASETS)}")
+        if self.protocol not in (*PROTOCOLS, *PROTOCOL_PRESETS):
+            raise UserError(f"unknown protocol {self.protocol!r}; choose one of "
+                            f"{', '.join((*PROTOCOLS, *PROTOCOL_PRESETS))}")
+        if self.min_user_ratings < 3:
+            raise UserError(f"--min-user-ratings (data.min_user_ratings) must be an integer "
+                            f">= 3 (a test, a validation and a training item), got "
+                            f"{self.min_user_ratings}")
+        if self.first_seen_order and self.dataset in TIMED_DATASETS:
+            raise UserError(f"--first-seen-order orders datasets without timestamps; dataset "
+                            f"{self.dataset} has timestamps")
+        self.synthetic.validate()
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Local training and the round loop (paper defaults: d=16, E=10, B=256, T=100)."""
+
+    rounds: int = 50
+    local_epochs: int = 10
+    lr: float = 0.1
+    batch_size: int = 256
+    dim: int = 16
+    num_negatives: int = 4
+    init_std: float = 0.1
+    client_fraction: float = 1.0
+    seed: int = 0
+    eval_every: int = 1
+    memory_budget_mb: int = 2048
+    # where the heavy tensors live: cpu, cuda, or auto (cuda when available);
+    # :meth:`RunConfig.resolved` turns auto into what it means on this machine
+    device: str = "cpu"
+    # docs/design.md 2a, option 4: which evaluated round summary.json / results.csv also report
+    # (the last round stays the headline): "last" (off), "best-test" (best sampled test
+    # HR@10: the FedEM and FedRAP code), "best-val" (best validation HR@10: PFedRec,
+    # GPFedRec), "auto" (the backbone's own code's rule)
+    select_round: str = "last"
+    # docs/design.md 2a, option 8: a client stops local training when the relative change of its
+    # epoch loss is below this (0: off; the authors' code: 1e-4)
+    early_stop_tol: float = 0.0
+    # local training's optimiser: "adam" (the default, every backbone) or "sgd" (plain
+    # torch.optim.SGD, no momentum: the published PFedRec, FedRAP and GPFedRec codes';
+    # the backbones whose Backbone.optimizers has it). The next five apply to sgd only:
+    # the rates of the private head or MLP and of the user embedding (None: lr; lr itself
+    # is the item tables'), L2 weight decay on every trained tensor (whole tables
+    # included), the rates' factor after every local step (an ExponentialLR stepped per
+    # batch) and per round (round t: factor^(t-1))
+    optimizer: str = "adam"
+    lr_head: float | None = None
+    lr_user: float | None = None
+    weight_decay: float = 0.0
+    lr_batch_decay: float = 1.0
+    lr_round_decay: float = 1.0
+
+    def validate(self) -> None:
+        for name in ("rounds", "local_epochs", "batch_size", "dim", "num_negatives",
+                     "eval_every", "memory_budget_mb"):
+            if getattr(self, name) < 1:
+                raise UserError(f"train.{name} must be a positive integer, "
+                                f"got {getattr(self, name)}")
+        for name in ("lr", "init_std"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise UserError(f"train.{name} must be a positive number, got {value}")
+        if not 0 < self.client_fraction <= 1:
+            raise UserError(f"train.client_fraction must be in (0, 1], got {self.client_fraction}")
+        if self.select_round not in SELECT_ROUNDS:
+            raise UserError(f"unknown --select-round (train.select_round) "
+                            f"{self.select_round!r}; choose one of {', '.join(SELECT_ROUNDS)}")
+        if not (math.isfinite(self.early_stop_tol) and 0 <= self.early_stop_tol < 1):
+            raise UserError(f"--early-stop-tol (train.early_stop_tol) must be in [0, 1), "
+                            f"got {self.early_stop_tol}")
+        check_device(self.device)
+        self._validate_optimizer()
+
+    def _validate_optimizer(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise UserError(f"unknown --optimizer (train.optimizer) {self.optimizer!r}; choose "
+                            f"one of {', '.join(OPTIMIZERS)}")
+        for name in ("lr_head", "lr_user"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise UserError(f"--{name.replace('_', '-')} (train.{name}) must be a positive "
+                                f"number, got {value}")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise UserError(f"--weight-decay (train.weight_decay) must be >= 0, got "
+                            f"{self.weight_decay}")
+        for name in ("lr_batch_decay", "lr_round_decay"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and 0 < value <= 1):
+                raise UserError(f"--{name.replace('_', '-')} (train.{name}) must be in (0, 1], "
+                                f"got {value}")
+        if self.optimizer != "sgd":
+            changed = [n for n, d in SGD_FIELDS.items() if getattr(self, n) != d]
+            if changed:
+                raise UserError(f"--{changed[0].replace('_', '-')} (train.{changed[0]}) is a "
+                                f"setting of --optimizer sgd, not {self.optimizer!r}")
+
+
+#: local optimisers; each backbone builds those of its ``Backbone.optimizers``
+OPTIMIZERS = ("adam", "sgd")
+#: the settings of --optimizer sgd alone, with their defaults
+SGD_FIELDS: dict[str, Any] = {"lr_head": None, "lr_user": None, "weight_decay": 0.0,
+                              "lr_batch_decay": 1.0, "lr_round_decay": 1.0}
+
+
+@dataclass(frozen=True)
+class FederationConfig:
+    """A method as a composition (docs/design.md §9): preset, backbone, merge, codec, aggregator.
+
+    ``method`` names a preset; every other part left ``None`` takes the
+    preset's choice. With only ``backbone`` given, the preset is the one named
+    after that backbone (``--backbone pfedrec --merge em`` is PFedRec+EM).
+    """
+
+    method: str | None = None  # None: the backbone's own preset (fedmf for mf)
+    backbone: str | None = None  # None: the method's backbone
+    aggregation: str | None = None  # None: the method's default
+    merge: str | None = None  # None: the method's default
+    codec: str = "full"
+    graph_threshold: float = 1.0  # graph: neighbours above this times the mean similarity
+    graph_topk: int = 0  # graph: k most similar users instead (0: threshold mode)
+    graph_layers: int = 1  # graph: propagation steps
+    gpfedrec_reg: float = 1.0  # GPFedRec: weight of the MSE toward the personalised table
+    fedrap_lambda: float = 0.1  # FedRAP: weight of -MSE(personal, common)
+    fedrap_mu: float = 0.1  # FedRAP: weight of the L1 sparsity of the common table
+    merge_k: int = 4  # fedmerge: number K of global item tables
+    fedmerge_steps: int = 10  # fedmerge: gradient steps of the server fit per round
+    fedmerge_lr: float = 1.0  # fedmerge: the fit's step, in units of 1/L (section 12)
+    server_lr: float = 1.0  # sum aggregators: G += lr * m on the aggregate's pseudo-gradient
+    server_momentum: float = 0.0  # m = beta m + (aggregate - G) (FedAvgM)
+    peft_warmup: int = 2  # FedPEFT: W rounds of full-table training before E0 freezes
+    peft_pretrain: str = "none"  # FedPEFT: "attributes" starts from an AE over item attributes
+    lora_rank: int = 4  # lora: k_L
+    hash_size: int = 512  # hash: d_H
+    hash_functions: int = 2  # hash: h
+    hash_senet: int = 0  # hash: 0 mean pooling; r > 0 a SENet of hidden width r * h
+    rq_levels: int = 3  # rqvae: l
+    rq_codebook: int = 128  # rqvae: d_R
+    peft_init: str = "normal"  # hash / rqvae: theta ~ N(0, s^2) ("normal") or 0 ("zero")
+    alpha: float = 0.9
+    rho: float = 0.5
+    adapter_lr: float = 0.1
+    adapter_epochs: int = 1
+    # what the merge adapter trains on (equation 11): "train", the round's training samples
+    # (as published), or "holdout", a rotating fold withheld from local training
+    adapter_objective: str = "train"
+    adapter_folds: int = 5  # holdout: F folds of each client's positives
+    # docs/design.md 2a, option 5: similarity aggregation over a random share of the round's uploads
+    # (the authors' code: agg_clients_ratio = 0.1); only those clients get a new table
+    agg_clients_ratio: float = 1.0
+    # docs/design.md 2a, option 6: "eq13" (the paper's equation 13) or "pca" (the authors' code:
+    # 1-D PCA of each table, 1 / (1 + L2), > 0.9 -> 1, projection of p + alpha s)
+    similarity: str = "eq13"
+    # docs/design.md 2a, option 7: merge on every local batch and evaluate the merged table
+    merge_every_batch: bool = False
+
+    def validate(self) -> None:
+        if self.method is not None and self.method not in METHODS:
+            raise UserError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
+        if self.backbone is not None and self.backbone not in REGISTRY:  # live: a test may add
+            raise UserError(f"unknown backbone {self.backbone!r}; choose one of "
+                            f"{', '.join(REGISTRY)}")
+        if self.codec not in CODECS:
+            raise UserError(f"unknown codec {self.codec!r}; available: {', '.join(CODECS)}")
+        for name in ("graph_threshold", "gpfedrec_reg", "fedrap_lambda", "fedrap_mu"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise UserError(f"federation.{name} must be a number >= 0, got {value}")
+        if self.peft_pretrain not in PEFT_PRETRAINS:
+            raise UserError(f"unknown --peft-pretrain (federation.peft_pretrain) "
+                            f"{self.peft_pretrain!r}; choose one of {', '.join(PEFT_PRETRAINS)}")
+        if not (math.isfinite(self.server_lr) and self.server_lr > 0):
+            raise UserError(f"--server-lr (federation.server_lr) must be a positive number, "
+                            f"got {self.server_lr}")
+        if not 0 <= self.server_momentum < 1:
+            raise UserError(f"--server-momentum (federation.server_momentum) must be in [0, 1), "
+                            f"got {self.server_momentum}")
+        if self.peft_init not in ("normal", "zero"):
+            raise UserError(f"--peft-init (federation.peft_init) must be normal or zero, "
+                            f"got {self.peft_init!r}")
+        if self.peft_warmup < 0:
+            raise UserError(f"--peft-warmup (federation.peft_warmup) must be >= 0, "
+                            f"got {self.peft_warmup}")
+        for name in ("lora_rank", "hash_size", "hash_functions", "rq_levels", "rq_codebook"):
+            if getattr(self, name) < 1:
+                raise UserError(f"--{name.replace('_', '-')} (federation.{name}) must be a "
+                                f"positive integer, got {getattr(self, name)}")
+        if self.hash_senet < 0:
+            raise UserError(f"--hash-senet (federation.hash_senet) must be 0 (mean pooling) "
+                            f"or a positive expansion ratio, got {self.hash_senet}")
+        if self.hash_senet and self.codec not in ("hash", "c-hash"):
+            raise UserError(f"--hash-senet weights the hash codec's vectors; it needs --codec "
+                            f"hash or c-hash, not {self.codec!r}")
+        if self.graph_topk < 0 or self.graph_layers < 1:
+            raise UserError("federation.graph_topk must be >= 0 and graph_layers >= 1")
+        if self.merge_k < 1:
+            raise UserError(f"--merge-k (federation.merge_k) must be a positive integer, "
+                            f"got {self.merge_k}")
+        if self.fedmerge_steps < 1:
+            raise UserError(f"--fedmerge-steps (federation.fedmerge_steps) must be a positive "
+                            f"integer, got {self.fedmerge_steps}")
+        if not (math.isfinite(self.fedmerge_lr) and 0 < self.fedmerge_lr <= 1):
+            raise UserError(f"--fedmerge-lr (federation.fedmerge_lr) must be in (0, 1] (the "
+                            f"step in units of 1/L), got {self.fedmerge_lr}")
+        if self.aggregation is not None and self.aggregation not in AGGREGATIONS:
+            raise UserError(f"unknown aggregation {self.aggregation!r}; choose one of "
+                            f"{', '.join(AGGREGATIONS)}")
+        if self.merge is not None and self.merge not in MERGES:
+            raise UserError(f"unknown merge {self.merge!r}; choose one of {', '.join(MERGES)}")
+        if not (math.isfinite(self.alpha) and self.alpha >= 0):
+            raise UserError(f"federation.alpha must be >= 0, got {self.alpha}")
+        if not 0 <= self.rho <= 1:
+            raise UserError(f"federation.rho must be in [0, 1], got {self.rho}")
+        if not (math.isfinite(self.adapter_lr) and self.adapter_lr > 0):
+            raise UserError(f"federation.adapter_lr must be positive, got {self.adapter_lr}")
+        if self.adapter_epochs < 1:
+            raise UserError("federation.adapter_epochs must be a positive integer")
+        if self.adapter_objective not in ADAPTER_OBJECTIVES:
+            raise UserError(f"unknown adapter objective {self.adapter_objective!r}; choose one "
+                            f"of {', '.join(ADAPTER_OBJECTIVES)}")
+        if not 0 < self.agg_clients_ratio <= 1:
+            raise UserError(f"--agg-clients-ratio (federation.agg_clients_ratio) must be in "
+                            f"(0, 1], got {self.agg_clients_ratio}")
+        if self.similarity not in SIMILARITIES:
+            raise UserError(f"unknown --similarity (federation.similarity) "
+                            f"{self.similarity!r}; choose one of {', '.join(SIMILARITIES)}")
+        if self.adapter_folds < 2:
+            raise UserError(f"--adapter-folds (federation.adapter_folds) must be an integer "
+                            f">= 2, got {self.adapter_folds}")
+
+    @property
+    def resolved_method(self) -> str:
+        return self.method or BACKBONE_METHOD[self.backbone or "mf"]
+
+    @property
+    def resolved_backbone(self) -> str:
+        return self.backbone or METHOD_BACKBONE[self.resolved_method]
+
+    @property
+    def resolved_aggregation(self) -> str:
+        return self.aggregation or METHOD_DEFAULTS[self.resolved_method][0]
+
+    @property
+    def resolved_merge(self) -> str:
+        return self.merge or METHOD_DEFAULTS[self.resolved_method][1]
+
+    def check_composition(self) -> None:
+        """Refuse a combination of parts that cannot work, with one line naming why."""
+        agg, merge = self.resolved_aggregation, self.resolved_merge
+        if agg == "none" and merge != "sr":
+            raise UserError(f"merge {merge!r} merges the server's table into the client's, but "
+                            "aggregation 'none' (local) sends no table; use --merge sr")
+        if self.peft_pretrain != "none" and self.codec == "full":
+            raise UserError(f"--peft-pretrain {self.peft_pretrain} initialises FedPEFT's item "
+                            f"table; it needs a FedPEFT codec (--codec lora, hash, rqvae, "
+                            f"c-lora, c-hash or c-rqvae), not full")
+        if self.adapter_objective == "holdout" and merge not in LEARNED_MERGES:
+            raise UserError(f"--adapter-objective holdout trains the merge adapter, but merge "
+                            f"{merge!r} has none; use --merge em or dm")
+        if self.agg_clients_ratio != 1.0:
+            if agg not in SAMPLED_AGGREGATIONS:
+                raise UserError(f"--agg-clients-ratio samples the uploads an aggregation "
+                                f"takes; aggregation {agg!r} cannot; use one of "
+                                f"{', '.join(SAMPLED_AGGREGATIONS)}")
+            if self.codec != "full":
+                raise UserError(f"--agg-clients-ratio samples item-table uploads only; codec "
+                                f"{self.codec!r} uploads other parameters; use codec full")
+        if self.similarity != "eq13" and agg != "similarity":
+            raise UserError(f"--similarity {self.similarity} is a similarity aggregation's; "
+                            f"aggregation {agg!r} has none; use --aggregation similarity")
+        if self.merge_every_batch and merge != "em":
+            raise UserError(f"--merge-every-batch merges with the adapter on every batch (the "
+                            f"FedEM code's EM), but merge is {merge!r}; use --merge em")
+        if self.merge_every_batch and not backbone_class(self.resolved_backbone).batch_merge:
+            raise UserError(f"--merge-every-batch is built for backbone "
+                            f"{', '.join(backbones_where('batch_merge'))} (the FedEM code's "
+                            f"FCF), not {self.resolved_backbone!r}")
+        if self.merge_every_batch and self.codec != "full":
+            raise UserError(f"--merge-every-batch trains the item table through the merge; "
+                            f"codec {self.codec!r} trains its own parameters; use --codec full")
+        if self.merge_every_batch and self.adapter_objective != "train":
+            raise UserError("--merge-every-batch trains the adapter on the training batches "
+                            "themselves; it cannot use --adapter-objective holdout")
+        if self.server_lr != 1.0 or self.server_momentum != 0.0:
+            if agg not in PEFT_AGGREGATIONS:
+                raise UserError(f"--server-lr / --server-momentum step the one global table of a "
+                                f"sum aggregator; aggregation {agg!r} has none; use fedavg or "
+                                f"uniform")
+            if self.codec != "full":
+                raise UserError(f"--server-lr / --server-momentum with codec {self.codec!r} is "
+                                f"not built (the step would act on theta and on its decoded "
+                                f"table); use --codec full")
+        if self.codec != "full":
+            if not backbone_class(self.resolved_backbone).trains_item_rows:
+                raise UserError(f"codec {self.codec!r} trains its own parameters in place of "
+                                f"the item table, which backbone {self.resolved_backbone!r} "
+                                f"regularises as a whole; use one of "
+                                f"{', '.join(backbones_where('trains_item_rows'))}")
+            if agg not in PEFT_AGGREGATIONS:
+                raise UserError(f"codec {self.codec!r} uploads parameters the server averages "
+                                f"into one global table; aggregation {agg!r} keeps per-client "
+                                f"tables; use fedavg or uniform")
+
+
+def refuse_central(aggregation: str, mode: str) -> None:
+    """Refuse, in one line, an aggregation that needs each upload under a central mechanism.
+
+    Similarity, graph and FedMerge (section 12) aggregation read every
+    client's upload, which a central mechanism (cdp-gaussian: noise on the
+    aggregate, under secure aggregation) never releases.
+    """
+    if aggregation in EACH_UPLOAD_AGGREGATIONS and mechanism_for(mode).central:
+        raise UserError(f"aggregation {aggregation!r} needs each client's upload, but privacy "
+                        f"{mode!r} is central (noise on the aggregate only); use a local "
+                        f"(ldp-*) mode")
+
+
+@dataclass(frozen=True)
+class BaselineConfig:
+    """Settings of the non-federated baselines (``--method mostpop|dp-mostpop|centralised|
+    ease|als``; docs/design.md section 14, :mod:`fedem_private.baselines`). Ignored by federated
+    methods, and refused there when changed."""
+
+    # dp-mostpop: the privacy architecture, its total (epsilon, delta) for the one release,
+    # and k, the most items one user contributes (a user with more keeps a seeded random k;
+    # k is public). delta is used by the central architecture only.
+    architecture: str = "central"
+    epsilon: float = 1.0
+    delta: float = 1e-5
+    k: int = 50
+    # ease: the L2 weight lambda of B = I - P diagMat(1 / diag P), P = (X'X + lambda I)^-1
+    ease_lambda: float = 500.0
+    # als (implicit ALS, Hu, Koren and Volinsky 2008): factors, L2 weight, sweeps, and the
+    # confidence 1 + alpha r of an observed pair
+    als_factors: int = 64
+    als_regularization: float = 0.01
+    als_iterations: int = 15
+    als_alpha: float = 1.0
+    # centralised: passes over the pooled training data (train.lr, dim, batch_size,
+    # num_negatives and init_std are the federated run's)
+    epochs: int = 20
+
+    def validate(self, method: str) -> None:
+        """Check every value; settings of a baseline are refused for a federated method."""
+        if self.architecture not in DP_MOSTPOP_ARCHITECTURES:
+            raise UserError(f"unknown baseline.architecture {self.architecture!r}; choose one "
+                            f"of {', '.join(DP_MOSTPOP_ARCHITECTURES)}")
+        if not (self.epsilon > 0 and not math.isnan(self.epsilon)):
+            raise UserError(f"baseline.epsilon must be > 0, got {self.epsilon}")
+        if math.isinf(self.epsilon) and self.architecture in ("local", "interaction-local"):
+            raise UserError(f"baseline.epsilon = inf: the {self.architecture} architecture "
+                            "needs a finite epsilon (central or interaction release the "
+                            "counts without noise)")
+        if not 0 < self.delta < 1:
+            raise UserError(f"baseline.delta must be in (0, 1), got {self.delta}")
+        for name in ("k", "als_factors", "als_iterations", "epochs"):
+            if getattr(self, name) < 1:
+                raise UserError(f"baseline.{name} must be a positive integer, "
+                                f"got {getattr(self, name)}")
+        for name in ("ease_lambda", "als_regularization", "als_alpha"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise UserError(f"baseline.{name} must be a positive number, got {value}")
+        if method not in BASELINE_METHODS and self != BaselineConfig():
+            raise UserError(f"[baseline] settings apply to the baselines "
+                            f"({', '.join(BASELINE_METHODS)}), not method {method!r}")
+
+
+DEFAULT_RECORD_CLIENTS = 100
+
+
+@dataclass(frozen=True)
+class RecordConfig:
+    """What the server saw, recorded for the attacks (``--record-rounds``, ``--record-clients``).
+
+    ``rounds``: comma-separated round numbers or ``last`` (e.g. ``"1,50,last"``;
+    a TOML list such as ``[1, "last"]`` is accepted too); None records nothing.
+    ``clients``: the first N client ids are recorded (100 when left out).
+    """
+
+    rounds: str | None = None
+    clients: int | None = None
+
+    def parsed_rounds(self) -> tuple[int | str, ...]:
+        """The rounds as ints and ``"last"``; () when nothing is recorded."""
+        if self.rounds is None:
+            return ()
+        items: list[int | str] = []
+        for part in str(self.rounds).split(","):
+            text = part.strip().lower()
+            if not text:
+                continue
+            if text == "last":
+                items.append("last")
+                continue
+            try:
+                value = int(text)
+            except ValueError:
+                raise UserError(f"--record-rounds: not a round number: {part.strip()!r}"
+                                ) from None
+            if value < 1:
+                raise UserError(f"--record-rounds: rounds are integers >= 1 or 'last', "
+                                f"got {value}")
+            items.append(value)
+        if not items:
+            raise UserError("--record-rounds needs at least one round")
+        return tuple(items)
+
+    def validate(self, total_rounds: int) -> None:
+        if self.rounds is None:
+            if self.clients is not None:
+                raise UserError("--record-clients needs --record-rounds (record.clients needs "
+                                "record.rounds)")
+            return
+        for r in self.parsed_rounds():
+            if r != "last" and int(r) > total_rounds:
+                raise UserError(f"--record-rounds: round {r} is beyond the run's "
+                                f"{total_rounds} rounds")
+        if self.clients is not None and self.clients < 1:
+            raise UserError(f"--record-clients must be a positive integer, got {self.clients}")
+
