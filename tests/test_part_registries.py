@@ -74,3 +74,52 @@ def test_a_run_checks_its_configuration_once_where_it_is_built(monkeypatch, tmp_
     changed = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, rounds=-1))
     with pytest.raises(UserError, match="rounds"):
         changed.validate()
+
+
+class ToyAggregator:
+    """Filled in by the fixture below (the server module loads torch)."""
+
+
+def _toy_aggregator_class():
+    from fedem_private.server.aggregators import UniformAggregator
+
+    class Toy(UniformAggregator):
+        """The uniform mean, counting the uploads it takes."""
+
+        name = "toy-mean"
+        uploads_taken = 0
+
+        def add(self, idx, uploads):
+            type(self).uploads_taken += int(idx.shape[0])
+            super().add(idx, uploads)
+
+    return Toy
+
+
+@pytest.fixture
+def toy_aggregator(monkeypatch):
+    import sys
+
+    from fedem_private.server import registry
+
+    cls = _toy_aggregator_class()
+    monkeypatch.setattr(sys.modules[__name__], "ToyAggregator", cls)
+    monkeypatch.setitem(registry.REGISTRY, "toy-mean", f"{__name__}:ToyAggregator")
+    return cls
+
+
+def test_a_registered_aggregator_runs_and_is_asked_for_its_capabilities(toy_aggregator,
+                                                                        tmp_path):
+    cfg = {"data": {"dataset": "synthetic", "synthetic": {"n_users": 30, "n_items": 40,
+                                                          "mean_activity": 8}},
+           "train": {"rounds": 2, "local_epochs": 1},
+           "federation": {"method": "fedmf", "aggregation": "toy-mean"}}
+    result = fp.run(cfg, out=tmp_path / "run", force=True)
+    assert result.config.federation.resolved_aggregation == "toy-mean"
+    assert toy_aggregator.uploads_taken == 2 * 30  # every client, both rounds
+    from fedem_private.server.registry import aggregators_where
+
+    assert "toy-mean" in aggregators_where("one_table")  # inherited from the sums
+    assert "toy-mean" not in aggregators_where("needs_each_upload")
+    # a central mechanism takes it (it can adopt the aggregate), as it does uniform
+    fp.resolve_config({**cfg, "privacy": {"mode": "cdp-gaussian", "epsilon": 4.0}})

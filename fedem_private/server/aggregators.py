@@ -78,6 +78,8 @@ class _Sampled:
     a table next round; every other client continues from its own model, with no merge.
     The share 1 (the default) is plain aggregation over all participants."""
 
+    sampled: ClassVar[bool] = True
+
     agg_ratio: float
     seed: int
     round: int
@@ -161,6 +163,22 @@ class Aggregator(ABC):
     takes_aggregate: ClassVar[bool] = False
     #: whether it sends clients a table at all (the local baseline sends none)
     sends_table: ClassVar[bool] = True
+    #: whether it can aggregate a random share of the uploads (``--agg-clients-ratio``)
+    sampled: ClassVar[bool] = False
+    #: whether it keeps one global table formed as a weighted sum, which a server step
+    #: (``--server-lr``) and a FedPEFT codec's averaged theta act on
+    one_table: ClassVar[bool] = False
+
+    @classmethod
+    def from_options(cls, sizes: Tensor, q0: Tensor, opts: AggregatorOptions) -> Aggregator:
+        """Build it from the run's options (each class takes its own)."""
+        raise NotImplementedError(f"aggregation {cls.name!r} has no from_options")
+
+    @staticmethod
+    def _no_server_step(name: str, opts: AggregatorOptions) -> None:
+        if opts.server is not None and not opts.server.plain:
+            raise ValueError(f"a server learning rate / momentum needs a sum aggregator, "
+                             f"not {name!r}")
 
     def __init__(self, sizes: Tensor, n_clients: int) -> None:
         self.sizes = sizes  # (n,) float64 training-set sizes |D_u|, on the run's device
@@ -229,6 +247,12 @@ class _SumAggregator(_Sampled, Aggregator):
     """
 
     takes_aggregate = True
+    one_table = True
+
+    @classmethod
+    def from_options(cls, sizes: Tensor, q0: Tensor, opts: AggregatorOptions) -> Aggregator:
+        return cls(sizes, sizes.shape[0], q0, opts.server, agg_ratio=float(opts.agg_ratio),
+                   seed=opts.seed)
 
     def __init__(self, sizes: Tensor, n_clients: int, q0: Tensor,
                  server: ServerOptConfig | None = None, agg_ratio: float = 1.0,
@@ -349,6 +373,12 @@ class SimilarityAggregator(_Sampled, _PerUploadAggregator):
 
     name = "similarity"
 
+    @classmethod
+    def from_options(cls, sizes: Tensor, q0: Tensor, opts: AggregatorOptions) -> Aggregator:
+        cls._no_server_step(cls.name, opts)
+        return cls(sizes, sizes.shape[0], q0, opts.alpha, opts.alias, seed=opts.seed,
+                   agg_ratio=float(opts.agg_ratio), **(opts.similarity or {}))
+
     def __init__(self, sizes: Tensor, n_clients: int, q0: Tensor, alpha: float,
                  alias: Tensor | None = None, similarity: str = "eq13",
                  agg_ratio: float = 1.0, seed: int = 0) -> None:
@@ -405,6 +435,12 @@ class GraphAggregator(_Sampled, _PerUploadAggregator):
 
     name = "graph"
 
+    @classmethod
+    def from_options(cls, sizes: Tensor, q0: Tensor, opts: AggregatorOptions) -> Aggregator:
+        cls._no_server_step(cls.name, opts)
+        return cls(sizes, sizes.shape[0], q0, alias=opts.alias, agg_ratio=float(opts.agg_ratio),
+                   seed=opts.seed, **(opts.graph or {}))
+
     def __init__(self, sizes: Tensor, n_clients: int, q0: Tensor, *, threshold: float,
                  topk: int, layers: int, alias: Tensor | None = None,
                  agg_ratio: float = 1.0, seed: int = 0) -> None:
@@ -451,6 +487,14 @@ class FedMergeAggregator(_PerUploadAggregator):
     """
 
     name = "fedmerge"
+
+    @classmethod
+    def from_options(cls, sizes: Tensor, q0: Tensor, opts: AggregatorOptions) -> Aggregator:
+        cls._no_server_step(cls.name, opts)
+        fit = dict(opts.fedmerge or {})
+        k = int(fit.pop("k", 4))
+        return cls(sizes, sizes.shape[0], q0, k=k, fit_cfg=FitConfig(**fit), seed=opts.seed,
+                   alias=opts.alias)
 
     def __init__(self, sizes: Tensor, n_clients: int, q0: Tensor, *, k: int, fit_cfg: FitConfig,
                  seed: int, alias: Tensor | None = None) -> None:
@@ -503,6 +547,11 @@ class NoAggregator(Aggregator):
     name = "none"
     sends_table = False
 
+    @classmethod
+    def from_options(cls, sizes: Tensor, q0: Tensor, opts: AggregatorOptions) -> Aggregator:
+        cls._no_server_step(cls.name, opts)
+        return cls(sizes, sizes.shape[0])
+
     def sent(self, idx: Tensor) -> None:
         return None
 
@@ -513,9 +562,26 @@ class NoAggregator(Aggregator):
         return None
 
 
-AGGREGATORS = ("fedavg", "uniform", "similarity", "graph", "fedmerge", "none")
-#: the aggregators that can aggregate a random share of the uploads (``agg_ratio`` < 1)
-SAMPLED_AGGREGATORS = ("fedavg", "uniform", "similarity", "graph")
+@dataclass(frozen=True)
+class AggregatorOptions:
+    """Every aggregator's options; each class's ``from_options`` takes its own.
+
+    ``alpha``: similarity's self weight; ``alias``: the clients' tables a per-upload copy
+    may share (no noise); ``graph``: GPFedRec's threshold, topk, layers; ``fedmerge``:
+    ``k``, ``steps``, ``lr`` of FedMerge (its initial tables keyed by ``seed``);
+    ``server``: the sum aggregators' step on the aggregate (:class:`ServerMomentum`);
+    ``similarity``: the similarity aggregator's options (``similarity``, docs/design.md
+    2a); ``agg_ratio``: the share of each round's uploads aggregated (:class:`_Sampled`).
+    """
+
+    alpha: float = 0.9
+    alias: Tensor | None = None
+    graph: dict | None = None
+    fedmerge: dict | None = None
+    seed: int = 0
+    server: ServerOptConfig | None = None
+    similarity: dict | None = None
+    agg_ratio: float = 1.0
 
 
 def build(name: str, sizes: Tensor, q0: Tensor, *, alpha: float,
@@ -523,39 +589,17 @@ def build(name: str, sizes: Tensor, q0: Tensor, *, alpha: float,
           fedmerge: dict | None = None, seed: int = 0,
           server: ServerOptConfig | None = None, similarity: dict | None = None,
           agg_ratio: float = 1.0) -> Aggregator:
-    """The aggregator called ``name`` (one of :data:`AGGREGATORS`).
+    """The aggregator registered as ``name`` (:mod:`fedem_private.server.registry`), built
+    from the options (:class:`AggregatorOptions`) by its class."""
+    from fedem_private.server.registry import aggregator_class
 
-    ``graph``: GPFedRec's threshold, topk, layers; ``fedmerge``: ``k``,
-    ``steps``, ``lr`` of FedMerge (its initial tables are keyed by ``seed``);
-    ``server``: the sum aggregators' step on the aggregate (:class:`ServerMomentum`);
-    ``similarity``: the similarity aggregator's options (``similarity``, docs/design.md 2a);
-    ``agg_ratio``: the share of each round's uploads aggregated (:class:`_Sampled`), for
-    the aggregators of :data:`SAMPLED_AGGREGATORS`.
-    """
-    n = sizes.shape[0]
-    ratio = float(agg_ratio)
-    if ratio < 1.0 and name not in SAMPLED_AGGREGATORS:
+    cls = aggregator_class(name)
+    if float(agg_ratio) < 1.0 and not cls.sampled:
         raise ValueError(f"aggregation {name!r} cannot aggregate a share of the uploads")
-    if name == "fedavg":
-        return FedAvgAggregator(sizes, n, q0, server, agg_ratio=ratio, seed=seed)
-    if name == "uniform":
-        return UniformAggregator(sizes, n, q0, server, agg_ratio=ratio, seed=seed)
-    if server is not None and not server.plain:
-        raise ValueError(f"a server learning rate / momentum needs a sum aggregator, not {name!r}")
-    if name == "similarity":
-        return SimilarityAggregator(sizes, n, q0, alpha, alias, seed=seed, agg_ratio=ratio,
-                                    **(similarity or {}))
-    if name == "graph":
-        return GraphAggregator(sizes, n, q0, alias=alias, agg_ratio=ratio, seed=seed,
-                               **(graph or {}))
-    if name == "fedmerge":
-        opts = dict(fedmerge or {})
-        k = int(opts.pop("k", 4))
-        return FedMergeAggregator(sizes, n, q0, k=k, fit_cfg=FitConfig(**opts), seed=seed,
-                                  alias=alias)
-    if name == "none":
-        return NoAggregator(sizes, n)
-    raise ValueError(f"unknown aggregation {name!r}")
+    opts = AggregatorOptions(alpha=alpha, alias=alias, graph=graph, fedmerge=fedmerge,
+                             seed=seed, server=server, similarity=similarity,
+                             agg_ratio=agg_ratio)
+    return cls.from_options(sizes, q0, opts)
 
 
 class DenseFedAvg:

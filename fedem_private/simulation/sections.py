@@ -18,6 +18,8 @@ from fedem_private.device import check_name as check_device
 from fedem_private.errors import UserError
 from fedem_private.models import REGISTRY, backbone_class, backbones_where
 from fedem_private.privacy.registry import mechanism_for
+from fedem_private.server.registry import REGISTRY as AGGREGATOR_REGISTRY
+from fedem_private.server.registry import aggregator_class, aggregators_where
 
 FEDERATED_METHODS = ("fedmf", "fedsim", "fedem", "local", "fedncf", "pfedrec", "gpfedrec",
                      "fedrap", "fedmerge")
@@ -32,15 +34,9 @@ DP_MOSTPOP_ARCHITECTURES = ("central", "local", "interaction", "interaction-loca
 CODECS = ("full", "lora", "hash", "rqvae", "c-lora", "c-hash", "c-rqvae")
 # FedPEFT's initial item table: random ("none") or an autoencoder over item attributes
 PEFT_PRETRAINS = ("none", "attributes")
-# aggregations with one global table that a codec's averaged parameters decode to
-PEFT_AGGREGATIONS = ("fedavg", "uniform")
-AGGREGATIONS = ("fedavg", "uniform", "similarity", "graph", "fedmerge", "none")
-# aggregations that need each client's upload, not only a sum: refused under central DP
-EACH_UPLOAD_AGGREGATIONS = ("similarity", "graph", "fedmerge")
-# aggregations that can aggregate a random share of the uploads (--agg-clients-ratio; the
-# FedEM code's agg_clients_ratio, docs/design.md 2a): its similarity aggregation, and (not in any
-# published code) the sums and GPFedRec's graph, to ask what the share does to their +EM
-SAMPLED_AGGREGATIONS = ("similarity", "fedavg", "uniform", "graph")
+# the aggregations: the server registry's names (each class declares what it can do:
+# one_table, needs_each_upload, sampled; fedem_private.server.registry)
+AGGREGATIONS = tuple(AGGREGATOR_REGISTRY)
 MERGES = ("sr", "sm", "dm", "em")
 LEARNED_MERGES = ("dm", "em")  # merges with an adapter (equations 9 and 11)
 # what the adapter trains on: the round's training samples, or a withheld fold of them
@@ -311,9 +307,9 @@ class FederationConfig:
         if not (math.isfinite(self.fedmerge_lr) and 0 < self.fedmerge_lr <= 1):
             raise UserError(f"--fedmerge-lr (federation.fedmerge_lr) must be in (0, 1] (the "
                             f"step in units of 1/L), got {self.fedmerge_lr}")
-        if self.aggregation is not None and self.aggregation not in AGGREGATIONS:
+        if self.aggregation is not None and self.aggregation not in AGGREGATOR_REGISTRY:
             raise UserError(f"unknown aggregation {self.aggregation!r}; choose one of "
-                            f"{', '.join(AGGREGATIONS)}")
+                            f"{', '.join(AGGREGATOR_REGISTRY)}")
         if self.merge is not None and self.merge not in MERGES:
             raise UserError(f"unknown merge {self.merge!r}; choose one of {', '.join(MERGES)}")
         if not (math.isfinite(self.alpha) and self.alpha >= 0):
@@ -367,10 +363,10 @@ class FederationConfig:
             raise UserError(f"--adapter-objective holdout trains the merge adapter, but merge "
                             f"{merge!r} has none; use --merge em or dm")
         if self.agg_clients_ratio != 1.0:
-            if agg not in SAMPLED_AGGREGATIONS:
+            if not aggregator_class(agg).sampled:
                 raise UserError(f"--agg-clients-ratio samples the uploads an aggregation "
                                 f"takes; aggregation {agg!r} cannot; use one of "
-                                f"{', '.join(SAMPLED_AGGREGATIONS)}")
+                                f"{', '.join(aggregators_where('sampled'))}")
             if self.codec != "full":
                 raise UserError(f"--agg-clients-ratio samples item-table uploads only; codec "
                                 f"{self.codec!r} uploads other parameters; use codec full")
@@ -391,7 +387,7 @@ class FederationConfig:
             raise UserError("--merge-every-batch trains the adapter on the training batches "
                             "themselves; it cannot use --adapter-objective holdout")
         if self.server_lr != 1.0 or self.server_momentum != 0.0:
-            if agg not in PEFT_AGGREGATIONS:
+            if not aggregator_class(agg).one_table:
                 raise UserError(f"--server-lr / --server-momentum step the one global table of a "
                                 f"sum aggregator; aggregation {agg!r} has none; use fedavg or "
                                 f"uniform")
@@ -405,7 +401,7 @@ class FederationConfig:
                                 f"the item table, which backbone {self.resolved_backbone!r} "
                                 f"regularises as a whole; use one of "
                                 f"{', '.join(backbones_where('trains_item_rows'))}")
-            if agg not in PEFT_AGGREGATIONS:
+            if not aggregator_class(agg).one_table:
                 raise UserError(f"codec {self.codec!r} uploads parameters the server averages "
                                 f"into one global table; aggregation {agg!r} keeps per-client "
                                 f"tables; use fedavg or uniform")
@@ -418,7 +414,7 @@ def refuse_central(aggregation: str, mode: str) -> None:
     client's upload, which a central mechanism (cdp-gaussian: noise on the
     aggregate, under secure aggregation) never releases.
     """
-    if aggregation in EACH_UPLOAD_AGGREGATIONS and mechanism_for(mode).central:
+    if mechanism_for(mode).central and aggregator_class(aggregation).needs_each_upload:
         raise UserError(f"aggregation {aggregation!r} needs each client's upload, but privacy "
                         f"{mode!r} is central (noise on the aggregate only); use a local "
                         f"(ldp-*) mode")
