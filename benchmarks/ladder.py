@@ -258,8 +258,11 @@ def combined_report(out: Path, datasets: list[str], headline: Path) -> list[Path
 
     from fedem_private.experiments.report import write_report
 
-    frames = [pd.read_csv(out / d / "results.csv") for d in datasets
-              if (out / d / "results.csv").is_file()]
+    frames = []
+    for d in datasets:  # run names repeat across datasets: keep them apart
+        if (out / d / "results.csv").is_file():
+            frame = pd.read_csv(out / d / "results.csv")
+            frames.append(frame.assign(run=d + "/" + frame["run"].astype(str)))
     if headline.is_file():
         h = pd.read_csv(headline)
         frames.append(h[h["dataset"].isin(datasets) & (h["method"] != "fedmf")])
