@@ -97,6 +97,8 @@ class ChunkView:
 
     ``sent`` and ``upload`` are item tables (k, m, d): the decoded upload,
     i.e. what the server's aggregation and attacks see of the item table.
+    ``dense_sent`` holds the shared dense groups the server sent (e.g. FedNCF's
+    MLP), client axis first; empty for a backbone without any.
     """
 
     round: int
@@ -104,6 +106,7 @@ class ChunkView:
     sent: torch.Tensor
     upload: torch.Tensor
     samples: ClientSamples
+    dense_sent: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass
@@ -544,7 +547,7 @@ class Simulation:
             if self.dense is not None:
                 self.dense.add(idx, dense_upload)
             for observe in self.observers:
-                observe(ChunkView(t, chunk, sent, upload, samples))
+                observe(ChunkView(t, chunk, sent, upload, samples, dense_sent))
         if central:
             self._take_central_aggregate(peft)
         if peft:
