@@ -327,19 +327,27 @@ def _attack_chunk_model(model: ShadowModel, delta: np.ndarray, sent: np.ndarray,
             z = _scores(dt, sim, valid)
             move = torch.linalg.vector_norm(sim, dim=3).amax(1)  # (c, R)
             moves = (move > MOVE_TOL * lr) & valid
-            # the share of trained rows a trained row's update leaves visible, as the shadow
-            # sees it: the observed trained rows are that share of the rows really trained
-            share = (moves.sum(1).double() / valid.sum(1).clamp(min=1).double()).cpu().numpy()
+            # the share of trained rows whose update shows, as the shadow sees it: the rows
+            # it moves among all candidates, over those it moves among the rows seen trained
+            # (its own error: it may stall rows with its guessed private part that the
+            # client moved); the observed trained rows are that share of the rows trained
+            all_share = moves.sum(1).double() / valid.sum(1).clamp(min=1).double()
+            seen_share = (moves & seen).sum(1).double() / seen.sum(1).clamp(min=1).double()
+            share = (all_share / seen_share.clamp(min=1e-12)).clamp(max=1.0).cpu().numpy()
             est = np.where(some_unchanged, n_seen / np.maximum(share, n_seen / m), n_seen)
             kp_np = np.minimum(expected_positives(np.minimum(est, m), m, public.num_negatives),
                                valid_np.sum(1))
             kp = torch.from_numpy(kp_np).long().to(dev)
-            new = _top_k(z, valid, kp)
+            # guesses only among rows that can have been trained: changed, or left still
+            # by the shadow (an unchanged row it moves was not trained)
+            new = _top_k(z, valid & (seen | ~moves), kp)
             if torch.equal(new, guess):
                 break
             guess = new
         assert sim is not None
-        fit = _fit(dt, sim, guess)
+        # the restart that explains the rows seen trained best (an unchanged row's simulated
+        # change says nothing of the guessed private part's direction)
+        fit = _fit(dt, sim * seen[:, None, :, None], guess)
         better = fit > best_fit
         best_fit = torch.where(better, fit, best_fit)
         best_z = torch.where(better[:, None], z, best_z)
@@ -358,7 +366,7 @@ def _attack_chunk_model(model: ShadowModel, delta: np.ndarray, sent: np.ndarray,
 def imia(obs: Observation, public: PublicKnowledge, *, iterations: int = 5, restarts: int = 3,
          atol: float = 0.0, outlier_mads: float = 6.0, user_std: float = 0.0, seed: int = 0,
          chunk: int = 32, scope: str = "all", device: str = "cpu",
-         shadow: ShadowModel | None = None) -> np.ndarray:
+         shadow: ShadowModel | None = None, unchanged: str = "shadow") -> np.ndarray:
     """(k, m) IMIA scores (see the module docstring); NaN rows for non-participants.
 
     ``user_std`` is the std of the guessed user vectors (0: the public
@@ -367,7 +375,12 @@ def imia(obs: Observation, public: PublicKnowledge, *, iterations: int = 5, rest
     ``device`` (``cpu`` or ``cuda``): where the shadow training runs.
     ``shadow``: the recorded backbone's client training (:class:`ShadowModel`,
     handed in by the experiments layer); None: the built-in MF shadow.
+    ``unchanged`` (with ``shadow``): "shadow" simulates the unchanged rows too
+    and ranks them by what the shadow says of them (module docstring,
+    "Candidates"); "below" ranks them below the changed rows, as the MF shadow does.
     """
+    if unchanged not in ("shadow", "below"):
+        raise ValueError(f"unchanged must be 'shadow' or 'below', got {unchanged!r}")
     if iterations < 1 or restarts < 1 or chunk < 1:
         raise ValueError("iterations, restarts and chunk must be >= 1")
     if atol < 0 or outlier_mads <= 0 or user_std < 0:
@@ -393,7 +406,8 @@ def imia(obs: Observation, public: PublicKnowledge, *, iterations: int = 5, rest
     gen = torch.Generator().manual_seed(int(seed))
     if shadow is not None:
         return _imia_model(obs, public, shadow, norms, trained, k_pos, part, iterations,
-                           restarts, atol, chunk, scope, gen, device, scores)
+                           restarts, atol, chunk, scope, gen, device, scores,
+                           every_row=unchanged == "shadow")
     order = part[np.argsort(-k_pos[part], kind="stable")]  # lock-step needs K descending
     raw = np.full((k, m), np.nan)
     for start in range(0, order.size, chunk):
@@ -419,13 +433,18 @@ def imia(obs: Observation, public: PublicKnowledge, *, iterations: int = 5, rest
 def _imia_model(obs: Observation, public: PublicKnowledge, model: ShadowModel,
                 norms: np.ndarray, trained: np.ndarray, k_pos: np.ndarray, part: np.ndarray,
                 iterations: int, restarts: int, atol: float, chunk: int, scope: str,
-                gen: torch.Generator, device: str, scores: np.ndarray) -> np.ndarray:
+                gen: torch.Generator, device: str, scores: np.ndarray,
+                every_row: bool = True) -> np.ndarray:
     """:func:`imia` with the backbone's own shadow; candidates: every row (see the module
-    docstring, "Candidates")."""
+    docstring, "Candidates"), or with ``every_row`` False the MF shadow's candidates."""
     k, m = obs.n_clients, obs.n_items
     every = (norms > atol).all(axis=1)
     cand = np.ones((k, m), dtype=bool)
-    if scope == "outliers":
+    if not every_row:
+        cand = trained.copy()
+        if scope == "all":
+            cand[every] = True
+    elif scope == "outliers":
         cand[every] = trained[every]
     raw = np.full((k, m), np.nan)
     moved = np.zeros((k, m))

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedem_private.models.base import (
+    Backbone,
     ClientParams,
     ClientSamples,
     Compact,
@@ -60,6 +61,10 @@ class GPFedRecBackbone(NCFBackbone):
                  reg: float = 1.0) -> None:
         super().__init__(n_items, dim, seed, init_std)
         self.reg = float(reg)
+
+    # no IMIA shadow yet: NCF's score would leave out the regulariser toward the anchor (which
+    # the recording does not store), so the attack keeps its MF shadow and says so
+    shadow_logits = Backbone.shadow_logits
 
     def init_dense(self) -> dict[str, Tensor]:
         return {}  # nothing but the item table is shared
