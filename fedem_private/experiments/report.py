@@ -236,7 +236,8 @@ def accounting_table(agg: pd.DataFrame) -> str:
 
 
 # attack -> backbones whose score it models exactly (attacks.projection / attacks.imia)
-ATTACK_MODELS = {"projection": ("mf", "pfedrec", "fedrap"), "imia": ("mf",)}
+# (imia: the backbones whose registration gives it a shadow, fedem_private.experiments.shadow)
+ATTACK_MODELS = {"projection": ("mf", "pfedrec", "fedrap"), "imia": ("mf", "ncf", "pfedrec")}
 
 
 def attack_assumption_notes(frame: pd.DataFrame, attacks: list[str]) -> list[str]:
