@@ -52,10 +52,42 @@ over T; rows outside T rank below every candidate of every client, ordered by
 their change norm within a band common to all clients. NaN rows for clients
 that did not take part. The attack simulates from Q_sent: FedEM clients start
 from a private merged table instead, which this shadow does not model, so the
-attack is weaker there by construction. The shadow is an MF client: on
-another backbone (PFedRec's private head, FedNCF's MLP) it simulates the
-wrong local training, its record says so (``assumption``), and its scores
-are a heuristic there.
+attack is weaker there by construction.
+
+A shadow per backbone (``shadow``, a :class:`~attacks.shadow.ShadowModel`). The
+steps above describe the built-in shadow, an MF client. The experiments layer
+hands in the recorded backbone's own client training, built from its
+registration (:mod:`fedem_private.experiments.shadow`; this package cannot
+import the models): FedNCF's client with the MLP the server sent (recorded
+with the observation, :attr:`Observation.sent_dense`), trained by Adam beside
+the user vector; PFedRec's, whose batches step the private head first and the
+item rows second. What the server cannot know it draws as the client would at
+the start: the user vector, PFedRec's head (the backbone's own initialiser
+under the attacker's seed). Those are right in round 1 and guesses after it
+(the client kept training them); as with MF, the iterations train them on the
+guessed labels. Backbones whose registration gives no shadow score (GPFedRec,
+whose regulariser toward a personalised table the recording does not hold;
+FedRAP) keep the MF shadow, and the record says so (``assumption``).
+
+Candidates with a backbone's shadow (``unchanged="shadow"``, the default): a
+trained row need not change (FedNCF: a positive the client already scores with
+sigmoid = 1 in float32, or a dead ReLU path, gets an exactly zero gradient, and
+Adam leaves it where it was; at FedNCF round 50 about a third of the positives
+stay unchanged), so "changed rows = trained rows" is not assumed. Every row is
+a candidate and is simulated under both labels. A changed row is trained and
+scored by z as above. An unchanged row the shadow would have moved (under
+either label) is most likely untrained: it ranks below every candidate,
+smaller simulated movement higher. An unchanged row the shadow also leaves
+still says nothing, and keeps z = 0, between the likely positives and the
+likely negatives among the changed rows; guessed positives are drawn from the
+changed rows and these. The expected positive count K: the observed trained
+rows are the share of the trained rows whose update shows; the shadow
+estimates that share (the rows it moves among all rows, over the rows it moves
+among the changed ones, which corrects for the rows it stalls only because its
+private part is a guess), and K solves t(K) = (observed trained rows) / share,
+re-estimated after each shadow run. Everything used is public or observed:
+which rows changed, the sent tables, the public hyper-parameters.
+``unchanged="below"`` keeps the MF shadow's candidates (the changed rows).
 """
 
 from __future__ import annotations
