@@ -672,6 +672,11 @@ class Backbone(ABC):
     #: whether its client steps the non-item parameters and the item rows one after the
     #: other on each batch (PFedRec), as the IMIA shadow must replay it
     shadow_alternating: ClassVar[bool] = False
+    #: whether the ``imia`` attack's built-in shadow (an MF client, hand-written and
+    #: vectorised) already replays this client exactly, and is to be used instead of the
+    #: generic shadow built on :meth:`shadow_logits` (MF: the built-in is faster and, on
+    #: ML-100K round 50, stronger; docs/attacks.md)
+    shadow_builtin: ClassVar[bool] = False
 
     def shadow_logits(self, params: dict[str, Tensor], q_rows: Tensor) -> Tensor:
         """The logits (c, R) of item rows ``q_rows`` (c, R, d) under each client's non-item

@@ -142,6 +142,8 @@ class MFBackbone(Backbone):
     trains_item_rows = True
     early_stop = True
 
+    shadow_builtin = True  # imia's own MF shadow is this client's training
+
     def shadow_logits(self, params: dict[str, torch.Tensor], q_rows: torch.Tensor
                       ) -> torch.Tensor:
         return torch.bmm(q_rows, params["p"][:, :, None]).squeeze(2)
