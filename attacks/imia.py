@@ -67,7 +67,11 @@ under the attacker's seed). Those are right in round 1 and guesses after it
 (the client kept training them); as with MF, the iterations train them on the
 guessed labels. Backbones whose registration gives no shadow score (GPFedRec,
 whose regulariser toward a personalised table the recording does not hold;
-FedRAP) keep the MF shadow, and the record says so (``assumption``).
+FedRAP) keep the MF shadow, and the record says so (``assumption``). MF's
+registration asks for the built-in shadow (it is MF's client training, faster,
+and measured stronger at ML-100K round 50 than the generic one; docs/attacks.md).
+Upload codecs: the shadow replays the item table's training, not a codec's own
+parameters (not modelled yet).
 
 Candidates with a backbone's shadow (``unchanged="shadow"``, the default): a
 trained row need not change (FedNCF: a positive the client already scores with
