@@ -52,10 +52,46 @@ over T; rows outside T rank below every candidate of every client, ordered by
 their change norm within a band common to all clients. NaN rows for clients
 that did not take part. The attack simulates from Q_sent: FedEM clients start
 from a private merged table instead, which this shadow does not model, so the
-attack is weaker there by construction. The shadow is an MF client: on
-another backbone (PFedRec's private head, FedNCF's MLP) it simulates the
-wrong local training, its record says so (``assumption``), and its scores
-are a heuristic there.
+attack is weaker there by construction.
+
+A shadow per backbone (``shadow``, a :class:`~attacks.shadow.ShadowModel`). The
+steps above describe the built-in shadow, an MF client. The experiments layer
+hands in the recorded backbone's own client training, built from its
+registration (:mod:`fedem_private.experiments.shadow`; this package cannot
+import the models): FedNCF's client with the MLP the server sent (recorded
+with the observation, :attr:`Observation.sent_dense`), trained by Adam beside
+the user vector; PFedRec's, whose batches step the private head first and the
+item rows second. What the server cannot know it draws as the client would at
+the start: the user vector, PFedRec's head (the backbone's own initialiser
+under the attacker's seed). Those are right in round 1 and guesses after it
+(the client kept training them); as with MF, the iterations train them on the
+guessed labels. Backbones whose registration gives no shadow score (GPFedRec,
+whose regulariser toward a personalised table the recording does not hold;
+FedRAP) keep the MF shadow, and the record says so (``assumption``). MF's
+registration asks for the built-in shadow (it is MF's client training, faster,
+and measured stronger at ML-100K round 50 than the generic one; docs/attacks.md).
+Upload codecs: the shadow replays the item table's training, not a codec's own
+parameters (not modelled yet).
+
+Candidates with a backbone's shadow (``unchanged="shadow"``, the default): a
+trained row need not change (FedNCF: a positive the client already scores with
+sigmoid = 1 in float32, or a dead ReLU path, gets an exactly zero gradient, and
+Adam leaves it where it was; at FedNCF round 50 about a third of the positives
+stay unchanged), so "changed rows = trained rows" is not assumed. Every row is
+a candidate and is simulated under both labels. A changed row is trained and
+scored by z as above. An unchanged row the shadow would have moved (under
+either label) is most likely untrained: it ranks below every candidate,
+smaller simulated movement higher. An unchanged row the shadow also leaves
+still says nothing, and keeps z = 0, between the likely positives and the
+likely negatives among the changed rows; guessed positives are drawn from the
+changed rows and these. The expected positive count K: the observed trained
+rows are the share of the trained rows whose update shows; the shadow
+estimates that share (the rows it moves among all rows, over the rows it moves
+among the changed ones, which corrects for the rows it stalls only because its
+private part is a guess), and K solves t(K) = (observed trained rows) / share,
+re-estimated after each shadow run. Everything used is public or observed:
+which rows changed, the sent tables, the public hyper-parameters.
+``unchanged="below"`` keeps the MF shadow's candidates (the changed rows).
 """
 
 from __future__ import annotations
@@ -67,22 +103,31 @@ import torch
 
 from .base import blank_nonparticipants
 from .observations import Observation, PublicKnowledge
+from .shadow import ShadowModel, train_shadow
 
 BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-8
 
 
 
-#: the backbones whose local training the shadow reproduces
-MODELLED_BACKBONES = ("mf",)
+#: the backbone the built-in shadow (no :class:`ShadowModel` handed in) reproduces
+BUILTIN_BACKBONE = "mf"
+#: a row moves in the shadow when its simulated change exceeds this fraction of lr
+MOVE_TOL = 1e-3
 
 
-def assumption_note(public: PublicKnowledge) -> str | None:
-    """A one-line caveat when the recorded backbone is not the MF client the shadow retrains."""
-    if public.backbone in MODELLED_BACKBONES:
+def assumption_note(public: PublicKnowledge, shadow: ShadowModel | None = None) -> str | None:
+    """A one-line caveat when the shadow does not retrain the recorded backbone's client."""
+    if shadow is not None and shadow.backbone == public.backbone:
+        if public.optimizer != "adam":
+            return (f"optimizer {public.optimizer!r}: the imia shadow replays Adam; its "
+                    "scores are a heuristic")
         return None
-    return (f"backbone {public.backbone!r}: the imia shadow retrains an MF client "
-            "(sigmoid(p . q)), not this backbone's local training; its scores are a heuristic")
+    if shadow is None and public.backbone == BUILTIN_BACKBONE:
+        return None
+    return (f"backbone {public.backbone!r}: no shadow of this backbone's client training was "
+            "handed to imia, so it retrains an MF client (sigmoid(p . q)); its scores are a "
+            "heuristic")
 
 def candidate_rows(norms: np.ndarray, min_rows: int, *, atol: float = 0.0,
                    outlier_mads: float = 6.0) -> np.ndarray:
@@ -260,16 +305,118 @@ def _attack_chunk(delta: np.ndarray, sent: np.ndarray, cand: np.ndarray, k_pos: 
     return out
 
 
+def _attack_chunk_model(model: ShadowModel, delta: np.ndarray, sent: np.ndarray,
+                        dense: dict[str, np.ndarray], cand: np.ndarray, trained: np.ndarray,
+                        k_pos: np.ndarray, public: PublicKnowledge, iterations: int,
+                        restarts: int, gen: torch.Generator, device: str = "cpu"
+                        ) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_attack_chunk` with the backbone's own shadow (:mod:`attacks.shadow`).
+
+    Returns (raw z (c, m), NaN off the candidates; each row's simulated movement
+    (c, m): the larger norm of its two simulated deltas, 0 off the candidates).
+    ``trained`` (c, m) marks the rows the upload shows trained: when some of
+    them stay unchanged (:data:`MOVE_TOL`; a dead ReLU path leaves a trained row
+    exactly where it was), the expected positives are re-estimated after each
+    shadow run from the share of rows the shadow moves (see :func:`imia`).
+    """
+    c, m, d = delta.shape
+    r = int(max(cand.sum(1).max(), 1))
+    idx = np.zeros((c, r), dtype=np.int64)
+    valid_np = np.zeros((c, r), dtype=bool)
+    for j in range(c):
+        rows = np.flatnonzero(cand[j])
+        idx[j, : rows.size] = rows
+        valid_np[j, : rows.size] = True
+    take = np.arange(c)[:, None]
+    dev = torch.device(device)
+    valid = torch.from_numpy(valid_np).to(dev)
+    seen = torch.from_numpy(trained[take, idx] & valid_np).to(dev)
+    dt = torch.from_numpy(delta[take, idx]).to(dev).double() * valid[..., None]
+    st = torch.from_numpy(sent[take, idx].astype(np.float64)).to(dev)
+    n_seen = trained.sum(1)
+    some_unchanged = n_seen < m
+    kp0 = np.minimum(k_pos, valid_np.sum(1))
+    best_fit = torch.full((c,), -math.inf, dtype=torch.float64, device=dev)
+    best_z = torch.zeros((c, r), dtype=torch.float64, device=dev)
+    best_move = torch.zeros((c, r), dtype=torch.float64, device=dev)
+    lr = float(public.lr)
+    for _ in range(restarts):
+        theta = {n: v.to(dev) for n, v in model.init_private(c, gen).items()}
+        if model.dense_names:
+            if all(n in dense for n in model.dense_names):
+                theta.update({n: torch.from_numpy(np.ascontiguousarray(dense[n])).to(dev)
+                              for n in model.dense_names})
+            else:  # a recording without the sent dense groups: the server's init, guessed
+                theta.update({n: v.to(dev)[None].expand(c, *v.shape).contiguous()
+                              for n, v in model.init_dense(gen).items()})
+        kp_np = kp0.copy()
+        kp = torch.from_numpy(kp_np).long().to(dev)
+        keys = torch.rand((c, r), generator=gen, dtype=torch.float64).to(dev)
+        guess = _top_k(keys.masked_fill(~seen, -1.0), valid, kp)
+        z = torch.zeros((c, r), dtype=torch.float64, device=dev)
+        sim = None
+        for _ in range(max(iterations, 1)):
+            per_epoch = kp * (1 + public.num_negatives)
+            sim = train_shadow(model, st, valid, guess, seen | guess, theta, per_epoch,
+                               lr=lr, epochs=public.local_epochs,
+                               batch_size=public.batch_size, gen=gen)
+            z = _scores(dt, sim, valid)
+            move = torch.linalg.vector_norm(sim, dim=3).amax(1)  # (c, R)
+            moves = (move > MOVE_TOL * lr) & valid
+            # the share of trained rows whose update shows, as the shadow sees it: the rows
+            # it moves among all candidates, over those it moves among the rows seen trained
+            # (its own error: it may stall rows with its guessed private part that the
+            # client moved); the observed trained rows are that share of the rows trained
+            all_share = moves.sum(1).double() / valid.sum(1).clamp(min=1).double()
+            seen_share = (moves & seen).sum(1).double() / seen.sum(1).clamp(min=1).double()
+            share = (all_share / seen_share.clamp(min=1e-12)).clamp(max=1.0).cpu().numpy()
+            est = np.where(some_unchanged, n_seen / np.maximum(share, n_seen / m), n_seen)
+            kp_np = np.minimum(expected_positives(np.minimum(est, m), m, public.num_negatives),
+                               valid_np.sum(1))
+            kp = torch.from_numpy(kp_np).long().to(dev)
+            # guesses only among rows that can have been trained: changed, or left still
+            # by the shadow (an unchanged row it moves was not trained)
+            new = _top_k(z, valid & (seen | ~moves), kp)
+            if torch.equal(new, guess):
+                break
+            guess = new
+        assert sim is not None
+        # the restart that explains the rows seen trained best (an unchanged row's simulated
+        # change says nothing of the guessed private part's direction)
+        fit = _fit(dt, sim * seen[:, None, :, None], guess)
+        better = fit > best_fit
+        best_fit = torch.where(better, fit, best_fit)
+        best_z = torch.where(better[:, None], z, best_z)
+        best_move = torch.where(better[:, None],
+                                torch.linalg.vector_norm(sim, dim=3).amax(1), best_move)
+    out = np.full((c, m), np.nan)
+    moved = np.zeros((c, m))
+    z_np, mv_np = best_z.cpu().numpy(), best_move.cpu().numpy()
+    for j in range(c):
+        n = int(valid_np[j].sum())
+        out[j, idx[j, :n]] = z_np[j, :n]
+        moved[j, idx[j, :n]] = mv_np[j, :n]
+    return out, moved
+
+
 def imia(obs: Observation, public: PublicKnowledge, *, iterations: int = 5, restarts: int = 3,
          atol: float = 0.0, outlier_mads: float = 6.0, user_std: float = 0.0, seed: int = 0,
-         chunk: int = 32, scope: str = "all", device: str = "cpu") -> np.ndarray:
+         chunk: int = 32, scope: str = "all", device: str = "cpu",
+         shadow: ShadowModel | None = None, unchanged: str = "shadow") -> np.ndarray:
     """(k, m) IMIA scores (see the module docstring); NaN rows for non-participants.
 
     ``user_std`` is the std of the guessed user vectors (0: the public
     ``init_std`` if recorded, else 0.1); ``seed`` drives only the attacker's own
     random choices (initial guesses, p', batch order), drawn on the CPU.
     ``device`` (``cpu`` or ``cuda``): where the shadow training runs.
+    ``shadow``: the recorded backbone's client training (:class:`ShadowModel`,
+    handed in by the experiments layer); None: the built-in MF shadow.
+    ``unchanged`` (with ``shadow``): "shadow" simulates the unchanged rows too
+    and ranks them by what the shadow says of them (module docstring,
+    "Candidates"); "below" ranks them below the changed rows, as the MF shadow does.
     """
+    if unchanged not in ("shadow", "below"):
+        raise ValueError(f"unchanged must be 'shadow' or 'below', got {unchanged!r}")
     if iterations < 1 or restarts < 1 or chunk < 1:
         raise ValueError("iterations, restarts and chunk must be >= 1")
     if atol < 0 or outlier_mads <= 0 or user_std < 0:
@@ -293,6 +440,10 @@ def imia(obs: Observation, public: PublicKnowledge, *, iterations: int = 5, rest
     if scope == "all":
         cand[(norms > atol).all(axis=1)] = True
     gen = torch.Generator().manual_seed(int(seed))
+    if shadow is not None:
+        return _imia_model(obs, public, shadow, norms, trained, k_pos, part, iterations,
+                           restarts, atol, chunk, scope, gen, device, scores,
+                           every_row=unchanged == "shadow")
     order = part[np.argsort(-k_pos[part], kind="stable")]  # lock-step needs K descending
     raw = np.full((k, m), np.nan)
     for start in range(0, order.size, chunk):
@@ -312,4 +463,53 @@ def imia(obs: Observation, public: PublicKnowledge, *, iterations: int = 5, rest
         off = norms[j, ~cand[j]]
         top = float(off.max()) if off.size and off.max() > 0 else 1.0
         scores[j, ~cand[j]] = floor - 1.0 + 0.5 * off / top
+    return blank_nonparticipants(scores, obs)
+
+
+def _imia_model(obs: Observation, public: PublicKnowledge, model: ShadowModel,
+                norms: np.ndarray, trained: np.ndarray, k_pos: np.ndarray, part: np.ndarray,
+                iterations: int, restarts: int, atol: float, chunk: int, scope: str,
+                gen: torch.Generator, device: str, scores: np.ndarray,
+                every_row: bool = True) -> np.ndarray:
+    """:func:`imia` with the backbone's own shadow; candidates: every row (see the module
+    docstring, "Candidates"), or with ``every_row`` False the MF shadow's candidates."""
+    k, m = obs.n_clients, obs.n_items
+    every = (norms > atol).all(axis=1)
+    cand = np.ones((k, m), dtype=bool)
+    if not every_row:
+        cand = trained.copy()
+        if scope == "all":
+            cand[every] = True
+    elif scope == "outliers":
+        cand[every] = trained[every]
+    raw = np.full((k, m), np.nan)
+    moved = np.zeros((k, m))
+    for start in range(0, part.size, chunk):
+        rows = part[start: start + chunk]
+        delta = obs.upload[rows].astype(np.float64) - obs.sent[rows].astype(np.float64)
+        dense = {n: np.asarray(v[rows], dtype=np.float32) for n, v in obs.sent_dense.items()}
+        raw[rows], moved[rows] = _attack_chunk_model(
+            model, delta, np.asarray(obs.sent[rows]), dense, cand[rows], trained[rows],
+            k_pos[rows], public, iterations, restarts, gen, device)
+    tol = MOVE_TOL * float(public.lr)
+    # an unchanged row the shadow moves had it been trained: most likely untrained (ranked
+    # below every candidate); one the shadow leaves still too tells nothing (its z is 0)
+    ruled_out = (norms <= atol) & (moved > tol) & ~every[:, None]
+    for j in part:
+        keep = cand[j] & ~ruled_out[j]
+        zc = raw[j, keep]
+        zs = raw[j, keep & (norms[j] > atol)]
+        rms = math.sqrt(float(np.mean(zs**2))) if zs.size else 1.0
+        scores[j, keep] = zc / (rms if rms > 0 else 1.0)
+    on = cand[part] & ~ruled_out[part]
+    floor = float(scores[part][on].min()) - 1.0 if on.any() else 0.0
+    for j in part:
+        off = ~(cand[j] & ~ruled_out[j])
+        far = np.where(cand[j], moved[j], norms[j])[off]  # the predicted (or seen) movement
+        top = float(far.max()) if far.size and far.max() > 0 else 1.0
+        if cand[j][off].all():  # unchanged rows the shadow moves: less movement ranks higher
+            scores[j, off] = floor - 1.0 - 0.5 * far / top
+        else:
+            scores[j, off] = floor - 1.0 + 0.5 * norms[j, off] / max(
+                float(norms[j, off].max()), 1e-300)
     return blank_nonparticipants(scores, obs)

@@ -49,6 +49,8 @@ from ._store import FORMAT_VERSION, load_npz, readonly, round_files, round_name
 OBS_DIR = "observations"
 PUBLIC_FILE = "public.json"
 _STORE_DTYPES = {"float16": np.float16, "float32": np.float32}
+#: npz key prefixes of the sent dense groups: one per client, or one shared copy
+DENSE, DENSE_SHARED = "sent_dense__", "sent_dense_shared__"
 
 
 @dataclass(frozen=True, eq=False)
@@ -58,7 +60,10 @@ class Observation:
     ``sent[j]`` is the table the server sent client ``clients[j]`` (Q_sent) and
     ``upload[j]`` what that client uploaded after the privacy layer. Rows of
     clients that did not take part (``participated[j]`` False) carry no
-    information; attacks return NaN scores for them.
+    information; attacks return NaN scores for them. ``sent_dense`` holds the
+    shared dense groups the server sent with the table (FedNCF's MLP weights,
+    name -> (k, ...)); empty for a backbone that has none, or a recording made
+    before they were stored.
     """
 
     round: int
@@ -66,6 +71,7 @@ class Observation:
     sent: np.ndarray  # (k, m, d) float
     upload: np.ndarray  # (k, m, d) float
     participated: np.ndarray  # (k,) bool
+    sent_dense: Mapping[str, np.ndarray] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         clients = np.asarray(self.clients, dtype=np.int64).reshape(-1)
@@ -88,6 +94,14 @@ class Observation:
                 raise ValueError(f"Observation.{name} must be floating point")
             if not np.isfinite(a).all():
                 raise ValueError(f"Observation.{name} of round {self.round} has NaN or Inf")
+        dense = {}
+        for name, value in dict(self.sent_dense).items():
+            a = np.asarray(value)
+            if a.ndim < 1 or a.shape[0] != k or not np.issubdtype(a.dtype, np.floating):
+                raise ValueError(f"Observation.sent_dense[{name!r}] must be float (k={k}, ...); "
+                                 f"got {a.dtype} {a.shape}")
+            dense[str(name)] = readonly(a)
+        object.__setattr__(self, "sent_dense", MappingProxyType(dense))
         object.__setattr__(self, "round", int(self.round))
         object.__setattr__(self, "clients", readonly(clients))
         object.__setattr__(self, "sent", readonly(sent))
@@ -198,6 +212,12 @@ def save_observation(run_dir: str | Path, obs: Observation, *, part: int | None 
         arrays["sent_shared"] = obs.sent[0].astype(_STORE_DTYPES[sent_dtype])
     else:
         arrays["sent"] = obs.sent.astype(_STORE_DTYPES[sent_dtype])
+    for name, value in obs.sent_dense.items():
+        # the dense groups are small; one copy when every client got the same (FedAvg)
+        if obs.n_clients > 1 and _all_equal(value):
+            arrays[f"{DENSE_SHARED}{name}"] = value[0].astype(np.float32)
+        else:
+            arrays[f"{DENSE}{name}"] = value.astype(np.float32)
     stored_sent = arrays.get("sent", arrays.get("sent_shared"))
     if not np.isfinite(arrays["delta"]).all() or not np.isfinite(stored_sent).all():
         raise ValueError(f"round {obs.round}: values overflow {sent_dtype}/{delta_dtype}")
@@ -222,8 +242,15 @@ def _observation_from(path: Path) -> Observation:
     else:
         raise UserError(f"{path}: malformed file, missing sent")
     upload = sent + delta
+    k = delta.shape[0]
+    dense = {key[len(DENSE):]: z[key].astype(np.float32) for key in z if key.startswith(DENSE)}
+    for key in z:
+        if key.startswith(DENSE_SHARED):
+            table = z[key].astype(np.float32)
+            dense[key[len(DENSE_SHARED):]] = np.broadcast_to(table, (k, *table.shape))
     try:
-        return Observation(int(z["round"]), z["clients"], sent, upload, z["participated"])
+        return Observation(int(z["round"]), z["clients"], sent, upload, z["participated"],
+                           dense)
     except ValueError as e:
         raise UserError(f"{path}: {e}") from e
 
@@ -243,10 +270,25 @@ def _concat_observations(obs: list[Observation]) -> Observation:
         sent = np.broadcast_to(first, (k, *first.shape))
     else:
         sent = np.concatenate([o.sent for o in obs])
+    names = set(obs[0].sent_dense)
+    if any(set(o.sent_dense) != names for o in obs):
+        # parts of clients that sat the round out carry no dense groups: fill with the others'
+        have = [o for o in obs if o.sent_dense]
+        names = set(have[0].sent_dense) if have else set()
+    dense = {}
+    for name in sorted(names):
+        blocks = []
+        for o in obs:
+            if name in o.sent_dense:
+                blocks.append(np.asarray(o.sent_dense[name]))
+            else:
+                ref = next(np.asarray(h.sent_dense[name]) for h in obs if name in h.sent_dense)
+                blocks.append(np.zeros((o.n_clients, *ref.shape[1:]), dtype=ref.dtype))
+        dense[name] = np.concatenate(blocks)
     return Observation(obs[0].round, np.concatenate([o.clients for o in obs]),
                        sent,
                        np.concatenate([o.upload for o in obs]),
-                       np.concatenate([o.participated for o in obs]))
+                       np.concatenate([o.participated for o in obs]), dense)
 
 
 def load_observations(run_dir: str | Path, rounds: Sequence[int] | None = None

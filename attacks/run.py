@@ -40,7 +40,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,6 +71,7 @@ from .observations import (
 )
 from .projection import assumption_note as projection_assumption
 from .scoring import score_attack, score_attribute
+from .shadow import ShadowModel
 
 CLIENT_ATTACKS = ("attribute",)
 #: item attacks that compute on torch tensors, and so take a ``device``
@@ -214,9 +215,12 @@ def known_attributes(demo: Demographics, name: str, clients: np.ndarray, fractio
 
 
 def _item_record(name: str, obs: Observation, public: PublicKnowledge, gt: GroundTruth,
-                 ctx: PrivacyContext, seed: int, device: str = "cpu") -> dict[str, Any]:
+                 ctx: PrivacyContext, seed: int, device: str = "cpu",
+                 shadow: ShadowModel | None = None) -> dict[str, Any]:
     t0 = time.perf_counter()
-    options = {"device": device} if name in DEVICE_ATTACKS else {}
+    options: dict[str, Any] = {"device": device} if name in DEVICE_ATTACKS else {}
+    if name == "imia" and shadow is not None:
+        options["shadow"] = shadow
     aggregate = observes_aggregate(public)
     # on a released aggregate every recorded client saw the same tables: score them all,
     # then the participants (main) and the clients who sat the round out (control) apart
@@ -243,7 +247,8 @@ def _item_record(name: str, obs: Observation, public: PublicKnowledge, gt: Groun
     if aggregate:
         extra_rows = {"relations_control": score(~obs.participated),
                       "n_control_clients": int((~obs.participated).sum())}
-    notes = {"projection": projection_assumption, "imia": imia_assumption}
+    notes = {"projection": projection_assumption,
+             "imia": lambda p: imia_assumption(p, shadow)}
     note = notes[name](public) if name in notes else None
     extra = {"assumption": note} if note else {}
     return {**extra, "attack": name, "round": obs.round, "seconds": seconds,
@@ -313,8 +318,14 @@ def _ledger_public(path: Path) -> _LedgerPublic:
 
 def run_attacks(run_dir: str | Path, names: Sequence[str] = DEFAULT_ATTACKS, *, seed: int = 0,
                 known_fraction: float = 0.5, rounds: Sequence[int] | None = None,
-                write: bool = True, device: str = "cpu") -> dict[str, Any]:
+                write: bool = True, device: str = "cpu",
+                shadow: Callable[[PublicKnowledge], ShadowModel | None] | None = None
+                ) -> dict[str, Any]:
     """Run, score and audit ``names`` on a recorded run; returns (and writes) the report.
+
+    ``shadow(public)``: the recorded backbone's client training for ``imia``'s
+    shadow (:mod:`attacks.shadow`; the experiments layer builds it from the
+    backbone's registration); None, or a None result: ``imia``'s MF shadow.
 
     ``rounds``: only these recorded rounds (default: all). ``device`` (``cpu`` or
     ``cuda``, resolved by the caller): where the attacks of :data:`DEVICE_ATTACKS`
@@ -344,13 +355,14 @@ def run_attacks(run_dir: str | Path, names: Sequence[str] = DEFAULT_ATTACKS, *, 
     recorded = [o.round for o in observations]
     truth = {g.round: g for g in load_ground_truth(path, recorded)} if needs_truth else {}
     demo = load_demographics(path) if "attribute" in names else None
+    model = shadow(public) if shadow is not None and "imia" in names else None
     for obs in observations:
         for name in names:
             if name in ATTACKS:
                 if obs.round not in truth:
                     raise UserError(f"{path}: no ground truth for round {obs.round}")
                 records.append(_item_record(name, obs, public, truth[obs.round], ctx, seed,
-                                            device))
+                                            device, model))
             elif name == "attribute":
                 records.append(_attribute_record(obs, public, demo, known_fraction, seed))
     if "canary" in names:
@@ -428,7 +440,8 @@ def table_rows(report: dict[str, Any]) -> list[dict[str, str]]:
             rows.append({**common, "relation": r.get("attribute", "-"),
                          "auc": _fmt(r.get("auc")), "tpr1": "-", "tpr01": "-",
                          "f1": _fmt(r.get("balanced_accuracy")),
-                         "base": _fmt(r.get("majority_baseline")), "oracle": "-", "adv": "-"})
+                         "base": _fmt(r.get("majority_baseline")), "public": "-", "oracle": "-",
+                         "adv": "-"})
             continue
         control = {f"{rel} (control)": m for rel, m in (r.get("relations_control") or {}).items()}
         for rel, m in {**(r.get("relations") or {}), **control}.items():
@@ -436,17 +449,20 @@ def table_rows(report: dict[str, Any]) -> list[dict[str, str]]:
                          "tpr1": _fmt(m.get("tpr@1%fpr")), "tpr01": _fmt(m.get("tpr@0.1%fpr")),
                          "f1": _fmt(m.get("f1@20%")),
                          "base": _fmt(m.get("f1@20%_random_baseline")),
+                         "public": _fmt(m.get("f1@public")),
                          "oracle": _fmt(m.get("f1_oracle")),
                          "adv": _fmt(m.get("advantage"))})
         if not r.get("relations"):
             rows.append({**common, "relation": r.get("skipped", "-"), "auc": "-", "tpr1": "-",
-                         "tpr01": "-", "f1": "-", "base": "-", "oracle": "-", "adv": "-"})
+                         "tpr01": "-", "f1": "-", "base": "-", "public": "-", "oracle": "-",
+                         "adv": "-"})
     return rows
 
 
 COLUMNS = [("attack", "attack"), ("round", "round"), ("relation", "relation"), ("auc", "AUC"),
            ("tpr1", "TPR@1%"), ("tpr01", "TPR@0.1%"), ("f1", "F1@20%/bacc"),
-           ("base", "baseline"), ("oracle", "F1 oracle"),
+           ("base", "baseline"), ("public", "F1@public"),
+           ("oracle", "F1 ORACLE (true |pos|)"),
            ("adv", "adv"), ("eps_lb", "eps_lb"), ("eps_acc", "eps_acc"), ("audit", "audit"),
            ("sec", "sec")]
 
@@ -469,4 +485,7 @@ def format_table(report: dict[str, Any]) -> str:
     lines += [f"note: {n}" for n in notes]
     lines.append("attribute rows: F1/bacc = balanced accuracy, baseline = majority rate; "
                  "bounds on natural data are not certified (see attacks.json 'assumptions')")
+    lines.append("F1@20%: top 20% of each client's candidates (IMIA's cutoff); F1@public: top "
+                 "1 / (1 + negatives) (positive_vs_sampled only); both need no secret. "
+                 "F1 ORACLE ranks at the true number of positives, which no attacker knows")
     return "\n".join(lines)

@@ -253,10 +253,11 @@ def attack(run_dir: str | Path, attacks: Sequence[str] | None = None, *, seed: i
         raise UserError(f"--known-fraction must be in (0, 1), got {known_fraction}")
     dev = resolve_device(device, "--device")
     from attacks.run import DEFAULT_ATTACKS, run_attacks
+    from fedem_private.experiments.shadow import shadow_model
 
     return run_attacks(path, names or DEFAULT_ATTACKS, seed=seed,
                        rounds=None if rounds is None else list(rounds),
-                       known_fraction=known_fraction, device=dev)
+                       known_fraction=known_fraction, device=dev, shadow=shadow_model)
 
 
 def load_results(path: str | Path) -> pd.DataFrame:

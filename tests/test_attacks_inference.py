@@ -8,6 +8,7 @@ on BCE over each client's positives and sampled negatives.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import inspect
 import re
 import typing
@@ -31,6 +32,7 @@ from attacks.observations import (
 )
 from attacks.projection import projection
 from attacks.scoring import auc, score_attack
+from attacks.shadow import ShadowModel
 from attacks.support import changed_rows, support
 
 
@@ -168,8 +170,15 @@ def test_attack_signature_admits_only_observation_and_public_knowledge(name: str
         assert not _FORBIDDEN.search(p.name), p.name
         if p.kind is inspect.Parameter.KEYWORD_ONLY:
             assert p.default is not inspect.Parameter.empty
-            assert hints[p.name] in (int, float, bool, str), p.name
+            # scalars, or imia's shadow of the backbone's client (built from the backbone's
+            # registration and the public facts; its fields hold no private name)
+            assert hints[p.name] in (int, float, bool, str, ShadowModel | None), p.name
         assert p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+
+
+def test_the_shadow_model_carries_nothing_private() -> None:
+    for f in dataclasses.fields(ShadowModel):
+        assert not _FORBIDDEN.search(f.name), f.name
 
 
 def test_attack_modules_never_import_the_private_side() -> None:

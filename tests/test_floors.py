@@ -114,3 +114,25 @@ def test_beating_a_floor_at_chance_is_not_a_finding():
     assert floors.verdict(row, fl).startswith("beats")
     assert floors.verdict(row, fl, chance=0.006).startswith("at chance")
     assert floors.verdict(row, fl, chance=0.001).startswith("beats")
+
+
+def test_combining_old_tables_keeps_runs_that_differ_only_in_a_setting():
+    """Rows without a config_id (older tables) are the same run only when their settings
+    agree too: a baseline with fixed and with tuned settings stays two runs."""
+    from fedem_private.experiments.results import combine
+
+    def row(lr, hr, config_id=None):
+        out = {"run": "centralised-seed0", "dataset": "d", "method": "centralised",
+               "variant": "centralised", "protocol": "strict", "mode": "none",
+               "eps_target": math.inf, "seed": 0, "cfg.train.lr": lr, "hr10_full": hr}
+        if config_id:
+            out["config_id"] = config_id
+        return out
+
+    fixed, tuned = pd.DataFrame([row(0.1, 0.04)]), pd.DataFrame([row(0.001, 0.13)])
+    both, replaced = combine([fixed, tuned])
+    assert len(both) == 2 and replaced == 0
+    again, replaced = combine([fixed, pd.DataFrame([row(0.1, 0.05)])])
+    assert len(again) == 1 and replaced == 1 and again["hr10_full"].iloc[0] == 0.05
+    ids, _ = combine([pd.DataFrame([row(0.1, 0.04, "a")]), pd.DataFrame([row(0.1, 0.06, "a")])])
+    assert len(ids) == 1

@@ -59,8 +59,17 @@ def test_quick_spec_grid_names_are_readable_and_deterministic():
     assert names == [p.name for p in grid(load_spec(None))]
     assert "synthetic/fedmf/ldp-laplace-epsinf/strict/seed0" in names
     assert "synthetic/fedem-em/ldp-laplace-eps1/strict/seed0" in names
-    assert len(names) == len(set(names)) == 2 * 3 * len(load_spec(None).seeds)
-    assert all(p.attacks == ("projection",) for p in points)
+    federated = [p for p in points if p.variant in ("fedmf", "fedem-em")]
+    seeds = len(load_spec(None).seeds)
+    assert len(names) == len(set(names))
+    assert len(federated) == 2 * 3 * seeds
+    assert all(p.attacks == ("projection",) for p in federated)
+    # the ladder beside them: three references and the local floor at eps 8 and 1
+    others = sorted(p.name.split("/", 2)[2] for p in points if p not in federated
+                    and p.name.endswith("seed0"))
+    assert others == sorted(["none/strict/seed0"] * 3 + ["local-eps8/strict/seed0",
+                                                          "local-eps1/strict/seed0"])
+    assert all(p.attacks == () for p in points if p not in federated)
     cfg = next(p.config for p in points if "eps8" in p.name)
     assert cfg.privacy.epsilon == 8 and cfg.privacy.mode == "ldp-laplace"
     assert math.isinf(next(p.config for p in points if "epsinf" in p.name).privacy.epsilon)

@@ -10,9 +10,10 @@ Interface used:
 - ``fedem_private.experiments.recording.recording_setup(RecordSpec(rounds, clients))``
   gives a ``setup(sim, run_dir)`` hook for :func:`fedem_private.experiments.runner.execute`
   that records what the server saw into the run directory under construction;
-- ``attacks.run.run_attacks(run_dir, names, seed=..., device=...)`` reads a finished
-  run directory and writes ``attacks.json`` into it; the attacks compute on the
-  device the run trained on (``train.device`` of its ``config.toml``).
+- ``attacks.run.run_attacks(run_dir, names, seed=..., device=..., shadow=...)`` reads
+  a finished run directory and writes ``attacks.json`` into it; the attacks compute on
+  the device the run trained on (``train.device`` of its ``config.toml``), and ``imia``
+  retrains the backbone's own client (:mod:`fedem_private.experiments.shadow`).
 """
 
 from __future__ import annotations
@@ -59,7 +60,10 @@ def load() -> AttackStep | str:
         setup_factory(record_spec(tuple(rounds), int(clients)))(sim, run_dir)
 
     def attack(run_dir: Path, names: Sequence[str]) -> None:
-        run_attacks(str(run_dir), list(names), seed=0, device=_run_device(Path(run_dir)))
+        from fedem_private.experiments.shadow import shadow_model
+
+        run_attacks(str(run_dir), list(names), seed=0, device=_run_device(Path(run_dir)),
+                    shadow=shadow_model)
 
     return AttackStep(record=record, attack=attack)
 

@@ -5,7 +5,8 @@
 recorded clients, into the run directory:
 
 - ``observations/round_XXXX_part_YYYY.npz``: what the server saw: the table it
-  sent each client, the upload, and participation (one part per simulation
+  sent each client (with the shared dense groups it sent, e.g. FedNCF's MLP),
+  the upload, and participation (one part per simulation
   chunk; see :mod:`attacks.observations`). Tables are stored in float32 (float16
   overflows once Laplace noise at small eps exceeds 65504): the
   delta ``upload - sent`` is computed in float64 before the cast, untouched
@@ -188,7 +189,10 @@ class Recorder:
         clients = np.asarray(view.clients)[rows].astype(np.int64)
         sent = view.sent.detach()[idx].cpu().numpy().astype(np.float32, copy=True)
         upload = view.upload.detach()[idx].cpu().numpy().astype(np.float32, copy=True)
-        obs = Observation(view.round, clients, sent, upload, np.ones(rows.size, dtype=bool))
+        dense = {name: value.detach()[idx].cpu().numpy().astype(np.float32, copy=True)
+                 for name, value in view.dense_sent.items()}
+        obs = Observation(view.round, clients, sent, upload, np.ones(rows.size, dtype=bool),
+                          dense)
         self._write(obs, *self._truth(clients, view.samples, idx))
 
     def _truth(self, clients: np.ndarray, samples: ClientSamples, rows: Sequence[int]

@@ -336,15 +336,22 @@ def read_results(path: str | Path) -> pd.DataFrame:
     return _ordered(frame)
 
 
-def same_run_key(frame: pd.DataFrame) -> list[str]:
-    """Columns that identify a run: ``config_id``, or (a table without it) :data:`LEGACY_KEYS`.
+def same_run_key(frame: pd.DataFrame) -> pd.Series:
+    """Per row, what identifies its run: its ``config_id``, or (a row of an older table
+    without one) its :data:`LEGACY_KEYS` and every ``cfg.*`` setting it records.
 
     Never the ``run`` path: two sweeps may use the same relative paths for
-    different configs.
+    different configs. The settings keep apart runs that differ only in them (a
+    baseline with fixed and with tuned settings), which the legacy keys alone merge.
     """
-    if "config_id" in frame.columns and frame["config_id"].notna().all():
-        return ["config_id"]
-    return [c for c in LEGACY_KEYS if c in frame.columns]
+    legacy = [c for c in LEGACY_KEYS if c in frame.columns]
+    legacy += sorted(c for c in frame.columns if c.startswith(CONFIG_PREFIX))
+    described = frame[legacy].astype(str).agg("|".join, axis=1) if legacy else pd.Series(
+        "", index=frame.index)
+    if "config_id" not in frame.columns:
+        return "legacy:" + described
+    ids = frame["config_id"]
+    return ("id:" + ids.astype(str)).where(ids.notna(), "legacy:" + described)
 
 
 def combine(frames: list[pd.DataFrame]) -> tuple[pd.DataFrame, int]:
@@ -357,8 +364,7 @@ def combine(frames: list[pd.DataFrame]) -> tuple[pd.DataFrame, int]:
     if not parts:
         return _ordered(pd.DataFrame(columns=ID_COLUMNS)), 0
     stacked = pd.concat(parts, ignore_index=True)
-    key = same_run_key(stacked)
-    kept = stacked.loc[~stacked[key].astype(str).duplicated(keep="last")]
+    kept = stacked.loc[~same_run_key(stacked).duplicated(keep="last")]
     kept = kept.reset_index(drop=True)
     return _ordered(kept), len(stacked) - len(kept)
 

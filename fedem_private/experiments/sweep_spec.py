@@ -116,7 +116,10 @@ DEFAULT = "default"  # merges / aggregations: the method's own choice
 QUICK_SPEC = """\
 # The built-in quick sweep: FedMF vs FedEM on the default synthetic data
 # (600 users, 500 items) under clipped Laplace local DP, eps in {inf, 8, 1}
-# (inf: clipped, no noise), attacked by the projection attack in the last round.
+# (inf: clipped, no noise), attacked by the projection attack in the last round;
+# beside them the accuracy ladder's references: MostPop, EASE, centralised MF and
+# DP-MostPop under local DP (optimal unary encoding) at eps 8 and 1, the private floor
+# ldp-laplace's points are judged against.
 [sweep]
 datasets = ["synthetic"]
 methods = ["fedmf", "fedem"]
@@ -127,6 +130,7 @@ protocols = ["strict"]
 attacks = ["projection"]
 record_rounds = ["last"]
 record_clients = 100
+references = ["mostpop", "dp-mostpop", "ease", "centralised"]
 
 [base.train]
 rounds = 15

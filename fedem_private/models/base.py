@@ -658,6 +658,24 @@ class Backbone(ABC):
         """Bytes of per-client parameters beyond the item table (for chunk sizing)."""
         return 0
 
+    #: whether its client steps the non-item parameters and the item rows one after the
+    #: other on each batch (PFedRec), as the IMIA shadow must replay it
+    shadow_alternating: ClassVar[bool] = False
+    #: whether the ``imia`` attack's built-in shadow (an MF client, hand-written and
+    #: vectorised) already replays this client exactly, and is to be used instead of the
+    #: generic shadow built on :meth:`shadow_logits` (MF: the built-in is faster and, on
+    #: ML-100K round 50, stronger; docs/attacks.md)
+    shadow_builtin: ClassVar[bool] = False
+
+    def shadow_logits(self, params: dict[str, Tensor], q_rows: Tensor) -> Tensor:
+        """The logits (c, R) of item rows ``q_rows`` (c, R, d) under each client's non-item
+        parameters ``params`` (private and dense groups, client axis first), differentiable
+        in both: the score an honest-but-curious server replays to retrain a shadow of the
+        client's local training (the ``imia`` attack, handed to it by the experiments
+        layer). Backbones without one raise NotImplementedError, and the attack falls back
+        on an MF shadow, saying so."""
+        raise NotImplementedError(f"backbone {self.name!r} has no shadow score")
+
     #: whether :meth:`example_grads` is built (local DP-SGD, privacy ``ldp-dpsgd``)
     per_example_grads: ClassVar[bool] = False
 

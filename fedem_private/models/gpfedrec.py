@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from fedem_private.models.base import (
+    Backbone,
     ClientParams,
     ClientSamples,
     Compact,
@@ -65,6 +66,10 @@ class GPFedRecBackbone(NCFBackbone):
                      options: dict[str, float]) -> GPFedRecBackbone:
         """Its option: ``gpfedrec_reg``, the regulariser's weight toward the anchor."""
         return cls(n_items, dim, seed, init_std, reg=options.get("gpfedrec_reg", 1.0))
+
+    # no IMIA shadow yet: NCF's score would leave out the regulariser toward the anchor (which
+    # the recording does not store), so the attack keeps its MF shadow and says so
+    shadow_logits = Backbone.shadow_logits
 
     def init_dense(self) -> dict[str, Tensor]:
         return {}  # nothing but the item table is shared

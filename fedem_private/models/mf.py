@@ -142,6 +142,12 @@ class MFBackbone(Backbone):
     early_stop = True
     batch_merge = True
 
+    shadow_builtin = True  # imia's own MF shadow is this client's training
+
+    def shadow_logits(self, params: dict[str, torch.Tensor], q_rows: torch.Tensor
+                      ) -> torch.Tensor:
+        return torch.bmm(q_rows, params["p"][:, :, None]).squeeze(2)
+
     def init_private(self, clients: np.ndarray) -> dict[str, torch.Tensor]:
         p = torch.empty((len(clients), self.dim))
         for j, u in enumerate(np.asarray(clients).tolist()):

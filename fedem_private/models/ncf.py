@@ -126,6 +126,9 @@ class NCFBackbone(Backbone):
         gflat.index_add_(0, flat, self._mlp_grads(params[1:], grads[1:], q_rows, a, y,
                                                   w).reshape(-1, d))
 
+    def shadow_logits(self, params: dict[str, Tensor], q_rows: Tensor) -> Tensor:
+        return self._logits({n: params[n] for n in self.names}, params["p"], q_rows)
+
     def scores(self, params: ClientParams) -> Tensor:
         k, m, _ = params.items.shape
         out = torch.empty((k, m), dtype=params.items.dtype, device=params.items.device)

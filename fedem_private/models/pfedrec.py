@@ -104,6 +104,11 @@ class PFedRecBackbone(Backbone):
         q_local, touched = items.close()
         return ClientParams(q_local, {}, {"w": w, "b": b}), touched
 
+    shadow_alternating = True  # the head's step, then the table's, on every batch
+
+    def shadow_logits(self, params: dict[str, Tensor], q_rows: Tensor) -> Tensor:
+        return torch.bmm(q_rows, params["w"][:, :, None]).squeeze(2) + params["b"][:, None]
+
     def scores(self, params: ClientParams) -> Tensor:
         w, b = params.private["w"], params.private["b"]
         return torch.bmm(params.items, w[:, :, None]).squeeze(2) + b[:, None]

@@ -97,6 +97,8 @@ class ChunkView:
 
     ``sent`` and ``upload`` are item tables (k, m, d): the decoded upload,
     i.e. what the server's aggregation and attacks see of the item table.
+    ``dense_sent`` holds the shared dense groups the server sent (e.g. FedNCF's
+    MLP), client axis first; empty for a backbone without any.
     """
 
     round: int
@@ -104,6 +106,7 @@ class ChunkView:
     sent: torch.Tensor
     upload: torch.Tensor
     samples: ClientSamples
+    dense_sent: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass
@@ -251,7 +254,7 @@ class ReleasedUploads:
         if sim.dense is not None:
             sim.dense.add(work.idx, dense_upload)
         for observe in sim.observers:
-            observe(ChunkView(rnd.t, work.chunk, work.sent, upload, work.samples))
+            observe(ChunkView(rnd.t, work.chunk, work.sent, upload, work.samples, work.dense_sent))
 
     def finish(self, rnd: RoundWork) -> None:
         """Nothing to release at the end of the round."""

@@ -1,0 +1,144 @@
+"""IMIA's shadow per backbone (issue 44): built from the registration, recorded dense groups,
+and candidates that do not assume every trained row changed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from recorded_runs import recorded_run
+
+from attacks.ground_truth import load_ground_truth
+from attacks.imia import assumption_note, imia
+from attacks.labels import labels_for
+from attacks.observations import Observation, PublicKnowledge, load_observations, load_public
+from attacks.scoring import score_attack
+from attacks.shadow import ShadowModel, train_shadow
+from fedem_private.experiments.shadow import shadow_model
+
+
+def _public(backbone: str, **kw) -> PublicKnowledge:
+    base = dict(n_clients=10, n_items=50, dim=4, lr=0.1, local_epochs=2, batch_size=16,
+                num_negatives=4, method=backbone, backbone=backbone, extra={"init_std": 0.1})
+    base.update(kw)
+    return PublicKnowledge(**base)
+
+
+def test_the_shadow_comes_from_the_backbone_registration() -> None:
+    gen = torch.Generator().manual_seed(0)
+    # MF's registration asks for the attack's built-in MF shadow; the generic one exists
+    assert shadow_model(_public("mf")) is None and assumption_note(_public("mf")) is None
+    mf = shadow_model(_public("mf"), generic=True)
+    ncf, pfedrec = (shadow_model(_public(b)) for b in ("ncf", "pfedrec"))
+    assert mf is not None and ncf is not None and pfedrec is not None
+    assert mf.dense_names == () and not mf.alternating
+    assert set(ncf.dense_names) == {"w0", "b0", "w1", "b1", "w2", "b2", "w3", "b3"}
+    assert pfedrec.alternating and pfedrec.dense_names == ()
+    # the private part is drawn as a client draws it at the start, one per client
+    p = ncf.init_private(3, gen)["p"]
+    assert p.shape == (3, 4) and not torch.equal(p[0], p[1])
+    head = pfedrec.init_private(3, gen)
+    assert head["w"].shape == (3, 4) and head["b"].shape == (3,)
+    params = {**ncf.init_private(2, gen),
+              **{n: v[None].expand(2, *v.shape) for n, v in ncf.init_dense(gen).items()}}
+    assert ncf.logits(params, torch.randn(2, 5, 4)).shape == (2, 5)
+    # backbones without a shadow score: the attack falls back on MF and says so
+    assert shadow_model(_public("fedrap")) is None
+    assert shadow_model(_public("gpfedrec")) is None
+    assert "retrains an MF client" in assumption_note(_public("fedrap"))
+    assert assumption_note(_public("ncf"), ncf) is None
+    assert assumption_note(_public("ncf")) is not None
+
+
+@pytest.fixture(scope="module")
+def ncf_run(tmp_path_factory: pytest.TempPathFactory):
+    path = recorded_run(tmp_path_factory.mktemp("imia_ncf") / "run", rounds="1,last",
+                        clients=30, federation__method="fedncf")
+    truth = {g.round: g for g in load_ground_truth(path)}
+    return load_observations(path), load_public(path), truth
+
+
+def test_recordings_hold_the_sent_mlp_and_the_ncf_shadow_uses_it(ncf_run) -> None:
+    observations, public, truth = ncf_run
+    assert public.backbone == "ncf"
+    model = shadow_model(public)
+    assert model is not None
+    for obs in observations:
+        assert set(obs.sent_dense) == set(model.dense_names)
+        assert obs.sent_dense["w0"].shape == (obs.n_clients, 2 * public.dim, 32)
+        labels = labels_for(obs, truth[obs.round], "positive_vs_sampled")
+        own = score_attack(imia(obs, public, shadow=model, restarts=1, iterations=3), labels,
+                           relation="positive_vs_sampled")
+        assert own["auc_client_mean"] > 0.75
+        assert own["f1@20%"] > own["f1@20%_random_baseline"] + 0.2
+
+
+# --------------------------------------------------------------- trained rows left unchanged
+
+def _gated() -> ShadowModel:
+    """An MF score whose rows with q[0] <= 0 get no gradient (a dead ReLU path): such a row
+    stays exactly where it was even when trained."""
+
+    def logits(params, q):
+        return torch.bmm(q, params["p"][:, :, None]).squeeze(2) * (q[..., 0] > 0).to(q.dtype)
+
+    def init_private(c, gen):
+        return {"p": 0.1 * torch.randn((c, 4), generator=gen)}
+
+    return ShadowModel(backbone="gated", logits=logits, init_private=init_private,
+                       init_dense=lambda gen: {})
+
+
+def _gated_observation(seed: int = 0):
+    """8 clients, 200 items; each trains 12 positives and 48 sampled negatives, and about half
+    of the rows it trains cannot move. Returns (obs, public, positives, sampled negatives)."""
+    rng = np.random.default_rng(seed)
+    c, m, d, n_pos, n_neg = 8, 200, 4, 12, 4
+    sent = rng.normal(0.0, 0.5, (m, d)).astype(np.float32)
+    public = _public("gated", n_clients=c, n_items=m, lr=0.05, local_epochs=5, batch_size=32)
+    model = _gated()
+    upload = np.repeat(sent[None], c, axis=0).astype(np.float64)
+    pos = np.zeros((c, m), dtype=bool)
+    neg = np.zeros((c, m), dtype=bool)
+    gen = torch.Generator().manual_seed(seed)
+    for j in range(c):
+        items = rng.permutation(m)[: n_pos * (1 + n_neg)]
+        pos[j, items[:n_pos]] = True
+        neg[j, items[n_pos:]] = True
+        rows = torch.from_numpy(sent[items].astype(np.float64))[None]
+        valid = torch.ones((1, items.size), dtype=torch.bool)
+        label = torch.from_numpy(pos[j, items])[None]
+        p_true = {"p": torch.from_numpy(rng.normal(0.0, 1.0, (1, d)))}
+        sim = train_shadow(model, rows, valid, label, valid, p_true,
+                           torch.tensor([items.size]), lr=public.lr,
+                           epochs=public.local_epochs, batch_size=public.batch_size, gen=gen)
+        mine = sim[0, 1].numpy() * label[0, :, None].numpy() + \
+            sim[0, 0].numpy() * (~label[0, :, None]).numpy()
+        upload[j, items] += mine
+    obs = Observation(1, np.arange(c), np.repeat(sent[None], c, axis=0),
+                      upload.astype(np.float32), np.ones(c, dtype=bool))
+    return obs, public, pos, neg
+
+
+def test_trained_rows_left_unchanged_still_rank_sensibly() -> None:
+    obs, public, pos, neg = _gated_observation()
+    changed = np.linalg.norm(obs.upload.astype(np.float64) - obs.sent, axis=2) > 0
+    trained = pos | neg
+    assert (trained & ~changed).sum() > 0.3 * trained.sum()  # the case this test is about
+    assert not (changed & ~trained).any()
+    sampled = np.where(pos, 1.0, np.where(neg, 0.0, np.nan))
+    anyone = pos.astype(np.float64)
+    model = _gated()
+    results = {}
+    for unchanged in ("shadow", "below"):
+        s = imia(obs, public, shadow=model, unchanged=unchanged)
+        results[unchanged] = (
+            score_attack(s, sampled, relation="positive_vs_sampled")["auc_client_mean"],
+            score_attack(s, anyone, relation="positive_vs_any")["auc_client_mean"])
+    # no inversion: positives still rank above the negatives trained beside them
+    assert results["shadow"][0] > 0.55 and results["below"][0] > 0.5
+    # a trained row the shadow leaves still is not ranked with the rows it would have moved
+    # (the untrained ones): positives among all items rank better than with every unchanged
+    # row put below the changed ones
+    assert results["shadow"][1] > 0.7
+    assert results["shadow"][1] > results["below"][1] + 0.03
