@@ -47,6 +47,13 @@ def floor_mode(mode: object) -> str | None:
     return DP_MOSTPOP_MODE[arch] if arch else None
 
 
+def comparable(protocol: object) -> str:
+    """A protocol label without ``+bestval``: choosing the reported round on the validation
+    item changes neither the split nor the test, so such a run meets the floors (which
+    have no rounds) of its protocol."""
+    return str(protocol).replace("+bestval", "")
+
+
 def method_of(variant: str) -> str:
     """The method a variant label starts with (``ease [ease_lambda=500]`` -> ``ease``)."""
     return str(variant).split(" ", 1)[0].split("~", 1)[0]
@@ -95,7 +102,7 @@ def verdict(row: pd.Series, floors: pd.DataFrame, column: str = "hr10_full",
     if matched is None or not isinstance(eps, float) or not math.isfinite(eps):
         return "–"
     same = floors[(floors["mode"] == matched) & (floors["dataset"] == row["dataset"])
-                  & (floors["protocol"] == row["protocol"])
+                  & (floors["protocol"].map(comparable) == comparable(row["protocol"]))
                   & ((floors["eps_target"] - eps).abs() <= 1e-9 * max(1.0, eps))]
     if same.empty:
         return f"– (no {FLOOR_LABEL[matched]} DP-MostPop at ε={eps:g})"

@@ -182,12 +182,13 @@ def _sort(agg: pd.DataFrame) -> pd.DataFrame:
             True, True, True, True, True, False]).drop(columns=["_o", "_none"])
 
 
-def results_table(agg: pd.DataFrame, attacks: list[str], chance_full: float | None = None
-                  ) -> str:
+def results_table(agg: pd.DataFrame, attacks: list[str], chance_full: float | None = None,
+                  floors: pd.DataFrame | None = None) -> str:
     """Utility, privacy and attack success per (variant, mode, eps) of one dataset/protocol;
     a private model's full HR@10 is judged against DP-MostPop of its relation at its
-    epsilon (:func:`~fedem_private.experiments.floors.verdict`) when the table has one."""
-    floors = ladder.part(agg, "floors")
+    epsilon (:func:`~fedem_private.experiments.floors.verdict`) when there is one
+    (``floors``: the dataset's DP-MostPop rows; default: this table's)."""
+    floors = ladder.part(agg, "floors") if floors is None else floors
     models = ladder.part(agg, "models")
     judged = not floors.empty and bool(models["mode"].map(ladder.floor_mode).notna().any())
     header = ["method", "privacy", "ε target", "seeds", "HR@10 full", "NDCG@10 full",
@@ -461,12 +462,15 @@ def write_report(sources: str | Sequence[str], out_dir: str | None = None,
         for protocol in sorted(sub["protocol"].unique()):
             rows = sub[sub["protocol"] == protocol]
             md += [f"Protocol `{protocol}`:", "",
-                   results_table(rows, ds_attacks, 10.0 / n_items if n_items > 10 else None),
+                   results_table(rows, ds_attacks, 10.0 / n_items if n_items > 10 else None,
+                                 ladder.part(sub, "floors")),
                    ""]
             if not ladder.part(rows, "references").empty:
-                md += ["The ladder without privacy (mean over seeds):", "",
+                near = sub[sub["protocol"].map(ladder.comparable) == ladder.comparable(protocol)]
+                md += ["The ladder without privacy (mean over seeds; with the runs whose "
+                       "round was chosen on validation):", "",
                        _table(["rung", "HR@10 full", "HR@10 sampled"],
-                              ladder.ladder_table(rows, 10.0 / n_items)), ""]
+                              ladder.ladder_table(near, 10.0 / n_items)), ""]
         md += [f"![{p.stem}]({p.name})" for p in plots] + [""]
     md += ["## Privacy accounting", "",
            "Epsilon spent by the worst-off client under each bound; *reported* is the "

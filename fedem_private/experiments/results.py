@@ -346,8 +346,8 @@ def same_run_key(frame: pd.DataFrame) -> pd.Series:
     """
     legacy = [c for c in LEGACY_KEYS if c in frame.columns]
     legacy += sorted(c for c in frame.columns if c.startswith(CONFIG_PREFIX))
-    described = frame[legacy].astype(str).agg("|".join, axis=1) if legacy else pd.Series(
-        "", index=frame.index)
+    described = (frame[legacy].apply(lambda column: column.map(str)).agg("|".join, axis=1)
+                 if legacy else pd.Series("", index=frame.index))
     if "config_id" not in frame.columns:
         return "legacy:" + described
     ids = frame["config_id"]
