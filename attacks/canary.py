@@ -80,34 +80,43 @@ import torch
 from fedem_private.privacy.audit_bounds import gdp_eps_lower_bound
 from fedem_private.privacy.mechanisms import release
 from fedem_private.privacy.params import MechanismParams
+from fedem_private.privacy.registry import capability, lookup
 
 from .audit import cp_audit, gdp_audit, one_run_audit
 from .scoring import auc
 
-AUDITED_MODES = ("ldp-laplace", "ldp-gaussian", "ldp-touched-rows", "cdp-gaussian",
-                 "ldp-dpsgd")
-#: modes whose per-round claim is one Gaussian release, hence a GDP claim (bound 3)
-GDP_MODES = ("ldp-gaussian", "cdp-gaussian")
-#: modes audited at the run's delta (the others are pure eps)
-DELTA_MODES = ("ldp-gaussian", "cdp-gaussian", "ldp-dpsgd")
-#: canaries per audit by mode (each a fair coin): enough that half the accounted noise is
-#: caught at eps 1 and 8 (benchmarks/audit_power.py, docs/audits.md); the
-#: (eps, delta) bounds need many trials at large eps, the GDP bound few
-CANARY_BUDGET = {"ldp-laplace": 200_000, "ldp-gaussian": 50_000, "cdp-gaussian": 200_000,
-                 "ldp-dpsgd": 1_000_000, "ldp-touched-rows": 20_000}
-#: the confidence each mode's canary record is stated at (default 0.95). The one-run bound
-#: describes the Laplace canary exactly, so at 0.95 it exceeds a sound mechanism's accounted
-#: eps in about 5% of audits (2 of 40 measured); at 0.999, 0 of 40 did and every half-noise
-#: run was still caught (docs/audits.md)
-AUDIT_CONFIDENCE = {"ldp-laplace": 0.999, "ldp-touched-rows": 0.999}
 DEFAULT_CONFIDENCE = 0.95
+# Each mechanism's canary design is its own (fedem_private.privacy.mech): audit_canaries
+# (canaries per audit, each a fair coin: enough that half the accounted noise is caught
+# at eps 1 and 8; benchmarks/audit_power.py, docs/audits.md; the (eps, delta) bounds need
+# many trials at large eps, the GDP bound few), audit_confidence (the one-run bound
+# describes the Laplace canary exactly, so at 0.95 it exceeds a sound mechanism's
+# accounted eps in about 5% of audits, 2 of 40 measured; at 0.999, 0 of 40 did and every
+# half-noise run was still caught), audit_gdp (one Gaussian release per round: a GDP
+# claim, bound 3) and audit_at_delta (audited at the run's delta; else pure eps).
+
+
+def audited(mode: object) -> bool:
+    """Whether the mechanism ``mode`` has a canary design."""
+    return capability(mode, "audit_canaries")
+
+
+def _mechanism(mode: object) -> Any:
+    cls = lookup(mode)
+    if cls is None or not cls.audit_canaries:
+        raise ValueError(f"no canary design for privacy mode {mode!r}")
+    return cls
+
+
 #: share of the canaries that choose the threshold / guess rule
 SELECT_SHARE = 0.2
 
 
 def audit_confidence(mode: str) -> float:
-    """The confidence the canary record of ``mode`` is stated at (:data:`AUDIT_CONFIDENCE`)."""
-    return AUDIT_CONFIDENCE.get(mode, DEFAULT_CONFIDENCE)
+    """The confidence the canary record of ``mode`` is stated at (its mechanism's
+    ``audit_confidence``; :data:`DEFAULT_CONFIDENCE` for a mode without a design)."""
+    cls = lookup(mode)
+    return cls.audit_confidence if cls is not None else DEFAULT_CONFIDENCE
 _M, _D = 4, 2
 
 
@@ -124,7 +133,7 @@ def claimed_epsilon(params: MechanismParams) -> float | None:
     """Per-round eps the mode guarantees, or (touched rows) the nominal eps it claims."""
     if params.guarantee:
         return params.epsilon_round if math.isfinite(params.epsilon_round) else None
-    if params.mode == "ldp-touched-rows" and params.nominal_epsilon_round is not None:
+    if capability(params.mode, "nominal_only") and params.nominal_epsilon_round is not None:
         value = float(params.nominal_epsilon_round)
         return value if math.isfinite(value) else None
     return None
@@ -133,18 +142,17 @@ def claimed_epsilon(params: MechanismParams) -> float | None:
 def canary_scores(params: MechanismParams, *, n_clients: int | None = None, seed: int = 0,
                   noise_factor: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
     """(scores, labels), both (n_clients, 1): one coin-flipped canary per client
-    (``n_clients`` None: :data:`CANARY_BUDGET` of the mode)."""
-    if params.mode not in AUDITED_MODES:
-        raise ValueError(f"no canary design for privacy mode {params.mode!r}")
-    n_clients = CANARY_BUDGET[params.mode] if n_clients is None else int(n_clients)
+    (``n_clients`` None: the mechanism's ``audit_canaries``)."""
+    mech = _mechanism(params.mode)
+    n_clients = mech.audit_canaries if n_clients is None else int(n_clients)
     if n_clients < 4 or not noise_factor > 0:
         raise ValueError("need n_clients >= 4 and noise_factor > 0")
     assert params.clip is not None
     coins = np.random.default_rng(seed).integers(0, 2, size=n_clients).astype(bool)
-    if params.mode == "cdp-gaussian":
+    if mech.central:
         return _central_scores(params, coins, seed, noise_factor), coins.astype(
             np.float64)[:, None]
-    if params.mode == "ldp-dpsgd":
+    if mech.in_training:
         return _dpsgd_scores(params, coins, seed, noise_factor)[:, None], coins.astype(
             np.float64)[:, None]
     used = dataclasses.replace(params, noise_scale=params.noise_scale * noise_factor)
@@ -153,7 +161,7 @@ def canary_scores(params: MechanismParams, *, n_clients: int | None = None, seed
     touched = torch.zeros((n_clients, _M), dtype=torch.bool)
     c = float(params.clip)
     b = torch.from_numpy(coins)
-    if params.mode == "ldp-touched-rows":
+    if mech.nominal_only:
         row = torch.where(b, 0, 1)
         local[torch.arange(n_clients), row, 0] = c / 1000.0
         touched[torch.arange(n_clients), row] = True
@@ -162,7 +170,7 @@ def canary_scores(params: MechanismParams, *, n_clients: int | None = None, seed
     upload, _ = release(used, sent, local, seed=seed, round_=1,
                         clients=np.arange(n_clients), touched=touched)
     delta = (upload.double() - sent.double()).numpy()
-    if params.mode == "ldp-touched-rows":
+    if mech.nominal_only:
         scores = np.linalg.norm(delta[:, 0, :], axis=1)
     else:
         scores = delta[:, 0, 0]
@@ -215,7 +223,7 @@ def canary_audit(params: MechanismParams, *, n_clients: int | None = None, seed:
     """Certified eps lower bound for the mechanism of ``params``, and the audit verdict.
 
     The reported ``eps_lower_bound`` is the largest of the k bounds (2, or 3
-    under :data:`GDP_MODES`), each computed at level 1 - (1 - ``confidence``) / k
+    under a mechanism with ``audit_gdp``), each computed at level 1 - (1 - ``confidence``) / k
     (Bonferroni), so it holds with probability >= ``confidence``: a sound
     mechanism fails this audit with probability at most 1 - ``confidence``.
     """
@@ -223,8 +231,8 @@ def canary_audit(params: MechanismParams, *, n_clients: int | None = None, seed:
     scores, labels = canary_scores(params, n_clients=n_clients, seed=seed,
                                    noise_factor=noise_factor)
     n_clients = scores.shape[0]
-    delta = params.delta if params.mode in DELTA_MODES else 0.0
-    gdp = params.mode in GDP_MODES
+    delta = params.delta if capability(params.mode, "audit_at_delta") else 0.0
+    gdp = capability(params.mode, "audit_gdp")
     level = 1.0 - (1.0 - confidence) / (3 if gdp else 2)
     perm = np.random.default_rng([seed, 0xA0D1]).permutation(n_clients)
     n_sel = max(2, int(SELECT_SHARE * n_clients))

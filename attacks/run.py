@@ -48,13 +48,14 @@ from typing import Any
 import numpy as np
 
 from fedem_private.errors import UserError
+from fedem_private.privacy.registry import capability, lookup
 
 from . import ATTACKS
 from ._atomic import write_json
 from .attribute import KnownAttributes, attribute
 from .canary import (
-    AUDITED_MODES,
     audit_confidence,
+    audited,
     canary_audit,
     claimed_epsilon,
     params_from_log,
@@ -137,7 +138,9 @@ class PrivacyContext:
     def __init__(self, run_dir: Path, public: PublicKnowledge) -> None:
         self.mode = public.privacy_mode
         self.log = dict(public.privacy_params)
-        self.params = None if self.mode in ("none", "paper") else params_from_log(self.log)
+        claims = capability(self.mode, "claims_guarantee") or capability(self.mode,
+                                                                          "nominal_only")
+        self.params = params_from_log(self.log) if claims else None
         summary = _read_json(run_dir / "summary.json") or {}
         ledger = _read_json(run_dir / "privacy_ledger.json") or {}
         privacy = summary.get("privacy") or {}
@@ -147,7 +150,9 @@ class PrivacyContext:
         for entry in ledger.get("log", []):
             eps = (entry.get("epsilon") or {}).get("reported")
             self.cumulative[int(entry["round"])] = _finite(eps)
-        self.delta = float(self.log.get("delta") or 0.0) if self.mode == "ldp-gaussian" else 0.0
+        gaussian_upload = (capability(self.mode, "ldp_upload")
+                           and lookup(self.mode).noise_kind == "gaussian")
+        self.delta = float(self.log.get("delta") or 0.0) if gaussian_upload else 0.0
 
     @property
     def accounted(self) -> float | None:
@@ -161,9 +166,9 @@ class PrivacyContext:
         """The per-round figure the mode claims, and what it is."""
         if self.params is not None and self.params.guarantee:
             return self.accounted, "accounted per-round epsilon"
-        if self.mode == "ldp-touched-rows" and self.params is not None:
+        if capability(self.mode, "nominal_only") and self.params is not None:
             return claimed_epsilon(self.params), "nominal per-round epsilon (NO guarantee)"
-        if self.mode == "paper":
+        if capability(self.mode, "paper_heuristic"):
             return self.paper_heuristic, "paper's heuristic per-round epsilon (NOT a guarantee)"
         return None, "no privacy claimed"
 
@@ -180,7 +185,7 @@ def _verdict(lower: float | None, ctx: PrivacyContext, certified: bool
         return True, f"lower bound {lower:.3g} <= {what} {claimed:.3g}"
     kind = "certified (coin-flipped canaries)" if certified else \
         "NOT certified (natural membership): investigate"
-    if ctx.mode == "ldp-touched-rows":
+    if capability(ctx.mode, "nominal_only"):
         return False, (f"lower bound {lower:.3g} > {what} {claimed:.3g}, {kind}; "
                        "ldp-touched-rows is insecure: the touched rows leak")
     return False, f"lower bound {lower:.3g} > {what} {claimed:.3g}, {kind}"
@@ -286,7 +291,7 @@ def _attribute_record(obs: Observation, public: PublicKnowledge, demo: Demograph
 
 def _canary_record(ctx: PrivacyContext, seed: int) -> dict[str, Any]:
     base: dict[str, Any] = {"attack": "canary", "round": None, "audit_certified": True}
-    if ctx.params is None or ctx.mode not in AUDITED_MODES:
+    if ctx.params is None or not audited(ctx.mode):
         base.update({"skipped": f"no canary design for mode {ctx.mode}", "seconds": 0.0,
                      "eps_lower_bound": None, "eps_accounted": None, "eps_claimed": None,
                      "audit_ok": None, "audit_reason": "not audited"})

@@ -3,7 +3,7 @@
 For each mechanism (ldp-laplace, ldp-gaussian, ldp-dpsgd, cdp-gaussian), each
 accounted per-round eps (1 and 8; one round, so the run's eps is the round's)
 and each seed, :func:`attacks.canary.canary_audit` runs twice with the budget
-it ships with (:data:`attacks.canary.CANARY_BUDGET`) at the stated confidence:
+it ships with (each mechanism's ``audit_canaries``) at the stated confidence:
 
 - ``sound``: the mechanism as accounted (``noise_factor`` 1). An alarm (lower
   bound > accounted eps) is a false alarm; at confidence 0.95 each run raises

@@ -101,6 +101,12 @@ class Mechanism:
     # neighbouring relation and trust model (docs/baselines.md); None: no guarantee, no floor
     floor: ClassVar[str | None] = None
 
+    # -- how the canary audit tests it (attacks/canary.py; docs/audits.md) -----------------
+    audit_canaries: ClassVar[int] = 0  # canaries per audit (0: no canary design for it)
+    audit_confidence: ClassVar[float] = 0.95  # the confidence its audit is stated at
+    audit_gdp: ClassVar[bool] = False  # one Gaussian release per round: a GDP claim
+    audit_at_delta: ClassVar[bool] = False  # audited at the run's delta (else pure eps)
+
     @classmethod
     def accepts(cls, option: str) -> bool:
         """Whether the privacy option ``option`` (a PrivacyConfig field) applies to it."""

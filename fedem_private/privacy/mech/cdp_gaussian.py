@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 @register
 class CdpGaussian(Mechanism):
     """The Gaussian mechanism on the sum of Poisson-sampled clipped deltas."""
+    audit_canaries = 200_000
+    audit_gdp = True
+    audit_at_delta = True
 
     name = "cdp-gaussian"
     description = (

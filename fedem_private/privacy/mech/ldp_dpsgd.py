@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 @register
 class LdpDpsgd(Mechanism):
     """Local DP-SGD: noise inside every local step; the trained table is uploaded as is."""
+    audit_canaries = 1_000_000
+    audit_at_delta = True
 
     name = "ldp-dpsgd"
     description = (

@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 @register
 class LdpGaussian(LocalUploadMechanism):
     """sent + clip_2(local - sent, C) + N(0, (2Cz)^2) on every entry."""
+    audit_canaries = 50_000
+    audit_gdp = True
+    audit_at_delta = True
 
     name = "ldp-gaussian"
     description = (

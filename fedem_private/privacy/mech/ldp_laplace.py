@@ -48,6 +48,8 @@ class LocalUploadMechanism(Mechanism):
 @register
 class LdpLaplace(LocalUploadMechanism):
     """sent + clip_1(local - sent, C) + Lap(b) on every entry, b = 2C / eps_round."""
+    audit_canaries = 200_000
+    audit_confidence = 0.999
 
     name = "ldp-laplace"
     description = (

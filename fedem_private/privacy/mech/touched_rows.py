@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 @register
 class LdpTouchedRows(LocalUploadMechanism):
     """sent + clip_1(local - sent, C) + Lap(b) on the touched rows; no guarantee."""
+    audit_canaries = 20_000
+    audit_confidence = 0.999
 
     name = "ldp-touched-rows"
     description = (
