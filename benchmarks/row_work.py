@@ -31,12 +31,11 @@ from typing import Any
 import numpy as np
 
 from fedem_private.experiments.runner import prepare
+from fedem_private.models import backbone_class
 from fedem_private.models.base import Plan
+from fedem_private.simulation.config import METHOD_BACKBONE
 
 from .common import emit, machine, run_config
-
-BACKBONE_MODULE = {"fedmf": "mf", "fedem": "mf", "fedrap": "fedrap", "pfedrec": "pfedrec",
-                   "fedncf": "ncf", "gpfedrec": "gpfedrec"}
 
 
 def count(plans: list[Plan], n_items: int) -> dict[str, float]:
@@ -55,7 +54,8 @@ def count(plans: list[Plan], n_items: int) -> dict[str, float]:
 
 def measure(dataset: str, method: str) -> dict[str, Any]:
     """Run round 1 of ``method`` on ``dataset`` and count its Adam row-steps."""
-    module = importlib.import_module(f"fedem_private.models.{BACKBONE_MODULE[method]}")
+    # the module of the method's backbone class, where its make_plan is looked up
+    module = importlib.import_module(backbone_class(METHOD_BACKBONE[method]).__module__)
     original = module.make_plan
     plans: list[Plan] = []
 
