@@ -34,6 +34,7 @@ from torch import Tensor
 
 from fedem_private import rng
 from fedem_private.client.holdout import OBJECTIVES, split_samples, withheld_counts
+from fedem_private.client.strategies import REGISTRY, strategies_where
 from fedem_private.errors import UserError
 from fedem_private.models.base import (
     ClientSamples,
@@ -46,8 +47,8 @@ from fedem_private.models.base import (
 )
 from fedem_private.optim import AdamConfig, MaskedAdam
 
-STRATEGIES = ("sr", "sm", "dm", "em")
-LEARNED = ("dm", "em")
+STRATEGIES = tuple(REGISTRY)  # fedem_private.client.strategies: names and capabilities
+LEARNED = strategies_where("learned")
 
 # logits (a, B) from the active rows (a,), their user vectors (a, d), item rows (a, B, d)
 # and item ids (a, B)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fedem_private.client.strategies import REGISTRY as MERGE_REGISTRY
 from fedem_private.data import DATASETS
 from fedem_private.experiments.attack_step import ATTACK_NAMES
 from fedem_private.models import BACKBONES
@@ -10,7 +11,6 @@ from fedem_private.simulation.config import (
     AGGREGATIONS,
     BACKBONE_METHOD,
     CODECS,
-    LEARNED_MERGES,
     MERGES,
     METHOD_BACKBONE,
     METHOD_DEFAULTS,
@@ -26,8 +26,8 @@ def catalogue() -> list[tuple[str, str, str]]:
     rows += [("backbone", b, f"--backbone (without --method: preset {BACKBONE_METHOD[b]})")
              for b in BACKBONES]
     rows += [("aggregation", a, "--aggregation") for a in AGGREGATIONS]
-    rows += [("merge", m, "--merge" + (" (learned: an adapter)" if m in LEARNED_MERGES else ""))
-             for m in MERGES]
+    rows += [("merge", m, "--merge" + (" (learned: an adapter)" if MERGE_REGISTRY[m].learned
+                                       else "")) for m in MERGES]
     rows += [("codec", c, "--codec (upload)") for c in CODECS]
     rows += [("privacy", p, mechanism_for(p).description or "--privacy") for p in names()]
     rows += [("dataset", d, "--dataset") for d in DATASETS]

@@ -49,7 +49,6 @@ from fedem_private.simulation.sections import (  # noqa: F401  (re-exported)
     DEFAULT_RECORD_CLIENTS,
     DP_MOSTPOP_ARCHITECTURES,
     FEDERATED_METHODS,
-    LEARNED_MERGES,
     MERGES,
     METHOD_BACKBONE,
     METHOD_DEFAULTS,

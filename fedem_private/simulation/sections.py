@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from fedem_private.client.strategies import REGISTRY as MERGE_REGISTRY
 from fedem_private.data import DATASETS, PROTOCOLS, RATED_DATASETS, SyntheticConfig
 from fedem_private.device import check_name as check_device
 from fedem_private.errors import UserError
@@ -37,8 +38,7 @@ PEFT_PRETRAINS = ("none", "attributes")
 # the aggregations: the server registry's names (each class declares what it can do:
 # one_table, needs_each_upload, sampled; fedem_private.server.registry)
 AGGREGATIONS = tuple(AGGREGATOR_REGISTRY)
-MERGES = ("sr", "sm", "dm", "em")
-LEARNED_MERGES = ("dm", "em")  # merges with an adapter (equations 9 and 11)
+MERGES = tuple(MERGE_REGISTRY)  # fedem_private.client.strategies: names and capabilities
 # what the adapter trains on: the round's training samples, or a withheld fold of them
 ADAPTER_OBJECTIVES = ("train", "holdout")
 # method (a preset) -> (aggregation, merge); FedSim is FedMF with similarity aggregation
@@ -359,7 +359,7 @@ class FederationConfig:
             raise UserError(f"--peft-pretrain {self.peft_pretrain} initialises FedPEFT's item "
                             f"table; it needs a FedPEFT codec (--codec lora, hash, rqvae, "
                             f"c-lora, c-hash or c-rqvae), not full")
-        if self.adapter_objective == "holdout" and merge not in LEARNED_MERGES:
+        if self.adapter_objective == "holdout" and not MERGE_REGISTRY[merge].learned:
             raise UserError(f"--adapter-objective holdout trains the merge adapter, but merge "
                             f"{merge!r} has none; use --merge em or dm")
         if self.agg_clients_ratio != 1.0:
