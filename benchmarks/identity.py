@@ -81,6 +81,17 @@ def _rows(path: Path, key: str | None) -> tuple[dict[str, dict[str, str]], list[
     return keyed, list(rows[0])
 
 
+def _same(x: str, y: str) -> bool:
+    """Equal as text, or as numbers written differently ("15" and "15.0": a column that
+    gained empty cells is written as floats); never within a tolerance."""
+    if x == y:
+        return True
+    try:
+        return float(x) == float(y)
+    except ValueError:
+        return False
+
+
 def compare(before: Path, after: Path, key: str | None) -> tuple[int, int, list[str], int]:
     """(values compared, values differing, columns on one side only, rows added after).
 
@@ -92,7 +103,7 @@ def compare(before: Path, after: Path, key: str | None) -> tuple[int, int, list[
         raise SystemExit(f"identity: {after.name}: rows gone after "
                          f"({sorted(set(a) - set(b))[:3]} ...)")
     cols = [c for c in ca if c in cb and "seconds" not in c]
-    diff = sum(a[k][c] != b[k][c] for k in a for c in cols)
+    diff = sum(not _same(a[k][c], b[k][c]) for k in a for c in cols)
     return len(a) * len(cols), diff, sorted(set(ca) ^ set(cb)), len(set(b) - set(a))
 
 
