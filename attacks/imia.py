@@ -255,6 +255,30 @@ def _fit(delta: torch.Tensor, sim: torch.Tensor, guess: torch.Tensor) -> torch.T
     return num / torch.where(den > 0, den, torch.ones_like(den))
 
 
+def _pack(cand: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each client's candidate rows, left-aligned: (row ids (c, R), valid (c, R)), R the
+    largest candidate count (at least 1)."""
+    c = cand.shape[0]
+    r = int(max(cand.sum(1).max(), 1))
+    idx = np.zeros((c, r), dtype=np.int64)
+    valid = np.zeros((c, r), dtype=bool)
+    for j in range(c):
+        rows = np.flatnonzero(cand[j])
+        idx[j, : rows.size] = rows
+        valid[j, : rows.size] = True
+    return idx, valid
+
+
+def _unpack(packed: np.ndarray, idx: np.ndarray, valid: np.ndarray, m: int,
+            fill: float) -> np.ndarray:
+    """Inverse of :func:`_pack` for per-candidate values: (c, m), ``fill`` elsewhere."""
+    out = np.full((packed.shape[0], m), fill)
+    for j in range(packed.shape[0]):
+        n = int(valid[j].sum())
+        out[j, idx[j, :n]] = packed[j, :n]
+    return out
+
+
 def _attack_chunk(delta: np.ndarray, sent: np.ndarray, cand: np.ndarray, k_pos: np.ndarray,
                   public: PublicKnowledge, iterations: int, restarts: int, user_std: float,
                   gen: torch.Generator, device: str = "cpu") -> np.ndarray:
@@ -264,13 +288,8 @@ def _attack_chunk(delta: np.ndarray, sent: np.ndarray, cand: np.ndarray, k_pos: 
     generator ``gen`` (the same numbers on every device) and are moved there.
     """
     c, m, d = delta.shape
-    r = int(max(cand.sum(1).max(), 1))
-    idx = np.zeros((c, r), dtype=np.int64)
-    valid_np = np.zeros((c, r), dtype=bool)
-    for j in range(c):
-        rows = np.flatnonzero(cand[j])
-        idx[j, : rows.size] = rows
-        valid_np[j, : rows.size] = True
+    idx, valid_np = _pack(cand)
+    r = idx.shape[1]
     take = np.arange(c)[:, None]
     dev = torch.device(device)
     valid = torch.from_numpy(valid_np).to(dev)
@@ -297,12 +316,7 @@ def _attack_chunk(delta: np.ndarray, sent: np.ndarray, cand: np.ndarray, k_pos: 
         better = fit > best_fit
         best_fit = torch.where(better, fit, best_fit)
         best_z = torch.where(better[:, None], z, best_z)
-    out = np.full((c, m), np.nan)
-    z_np = best_z.cpu().numpy()
-    for j in range(c):
-        n = int(valid_np[j].sum())
-        out[j, idx[j, :n]] = z_np[j, :n]
-    return out
+    return _unpack(best_z.cpu().numpy(), idx, valid_np, m, np.nan)
 
 
 def _attack_chunk_model(model: ShadowModel, delta: np.ndarray, sent: np.ndarray,
@@ -320,13 +334,8 @@ def _attack_chunk_model(model: ShadowModel, delta: np.ndarray, sent: np.ndarray,
     shadow run from the share of rows the shadow moves (see :func:`imia`).
     """
     c, m, d = delta.shape
-    r = int(max(cand.sum(1).max(), 1))
-    idx = np.zeros((c, r), dtype=np.int64)
-    valid_np = np.zeros((c, r), dtype=bool)
-    for j in range(c):
-        rows = np.flatnonzero(cand[j])
-        idx[j, : rows.size] = rows
-        valid_np[j, : rows.size] = True
+    idx, valid_np = _pack(cand)
+    r = idx.shape[1]
     take = np.arange(c)[:, None]
     dev = torch.device(device)
     valid = torch.from_numpy(valid_np).to(dev)
@@ -389,14 +398,8 @@ def _attack_chunk_model(model: ShadowModel, delta: np.ndarray, sent: np.ndarray,
         best_z = torch.where(better[:, None], z, best_z)
         best_move = torch.where(better[:, None],
                                 torch.linalg.vector_norm(sim, dim=3).amax(1), best_move)
-    out = np.full((c, m), np.nan)
-    moved = np.zeros((c, m))
-    z_np, mv_np = best_z.cpu().numpy(), best_move.cpu().numpy()
-    for j in range(c):
-        n = int(valid_np[j].sum())
-        out[j, idx[j, :n]] = z_np[j, :n]
-        moved[j, idx[j, :n]] = mv_np[j, :n]
-    return out, moved
+    return (_unpack(best_z.cpu().numpy(), idx, valid_np, m, np.nan),
+            _unpack(best_move.cpu().numpy(), idx, valid_np, m, 0.0))
 
 
 def imia(obs: Observation, public: PublicKnowledge, *, iterations: int = 5, restarts: int = 3,

@@ -464,17 +464,22 @@ def _safe(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._+-]", "_", text)
 
 
+def _data_dir(spec: SweepSpec, dataset: str) -> str | None:
+    """The folder of ``dataset``: ``[sweep.data_dirs]``, else ``[base.data] data_dir`` for
+    the base's own dataset."""
+    base = spec.base.data
+    return dict(spec.data_dirs).get(dataset, base.data_dir if dataset == base.dataset else None)
+
+
 def grid(spec: SweepSpec) -> list[GridPoint]:
     """All grid points in a fixed order (seed outermost, so a first pass covers the grid)."""
-    dirs = dict(spec.data_dirs)
     points: dict[str, GridPoint] = {}
     for seed, dataset, protocol, (method, merge), agg, codec, mode in product(
             spec.seeds, spec.datasets, spec.protocols, spec.method_merges(),
             spec.aggregations, spec.codecs, spec.privacy):
         for eps in (spec.epsilons if _takes_budget(mode) else (None,)):
             base = spec.base
-            data_dir = dirs.get(dataset, base.data.data_dir if dataset == base.data.dataset
-                                else None)
+            data_dir = _data_dir(spec, dataset)
             proto, options = parse_protocol_label(protocol)
             try:
                 cfg = RunConfig(
@@ -537,13 +542,11 @@ def reference_points(spec: SweepSpec) -> list[GridPoint]:
     of :func:`_floor_budgets`. They upload nothing and are never attacked."""
     from fedem_private.simulation.config import PrivacyConfig
 
-    dirs = dict(spec.data_dirs)
     out = []
     for seed, dataset, protocol, ref in product(spec.seeds, spec.datasets, spec.protocols,
                                                 spec.references):
         base = spec.base
-        data_dir = dirs.get(dataset, base.data.data_dir if dataset == base.data.dataset
-                            else None)
+        data_dir = _data_dir(spec, dataset)
         budgets = _floor_budgets(spec) if ref == "dp-mostpop" else [(None, None)]
         for arch, eps in budgets:
             baseline = base.baseline if arch is None else replace(

@@ -57,6 +57,7 @@ index tensors (``idx``) are made on the device.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -223,8 +224,9 @@ class ChunkWork:
     def k(self) -> int:
         return int(self.chunk.shape[0])
 
-    @property
+    @functools.cached_property
     def n_recv(self) -> int:
+        """How many of the chunk got a table (read once: a device sync off the CPU)."""
         return self.k if self.recv is None else int(self.recv.sum())
 
 
