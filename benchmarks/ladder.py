@@ -128,11 +128,28 @@ def tuned_config(path: str, seed: int) -> dict[str, Any]:
     return cfg
 
 
+DISPLAY = {"fedmf": "FedMF", "fedem": "FedEM", "pfedrec": "PFedRec", "fedncf": "FedNCF"}
+
+
+def tuned_label(cfg: dict[str, Any]) -> tuple[str, str]:
+    """(display name, run-name stem) of a tuned config: its method, and its merge and
+    aggregation where the tuning chose them ("FedEM [dm, fedavg]")."""
+    from fedem_private.simulation.config import METHOD_DEFAULTS
+
+    fed = cfg.get("federation", {})
+    method = fed["method"]
+    defaults = dict(zip(("aggregation", "merge"), METHOD_DEFAULTS[method], strict=True))
+    chosen = [fed[k] for k in ("merge", "aggregation") if fed.get(k, defaults[k]) != defaults[k]]
+    name = DISPLAY.get(method, method)
+    return (f"{name} [{', '.join(chosen)}]" if chosen else name), method
+
+
 def private_rungs(dataset: str, data_dir: str, seeds: list[int],
-                  tuned_files: dict[str, str], modes: list[str] | None = None
+                  tuned_files: list[tuple[str, str]], modes: list[str] | None = None
                   ) -> list[tuple[str, str, dict[str, Any]]]:
-    """FedMF under cdp-gaussian and ldp-dpsgd at PRIVATE_EPSILONS: settings fixed in
-    advance, then (``tuned_files``: {"none" or a mode: best.toml}) the tuned settings."""
+    """FedMF under cdp-gaussian and ldp-dpsgd at PRIVATE_EPSILONS with settings fixed in
+    advance, then every tuned config (``tuned_files``: (``none`` or a mode, best.toml)),
+    whatever its method: without privacy once, a private one at every eps."""
     from fedem_private.privacy.registry import no_privacy
 
     out = []
@@ -145,16 +162,17 @@ def private_rungs(dataset: str, data_dir: str, seeds: list[int],
                              _merge(extra, {"privacy": {"epsilon": eps}}))
                 out.append((f"FedMF {mode} eps {eps:g} (fixed in advance)",
                             f"fedmf-{mode}-eps{eps:g}-seed{seed}", cfg))
-        for mode, path in tuned_files.items():
+        for mode, path in tuned_files:
+            cfg = tuned_config(path, seed)
+            name, stem = tuned_label(cfg)
             if no_privacy(mode):
-                out.append(("FedMF (val-tuned, no privacy)", f"fedmf-tuned-seed{seed}",
-                            tuned_config(path, seed)))
+                out.append((f"{name} (val-tuned, no privacy)", f"{stem}-tuned-seed{seed}", cfg))
                 continue
-            tuned_at = tuned_config(path, seed)["privacy"]["epsilon"]
+            tuned_at = cfg["privacy"]["epsilon"]
             for eps in PRIVATE_EPSILONS:
-                cfg = _merge(tuned_config(path, seed), {"privacy": {"epsilon": eps}})
-                out.append((f"FedMF {mode} eps {eps:g} (val-tuned at eps {tuned_at:g})",
-                            f"fedmf-{mode}-tuned-eps{eps:g}-seed{seed}", cfg))
+                out.append((f"{name} {mode} eps {eps:g} (val-tuned at eps {tuned_at:g})",
+                            f"{stem}-{mode}-tuned-eps{eps:g}-seed{seed}",
+                            _merge(cfg, {"privacy": {"epsilon": eps}})))
     return out
 
 
@@ -292,9 +310,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the private modes of the fixed-in-advance FedMF rungs "
                         "(default: all)")
     parser.add_argument("--tuned", nargs="*", default=[], metavar="MODE=FILE",
-                        help="a `fedem-private tune` best.toml per privacy mode (`none` for "
-                        "no privacy), run on every seed (private ones at every eps of "
-                        "PRIVATE_EPSILONS)")
+                        help="`fedem-private tune` best.toml files, each with its privacy mode "
+                        "(`none` for no privacy), of any federated method; run on every seed "
+                        "(private ones at every eps of PRIVATE_EPSILONS)")
     parser.add_argument("--no-tune", action="store_true", help="skip the validation grids")
     parser.add_argument("--report", nargs="+", metavar="DATASET", default=None,
                         help="only write the combined report of these datasets' ladders "
@@ -320,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
                              "\n\n| setting | val HR@10 (sampled) | val NDCG@10 (sampled) |\n"
                              "|---|---|---|\n" + "".join(
                                  f"| {lab} | {hr:.4f} | {nd:.4f} |\n" for lab, hr, nd in rows))
-    tuned_files = dict(t.split("=", 1) for t in args.tuned)
+    tuned_files = [tuple(t.split("=", 1)) for t in args.tuned]
     private = private_rungs(args.dataset, data_dir, args.seeds, tuned_files, args.modes)
     plan = rungs(args.dataset, data_dir, args.seeds, args.rounds, tuned) + private
     if args.only != "table":
