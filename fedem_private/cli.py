@@ -322,6 +322,12 @@ def build_parser() -> argparse.ArgumentParser:
                       help="study folder: study.db, trials/, trials.csv, best.toml")
     tune.add_argument("--trials", type=_integer, default=None,
                       help="completed trials wanted in all (default: the file's)")
+    tune.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                      help="run trials as Ray tasks sharing the study file: on a local Ray "
+                      "instance, or on the cluster at ADDRESS (DIR must then be on a shared "
+                      "file system); needs pip install 'fedem-private[ray]'")
+    tune.add_argument("--workers", type=_integer, default=2,
+                      help="with --ray: trials run at once (default 2)")
     ds = sub.add_parser("datasets", help="list or download datasets")
     ds_sub = ds.add_subparsers(dest="action", required=True, parser_class=_Parser)
     ls = ds_sub.add_parser("list", help="known datasets and where they are found")
@@ -582,7 +588,8 @@ def _main(argv: Sequence[str] | None) -> int:
         if args.command == "tune":
             from fedem_private.experiments.tune import run_tuning
 
-            result = run_tuning(args.spec, args.out, args.trials)
+            result = run_tuning(args.spec, args.out, args.trials, ray=args.ray,
+                                    workers=args.workers if args.ray else 1)
             print(f"{result['completed']} trials; best sampled validation HR@10 "
                   f"{result['best_value']:.4f} with {result['best_params']}; config in "
                   f"{args.out}/best.toml")

@@ -23,6 +23,10 @@ validation HR@10, maximised by Optuna's TPE sampler. The test item is never read
 study lives in ``<out>/study.db`` (SQLite), so an interrupted tuning resumes where it
 stopped. ``<out>/trials.csv`` lists every completed trial and ``<out>/best.toml`` is
 the best trial's resolved config.
+``--ray [ADDRESS] --workers N`` runs N workers as Ray tasks that share the study file
+(SQLite's lock, waited on for up to two minutes), each adding trials until the study has
+enough; worker w samples with seed + w. One worker without Ray is reproducible from the
+seed; parallel workers are not (the trial order depends on timing).
 
 Tuning a private run on the same data leaks (Papernot and Steinke 2022): the chosen
 setting is itself a function of the data, which no run's epsilon accounts for. Report
@@ -41,6 +45,7 @@ from fedem_private.errors import UserError
 from fedem_private.simulation.config import from_dict, read_toml, to_dict, to_toml, with_overrides
 
 OBJECTIVE = ("val", "hr@10")
+SQLITE_TIMEOUT_S = 120.0  # how long a worker waits for the study file's lock
 
 
 def _check_space(space: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -110,28 +115,42 @@ def _suggest(trial: Any, space: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def run_tuning(spec: str | Path, out: str | Path, trials: int | None = None
-               ) -> dict[str, Any]:
-    """Run (or resume) the study of ``spec`` into ``out`` until it has ``trials`` completed
-    trials (default: the file's); returns {"best_value", "best_params", "completed"}."""
+def _import_optuna() -> Any:
     try:
         import optuna
     except ImportError:
         raise UserError("tune needs Optuna: pip install 'fedem-private[tune]'") from None
-    from fedem_private.experiments.runner import execute
-
-    base, space, file_trials, seed = load_tune_spec(spec)
-    wanted = file_trials if trials is None else int(trials)
-    root = Path(out)
-    root.mkdir(parents=True, exist_ok=True)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(
-        study_name="fedem-private-tune", storage=f"sqlite:///{(root / 'study.db').resolve()}",
-        sampler=optuna.samplers.TPESampler(seed=seed), direction="maximize",
+    return optuna
+
+
+def _open_study(optuna: Any, root: Path, sampler_seed: int) -> Any:
+    """The study in ``root/study.db``, created on first use. SQLite waits up to
+    :data:`SQLITE_TIMEOUT_S` for a lock, so several workers can share the file."""
+    storage = optuna.storages.RDBStorage(
+        f"sqlite:///{(root / 'study.db').resolve()}",
+        engine_kwargs={"connect_args": {"timeout": SQLITE_TIMEOUT_S}})
+    return optuna.create_study(
+        study_name="fedem-private-tune", storage=storage,
+        sampler=optuna.samplers.TPESampler(seed=sampler_seed), direction="maximize",
         load_if_exists=True)
 
-    def completed() -> int:
-        return sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
+
+def _completed(study: Any, optuna: Any) -> int:
+    return sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
+
+
+def _work(spec: str, out: str, wanted: int, worker: int) -> int:
+    """One worker: add trials to the shared study until it has ``wanted`` completed ones
+    (checked before each trial; workers racing for the last one may add one each). Worker
+    ``w`` samples with seed ``seed + w``, so two workers never propose the same first
+    points. Returns the trials this worker completed."""
+    from fedem_private.experiments.runner import execute
+
+    optuna = _import_optuna()
+    base, space, _, seed = load_tune_spec(spec)
+    root = Path(out)
+    study = _open_study(optuna, root, seed + worker)
 
     def objective(trial: Any) -> float:
         params = _suggest(trial, space)
@@ -146,12 +165,60 @@ def run_tuning(spec: str | Path, out: str | Path, trials: int | None = None
         trial.set_user_attr("run_dir", str(path))
         return float(value)
 
-    left = wanted - completed()
-    if left > 0:
-        study.optimize(objective, n_trials=left, catch=())
+    done = 0
+    while _completed(study, optuna) < wanted:
+        study.optimize(objective, n_trials=1, catch=())
+        done += 1
+    return done
+
+
+def run_tuning(spec: str | Path, out: str | Path, trials: int | None = None,
+               ray: str | None = None, workers: int = 1) -> dict[str, Any]:
+    """Run (or resume) the study of ``spec`` into ``out`` until it has ``trials`` completed
+    trials (default: the file's); returns {"best_value", "best_params", "completed"}.
+
+    ``ray`` (a Ray address, ``local`` for a new local instance): ``workers`` Ray tasks
+    share the study file, each running trials until the study has enough (on a cluster,
+    ``out`` must be on a file system every node sees). With one worker and no Ray the
+    study is reproducible from its seed; parallel workers' trial order depends on timing.
+    """
+    optuna = _import_optuna()
+    _, _, file_trials, seed = load_tune_spec(spec)
+    wanted = file_trials if trials is None else int(trials)
+    if workers < 1:
+        raise UserError(f"--workers must be a positive integer, got {workers}")
+    root = Path(out)
+    root.mkdir(parents=True, exist_ok=True)
+    _open_study(optuna, root, seed)  # created once here, before workers race to create it
+    if ray is None:
+        _work(str(spec), str(root), wanted, 0)
+    else:
+        _work_on_ray(str(spec), str(root), wanted, workers, ray)
+    study = _open_study(optuna, root, seed)
+    if _completed(study, optuna) == 0:
+        raise UserError("tune: no trial completed")
     _write_outputs(study, root, optuna)
     best = study.best_trial
-    return {"best_value": best.value, "best_params": best.params, "completed": completed()}
+    return {"best_value": best.value, "best_params": best.params,
+            "completed": _completed(study, optuna)}
+
+
+def _work_on_ray(spec: str, out: str, wanted: int, workers: int, address: str) -> None:
+    """``workers`` :func:`_work` calls as Ray tasks (1 CPU each); a failed task is raised."""
+    from fedem_private.experiments import ray_tasks
+
+    errors: list[BaseException] = []
+
+    def on_result(i: int, value: Any, error: BaseException | None) -> None:
+        if error is not None:
+            errors.append(error)
+
+    with ray_tasks.ray_session(address, num_cpus=workers if address == ray_tasks.LOCAL
+                               else None):
+        ray_tasks.run_tasks(_work, [(spec, out, wanted, w) for w in range(workers)],
+                            workers, on_result)
+    if errors:
+        raise UserError(f"tune --ray: a worker failed: {str(errors[0]).strip().splitlines()[-1]}")
 
 
 def _write_outputs(study: Any, root: Path, optuna: Any) -> None:
