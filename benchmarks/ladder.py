@@ -177,8 +177,10 @@ def private_rungs(dataset: str, data_dir: str, seeds: list[int],
 
 
 def rungs(dataset: str, data_dir: str, seeds: list[int], rounds: int,
-          tuned: dict[str, dict[str, Any]]) -> list[tuple[str, str, dict[str, Any]]]:
-    """(rung label, run name, config) of every run, in ladder order."""
+          tuned: dict[str, dict[str, Any]], federated: tuple[str, ...] = FEDERATED
+          ) -> list[tuple[str, str, dict[str, Any]]]:
+    """(rung label, run name, config) of every run, in ladder order; ``federated``: the
+    federated methods run with their presets' defaults."""
     out = []
     for seed in seeds:
         def add(label: str, name: str, method: str, extra: dict[str, Any] | None = None,
@@ -200,7 +202,7 @@ def rungs(dataset: str, data_dir: str, seeds: list[int], rounds: int,
             name = {"centralised": "Centralised MF", "ease": "EASE", "als": "ALS"}[method]
             add(f"{name} (val-tuned: {_label(setting)})", f"{method}-tuned", method,
                 _nest(setting))
-        for method in FEDERATED:
+        for method in federated:
             add({"fedmf": "FedMF", "fedem": "FedEM"}[method] + f" ({rounds} rounds)", method,
                 method, {"train": {"rounds": rounds, "eval_every": rounds}})
     return out
@@ -313,6 +315,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="`fedem-private tune` best.toml files, each with its privacy mode "
                         "(`none` for no privacy), of any federated method; run on every seed "
                         "(private ones at every eps of PRIVATE_EPSILONS)")
+    parser.add_argument("--federated", nargs="+", default=list(FEDERATED), choices=FEDERATED,
+                        help="the federated methods run with their defaults (default: all; "
+                        "LastFM-2K's FedEM takes about a minute a round on this CPU)")
     parser.add_argument("--no-tune", action="store_true", help="skip the validation grids")
     parser.add_argument("--report", nargs="+", metavar="DATASET", default=None,
                         help="only write the combined report of these datasets' ladders "
@@ -340,7 +345,8 @@ def main(argv: list[str] | None = None) -> int:
                                  f"| {lab} | {hr:.4f} | {nd:.4f} |\n" for lab, hr, nd in rows))
     tuned_files = [tuple(t.split("=", 1)) for t in args.tuned]
     private = private_rungs(args.dataset, data_dir, args.seeds, tuned_files, args.modes)
-    plan = rungs(args.dataset, data_dir, args.seeds, args.rounds, tuned) + private
+    plan = rungs(args.dataset, data_dir, args.seeds, args.rounds, tuned,
+                 tuple(args.federated)) + private
     if args.only != "table":
         private_names = {name for _, name, _ in private}
         for _, name, cfg in plan:
