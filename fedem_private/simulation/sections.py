@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fedem_private.client.strategies import REGISTRY as MERGE_REGISTRY
+from fedem_private.client.strategies import merge_class, strategies_where
 from fedem_private.data import DATASETS, PROTOCOLS, RATED_DATASETS, SyntheticConfig
 from fedem_private.device import check_name as check_device
 from fedem_private.errors import UserError
@@ -352,16 +353,18 @@ class FederationConfig:
     def check_composition(self) -> None:
         """Refuse a combination of parts that cannot work, with one line naming why."""
         agg, merge = self.resolved_aggregation, self.resolved_merge
-        if agg == "none" and merge != "sr":
+        if agg == "none" and merge_class(merge).merges:
             raise UserError(f"merge {merge!r} merges the server's table into the client's, but "
-                            "aggregation 'none' (local) sends no table; use --merge sr")
+                            f"aggregation 'none' (local) sends no table; use --merge "
+                            f"{', '.join(strategies_where('merges', False))}")
         if self.peft_pretrain != "none" and self.codec == "full":
             raise UserError(f"--peft-pretrain {self.peft_pretrain} initialises FedPEFT's item "
                             f"table; it needs a FedPEFT codec (--codec lora, hash, rqvae, "
                             f"c-lora, c-hash or c-rqvae), not full")
-        if self.adapter_objective == "holdout" and not MERGE_REGISTRY[merge].learned:
+        if self.adapter_objective == "holdout" and not merge_class(merge).learned:
             raise UserError(f"--adapter-objective holdout trains the merge adapter, but merge "
-                            f"{merge!r} has none; use --merge em or dm")
+                            f"{merge!r} has none; use --merge "
+                            f"{' or '.join(reversed(strategies_where('learned')))}")
         if self.agg_clients_ratio != 1.0:
             if not aggregator_class(agg).sampled:
                 raise UserError(f"--agg-clients-ratio samples the uploads an aggregation "
@@ -373,9 +376,10 @@ class FederationConfig:
         if self.similarity != "eq13" and agg != "similarity":
             raise UserError(f"--similarity {self.similarity} is a similarity aggregation's; "
                             f"aggregation {agg!r} has none; use --aggregation similarity")
-        if self.merge_every_batch and merge != "em":
+        if self.merge_every_batch and not merge_class(merge).batch_merge:
             raise UserError(f"--merge-every-batch merges with the adapter on every batch (the "
-                            f"FedEM code's EM), but merge is {merge!r}; use --merge em")
+                            f"FedEM code's EM), but merge is {merge!r}; use --merge "
+                            f"{', '.join(strategies_where('batch_merge'))}")
         if self.merge_every_batch and not backbone_class(self.resolved_backbone).batch_merge:
             raise UserError(f"--merge-every-batch is built for backbone "
                             f"{', '.join(backbones_where('batch_merge'))} (the FedEM code's "
