@@ -16,13 +16,58 @@ when a merge runs.
 from __future__ import annotations
 
 import importlib
+import math
+from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, ClassVar
+
+from fedem_private.models.options import PartOptions, part_options, require
 
 if TYPE_CHECKING:
     from torch import Tensor
 
     from fedem_private.client.merging import MergeConfig, MergeState
+
+
+#: what the adapter trains on (equation 11): the round's training samples (as published), or
+#: a rotating fold withheld from local training (:mod:`fedem_private.client.holdout`)
+ADAPTER_OBJECTIVES = ("train", "holdout")
+
+
+@part_options
+@dataclass(frozen=True)
+class StaticOptions(PartOptions):
+    """SM's fixed merge weight ``rho`` in [0, 1]."""
+
+    rho: float = 0.5
+
+    def check(self) -> None:
+        require(0 <= self.rho <= 1, f"federation.rho must be in [0, 1], got {self.rho}")
+
+
+@part_options
+@dataclass(frozen=True)
+class AdapterOptions(PartOptions):
+    """The merge adapter's training (equation 11; DM and EM): Adam's rate, epochs per
+    round, what it trains on, and the folds of the ``holdout`` objective."""
+
+    lr: float = 0.1
+    epochs: int = 1
+    objective: str = "train"
+    folds: int = 5
+    keys: ClassVar[dict[str, str]] = {"lr": "adapter_lr", "epochs": "adapter_epochs",
+                                      "objective": "adapter_objective",
+                                      "folds": "adapter_folds"}
+
+    def check(self) -> None:
+        require(math.isfinite(self.lr) and self.lr > 0,
+                f"federation.adapter_lr must be positive, got {self.lr}")
+        require(self.epochs >= 1, "federation.adapter_epochs must be a positive integer")
+        require(self.objective in ADAPTER_OBJECTIVES,
+                f"unknown adapter objective {self.objective!r}; choose one of "
+                f"{', '.join(ADAPTER_OBJECTIVES)}")
+        require(self.folds >= 2, f"--adapter-folds (federation.adapter_folds) must be an "
+                                 f"integer >= 2, got {self.folds}")
 
 
 def _tensors() -> ModuleType:
@@ -45,6 +90,8 @@ class Merge:
     batch_merge: ClassVar[bool] = False
     #: whether ldp-dpsgd can train its adapter by DP-SGD (:mod:`fedem_private.privacy.dpsgd`)
     dpsgd_adapter: ClassVar[bool] = False
+    #: its own options (read from the ``[federation]`` keys, docs/design.md section 15)
+    Options: ClassVar[type[PartOptions]] = PartOptions
 
     def __init__(self, cfg: MergeConfig) -> None:
         self.cfg = cfg
@@ -79,6 +126,7 @@ class StaticMerge(Merge):
     """SM: one fixed rho for every client and item, the configuration's ``rho``."""
 
     name = "sm"
+    Options = StaticOptions
 
     def weights(self, state: MergeState | None, q_local: Tensor, q_global: Tensor) -> Tensor:
         return q_local.new_tensor(self.cfg.rho)
@@ -89,6 +137,7 @@ class AdapterMerge(Merge):
     equation 11 with p_u, Q_l and Q_g frozen."""
 
     learned = True
+    Options = AdapterOptions
 
     def pool(self, rho: Tensor) -> Tensor:
         """The merge weights from the adapter's per-item rho (k, m)."""

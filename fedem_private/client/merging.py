@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -35,6 +35,7 @@ from torch import Tensor
 
 from fedem_private import rng
 from fedem_private.client.holdout import OBJECTIVES, split_samples, withheld_counts
+from fedem_private.client.merges import AdapterOptions, StaticOptions
 from fedem_private.client.strategies import REGISTRY, merge_class, strategies_where
 from fedem_private.errors import UserError
 from fedem_private.models.base import (
@@ -78,6 +79,16 @@ class MergeConfig:
     every_batch: bool = False
     # the merge itself (docs/design.md section 15), built from these options
     rule: Merge = field(init=False, repr=False, compare=False)
+
+    @classmethod
+    def from_config(cls, config: Any) -> MergeConfig:
+        """The merge a run's ``[federation]`` section (``config``) chose, built from the
+        merges' own options (:class:`~fedem_private.client.merges.StaticOptions`,
+        :class:`~fedem_private.client.merges.AdapterOptions`) and ``merge_every_batch``."""
+        static, adapter = StaticOptions.from_config(config), AdapterOptions.from_config(config)
+        return cls(strategy=config.resolved_merge, rho=static.rho, adapter_lr=adapter.lr,
+                   adapter_epochs=adapter.epochs, adapter_objective=adapter.objective,
+                   adapter_folds=adapter.folds, every_batch=config.merge_every_batch)
 
     def __post_init__(self) -> None:
         if self.strategy not in REGISTRY:
