@@ -51,7 +51,7 @@ from fedem_private.server.fedmerge import (
     weight_entropy,
 )
 from fedem_private.server.graph import graph_tables
-from fedem_private.server.options import FedMergeOptions, GraphOptions
+from fedem_private.server.options import FedMergeOptions, GraphOptions, SimilarityOptions
 
 
 def aggregated_uploads(part_mask: Tensor, agg_ratio: float, seed: int, round_: int
@@ -377,8 +377,9 @@ class SimilarityAggregator(_Sampled, _PerUploadAggregator):
     @classmethod
     def from_options(cls, sizes: Tensor, q0: Tensor, opts: AggregatorOptions) -> Aggregator:
         cls._no_server_step(cls.name, opts)
+        rule = (opts.similarity or SimilarityOptions()).similarity
         return cls(sizes, sizes.shape[0], q0, opts.alpha, opts.alias, seed=opts.seed,
-                   agg_ratio=float(opts.agg_ratio), **(opts.similarity or {}))
+                   agg_ratio=float(opts.agg_ratio), similarity=rule)
 
     def __init__(self, sizes: Tensor, n_clients: int, q0: Tensor, alpha: float,
                  alias: Tensor | None = None, similarity: str = "eq13",
@@ -574,8 +575,8 @@ class AggregatorOptions:
     GraphOptions`); ``fedmerge``: FedMerge's (:class:`~fedem_private.server.options.
     FedMergeOptions`; its initial tables keyed by ``seed``); None: their defaults;
     ``server``: the sum aggregators' step on the aggregate (:class:`ServerMomentum`);
-    ``similarity``: the similarity aggregator's options (``similarity``, docs/design.md
-    2a); ``agg_ratio``: the share of each round's uploads aggregated (:class:`_Sampled`).
+    ``similarity``: the similarity aggregator's rule (:class:`~fedem_private.server.options.
+    SimilarityOptions`, docs/design.md 2a; its alpha is ``alpha``); ``agg_ratio``: the share of each round's uploads aggregated (:class:`_Sampled`).
     """
 
     alpha: float = 0.9
@@ -584,14 +585,14 @@ class AggregatorOptions:
     fedmerge: FedMergeOptions | None = None
     seed: int = 0
     server: ServerOptConfig | None = None
-    similarity: dict | None = None
+    similarity: SimilarityOptions | None = None
     agg_ratio: float = 1.0
 
 
 def build(name: str, sizes: Tensor, q0: Tensor, *, alpha: float,
           alias: Tensor | None = None, graph: GraphOptions | None = None,
           fedmerge: FedMergeOptions | None = None, seed: int = 0,
-          server: ServerOptConfig | None = None, similarity: dict | None = None,
+          server: ServerOptConfig | None = None, similarity: SimilarityOptions | None = None,
           agg_ratio: float = 1.0) -> Aggregator:
     """The aggregator registered as ``name`` (:mod:`fedem_private.server.registry`), built
     from the options (:class:`AggregatorOptions`) by its class."""

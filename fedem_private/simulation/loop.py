@@ -82,7 +82,12 @@ from fedem_private.models.base import (
 )
 from fedem_private.privacy.layer import PrivacyLayer, server_sizes
 from fedem_private.server import aggregators
-from fedem_private.server.options import FedMergeOptions, GraphOptions, ServerStepOptions
+from fedem_private.server.options import (
+    FedMergeOptions,
+    GraphOptions,
+    ServerStepOptions,
+    SimilarityOptions,
+)
 from fedem_private.server.pretrain import pretrain_items
 from fedem_private.simulation.config import SGD_FIELDS, RunConfig
 
@@ -394,13 +399,13 @@ class Simulation:
         # each last upload can share storage with q_local (it changes only on upload).
         alias = q_local if not self.privacy.perturbs else None
         fed = self.cfg.federation
-        step = ServerStepOptions.from_config(fed)
+        step, similarity = ServerStepOptions.from_config(fed), SimilarityOptions.from_config(fed)
         server = aggregators.ServerOptConfig(lr=step.lr, momentum=step.momentum)
         self.aggregator = aggregators.build(
-            self.aggregation, self.sizes, q0, alpha=fed.alpha, alias=alias,
+            self.aggregation, self.sizes, q0, alpha=similarity.alpha, alias=alias,
             graph=GraphOptions.from_config(fed), fedmerge=FedMergeOptions.from_config(fed),
             seed=self.seed, server=server,
-            similarity={"similarity": fed.similarity}, agg_ratio=fed.agg_clients_ratio)
+            similarity=similarity, agg_ratio=fed.agg_clients_ratio)
         self.dense = (aggregators.DenseFedAvg(self.sizes, dense0, server=server) if dense0
                       else None)
         peft = codecs.PeftConfig.from_config(fed)
