@@ -576,7 +576,8 @@ class AggregatorOptions:
     FedMergeOptions`; its initial tables keyed by ``seed``); None: their defaults;
     ``server``: the sum aggregators' step on the aggregate (:class:`ServerMomentum`);
     ``similarity``: the similarity aggregator's rule (:class:`~fedem_private.server.options.
-    SimilarityOptions`, docs/design.md 2a; its alpha is ``alpha``); ``agg_ratio``: the share of each round's uploads aggregated (:class:`_Sampled`).
+    SimilarityOptions`, docs/design.md 2a; its alpha is ``alpha``); ``agg_ratio``: the
+    share of each round's uploads aggregated (:class:`_Sampled`).
     """
 
     alpha: float = 0.9
