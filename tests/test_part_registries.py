@@ -1,5 +1,6 @@
-"""Adding a part is local (issue 41): a backbone is one class and one registry line, and its
-capabilities are read from the class, never from a list of names."""
+"""Adding a part is local (issue 41): a backbone, an aggregator or a merge is one class and one
+registry line, and its capabilities are read from the class, never from a list of names; a
+part's options are its own dataclass, which refuses a bad value in one line."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ import pytest
 
 import fedem_private as fp
 from fedem_private import models
+from fedem_private.client import strategies
+from fedem_private.client.merges import AdapterOptions, StaticMerge
 from fedem_private.errors import UserError
 from fedem_private.models.mf import MFBackbone
+from fedem_private.models.options import OPTIONS, FedRAPOptions
 
 
 class ToyBackbone(MFBackbone):
@@ -123,3 +127,76 @@ def test_a_registered_aggregator_runs_and_is_asked_for_its_capabilities(toy_aggr
     assert "toy-mean" not in aggregators_where("needs_each_upload")
     # a central mechanism takes it (it can adopt the aggregate), as it does uniform
     fp.resolve_config({**cfg, "privacy": {"mode": "cdp-gaussian", "epsilon": 4.0}})
+
+
+class QuarterMerge(StaticMerge):
+    """A toy merge: every client takes a quarter of the sent table, whatever ``rho`` says."""
+
+    name = "quarter"
+    calls = 0
+
+    def weights(self, state, q_local, q_global):
+        type(self).calls += 1
+        return q_local.new_tensor(0.25)
+
+
+@pytest.fixture
+def quarter(monkeypatch):
+    monkeypatch.setitem(strategies.REGISTRY, "quarter", f"{__name__}:QuarterMerge")
+    QuarterMerge.calls = 0
+    return "quarter"
+
+
+def test_a_registered_merge_runs_and_is_asked_for_its_capabilities(quarter, tmp_path):
+    cfg = {"data": {"dataset": "synthetic", "synthetic": {"n_users": 30, "n_items": 40,
+                                                          "mean_activity": 8}},
+           "train": {"rounds": 2, "local_epochs": 1},
+           "federation": {"method": "fedem", "merge": "quarter"}}
+    result = fp.run(cfg, out=tmp_path / "run", force=True)
+    assert result.config.federation.resolved_merge == "quarter"
+    assert result.hr10 is not None and result.hr10 >= 0
+    assert QuarterMerge.calls >= 1  # round 2 merged through the class
+    assert "quarter" in strategies.strategies_where("merges")
+    assert "quarter" not in strategies.strategies_where("learned")
+    with pytest.raises(UserError, match="merge 'quarter' has none; use --merge em or dm"):
+        fp.resolve_config({**cfg, "federation": {**cfg["federation"],
+                                                 "adapter_objective": "holdout"}})
+    with pytest.raises(UserError, match="but merge is 'quarter'; use --merge em"):
+        fp.resolve_config({**cfg, "federation": {**cfg["federation"],
+                                                 "merge_every_batch": True}})
+
+
+def test_the_merger_never_names_a_merge():
+    """The merge algorithm asks its merge class; no merge's name is compared in client/."""
+    import re
+    from pathlib import Path
+
+    client = Path(fp.__file__).parent / "client"
+    names = "|".join(strategies.REGISTRY)
+    pattern = re.compile(rf"""[=!]= *["']({names})["']|in \(["']({names})["']""")
+    for path in client.glob("*.py"):
+        assert not pattern.search(path.read_text()), path.name
+
+
+@pytest.mark.parametrize("key, value, options, needle", [
+    ("fedrap_mu", -1.0, FedRAPOptions, "federation.fedrap_mu must be a number >= 0, got -1.0"),
+    ("adapter_folds", 1, AdapterOptions, "--adapter-folds (federation.adapter_folds) must be"),
+])
+def test_a_parts_options_refuse_a_bad_value_in_one_line(key, value, options, needle):
+    from fedem_private.simulation.sections import FederationConfig
+
+    bad = options.from_config(FederationConfig(**{key: value}))
+    with pytest.raises(UserError) as direct:
+        bad.check()
+    assert needle in str(direct.value) and "\n" not in str(direct.value)
+    with pytest.raises(UserError) as via_config:  # the configuration asks the same class
+        fp.resolve_config({"federation": {key: value}})
+    assert str(via_config.value) == str(direct.value)
+
+
+def test_every_part_option_is_a_federation_key_with_the_same_default():
+    from fedem_private.simulation.sections import FederationConfig
+
+    fed = FederationConfig()
+    for options in OPTIONS:
+        assert options.from_config(fed) == options()  # the flat keys keep the parts' defaults

@@ -36,15 +36,13 @@ warm-up table is then used only to derive the codes). See
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from fedem_private.client.codec_options import CODECS, PeftConfig
 from fedem_private.models.base import ItemRows, LocalTrainConfig, Plan, adam_buffers, fused_adam
-
-CODECS = ("full", "lora", "hash", "rqvae", "c-lora", "c-hash", "c-rqvae")
 
 
 class FullCodec:
@@ -104,25 +102,6 @@ class FullCodec:
 PEFT_CODECS = CODECS[1:]
 #: the prime p of the universal hash family (2^31 - 1); a_j i + b_j stays below 2^62
 HASH_PRIME = 2_147_483_647
-
-
-@dataclass(frozen=True)
-class PeftConfig:
-    """FedPEFT's hyper-parameters, with the paper's defaults (k_L 4; d_H 512, h 2; l 3, d_R 128)."""
-
-    warmup: int = 2  # W rounds of full-table training before E0 is frozen
-    lora_rank: int = 4  # k_L
-    hash_size: int = 512  # d_H
-    hash_functions: int = 2  # h
-    # hash: 0 pools the h vectors by their mean (equations 4-5); r > 0 weights them by a
-    # SENet (equations 6-9) of hidden width r * h (the paper's expansion ratio r_h = 16)
-    hash_senet: int = 0
-    rq_levels: int = 3  # l
-    rq_codebook: int = 128  # d_R
-    # theta's start: "normal" N(0, s^2) as the full table (the paper's choice for the
-    # codebooks; LoRA's B is 0 either way), or "zero" so that the starting item vectors
-    # are E0 itself (hash and RQ-VAE then start from the warm-up's table, unperturbed)
-    init: str = "normal"
 
 
 class PeftCodec:

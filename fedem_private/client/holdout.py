@@ -45,9 +45,10 @@ import numpy as np
 import torch
 
 from fedem_private import rng
+from fedem_private.client.merges import ADAPTER_OBJECTIVES
 from fedem_private.models.base import ClientSamples
 
-OBJECTIVES = ("train", "holdout")
+OBJECTIVES = ADAPTER_OBJECTIVES
 
 
 def client_folds(n_pos: int, folds: int) -> int:

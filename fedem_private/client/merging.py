@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -34,7 +35,8 @@ from torch import Tensor
 
 from fedem_private import rng
 from fedem_private.client.holdout import OBJECTIVES, split_samples, withheld_counts
-from fedem_private.client.strategies import REGISTRY, strategies_where
+from fedem_private.client.merges import AdapterOptions, StaticOptions
+from fedem_private.client.strategies import REGISTRY, merge_class, strategies_where
 from fedem_private.errors import UserError
 from fedem_private.models.base import (
     ClientSamples,
@@ -47,8 +49,8 @@ from fedem_private.models.base import (
 )
 from fedem_private.optim import AdamConfig, MaskedAdam
 
-STRATEGIES = tuple(REGISTRY)  # fedem_private.client.strategies: names and capabilities
-LEARNED = strategies_where("learned")
+if TYPE_CHECKING:
+    from fedem_private.client.merges import AdapterMerge, Merge
 
 # logits (a, B) from the active rows (a,), their user vectors (a, d), item rows (a, B, d)
 # and item ids (a, B)
@@ -75,11 +77,24 @@ class MergeConfig:
     # both through the merge) instead of once before local training, and evaluate the merged
     # table (:class:`BatchMergeRows`); em only
     every_batch: bool = False
+    # the merge itself (docs/design.md section 15), built from these options
+    rule: Merge = field(init=False, repr=False, compare=False)
+
+    @classmethod
+    def from_config(cls, config: Any) -> MergeConfig:
+        """The merge a run's ``[federation]`` section (``config``) chose, built from the
+        merges' own options (:class:`~fedem_private.client.merges.StaticOptions`,
+        :class:`~fedem_private.client.merges.AdapterOptions`) and ``merge_every_batch``."""
+        static, adapter = StaticOptions.from_config(config), AdapterOptions.from_config(config)
+        return cls(strategy=config.resolved_merge, rho=static.rho, adapter_lr=adapter.lr,
+                   adapter_epochs=adapter.epochs, adapter_objective=adapter.objective,
+                   adapter_folds=adapter.folds, every_batch=config.merge_every_batch)
 
     def __post_init__(self) -> None:
-        if self.strategy not in STRATEGIES:
-            raise UserError(f"merge strategy must be one of {', '.join(STRATEGIES)}; "
+        if self.strategy not in REGISTRY:
+            raise UserError(f"merge strategy must be one of {', '.join(REGISTRY)}; "
                             f"got {self.strategy!r}")
+        object.__setattr__(self, "rule", merge_class(self.strategy)(self))
         if not (isinstance(self.rho, int | float) and 0.0 <= self.rho <= 1.0):
             raise UserError(f"merge rho must lie in [0, 1], got {self.rho}")
         layers = tuple(self.adapter_layers)
@@ -97,11 +112,13 @@ class MergeConfig:
                             f"got {self.adapter_objective!r}")
         if int(self.adapter_folds) != self.adapter_folds or self.adapter_folds < 2:
             raise UserError(f"adapter_folds must be an integer >= 2, got {self.adapter_folds}")
-        if self.adapter_objective == "holdout" and self.strategy not in LEARNED:
+        if self.adapter_objective == "holdout" and not self.rule.learned:
             raise UserError(f"adapter_objective 'holdout' trains the merge adapter, but merge "
-                            f"{self.strategy!r} has none; use em or dm")
-        if self.every_batch and self.strategy != "em":
-            raise UserError(f"merging on every batch (the FedEM code) is built for merge em; "
+                            f"{self.strategy!r} has none; use "
+                            f"{' or '.join(reversed(strategies_where('learned')))}")
+        if self.every_batch and not self.rule.batch_merge:
+            raise UserError(f"merging on every batch (the FedEM code) is built for merge "
+                            f"{', '.join(strategies_where('batch_merge'))}; "
                             f"got {self.strategy!r}")
         if self.every_batch and self.adapter_objective != "train":
             raise UserError("merging on every batch trains the adapter on the training "
@@ -168,7 +185,7 @@ def init_merge_state(cfg: MergeConfig, clients: np.ndarray, dim: int, seed: int,
     Client c's adapter comes from rng.generator(seed, ADAPTER_INIT, 0, c) alone,
     so it does not depend on which other clients are initialised with it.
     """
-    if cfg.strategy not in LEARNED:
+    if not cfg.rule.learned:
         return None
     shapes = adapter_shapes(dim, cfg.adapter_layers)
     per_client = [
@@ -229,16 +246,29 @@ def _require_state(cfg: MergeConfig, state: MergeState | None, k: int) -> MergeS
 
 def compute_rho(cfg: MergeConfig, state: MergeState | None, q_local: Tensor,
                 q_global: Tensor) -> Tensor:
-    """The merge weights, detached: (k, m) for em, (k, 1) for dm, a 0-d tensor for sr/sm."""
-    if cfg.strategy == "sr":
-        return torch.ones((), dtype=q_local.dtype, device=q_local.device)
-    if cfg.strategy == "sm":
-        return torch.tensor(cfg.rho, dtype=q_local.dtype, device=q_local.device)
+    """The merge weights, detached (the merge's :meth:`~fedem_private.client.merges.Merge.
+    weights`): (k, m) for em, (k, 1) for dm, a 0-d tensor for sr/sm."""
+    return cfg.rule.weights(state, q_local, q_global)
+
+
+def adapter_rho(cfg: MergeConfig, state: MergeState | None, q_local: Tensor,
+                q_global: Tensor) -> Tensor:
+    """Equation 9 on every item of the k clients' tables, detached: rho (k, m)."""
     adapters = _require_state(cfg, state, q_local.shape[0])
     with torch.no_grad():
-        rho = adapter_forward(adapters.weights, adapters.biases, adapter_input(q_local, q_global),
-                              inplace=True)
-    return rho.mean(dim=1, keepdim=True) if cfg.strategy == "dm" else rho
+        return adapter_forward(adapters.weights, adapters.biases,
+                               adapter_input(q_local, q_global), inplace=True)
+
+
+def mean_rho(rho: Tensor, k: int) -> Tensor:
+    """Each of k clients' mean merge weight (k,) float64, from rho 0-d, (k, 1) or (k, m)."""
+    return (rho.double().expand(k) if rho.dim() == 0
+            else rho.reshape(k, -1).mean(dim=1, dtype=torch.float64))
+
+
+def took_all(q_global: Tensor) -> Tensor:
+    """rho = 1 for each of the k clients of q_global (k, m, d): (k,) float64."""
+    return torch.ones(q_global.shape[0], dtype=torch.float64, device=q_global.device)
 
 
 def merge_tables(q_local: Tensor, q_global: Tensor, rho: Tensor) -> Tensor:
@@ -267,13 +297,7 @@ def merge_with_rho(cfg: MergeConfig, state: MergeState | None, q_local: Tensor,
     if q_local.shape != q_global.shape:
         raise ValueError(f"local {tuple(q_local.shape)} and global {tuple(q_global.shape)} "
                          "tables differ in shape")
-    k = q_local.shape[0]
-    if cfg.strategy == "sr":
-        return q_global.clone(), torch.ones(k, dtype=torch.float64, device=q_global.device)
-    rho = compute_rho(cfg, state, q_local, q_global)
-    per_client = (rho.double().expand(k) if rho.dim() == 0
-                  else rho.reshape(k, -1).mean(dim=1, dtype=torch.float64))
-    return merge_tables(q_local, q_global, rho), per_client
+    return cfg.rule.start(state, q_local, q_global)
 
 
 # ---------------------------------------------------------------- adapter training (eq. 11)
@@ -302,16 +326,7 @@ def _active(batch: StepBatch) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     return rows.to(torch.int64), items.to(torch.int64), labels, mask
 
 
-def _batch_rho(strategy: str, weights: tuple[Tensor, ...], biases: tuple[Tensor, ...],
-               ql_rows: Tensor, qg_rows: Tensor, ql_items: Tensor, qg_items: Tensor) -> Tensor:
-    """rho for the batch entries, with gradient: em only on the batch rows, dm over all m."""
-    if strategy == "em":
-        return adapter_forward(weights, biases, adapter_input(ql_items, qg_items)).unsqueeze(-1)
-    rho = adapter_forward(weights, biases, adapter_input(ql_rows, qg_rows)).mean(dim=1)
-    return rho[:, None, None]
-
-
-def _client_losses(strategy: str, weights: tuple[Tensor, ...], biases: tuple[Tensor, ...],
+def _client_losses(rule: AdapterMerge, weights: tuple[Tensor, ...], biases: tuple[Tensor, ...],
                    tables: tuple[Tensor, Tensor, Tensor], batch: tuple[Tensor, ...],
                    score: ScoreFn) -> Tensor:
     """Mean BCE-with-logits of each active client over its valid entries: (a,)."""
@@ -321,10 +336,7 @@ def _client_losses(strategy: str, weights: tuple[Tensor, ...], biases: tuple[Ten
     flat = (rows[:, None] * m + items).reshape(-1)  # row-major (client, item) positions
     ql_items = q_local.reshape(k * m, d).index_select(0, flat).view(*items.shape, d)
     qg_items = q_global.reshape(k * m, d).index_select(0, flat).view(*items.shape, d)
-    needs_all = strategy == "dm"
-    ql_rows = q_local.index_select(0, rows) if needs_all else ql_items
-    qg_rows = q_global.index_select(0, rows) if needs_all else qg_items
-    rho = _batch_rho(strategy, weights, biases, ql_rows, qg_rows, ql_items, qg_items)
+    rho = rule.batch_weights(weights, biases, (q_local, q_global), rows, (ql_items, qg_items))
     q_merged = torch.lerp(ql_items, qg_items, rho)
     logits = score(rows, p_users.index_select(0, rows), q_merged, items)
     bce = F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype), reduction="none")
@@ -349,8 +361,9 @@ def train_adapter(cfg: MergeConfig, state: MergeState | None, client_rows: Tenso
     StepBatch is checked where it was built (the CPU, :func:`adapter_batches`:
     no wait for the device) and then moved to the tables' device.
     """
-    if cfg.strategy not in LEARNED:
+    if not cfg.rule.learned:
         return state
+    rule: AdapterMerge = cfg.rule  # type: ignore[assignment]  # learned: an adapter merge
     k = q_local.shape[0]
     if state is None:
         raise ValueError(f"strategy {cfg.strategy!r} needs adapters; call init_merge_state")
@@ -369,7 +382,7 @@ def train_adapter(cfg: MergeConfig, state: MergeState | None, client_rows: Tenso
             batch = tuple(t.to(dev) for t in checked)
             rows = batch[0]
             leaves = [t.index_select(0, rows).requires_grad_(True) for t in params]
-            losses = _client_losses(cfg.strategy, tuple(leaves[:n_layers]),
+            losses = _client_losses(rule, tuple(leaves[:n_layers]),
                                     tuple(leaves[n_layers:]), tables, batch, score)
             grads = torch.autograd.grad(losses.sum(), leaves)
             adam.step(grads, checked[0])  # rows where they were checked: no wait there
@@ -565,12 +578,12 @@ class Merger:
     @property
     def merges(self) -> bool:
         """Whether the start table differs from the server's (anything but SR)."""
-        return self.cfg.strategy != "sr"
+        return self.cfg.rule.merges
 
     @property
     def learned(self) -> bool:
         """Whether adapters are trained (DM, EM)."""
-        return self.cfg.strategy in LEARNED
+        return self.cfg.rule.learned
 
     @property
     def every_batch(self) -> bool:

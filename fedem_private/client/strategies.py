@@ -1,36 +1,45 @@
-"""The merge strategies (docs/design.md section 4): the one place each is named, with what it
-does, read by the configuration, the listing and the merger alike.
+"""The merge strategies by name (docs/design.md sections 4 and 15): the one place a merge is listed.
+
+:data:`REGISTRY` maps a name to its class as ``"module:Class"``, imported on first use. A
+class (:class:`~fedem_private.client.merges.Merge`) declares its capabilities as class
+variables (``merges``, ``learned``, ``batch_merge``, ``dpsgd_adapter``) and forms the start
+table itself; a new merge is its class and one line here.
 
 - ``sr``: static replacement, the client starts from the sent table;
 - ``sm``: static merging, a fixed rho between its own table and the sent one;
 - ``dm``: dynamic merging, one learned rho per client (equation 9);
 - ``em``: elastic merging, a learned rho per item (equation 11).
 
-Importing this module is light (no torch): the configuration checks names here.
+Importing this module is light (no torch), and so is reading a merge's capabilities
+(:mod:`fedem_private.client.merges` loads the tensor code only when a merge runs): the
+configuration and the listing check names and capabilities here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fedem_private.client.merges import Merge
+
+REGISTRY: dict[str, str] = {
+    "sr": "fedem_private.client.merges:StaticReplacement",
+    "sm": "fedem_private.client.merges:StaticMerge",
+    "dm": "fedem_private.client.merges:DynamicMerge",
+    "em": "fedem_private.client.merges:ElasticMerge",
+}
 
 
-@dataclass(frozen=True)
-class MergeStrategy:
-    """A merge strategy and its capabilities."""
-
-    name: str
-    merges: bool  # the start table mixes the client's own table into the sent one
-    learned: bool  # an adapter is trained to choose the mix (equations 9 and 11)
-
-
-REGISTRY: dict[str, MergeStrategy] = {s.name: s for s in (
-    MergeStrategy("sr", merges=False, learned=False),
-    MergeStrategy("sm", merges=True, learned=False),
-    MergeStrategy("dm", merges=True, learned=True),
-    MergeStrategy("em", merges=True, learned=True),
-)}
+def merge_class(name: str) -> type[Merge]:
+    """The class registered as ``name`` (ValueError when there is none)."""
+    try:
+        module, cls = REGISTRY[name].split(":")
+    except KeyError:
+        raise ValueError(f"unknown merge {name!r}") from None
+    return getattr(importlib.import_module(module), cls)
 
 
-def strategies_where(capability: str) -> tuple[str, ...]:
-    """The strategies whose ``capability`` is true, in registry order."""
-    return tuple(n for n, s in REGISTRY.items() if getattr(s, capability))
+def strategies_where(capability: str, value: object = True) -> tuple[str, ...]:
+    """The registered merges whose class variable ``capability`` is ``value``, in order."""
+    return tuple(n for n in REGISTRY if getattr(merge_class(n), capability) == value)

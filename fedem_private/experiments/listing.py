@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fedem_private.client.strategies import REGISTRY as MERGE_REGISTRY
+from fedem_private.client.strategies import merge_class
 from fedem_private.data import DATASETS
 from fedem_private.experiments.attack_step import ATTACK_NAMES
 from fedem_private.models import BACKBONES
@@ -26,7 +26,7 @@ def catalogue() -> list[tuple[str, str, str]]:
     rows += [("backbone", b, f"--backbone (without --method: preset {BACKBONE_METHOD[b]})")
              for b in BACKBONES]
     rows += [("aggregation", a, "--aggregation") for a in AGGREGATIONS]
-    rows += [("merge", m, "--merge" + (" (learned: an adapter)" if MERGE_REGISTRY[m].learned
+    rows += [("merge", m, "--merge" + (" (learned: an adapter)" if merge_class(m).learned
                                        else "")) for m in MERGES]
     rows += [("codec", c, "--codec (upload)") for c in CODECS]
     rows += [("privacy", p, mechanism_for(p).description or "--privacy") for p in names()]

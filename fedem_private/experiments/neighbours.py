@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedem_private.client.strategies import merge_class
 from fedem_private.data import SyntheticConfig, generate, leave_one_out
 from fedem_private.data.split import Split
 from fedem_private.privacy import registry
@@ -139,7 +140,7 @@ def make_config(mode: str, *, method: str = "fedmf", backbone: str | None = None
                            "fedmerge_steps": 2}
     resolved_merge = FederationConfig(method=method, backbone=backbone, merge=merge
                                       ).resolved_merge
-    if registry.mechanism_for(mode).in_training and resolved_merge == "em":
+    if registry.mechanism_for(mode).in_training and merge_class(resolved_merge).dpsgd_adapter:
         settings["dpsgd_adapter_steps"] = 1
     cfg = RunConfig(
         data=DataConfig(dataset="synthetic", protocol=protocol),

@@ -77,6 +77,7 @@ from itertools import product
 from pathlib import Path
 from typing import Any
 
+from fedem_private.client.strategies import merge_class
 from fedem_private.data import DATASETS, PROTOCOLS
 from fedem_private.errors import UserError
 from fedem_private.privacy import registry
@@ -491,7 +492,7 @@ def grid(spec: SweepSpec) -> list[GridPoint]:
                     privacy=_privacy(base.privacy, mode, eps),
                 )
                 if (cfg.privacy.mechanism.in_training and cfg.privacy.dpsgd_adapter_steps
-                        and cfg.federation.resolved_merge != "em"):
+                        and not merge_class(cfg.federation.resolved_merge).dpsgd_adapter):
                     # the DP-SGD adapter's steps are em's alone (other merges train none)
                     cfg = replace(cfg, privacy=replace(cfg.privacy, dpsgd_adapter_steps=0))
                 if proto == "paper" and not all(

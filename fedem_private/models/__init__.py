@@ -8,7 +8,7 @@ the loop never names one.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from fedem_private.models.base import Backbone
@@ -49,11 +49,12 @@ def backbones_where(capability: str, value: object = True) -> tuple[str, ...]:
 
 
 def build(name: str, n_items: int, dim: int, seed: int, init_std: float,
-          options: dict[str, float] | None = None) -> Backbone:
+          config: Any = None) -> Backbone:
     """The backbone called ``name`` for a catalogue of ``n_items`` items.
 
-    ``options`` holds every backbone's hyper-parameters (``gpfedrec_reg``,
-    ``fedrap_lambda``, ``fedrap_mu``); each backbone takes its own
-    (:meth:`~fedem_private.models.base.Backbone.from_options`).
+    It builds from its own options (``Backbone.Options``, docs/design.md section 15), read
+    from ``config`` (the run's ``[federation]`` section; None: the options' defaults).
     """
-    return backbone_class(name).from_options(n_items, dim, seed, init_std, options or {})
+    cls = backbone_class(name)
+    options = cls.Options() if config is None else cls.Options.from_config(config)
+    return cls.from_options(n_items, dim, seed, init_std, options)

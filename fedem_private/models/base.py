@@ -37,6 +37,7 @@ from torch import Tensor
 
 from fedem_private import rng
 from fedem_private.data.negatives import sample_excluding
+from fedem_private.models.options import PartOptions
 
 SERVER = 1 << 40  # client id that keys the server's own random draws
 
@@ -608,14 +609,16 @@ class Backbone(ABC):
     #: the round its published code reports (docs/design.md 2a): best validation or best
     #: test HR@10 (``select_round = "auto"`` under the ``paper-code`` protocol)
     own_select_round: ClassVar[str] = "best-test"
+    #: its own options (docs/design.md section 15), read from the ``[federation]`` keys
+    Options: ClassVar[type[PartOptions]] = PartOptions
 
     def __init__(self, n_items: int, dim: int, seed: int, init_std: float) -> None:
         self.n_items, self.dim, self.seed, self.init_std = n_items, dim, seed, init_std
 
     @classmethod
     def from_options(cls, n_items: int, dim: int, seed: int, init_std: float,
-                     options: dict[str, float]) -> Backbone:
-        """Build it from the run's options (every backbone's; each takes its own)."""
+                     options: PartOptions) -> Backbone:
+        """Build it from its own options (an instance of :attr:`Options`)."""
         return cls(n_items, dim, seed, init_std)
 
     def init_items(self) -> Tensor:

@@ -62,6 +62,7 @@ from fedem_private.models.base import (
     make_plan,
     untouched_decay,
 )
+from fedem_private.models.options import FedRAPOptions, PartOptions
 
 
 class FedRAPBackbone(Backbone):
@@ -71,6 +72,7 @@ class FedRAPBackbone(Backbone):
     trains_item_rows = False
     optimizers = ("adam", "sgd")  # sgd: the published code's (module docstring)
     dot_product = True  # logit = w_u . (P_u[i] + C[i]) + b_u: linear in the uploaded C[i]
+    Options = FedRAPOptions
 
     def __init__(self, n_items: int, dim: int, seed: int, init_std: float,
                  lam: float = 0.1, mu: float = 0.1) -> None:
@@ -79,10 +81,10 @@ class FedRAPBackbone(Backbone):
 
     @classmethod
     def from_options(cls, n_items: int, dim: int, seed: int, init_std: float,
-                     options: dict[str, float]) -> FedRAPBackbone:
-        """Its options: ``fedrap_lambda`` and ``fedrap_mu``."""
-        return cls(n_items, dim, seed, init_std, lam=options.get("fedrap_lambda", 0.1),
-                   mu=options.get("fedrap_mu", 0.1))
+                     options: PartOptions) -> FedRAPBackbone:
+        """Its options (:class:`FedRAPOptions`): lambda and mu."""
+        assert isinstance(options, FedRAPOptions)
+        return cls(n_items, dim, seed, init_std, lam=options.lambda_, mu=options.mu)
 
     def init_private(self, clients: np.ndarray) -> dict[str, Tensor]:
         """Personal tables N(0, init_std^2) and heads (nn.Linear's init), keyed by client."""

@@ -44,6 +44,7 @@ from fedem_private.models.base import (
     make_plan,
 )
 from fedem_private.models.ncf import NCFBackbone
+from fedem_private.models.options import GPFedRecOptions, PartOptions
 
 
 class GPFedRecBackbone(NCFBackbone):
@@ -55,6 +56,7 @@ class GPFedRecBackbone(NCFBackbone):
     optimizers = ("adam", "sgd")  # sgd: the published code's (module docstring)
     user_embedding = True
     own_select_round = "best-val"
+    Options = GPFedRecOptions
 
     def __init__(self, n_items: int, dim: int, seed: int, init_std: float,
                  reg: float = 1.0) -> None:
@@ -63,9 +65,10 @@ class GPFedRecBackbone(NCFBackbone):
 
     @classmethod
     def from_options(cls, n_items: int, dim: int, seed: int, init_std: float,
-                     options: dict[str, float]) -> GPFedRecBackbone:
-        """Its option: ``gpfedrec_reg``, the regulariser's weight toward the anchor."""
-        return cls(n_items, dim, seed, init_std, reg=options.get("gpfedrec_reg", 1.0))
+                     options: PartOptions) -> GPFedRecBackbone:
+        """Its option (:class:`GPFedRecOptions`): the regulariser's weight toward the anchor."""
+        assert isinstance(options, GPFedRecOptions)
+        return cls(n_items, dim, seed, init_std, reg=options.reg)
 
     # no IMIA shadow yet: NCF's score would leave out the regulariser toward the anchor (which
     # the recording does not store), so the attack keeps its MF shadow and says so

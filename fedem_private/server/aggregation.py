@@ -25,6 +25,7 @@ from torch import Tensor
 
 from fedem_private.errors import UserError
 from fedem_private.finite import finite_rows
+from fedem_private.server.options import SIMILARITIES
 
 DEFAULT_CHUNK_ROWS = 256
 DEFAULT_CHUNK_CLIENTS = 256
@@ -289,7 +290,6 @@ def similarity_weights(p: Tensor, sq_dists: Tensor, alpha: float,
 
 # similarities above this are set to 1 in the FedEM code
 PCA_SIM_CAP = 0.9
-SIMILARITIES = ("eq13", "pca")
 
 
 def pca_codes(tables: Tensor, chunk_clients: int = DEFAULT_CHUNK_CLIENTS) -> Tensor:

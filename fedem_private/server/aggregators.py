@@ -51,6 +51,7 @@ from fedem_private.server.fedmerge import (
     weight_entropy,
 )
 from fedem_private.server.graph import graph_tables
+from fedem_private.server.options import FedMergeOptions, GraphOptions, SimilarityOptions
 
 
 def aggregated_uploads(part_mask: Tensor, agg_ratio: float, seed: int, round_: int
@@ -376,8 +377,9 @@ class SimilarityAggregator(_Sampled, _PerUploadAggregator):
     @classmethod
     def from_options(cls, sizes: Tensor, q0: Tensor, opts: AggregatorOptions) -> Aggregator:
         cls._no_server_step(cls.name, opts)
+        rule = (opts.similarity or SimilarityOptions()).similarity
         return cls(sizes, sizes.shape[0], q0, opts.alpha, opts.alias, seed=opts.seed,
-                   agg_ratio=float(opts.agg_ratio), **(opts.similarity or {}))
+                   agg_ratio=float(opts.agg_ratio), similarity=rule)
 
     def __init__(self, sizes: Tensor, n_clients: int, q0: Tensor, alpha: float,
                  alias: Tensor | None = None, similarity: str = "eq13",
@@ -438,8 +440,10 @@ class GraphAggregator(_Sampled, _PerUploadAggregator):
     @classmethod
     def from_options(cls, sizes: Tensor, q0: Tensor, opts: AggregatorOptions) -> Aggregator:
         cls._no_server_step(cls.name, opts)
+        graph = opts.graph or GraphOptions()
         return cls(sizes, sizes.shape[0], q0, alias=opts.alias, agg_ratio=float(opts.agg_ratio),
-                   seed=opts.seed, **(opts.graph or {}))
+                   seed=opts.seed, threshold=graph.threshold, topk=graph.topk,
+                   layers=graph.layers)
 
     def __init__(self, sizes: Tensor, n_clients: int, q0: Tensor, *, threshold: float,
                  topk: int, layers: int, alias: Tensor | None = None,
@@ -491,9 +495,9 @@ class FedMergeAggregator(_PerUploadAggregator):
     @classmethod
     def from_options(cls, sizes: Tensor, q0: Tensor, opts: AggregatorOptions) -> Aggregator:
         cls._no_server_step(cls.name, opts)
-        fit = dict(opts.fedmerge or {})
-        k = int(fit.pop("k", 4))
-        return cls(sizes, sizes.shape[0], q0, k=k, fit_cfg=FitConfig(**fit), seed=opts.seed,
+        fit = opts.fedmerge or FedMergeOptions()
+        return cls(sizes, sizes.shape[0], q0, k=int(fit.k),
+                   fit_cfg=FitConfig(steps=fit.steps, lr=fit.lr), seed=opts.seed,
                    alias=opts.alias)
 
     def __init__(self, sizes: Tensor, n_clients: int, q0: Tensor, *, k: int, fit_cfg: FitConfig,
@@ -567,27 +571,29 @@ class AggregatorOptions:
     """Every aggregator's options; each class's ``from_options`` takes its own.
 
     ``alpha``: similarity's self weight; ``alias``: the clients' tables a per-upload copy
-    may share (no noise); ``graph``: GPFedRec's threshold, topk, layers; ``fedmerge``:
-    ``k``, ``steps``, ``lr`` of FedMerge (its initial tables keyed by ``seed``);
+    may share (no noise); ``graph``: GPFedRec's (:class:`~fedem_private.server.options.
+    GraphOptions`); ``fedmerge``: FedMerge's (:class:`~fedem_private.server.options.
+    FedMergeOptions`; its initial tables keyed by ``seed``); None: their defaults;
     ``server``: the sum aggregators' step on the aggregate (:class:`ServerMomentum`);
-    ``similarity``: the similarity aggregator's options (``similarity``, docs/design.md
-    2a); ``agg_ratio``: the share of each round's uploads aggregated (:class:`_Sampled`).
+    ``similarity``: the similarity aggregator's rule (:class:`~fedem_private.server.options.
+    SimilarityOptions`, docs/design.md 2a; its alpha is ``alpha``); ``agg_ratio``: the
+    share of each round's uploads aggregated (:class:`_Sampled`).
     """
 
     alpha: float = 0.9
     alias: Tensor | None = None
-    graph: dict | None = None
-    fedmerge: dict | None = None
+    graph: GraphOptions | None = None
+    fedmerge: FedMergeOptions | None = None
     seed: int = 0
     server: ServerOptConfig | None = None
-    similarity: dict | None = None
+    similarity: SimilarityOptions | None = None
     agg_ratio: float = 1.0
 
 
 def build(name: str, sizes: Tensor, q0: Tensor, *, alpha: float,
-          alias: Tensor | None = None, graph: dict | None = None,
-          fedmerge: dict | None = None, seed: int = 0,
-          server: ServerOptConfig | None = None, similarity: dict | None = None,
+          alias: Tensor | None = None, graph: GraphOptions | None = None,
+          fedmerge: FedMergeOptions | None = None, seed: int = 0,
+          server: ServerOptConfig | None = None, similarity: SimilarityOptions | None = None,
           agg_ratio: float = 1.0) -> Aggregator:
     """The aggregator registered as ``name`` (:mod:`fedem_private.server.registry`), built
     from the options (:class:`AggregatorOptions`) by its class."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from fedem_private.client.strategies import merge_class, strategies_where
 from fedem_private.data.attributes import ATTRIBUTE_DATASETS
 from fedem_private.device import resolve as resolve_device
 from fedem_private.errors import UserError
@@ -183,21 +184,25 @@ class RunConfig:
                             f"{', '.join(backbones_where('per_example_grads'))} (per-example "
                             f"gradients), not {fed.resolved_backbone!r}")
         merge, adapter_steps = fed.resolved_merge, self.privacy.dpsgd_adapter_steps
-        if merge == "dm":
-            raise UserError(f"privacy {mode!r}: merge 'dm' trains its adapter on the client's "
-                            f"data without DP (no DP-SGD adapter for it), so the upload would "
-                            f"not be DP; use --merge sr, sm or em")
-        if merge == "em" and adapter_steps < 1:
-            raise UserError(f"privacy {mode!r} with merge 'em' trains the adapter by DP-SGD too: "
-                            f"give --dpsgd-adapter-steps N (its steps are charged like the "
+        part = merge_class(merge)
+        if part.learned and not part.dpsgd_adapter:
+            fit = (*strategies_where("learned", False), *strategies_where("dpsgd_adapter"))
+            raise UserError(f"privacy {mode!r}: merge {merge!r} trains its adapter on the "
+                            f"client's data without DP (no DP-SGD adapter for it), so the upload "
+                            f"would not be DP; use --merge {', '.join(fit[:-1])} or {fit[-1]}")
+        if part.dpsgd_adapter and adapter_steps < 1:
+            raise UserError(f"privacy {mode!r} with merge {merge!r} trains the adapter by DP-SGD "
+                            f"too: give --dpsgd-adapter-steps N (its steps are charged like the "
                             f"training's)")
-        if merge != "em" and adapter_steps:
-            raise UserError(f"--dpsgd-adapter-steps is for merge 'em', not {merge!r}")
-        if merge == "em" and fed.adapter_objective != "train":
+        if not part.dpsgd_adapter and adapter_steps:
+            raise UserError(f"--dpsgd-adapter-steps is for merge "
+                            f"{', '.join(map(repr, strategies_where('dpsgd_adapter')))}, "
+                            f"not {merge!r}")
+        if part.dpsgd_adapter and fed.adapter_objective != "train":
             raise UserError(f"privacy {mode!r}: the DP-SGD adapter trains on Poisson samples of "
                             f"all positives; --adapter-objective holdout is not built for it")
-        if merge == "em" and fed.agg_clients_ratio != 1:
-            raise UserError(f"privacy {mode!r} with merge 'em' is not built for "
+        if part.dpsgd_adapter and fed.agg_clients_ratio != 1:
+            raise UserError(f"privacy {mode!r} with merge {merge!r} is not built for "
                             f"--agg-clients-ratio below 1")
         if fed.merge_every_batch:
             raise UserError(f"privacy {mode!r} trains the adapter by its own DP-SGD steps; "

@@ -82,6 +82,12 @@ from fedem_private.models.base import (
 )
 from fedem_private.privacy.layer import PrivacyLayer, server_sizes
 from fedem_private.server import aggregators
+from fedem_private.server.options import (
+    FedMergeOptions,
+    GraphOptions,
+    ServerStepOptions,
+    SimilarityOptions,
+)
 from fedem_private.server.pretrain import pretrain_items
 from fedem_private.simulation.config import SGD_FIELDS, RunConfig
 
@@ -315,12 +321,7 @@ class Simulation:
         self.seed = tr.seed
         self.device = torch_device(tr.device)  # of every heavy tensor (module docstring)
         self.aggregation = fed.resolved_aggregation
-        self.merge_cfg = MergeConfig(strategy=fed.resolved_merge, rho=fed.rho,
-                                     adapter_lr=fed.adapter_lr,
-                                     adapter_epochs=fed.adapter_epochs,
-                                     adapter_objective=fed.adapter_objective,
-                                     adapter_folds=fed.adapter_folds,
-                                     every_batch=fed.merge_every_batch)
+        self.merge_cfg = MergeConfig.from_config(fed)
         self.privacy = PrivacyLayer(self.cfg.privacy, rounds=tr.rounds,
                                     n_clients=split.n_users, lr=tr.lr,
                                     sizes=split.train_counts, seed=self.seed)
@@ -338,9 +339,7 @@ class Simulation:
         self.sizes = torch.from_numpy(server_sizes(split.train_counts, self.cfg.privacy)
                                       ).to(self.device)
         self.backbone = models.build(fed.resolved_backbone, split.n_items, tr.dim, self.seed,
-                                     tr.init_std, options={"gpfedrec_reg": fed.gpfedrec_reg,
-                                                           "fedrap_lambda": fed.fedrap_lambda,
-                                                           "fedrap_mu": fed.fedrap_mu})
+                                     tr.init_std, config=fed)
         if self.local_cfg.optimizer not in self.backbone.optimizers:
             raise UserError(f"--optimizer {self.local_cfg.optimizer} is not built for backbone "
                             f"{self.backbone.name!r}")
@@ -400,21 +399,16 @@ class Simulation:
         # each last upload can share storage with q_local (it changes only on upload).
         alias = q_local if not self.privacy.perturbs else None
         fed = self.cfg.federation
-        server = aggregators.ServerOptConfig(lr=fed.server_lr, momentum=fed.server_momentum)
+        step, similarity = ServerStepOptions.from_config(fed), SimilarityOptions.from_config(fed)
+        server = aggregators.ServerOptConfig(lr=step.lr, momentum=step.momentum)
         self.aggregator = aggregators.build(
-            self.aggregation, self.sizes, q0, alpha=fed.alpha, alias=alias,
-            graph={"threshold": fed.graph_threshold, "topk": fed.graph_topk,
-                   "layers": fed.graph_layers},
-            fedmerge={"k": fed.merge_k, "steps": fed.fedmerge_steps, "lr": fed.fedmerge_lr},
+            self.aggregation, self.sizes, q0, alpha=similarity.alpha, alias=alias,
+            graph=GraphOptions.from_config(fed), fedmerge=FedMergeOptions.from_config(fed),
             seed=self.seed, server=server,
-            similarity={"similarity": fed.similarity}, agg_ratio=fed.agg_clients_ratio)
+            similarity=similarity, agg_ratio=fed.agg_clients_ratio)
         self.dense = (aggregators.DenseFedAvg(self.sizes, dense0, server=server) if dense0
                       else None)
-        peft = codecs.PeftConfig(warmup=fed.peft_warmup, lora_rank=fed.lora_rank,
-                                 hash_size=fed.hash_size, hash_functions=fed.hash_functions,
-                                 hash_senet=fed.hash_senet,
-                                 rq_levels=fed.rq_levels, rq_codebook=fed.rq_codebook,
-                                 init=fed.peft_init)
+        peft = codecs.PeftConfig.from_config(fed)
         self.codec = codecs.build(fed.codec, m, self.cfg.train.dim,
                                   {k: tuple(v.shape) for k, v in dense0.items()}, peft)
         # a FedPEFT codec's global parameters theta, once it has started (after the warm-up)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from fedem_private.client.strategies import merge_class
 from fedem_private.errors import UserError
 from fedem_private.models import backbone_class
 from fedem_private.simulation.sections import (
@@ -58,7 +59,8 @@ def option_applies(token: str, data: DataConfig, fed: FederationConfig) -> bool:
     if token == "earlystop":
         return backbone_class(fed.resolved_backbone).early_stop and fed.codec == "full"
     if token == "batchmerge":
-        return (fed.resolved_merge == "em" and backbone_class(fed.resolved_backbone).batch_merge
+        return (merge_class(fed.resolved_merge).batch_merge
+                and backbone_class(fed.resolved_backbone).batch_merge
                 and fed.codec == "full" and fed.adapter_objective == "train")
     return True
 

@@ -13,12 +13,32 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from fedem_private.client.codec_options import (  # noqa: F401  (names re-exported)
+    CODECS,
+    PEFT_PRETRAINS,
+    PeftConfig,
+)
+from fedem_private.client.merges import (  # noqa: F401  (names re-exported)
+    ADAPTER_OBJECTIVES,
+    AdapterOptions,
+    StaticOptions,
+)
 from fedem_private.client.strategies import REGISTRY as MERGE_REGISTRY
+from fedem_private.client.strategies import merge_class, strategies_where
 from fedem_private.data import DATASETS, PROTOCOLS, RATED_DATASETS, SyntheticConfig
 from fedem_private.device import check_name as check_device
 from fedem_private.errors import UserError
 from fedem_private.models import REGISTRY, backbone_class, backbones_where
+from fedem_private.models.options import OPTIONS as PART_OPTIONS
+from fedem_private.models.options import FedRAPOptions, GPFedRecOptions
 from fedem_private.privacy.registry import mechanism_for
+from fedem_private.server.options import (  # noqa: F401  (names re-exported)
+    SIMILARITIES,
+    FedMergeOptions,
+    GraphOptions,
+    ServerStepOptions,
+    SimilarityOptions,
+)
 from fedem_private.server.registry import REGISTRY as AGGREGATOR_REGISTRY
 from fedem_private.server.registry import aggregator_class, aggregators_where
 
@@ -32,15 +52,12 @@ METHODS = (*FEDERATED_METHODS, *BASELINE_METHODS)
 # user-level local (optimal unary encoding), interaction-level (Laplace on each count, once
 # centrally, or by every client on its own counts)
 DP_MOSTPOP_ARCHITECTURES = ("central", "local", "interaction", "interaction-local")
-CODECS = ("full", "lora", "hash", "rqvae", "c-lora", "c-hash", "c-rqvae")
-# FedPEFT's initial item table: random ("none") or an autoencoder over item attributes
-PEFT_PRETRAINS = ("none", "attributes")
+# the codecs (CODECS) and FedPEFT's initial tables (PEFT_PRETRAINS): client.codec_options
 # the aggregations: the server registry's names (each class declares what it can do:
 # one_table, needs_each_upload, sampled; fedem_private.server.registry)
 AGGREGATIONS = tuple(AGGREGATOR_REGISTRY)
 MERGES = tuple(MERGE_REGISTRY)  # fedem_private.client.strategies: names and capabilities
-# what the adapter trains on: the round's training samples, or a withheld fold of them
-ADAPTER_OBJECTIVES = ("train", "holdout")
+# what the adapter trains on (ADAPTER_OBJECTIVES): client.merges
 # method (a preset) -> (aggregation, merge); FedSim is FedMF with similarity aggregation
 # (paper, Table 2). A preset's parts are defaults: --backbone, --merge, --aggregation and
 # --codec override them one by one (docs/design.md section 9).
@@ -58,7 +75,7 @@ METHOD_DEFAULTS = {
 }
 # docs/design.md 2a: the authors' code's facts, each a named option of the `paper` protocol
 SELECT_ROUNDS = ("last", "best-test", "best-val", "auto")
-SIMILARITIES = ("eq13", "pca")
+# the similarity aggregation's rules (SIMILARITIES): server.options
 # datasets with timestamps: --first-seen-order does not apply to them
 TIMED_DATASETS = ("ml-100k", "ml-1m", "synthetic")
 PROTOCOL_PRESETS = ("paper-code",)
@@ -222,44 +239,50 @@ class FederationConfig:
     aggregation: str | None = None  # None: the method's default
     merge: str | None = None  # None: the method's default
     codec: str = "full"
-    graph_threshold: float = 1.0  # graph: neighbours above this times the mean similarity
-    graph_topk: int = 0  # graph: k most similar users instead (0: threshold mode)
-    graph_layers: int = 1  # graph: propagation steps
-    gpfedrec_reg: float = 1.0  # GPFedRec: weight of the MSE toward the personalised table
-    fedrap_lambda: float = 0.1  # FedRAP: weight of -MSE(personal, common)
-    fedrap_mu: float = 0.1  # FedRAP: weight of the L1 sparsity of the common table
-    merge_k: int = 4  # fedmerge: number K of global item tables
-    fedmerge_steps: int = 10  # fedmerge: gradient steps of the server fit per round
-    fedmerge_lr: float = 1.0  # fedmerge: the fit's step, in units of 1/L (section 12)
-    server_lr: float = 1.0  # sum aggregators: G += lr * m on the aggregate's pseudo-gradient
-    server_momentum: float = 0.0  # m = beta m + (aggregate - G) (FedAvgM)
-    peft_warmup: int = 2  # FedPEFT: W rounds of full-table training before E0 freezes
-    peft_pretrain: str = "none"  # FedPEFT: "attributes" starts from an AE over item attributes
-    lora_rank: int = 4  # lora: k_L
-    hash_size: int = 512  # hash: d_H
-    hash_functions: int = 2  # hash: h
-    hash_senet: int = 0  # hash: 0 mean pooling; r > 0 a SENet of hidden width r * h
-    rq_levels: int = 3  # rqvae: l
-    rq_codebook: int = 128  # rqvae: d_R
-    peft_init: str = "normal"  # hash / rqvae: theta ~ N(0, s^2) ("normal") or 0 ("zero")
-    alpha: float = 0.9
-    rho: float = 0.5
-    adapter_lr: float = 0.1
-    adapter_epochs: int = 1
-    # what the merge adapter trains on (equation 11): "train", the round's training samples
-    # (as published), or "holdout", a rotating fold withheld from local training
-    adapter_objective: str = "train"
-    adapter_folds: int = 5  # holdout: F folds of each client's positives
+    # each part's own options, under their flat [federation] keys (TOML and command line);
+    # the defaults, the meaning and the checks are the part's options class's
+    # (docs/design.md section 15): the graph's (server.options.GraphOptions), GPFedRec's and
+    # FedRAP's (models.options), FedMerge's, the server step's, the similarity's
+    # (server.options), FedPEFT's (client.codec_options.PeftConfig), SM's rho and the
+    # merge adapter's (client.merges.StaticOptions, AdapterOptions)
+    graph_threshold: float = GraphOptions.threshold
+    graph_topk: int = GraphOptions.topk
+    graph_layers: int = GraphOptions.layers
+    gpfedrec_reg: float = GPFedRecOptions.reg
+    fedrap_lambda: float = FedRAPOptions.lambda_
+    fedrap_mu: float = FedRAPOptions.mu
+    merge_k: int = FedMergeOptions.k
+    fedmerge_steps: int = FedMergeOptions.steps
+    fedmerge_lr: float = FedMergeOptions.lr
+    server_lr: float = ServerStepOptions.lr
+    server_momentum: float = ServerStepOptions.momentum
+    peft_warmup: int = PeftConfig.warmup
+    peft_pretrain: str = PeftConfig.pretrain
+    lora_rank: int = PeftConfig.lora_rank
+    hash_size: int = PeftConfig.hash_size
+    hash_functions: int = PeftConfig.hash_functions
+    hash_senet: int = PeftConfig.hash_senet
+    rq_levels: int = PeftConfig.rq_levels
+    rq_codebook: int = PeftConfig.rq_codebook
+    peft_init: str = PeftConfig.init
+    alpha: float = SimilarityOptions.alpha
+    rho: float = StaticOptions.rho
+    adapter_lr: float = AdapterOptions.lr
+    adapter_epochs: int = AdapterOptions.epochs
+    adapter_objective: str = AdapterOptions.objective
+    adapter_folds: int = AdapterOptions.folds
     # docs/design.md 2a, option 5: similarity aggregation over a random share of the round's uploads
     # (the authors' code: agg_clients_ratio = 0.1); only those clients get a new table
     agg_clients_ratio: float = 1.0
     # docs/design.md 2a, option 6: "eq13" (the paper's equation 13) or "pca" (the authors' code:
     # 1-D PCA of each table, 1 / (1 + L2), > 0.9 -> 1, projection of p + alpha s)
-    similarity: str = "eq13"
+    similarity: str = SimilarityOptions.similarity
     # docs/design.md 2a, option 7: merge on every local batch and evaluate the merged table
     merge_every_batch: bool = False
 
     def validate(self) -> None:
+        """Check the parts' names, then every part's own options (each refuses a bad value
+        with its own line), then what spans parts."""
         if self.method is not None and self.method not in METHODS:
             raise UserError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
         if self.backbone is not None and self.backbone not in REGISTRY:  # live: a test may add
@@ -267,71 +290,20 @@ class FederationConfig:
                             f"{', '.join(REGISTRY)}")
         if self.codec not in CODECS:
             raise UserError(f"unknown codec {self.codec!r}; available: {', '.join(CODECS)}")
-        for name in ("graph_threshold", "gpfedrec_reg", "fedrap_lambda", "fedrap_mu"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0):
-                raise UserError(f"federation.{name} must be a number >= 0, got {value}")
-        if self.peft_pretrain not in PEFT_PRETRAINS:
-            raise UserError(f"unknown --peft-pretrain (federation.peft_pretrain) "
-                            f"{self.peft_pretrain!r}; choose one of {', '.join(PEFT_PRETRAINS)}")
-        if not (math.isfinite(self.server_lr) and self.server_lr > 0):
-            raise UserError(f"--server-lr (federation.server_lr) must be a positive number, "
-                            f"got {self.server_lr}")
-        if not 0 <= self.server_momentum < 1:
-            raise UserError(f"--server-momentum (federation.server_momentum) must be in [0, 1), "
-                            f"got {self.server_momentum}")
-        if self.peft_init not in ("normal", "zero"):
-            raise UserError(f"--peft-init (federation.peft_init) must be normal or zero, "
-                            f"got {self.peft_init!r}")
-        if self.peft_warmup < 0:
-            raise UserError(f"--peft-warmup (federation.peft_warmup) must be >= 0, "
-                            f"got {self.peft_warmup}")
-        for name in ("lora_rank", "hash_size", "hash_functions", "rq_levels", "rq_codebook"):
-            if getattr(self, name) < 1:
-                raise UserError(f"--{name.replace('_', '-')} (federation.{name}) must be a "
-                                f"positive integer, got {getattr(self, name)}")
-        if self.hash_senet < 0:
-            raise UserError(f"--hash-senet (federation.hash_senet) must be 0 (mean pooling) "
-                            f"or a positive expansion ratio, got {self.hash_senet}")
-        if self.hash_senet and self.codec not in ("hash", "c-hash"):
-            raise UserError(f"--hash-senet weights the hash codec's vectors; it needs --codec "
-                            f"hash or c-hash, not {self.codec!r}")
-        if self.graph_topk < 0 or self.graph_layers < 1:
-            raise UserError("federation.graph_topk must be >= 0 and graph_layers >= 1")
-        if self.merge_k < 1:
-            raise UserError(f"--merge-k (federation.merge_k) must be a positive integer, "
-                            f"got {self.merge_k}")
-        if self.fedmerge_steps < 1:
-            raise UserError(f"--fedmerge-steps (federation.fedmerge_steps) must be a positive "
-                            f"integer, got {self.fedmerge_steps}")
-        if not (math.isfinite(self.fedmerge_lr) and 0 < self.fedmerge_lr <= 1):
-            raise UserError(f"--fedmerge-lr (federation.fedmerge_lr) must be in (0, 1] (the "
-                            f"step in units of 1/L), got {self.fedmerge_lr}")
         if self.aggregation is not None and self.aggregation not in AGGREGATOR_REGISTRY:
             raise UserError(f"unknown aggregation {self.aggregation!r}; choose one of "
                             f"{', '.join(AGGREGATOR_REGISTRY)}")
-        if self.merge is not None and self.merge not in MERGES:
-            raise UserError(f"unknown merge {self.merge!r}; choose one of {', '.join(MERGES)}")
-        if not (math.isfinite(self.alpha) and self.alpha >= 0):
-            raise UserError(f"federation.alpha must be >= 0, got {self.alpha}")
-        if not 0 <= self.rho <= 1:
-            raise UserError(f"federation.rho must be in [0, 1], got {self.rho}")
-        if not (math.isfinite(self.adapter_lr) and self.adapter_lr > 0):
-            raise UserError(f"federation.adapter_lr must be positive, got {self.adapter_lr}")
-        if self.adapter_epochs < 1:
-            raise UserError("federation.adapter_epochs must be a positive integer")
-        if self.adapter_objective not in ADAPTER_OBJECTIVES:
-            raise UserError(f"unknown adapter objective {self.adapter_objective!r}; choose one "
-                            f"of {', '.join(ADAPTER_OBJECTIVES)}")
+        if self.merge is not None and self.merge not in MERGE_REGISTRY:
+            raise UserError(f"unknown merge {self.merge!r}; choose one of "
+                            f"{', '.join(MERGE_REGISTRY)}")
+        for options in PART_OPTIONS:
+            options.from_config(self).check()
+        if self.hash_senet and self.codec not in ("hash", "c-hash"):
+            raise UserError(f"--hash-senet weights the hash codec's vectors; it needs --codec "
+                            f"hash or c-hash, not {self.codec!r}")
         if not 0 < self.agg_clients_ratio <= 1:
             raise UserError(f"--agg-clients-ratio (federation.agg_clients_ratio) must be in "
                             f"(0, 1], got {self.agg_clients_ratio}")
-        if self.similarity not in SIMILARITIES:
-            raise UserError(f"unknown --similarity (federation.similarity) "
-                            f"{self.similarity!r}; choose one of {', '.join(SIMILARITIES)}")
-        if self.adapter_folds < 2:
-            raise UserError(f"--adapter-folds (federation.adapter_folds) must be an integer "
-                            f">= 2, got {self.adapter_folds}")
 
     @property
     def resolved_method(self) -> str:
@@ -352,16 +324,18 @@ class FederationConfig:
     def check_composition(self) -> None:
         """Refuse a combination of parts that cannot work, with one line naming why."""
         agg, merge = self.resolved_aggregation, self.resolved_merge
-        if agg == "none" and merge != "sr":
+        if agg == "none" and merge_class(merge).merges:
             raise UserError(f"merge {merge!r} merges the server's table into the client's, but "
-                            "aggregation 'none' (local) sends no table; use --merge sr")
+                            f"aggregation 'none' (local) sends no table; use --merge "
+                            f"{', '.join(strategies_where('merges', False))}")
         if self.peft_pretrain != "none" and self.codec == "full":
             raise UserError(f"--peft-pretrain {self.peft_pretrain} initialises FedPEFT's item "
                             f"table; it needs a FedPEFT codec (--codec lora, hash, rqvae, "
                             f"c-lora, c-hash or c-rqvae), not full")
-        if self.adapter_objective == "holdout" and not MERGE_REGISTRY[merge].learned:
+        if self.adapter_objective == "holdout" and not merge_class(merge).learned:
             raise UserError(f"--adapter-objective holdout trains the merge adapter, but merge "
-                            f"{merge!r} has none; use --merge em or dm")
+                            f"{merge!r} has none; use --merge "
+                            f"{' or '.join(reversed(strategies_where('learned')))}")
         if self.agg_clients_ratio != 1.0:
             if not aggregator_class(agg).sampled:
                 raise UserError(f"--agg-clients-ratio samples the uploads an aggregation "
@@ -373,9 +347,10 @@ class FederationConfig:
         if self.similarity != "eq13" and agg != "similarity":
             raise UserError(f"--similarity {self.similarity} is a similarity aggregation's; "
                             f"aggregation {agg!r} has none; use --aggregation similarity")
-        if self.merge_every_batch and merge != "em":
+        if self.merge_every_batch and not merge_class(merge).batch_merge:
             raise UserError(f"--merge-every-batch merges with the adapter on every batch (the "
-                            f"FedEM code's EM), but merge is {merge!r}; use --merge em")
+                            f"FedEM code's EM), but merge is {merge!r}; use --merge "
+                            f"{', '.join(strategies_where('batch_merge'))}")
         if self.merge_every_batch and not backbone_class(self.resolved_backbone).batch_merge:
             raise UserError(f"--merge-every-batch is built for backbone "
                             f"{', '.join(backbones_where('batch_merge'))} (the FedEM code's "
