@@ -12,7 +12,7 @@ from recorded_runs import small_config
 from attacks.observations import load_observations, load_public
 from fedem_private.experiments.recording import Recorder, RecordSpec
 from fedem_private.experiments.runner import prepare
-from fedem_private.simulation.loop import SimState
+from fedem_private.simulation.loop import SimState, Simulation
 from fedem_private.simulation.view import RunView
 
 
@@ -29,15 +29,14 @@ def test_view_fields_cannot_be_assigned(view_sim) -> None:  # type: ignore[no-un
             setattr(view, name, None)
 
 
-def test_view_demographics_are_read_only() -> None:
-    sim = prepare(small_config())
-    sim.demographics["g"] = np.zeros(sim.split.n_users)
-    view = sim._make_view()
+def test_view_demographics_are_read_only(view_sim) -> None:  # type: ignore[no-untyped-def]
+    gender = np.zeros(view_sim.split.n_users)
+    view = Simulation(view_sim.cfg, view_sim.split, demographics={"g": gender}).view
     with pytest.raises(TypeError):
         view.demographics["g"] = np.ones(3)  # type: ignore[index]
     with pytest.raises(ValueError):
         view.demographics["g"][0] = 1.0
-    assert sim.demographics["g"].flags.writeable  # the owner's array is untouched
+    assert gender.flags.writeable  # the owner's array is untouched
 
 
 def test_view_holds_no_client_state(view_sim) -> None:  # type: ignore[no-untyped-def]
