@@ -44,8 +44,8 @@ def _mlp(params: ClientParams) -> dict[str, torch.Tensor]:
 
 def collapse_stats(sim: Any) -> dict[str, float]:
     """dead_l0, dead_last and constant (see the module docstring) over every client."""
-    n = sim.split.n_users
-    st = sim.state
+    n = sim.view.n_users
+    st = sim.state  # the engine's client state: this benchmark inspects the trained models
     dead0 = dead_last = constant = 0.0
     with torch.no_grad():
         for start in range(0, n, 64):

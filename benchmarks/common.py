@@ -76,7 +76,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
     last = next(h.metrics for h in reversed(history) if h.metrics)
     rho = last_merge_rho(history)
     return {"metrics": last, "seconds_per_round": sum(h.seconds for h in history) / len(history),
-            "privacy": sim.privacy.summary(), "merge_rho_mean": rho}
+            "privacy": sim.view.privacy_summary(), "merge_rho_mean": rho}
 
 
 def emit(obj: Any) -> None:

@@ -30,8 +30,8 @@ def main() -> None:
     args = ap.parse_args()
     sim = prepare(with_overrides(RunConfig(), {"data.dataset": "ml-100k",
                                               "data.data_dir": args.data_dir}))
-    sp, bb = sim.split, sim.backbone
-    n, m, d = sp.n_users, sp.n_items, sim.cfg.train.dim
+    sp, bb = sim.view.split, sim.backbone
+    n, m, d = sp.n_users, sp.n_items, sim.view.cfg.train.dim
     q0 = bb.init_items()
     st = DpsgdSettings(0.1, 1.0, 1.0, 20, 64, 4.0, 16.0)
     times: dict[str, list[float]] = {"eager": [], "lazy": []}

@@ -261,15 +261,15 @@ def run_ours_child(name: str, data_dir: str, threads: int) -> None:
             "train.eval_every": 10_000, "train.device": "cpu", **SHARED_SETTINGS,
             **OURS[name]}
     sim = prepare(with_overrides(RunConfig(), over))
-    fed = sim.cfg.federation
-    turns.send(event="start", config={"protocol": sim.cfg.data.protocol,
+    fed = sim.view.cfg.federation
+    turns.send(event="start", config={"protocol": sim.view.cfg.data.protocol,
                                       "aggregation": fed.aggregation, "merge": fed.merge,
                                       "agg_clients_ratio": fed.agg_clients_ratio,
                                       "similarity": fed.similarity,
                                       "merge_every_batch": fed.merge_every_batch,
-                                      "early_stop_tol": sim.cfg.train.early_stop_tol,
-                                      "clients": int(sim.split.n_users),
-                                      "items": int(sim.split.n_items)})
+                                      "early_stop_tol": sim.view.cfg.train.early_stop_tol,
+                                      "clients": int(sim.view.split.n_users),
+                                      "items": int(sim.view.split.n_items)})
     while turns.wait():
         t0, c0 = time.perf_counter(), time.process_time()
         stats = sim.step()

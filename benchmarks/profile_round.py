@@ -53,15 +53,15 @@ def measure(data: str, method: str, device: str, cap: int, budget_mb: int,
         t0 = time.perf_counter()
         with sim.host_memory():
             sim.evaluate()  # as a run's rounds evaluate: inside step, so tuned on the CPU
-        _sync(sim.device)
-        row: dict[str, Any] = {"data": data, "method": method, "device": sim.device.type,
+        _sync(sim.view.device)
+        row: dict[str, Any] = {"data": data, "method": method, "device": sim.view.device.type,
                                "cap": cap, "chunk": chunk, "round_s": rounds,
                                # the two timed rounds' CPU time in the process and in the
                                # kernel on its behalf, and their minor page faults
                                "user_s": r1.ru_utime - r0.ru_utime,
                                "sys_s": r1.ru_stime - r0.ru_stime,
                                "minor_faults": r1.ru_minflt - r0.ru_minflt,
-                               "host_allocator_tuned": sim.host_allocator_tuned,
+                               "host_allocator_tuned": sim.view.host_allocator_tuned,
                                "eval_s": time.perf_counter() - t0}
         if with_floor:  # the machine's floor for these tables, in the same process
             row["floor"] = floor(sim.state.q_local)

@@ -41,7 +41,7 @@ def main() -> None:
     reference.simulation_round(sim)
     seconds = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    allocator = ("engine round tuned" if sim.host_allocator_tuned else "system") + \
+    allocator = ("engine round tuned" if sim.view.host_allocator_tuned else "system") + \
         ", reference untuned"
     print(f"{args.method} reference round: {seconds:.1f} s, peak RSS {peak:.2f} GiB "
           f"(host allocator: {allocator})")

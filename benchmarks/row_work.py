@@ -72,7 +72,7 @@ def measure(dataset: str, method: str) -> dict[str, Any]:
         sim.step()
     finally:
         module.make_plan = original
-    n_items = sim.split.n_items
+    n_items = sim.view.n_items
     return {"dataset": dataset, "method": method, "chunks": len(plans),
             "n_items": n_items, **count(plans, n_items)}
 

@@ -77,14 +77,14 @@ def engine(method: str, rounds: int = 3, with_reference: bool = True,
                                    "train.rounds": rounds + 1, "train.eval_every": 10_000,
                                    "train.device": device})
     sim = prepare(cfg)
-    with_reference = with_reference and sim.device.type == "cpu"
+    with_reference = with_reference and sim.view.device.type == "cpu"
     sim.step()  # round 1: warm-up (merging starts in round 2)
     out: dict[str, Any] = {"method": method if merge is None else f"{method}-{merge}",
-                           "backbone": sim.cfg.federation.backbone,
-                           "device": sim.device.type,
+                           "backbone": sim.view.cfg.federation.backbone,
+                           "device": sim.view.device.type,
                            # the engine's rounds run tuned, the reference between them
                            # with glibc's defaults (fedem_private.hostmem)
-                           "host_allocator_tuned": sim.host_allocator_tuned}
+                           "host_allocator_tuned": sim.view.host_allocator_tuned}
     if with_reference:
         t0 = time.perf_counter()
         reference.simulation_round(sim)
@@ -218,10 +218,10 @@ def aggregation(n_clients: int | None = None) -> dict[str, Any]:
     d = pairwise_sq_distances(tables)
     t_dist = time.perf_counter() - t0
     t0 = time.perf_counter()
-    w_fast = similarity_weights(p, d, sim.cfg.federation.alpha)
+    w_fast = similarity_weights(p, d, sim.view.cfg.federation.alpha)
     t_fast = time.perf_counter() - t0
     t0 = time.perf_counter()
-    w_ref = similarity_weights_cvxpy(p, d, sim.cfg.federation.alpha)
+    w_ref = similarity_weights_cvxpy(p, d, sim.view.cfg.federation.alpha)
     t_ref = time.perf_counter() - t0
     return {"clients": n, "distances_s": t_dist, "closed_form_s": t_fast, "cvxpy_s": t_ref,
             "speedup": t_ref / t_fast, "max_abs_diff": float((w_fast - w_ref).abs().max())}
@@ -258,8 +258,8 @@ def scaling(clients: list[int], items: list[int]) -> list[dict[str, Any]]:
                                          "train.rounds": 3, "train.eval_every": 10_000})
         sim = prepare(cfg)
         sim.step()
-        rows.append({"clients": sim.split.n_users, "items": m,
-                     "interactions": int(sim.split.train_counts.sum()),
+        rows.append({"clients": sim.view.split.n_users, "items": m,
+                     "interactions": int(sim.view.split.train_counts.sum()),
                      "seconds_per_round": float(np.mean(_round_times(sim, 2)))})
         print(f"  scaling: {rows[-1]}", flush=True)
     return rows
@@ -290,11 +290,11 @@ def memory_child(method: str, data: str, device: str = "cpu") -> None:
     sim = prepare(cfg)
     times = _round_times(sim, 2)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    row = {"method": method, "data": data, "device": sim.device.type,
-           "clients": sim.split.n_users, "items": sim.split.n_items, "round_s": times,
+    row = {"method": method, "data": data, "device": sim.view.device.type,
+           "clients": sim.view.split.n_users, "items": sim.view.split.n_items, "round_s": times,
            "peak_rss_gib": peak, "wall_s": time.perf_counter() - t0}
-    if sim.device.type == "cuda":
-        row["peak_gpu_gib"] = torch.cuda.max_memory_allocated(sim.device) / 2**30
+    if sim.view.device.type == "cuda":
+        row["peak_gpu_gib"] = torch.cuda.max_memory_allocated(sim.view.device) / 2**30
     print(json.dumps(row))
 
 

@@ -57,9 +57,10 @@ from attacks.observations import (
 )
 from fedem_private.errors import UserError
 from fedem_private.models import backbone_class
-from fedem_private.models.base import ClientSamples, draw_samples
+from fedem_private.models.base import ClientSamples
 from fedem_private.simulation.config import RecordConfig
 from fedem_private.simulation.loop import AggregateView, ChunkView, Simulation
+from fedem_private.simulation.view import RunView
 
 STORE_DTYPE = "float32"
 SELECTION_RULE = "first N client ids of the split (0 .. N-1)"
@@ -101,19 +102,19 @@ class RecordSpec:
         return tuple(sorted(out))
 
 
-def public_knowledge(sim: Simulation, rounds: Sequence[int], clients: np.ndarray
+def public_knowledge(view: RunView, rounds: Sequence[int], clients: np.ndarray
                      ) -> PublicKnowledge:
     """What the server knows about the training (section 5 threat model); no seed."""
-    cfg = sim.cfg
+    cfg = view.cfg
     tr, fed = cfg.train, cfg.federation
     return PublicKnowledge(
-        n_clients=sim.split.n_users, n_items=sim.split.n_items, dim=tr.dim, lr=tr.lr,
+        n_clients=view.n_users, n_items=view.n_items, dim=tr.dim, lr=tr.lr,
         local_epochs=tr.local_epochs, batch_size=tr.batch_size,
         num_negatives=tr.num_negatives, method=fed.method,
-        privacy_mode=cfg.privacy.mode, privacy_params=sim.privacy.params.as_log(),
+        privacy_mode=cfg.privacy.mode, privacy_params=view.privacy_params(),
         backbone=fed.resolved_backbone, optimizer="adam", protocol=cfg.data.protocol,
         extra={
-            "dataset": sim.dataset_name,
+            "dataset": view.dataset_name,
             "aggregation": fed.resolved_aggregation,
             "merge": fed.resolved_merge,
             "codec": fed.codec,
@@ -124,19 +125,23 @@ def public_knowledge(sim: Simulation, rounds: Sequence[int], clients: np.ndarray
             "recorded_rounds": [int(r) for r in rounds],
             "recorded_clients": int(clients.shape[0]),
             "recorded_client_rule": SELECTION_RULE,
-            "observation": AGGREGATE_OBSERVATION if sim.privacy.central else OBSERVED_UPLOADS,
+            "observation": AGGREGATE_OBSERVATION if view.central else OBSERVED_UPLOADS,
         },
     )
 
 
 class Recorder:
-    """A simulation observer that writes the recorded rounds' observations and truth."""
+    """A simulation observer that writes the recorded rounds' observations and truth.
 
-    def __init__(self, sim: Simulation, run_dir: str | Path, spec: RecordSpec) -> None:
-        self.sim = sim
+    It reads the run through its :class:`~fedem_private.simulation.view.RunView`: the
+    public parameters, the demographics, and (for the ground truth only) the split and
+    the keyed samples; never a client's state."""
+
+    def __init__(self, view: RunView, run_dir: str | Path, spec: RecordSpec) -> None:
+        self.view = view
         self.run_dir = Path(run_dir)
-        self.rounds = frozenset(spec.resolve(sim.cfg.train.rounds))
-        n = sim.split.n_users
+        self.rounds = frozenset(spec.resolve(view.cfg.train.rounds))
+        n = view.n_users
         self.clients = np.arange(min(spec.clients, n), dtype=np.int64)
         self.selected = np.zeros(n, dtype=bool)
         self.selected[self.clients] = True
@@ -145,9 +150,9 @@ class Recorder:
 
     def write_static(self) -> None:
         """public.json and the demographics of the recorded clients."""
-        save_public(self.run_dir, public_knowledge(self.sim, sorted(self.rounds), self.clients))
+        save_public(self.run_dir, public_knowledge(self.view, sorted(self.rounds), self.clients))
         demo = {name: np.asarray(values)[self.clients]
-                for name, values in self.sim.demographics.items()}
+                for name, values in self.view.demographics.items()}
         if demo:
             save_demographics(self.run_dir, self.clients, demo)
 
@@ -158,15 +163,15 @@ class Recorder:
 
     def _record_absent(self, round_: int) -> None:
         """Rows for recorded clients that do not take part in ``round_``."""
-        taking_part = np.zeros(self.sim.split.n_users, dtype=bool)
-        taking_part[self.sim.participants(round_)] = True
+        taking_part = np.zeros(self.view.n_users, dtype=bool)
+        taking_part[self.view.participants(round_)] = True
         absent = self.clients[~taking_part[self.clients]]
         if absent.size == 0:
             return
-        m, d = self.sim.split.n_items, self.sim.cfg.train.dim
+        m, d = self.view.n_items, self.view.cfg.train.dim
         zeros = np.zeros((absent.size, m, d), dtype=np.float32)
         obs = Observation(round_, absent, zeros, zeros, np.zeros(absent.size, dtype=bool))
-        self._write(obs, [self.sim.split.train_of(int(c)) for c in absent],
+        self._write(obs, [self.view.split.train_of(int(c)) for c in absent],
                     [np.zeros(0, dtype=np.int64)] * absent.size)
 
     def _write(self, obs: Observation, positives: list[np.ndarray],
@@ -199,7 +204,7 @@ class Recorder:
                ) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """The clients' training positives, and the negatives rows ``rows`` of ``samples``
         drew (row rows[j] is clients[j]'s)."""
-        positives = [self.sim.split.train_of(int(c)) for c in clients]
+        positives = [self.view.split.train_of(int(c)) for c in clients]
         ptr = samples.negatives_indptr
         return positives, [samples.negatives[ptr[j]: ptr[j + 1]] for j in rows]
 
@@ -207,9 +212,9 @@ class Recorder:
         """A central round: every recorded client saw the same sent and released tables."""
         if view.round not in self.rounds:
             return
-        sim, clients = self.sim, self.clients
+        clients = self.clients
         k = clients.shape[0]
-        took = np.zeros(sim.split.n_users, dtype=bool)
+        took = np.zeros(self.view.n_users, dtype=bool)
         took[np.asarray(view.participants, dtype=np.int64)] = True
         sent = view.sent.detach().cpu().numpy().astype(np.float32)
         released = view.released.detach().cpu().numpy().astype(np.float32)
@@ -217,9 +222,7 @@ class Recorder:
                           np.broadcast_to(released, (k, *released.shape)), took[clients])
         # every recorded client's keyed draw of the round: what a participant trained on,
         # and for the others the control's negatives (a pure function of seed, round, client)
-        s = draw_samples(sim.seed, view.round, clients, sim.split.train_indptr,
-                         sim.split.train_items, *sim.excl, sim.split.n_items,
-                         sim.local_cfg.num_negatives)
+        s = self.view.samples(view.round, clients)
         self._write(obs, *self._truth(clients, s, range(k)))
 
 
@@ -228,11 +231,11 @@ def recording_setup(spec: RecordSpec) -> Callable[[Simulation, Path], None]:
     (to the uploads, or under a central mechanism to the released aggregates)."""
 
     def setup(sim: Simulation, run_dir: Path) -> None:
-        recorder = Recorder(sim, run_dir, spec)
+        recorder = Recorder(sim.view, run_dir, spec)
         recorder.write_static()
-        if sim.privacy.central:
-            sim.aggregate_observers.append(recorder.on_aggregate)
+        if sim.view.central:
+            sim.observe(on_aggregate=recorder.on_aggregate)
         else:
-            sim.observers.append(recorder)
+            sim.observe(on_chunk=recorder)
 
     return setup

@@ -21,6 +21,7 @@ from fedem_private.simulation.config import (
     to_toml,
 )
 from fedem_private.simulation.loop import RoundStats, Simulation
+from fedem_private.simulation.view import RunView
 
 
 def prepare(cfg: RunConfig) -> Simulation:
@@ -101,17 +102,17 @@ def clipping_summary(history: list[RoundStats], what: str = "uploads"
 MANY_COLD = 0.25
 
 
-def cold_items_summary(sim: Simulation) -> dict[str, Any]:
+def cold_items_summary(view: RunView) -> dict[str, Any]:
     """The share of users whose test (and validation) item no training positive contains
     (:func:`~fedem_private.data.split.cold_share`), with a warning above :data:`MANY_COLD`:
     their hits can only come from an item the model was never trained towards."""
-    test = cold_share(sim.split)
+    test = cold_share(view.split)
     out: dict[str, Any] = {"test_share": test,
-                           "val_share": cold_share(sim.split, sim.split.val_items),
+                           "val_share": cold_share(view.split, view.split.val_items),
                            "warning": None}
     if test > MANY_COLD:
         why = (" (first-seen order: a user's last items are often ones only that user has)"
-               if sim.cfg.data.first_seen_order else "")
+               if view.cfg.data.first_seen_order else "")
         out["warning"] = (f"{test:.0%} of the users' test items appear in no training "
                           f"interaction{why}; training meets them only as negatives, so "
                           f"HR@10 mostly measures the other users")
@@ -144,14 +145,14 @@ def selected_round(history: list[RoundStats], rule: str) -> dict[str, Any] | Non
     return {"rule": rule, "round": best.round, "metrics": best.metrics}
 
 
-def summarise(sim: Simulation, history: list[RoundStats], wall: float) -> dict[str, Any]:
-    """The summary.json content."""
-    cfg = sim.cfg
+def summarise(view: RunView, history: list[RoundStats], wall: float) -> dict[str, Any]:
+    """The summary.json content, from the run's read-only view and its round stats."""
+    cfg = view.cfg
     last = next((h.metrics for h in reversed(history) if h.metrics), None)
     seconds = [h.seconds for h in history]
     rho = last_merge_rho(history)
     out = {
-        "dataset": sim.dataset_name,
+        "dataset": view.dataset_name,
         "method": cfg.federation.method,
         "backbone": cfg.federation.backbone,
         "codec": cfg.federation.codec,
@@ -162,19 +163,19 @@ def summarise(sim: Simulation, history: list[RoundStats], wall: float) -> dict[s
         # the aggregator's figures of the last round (FedMerge: weight entropy, fit MSE)
         "server_stats": next((h.server for h in reversed(history) if h.server), None),
         "protocol": cfg.data.protocol,
-        "rounds": sim.state.round,
+        "rounds": view.round,
         "seed": cfg.train.seed,
-        "n_users": sim.split.n_users,
-        "n_items": sim.split.n_items,
-        "dropped_users": sim.split.dropped_users,
+        "n_users": view.n_users,
+        "n_items": view.n_items,
+        "dropped_users": view.split.dropped_users,
         "seconds_per_round": sum(seconds) / max(len(seconds), 1),
         "seconds_total": wall,
         "metrics": last,
-        "privacy": sim.privacy.summary(),
+        "privacy": view.privacy_summary(),
         "clipping": clipping_summary(history, "sampled positives' gradients"
-                                     if sim.privacy.dpsgd else "uploads"),
+                                     if view.dpsgd else "uploads"),
         "communication": communication_summary(history),
-        "cold_items": cold_items_summary(sim),
+        "cold_items": cold_items_summary(view),
         "version": __version__,
     }
     options = protocol_options(cfg)
@@ -233,7 +234,7 @@ def execute(cfg: RunConfig, out: str | Path,
         sim = prepare(cfg)
         if setup is not None:
             setup(sim, writer.path)
-        writer.write_text("config.toml", to_toml(to_dict(sim.cfg)))
+        writer.write_text("config.toml", to_toml(to_dict(sim.view.cfg)))
         if on_start is not None:
             on_start(sim)
         t0 = time.perf_counter()
@@ -241,10 +242,8 @@ def execute(cfg: RunConfig, out: str | Path,
         wall = time.perf_counter() - t0
         rows = [h.row() for h in history if h.metrics is not None]
         writer.write_csv("metrics.csv", rows)
-        summary = summarise(sim, history, wall)
+        summary = summarise(sim.view, history, wall)
         writer.write_json("summary.json", summary)
-        ledger = sim.privacy.ledger_dict() if hasattr(sim.privacy, "ledger_dict") else None
-        if ledger is not None:
-            writer.write_json("privacy_ledger.json", ledger)
+        writer.write_json("privacy_ledger.json", sim.view.privacy_ledger())
         writer.commit()
     return summary

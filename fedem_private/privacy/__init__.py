@@ -4,8 +4,9 @@ Modules: ``config`` (PrivacyConfig), ``registry`` (mode name -> mechanism
 class), ``mech`` (one module per mechanism: self-description, capabilities,
 options and hooks), ``clipping`` (float64 per-client L1/L2 clipping),
 ``params`` (config -> per-round parameters), ``mechanisms`` (the noise
-primitives and one release function per local mode), ``accounting`` (composition bounds),
-``calibration`` (total budget -> per-round noise), ``ledger`` (per-client
+primitives and one release function per local mode), ``accounting`` (composition
+bounds), ``accountants`` (one class per bound behind one interface),
+``calibration`` (total budget -> per-round noise, one generic routine), ``ledger`` (per-client
 rounds and eps spent), ``central`` (cdp-gaussian: Poisson sampling, clipped
 sum, one noise draw on the aggregate).
 
@@ -36,6 +37,9 @@ _EXPORTS = {
     "EpsilonBounds": "accounting",
     "compose": "accounting",
     "epsilon_bounds": "accounting",
+    "Accountant": "accountants",
+    "accountant_class": "accountants",
+    "calibrate": "calibration",
     "noise_multiplier_for": "calibration",
     "laplace_epsilon_round": "calibration",
     "gaussian_noise_multiplier": "calibration",

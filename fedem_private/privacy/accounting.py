@@ -34,7 +34,9 @@ bounds on its total eps at a target delta:
   delta(eps) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)
   (Balle & Wang 2018, Thm 8); solved for eps.
 
-``reported`` is the minimum of these valid bounds. No amplification by
+``reported`` is the minimum of these valid bounds. Each bound is also an accountant
+class behind one interface (:mod:`fedem_private.privacy.accountants`); :func:`epsilon_bounds`
+asks every one of them. No amplification by
 subsampling is applied: the server sees who took part.
 
 Numbers here are floats; inf means "no finite guarantee" (e.g. z = 0, or
@@ -323,15 +325,13 @@ def _json_eps(value: float | None) -> float | None:
 @functools.lru_cache(maxsize=8192)
 def epsilon_bounds(comp: Composition, delta: float) -> EpsilonBounds:
     """All bounds on the total eps of history ``comp`` at ``delta`` (cached per history)."""
+    from fedem_private.privacy.accountants import accountant_class  # it imports this module
+
     if not 0 <= delta < 1:
         raise ValueError(f"delta must be in [0, 1): {delta}")
-    values = {
-        "basic": basic_epsilon(comp, delta),
-        "advanced": advanced_epsilon(comp, delta),
-        "rdp": rdp_epsilon(comp, delta),
-        "pld": pld_epsilon(comp, delta),
-    }
-    exact = gaussian_exact_epsilon(comp, delta)
+    values = {name: accountant_class(name)(comp).epsilon(delta) for name in BOUNDS}
+    gaussian = all(m.kind == "gaussian" for m, _ in comp)
+    exact = accountant_class("exact")(comp).epsilon(delta) if gaussian else None
     valid = list(values.values()) + ([exact] if exact is not None else [])
     return EpsilonBounds(delta=delta, gaussian_exact=exact, reported=min(valid), **values)
 
@@ -341,6 +341,7 @@ def compose(mechanism: RoundMechanism, rounds: int, delta: float) -> EpsilonBoun
     return epsilon_bounds(repeated(mechanism, rounds), float(delta))
 
 
+# the bound functions by name; the accountant classes (privacy.accountants) wrap them
 BOUND_FUNCTIONS = {
     "basic": basic_epsilon,
     "advanced": advanced_epsilon,
@@ -439,12 +440,19 @@ class CentralBounds:
 @functools.lru_cache(maxsize=1024)
 def dpfedavg_bounds(sample_rate: float, noise_multiplier: float, rounds: int,
                     delta: float) -> CentralBounds:
-    """Both bounds of :func:`dpfedavg_event` at ``delta`` (cached)."""
-    rdp = dpfedavg_rdp_epsilon(sample_rate, noise_multiplier, rounds, delta)
-    pld = dpfedavg_pld_epsilon(sample_rate, noise_multiplier, rounds, delta)
+    """Both bounds of :func:`dpfedavg_event` at ``delta`` (cached): the dpfedavg-rdp and
+    dpfedavg-pld accountants of :mod:`~fedem_private.privacy.accountants`."""
+    from fedem_private.privacy.accountants import accountant_class  # it imports this module
+
+    _check_dpfedavg(sample_rate, noise_multiplier, rounds)
+    history = repeated(RoundMechanism("sampled-gaussian", float(noise_multiplier),
+                                      float(sample_rate), 1), int(rounds))
+    rdp, pld = (accountant_class(f"dpfedavg-{name}")(history).epsilon(delta)
+                for name in CENTRAL_BOUNDS)
     return CentralBounds(delta=float(delta), sample_rate=float(sample_rate),
                          noise_multiplier=float(noise_multiplier), rounds=int(rounds),
                          rdp=rdp, pld=pld, reported=min(rdp, pld))
 
 
+# DP-FedAvg's bound functions by name (the dpfedavg-rdp / dpfedavg-pld accountants wrap them)
 CENTRAL_BOUND_FUNCTIONS = {"rdp": dpfedavg_rdp_epsilon, "pld": dpfedavg_pld_epsilon}

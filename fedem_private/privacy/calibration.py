@@ -6,16 +6,28 @@ scale / sensitivity whose T-fold composition has eps <= target by that
 accountant. Laplace: per-round eps = 1/z and b = 2C/eps_round; Gaussian:
 sigma = 2Cz.
 
-- basic, Laplace: closed form eps_round = eps / T.
-- basic (Gaussian) and advanced: root of the accounting formula in log z
-  (scipy's brentq).
-- rdp, pld: dp-accounting's ``calibrate_dp_mechanism`` in log z with an
-  ``ExplicitBracketInterval`` found beforehand.
-- exact (Gaussian only): the analytic Gaussian curve.
+One generic calibration, :func:`calibrate_noise`, does it for every registered
+accountant (:mod:`fedem_private.privacy.accountants`) and mechanism family
+(local rounds, DP-FedAvg rounds): a first guess (the family's closed form, or
+the z a cheaper "guide" accountant calibrates to), a bracket found by
+geometric steps from it, a root in log z, and a final nudge up. What differs
+between accountants is only the root finder:
+
+- basic, Laplace: closed form eps_round = eps / T (the first guess), nudged;
+- basic (Gaussian), advanced, exact: root of the accounting formula in log z
+  (scipy's brentq);
+- rdp, pld (and DP-FedAvg's): dp-accounting's ``calibrate_dp_mechanism`` in
+  log z with an ``ExplicitBracketInterval`` found beforehand.
 
 Every result is checked, and nudged upwards if needed, so that the
 accountant's eps at the returned z is <= the target; the root is found to a
 relative tolerance of about 1e-7, so 0.999 z already exceeds the target.
+:func:`calibrate` also solves for the other two unknowns: eps given (z, delta)
+(the accountant's own bound) and the smallest delta given (z, eps).
+
+The functions below the generic ones (:func:`noise_multiplier_for`,
+:func:`gaussian_noise_multiplier`, :func:`laplace_epsilon_round`,
+:func:`dpfedavg_noise_multiplier`) check their arguments and call it.
 """
 
 from __future__ import annotations
@@ -23,27 +35,24 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-import dp_accounting
-from dp_accounting import mechanism_calibration as mc
-from dp_accounting import pld as dp_pld
-from dp_accounting import rdp as dp_rdp
 from scipy import optimize
 
 from fedem_private.errors import UserError
-from fedem_private.privacy.accounting import (
-    BOUND_FUNCTIONS,
-    CENTRAL_BOUND_FUNCTIONS,
-    PLD_MAX_ROUND_EPS,
-    RoundMechanism,
-    dpfedavg_event,
-    gaussian_exact_epsilon,
-    pld_interval,
-    repeated,
+from fedem_private.privacy.accountants import (
+    LOG_TOL,
+    Accountant,
+    DpFedAvgRounds,
+    Family,
+    LocalRounds,
+    accountant_class,
 )
+from fedem_private.privacy.accounting import PLD_MAX_ROUND_EPS
 
 METHODS: tuple[str, ...] = ("basic", "advanced", "rdp", "pld", "exact")
-_LOG_TOL = 1e-7
+CENTRAL_METHODS: tuple[str, ...] = ("rdp", "pld")
 _MAX_STEPS = 200
+#: the smallest delta :func:`calibrate_delta` searches down to
+DELTA_FLOOR = 1e-300
 
 
 def _check_target(kind: str, epsilon: float, delta: float, rounds: int, method: str) -> None:
@@ -66,19 +75,6 @@ def _check_target(kind: str, epsilon: float, delta: float, rounds: int, method: 
         raise UserError(f"target eps={epsilon:g} over {rounds} rounds needs more than "
                         f"{PLD_MAX_ROUND_EPS:g} per round, beyond the PLD accountant's range; "
                         f"use accountant 'rdp' or 'basic'")
-
-
-def _epsilon_function(kind: str, delta: float, rounds: int, method: str
-                      ) -> Callable[[float], float]:
-    """z -> eps of T rounds of noise multiplier z by the given method."""
-    if method == "exact":
-        def exact(z: float) -> float:
-            value = gaussian_exact_epsilon(repeated(RoundMechanism(kind, z), rounds), delta)
-            assert value is not None
-            return value
-        return exact
-    bound = BOUND_FUNCTIONS[method]
-    return lambda z: bound(repeated(RoundMechanism(kind, z), rounds), delta)
 
 
 def _bracket(eps_fn: Callable[[float], float], target: float, z0: float,
@@ -116,22 +112,91 @@ def _nudge_up(eps_fn: Callable[[float], float], target: float, z: float) -> floa
     return z
 
 
-def _accountant_factory(method: str, interval: float) -> Callable[[], object]:
-    if method == "pld":
-        return lambda: dp_pld.PLDAccountant(value_discretization_interval=interval)
-    return dp_rdp.RdpAccountant
+def calibrate_noise(accountant: type[Accountant], family: Family, epsilon: float,
+                    delta: float, label: str | None = None) -> float:
+    """Smallest z whose ``family`` history has eps <= ``epsilon`` at ``delta`` by ``accountant``.
+
+    The generic calibration (module docstring): first guess, bracket, the accountant's
+    root finder in log z, nudge up. ``epsilon = inf`` gives z = 0 (no noise); a target
+    no noise level reaches is a UserError. ``label`` names the accountant in messages
+    (default its registered name). The caller checks the target is meaningful.
+    """
+    if not accountant.accepts(family):
+        raise ValueError(f"accountant {accountant.name!r} does not account {family}")
+    if math.isinf(epsilon):
+        return 0.0
+
+    def eps_fn(z: float) -> float:
+        return accountant(family.history(z)).epsilon(delta)
+
+    if accountant.closed_form(family):
+        return _nudge_up(eps_fn, epsilon, family.start(epsilon, delta))
+    guide = accountant.guide(family)
+    z0 = (family.start(epsilon, delta) if guide is None
+          else calibrate_noise(guide, family, epsilon, delta))
+    describe = family.describe(epsilon, delta, label or accountant.name)
+    lo, hi = _bracket(eps_fn, epsilon, z0, describe)
+    log_z = accountant.solve(family, eps_fn, epsilon, delta, lo, hi)
+    return _nudge_up(eps_fn, epsilon, math.exp(log_z))
 
 
-def _start(kind: str, epsilon: float, delta: float, rounds: int, accountant: str) -> float:
-    """A cheap first guess of z: basic composition (Laplace; the RDP solution for PLD) or
-    the exact Gaussian solution (a lower bound of z for every accountant)."""
-    if kind == "gaussian":
-        if accountant == "exact":
-            return math.sqrt(2.0 * rounds * math.log(1.25 / delta)) / epsilon
-        return noise_multiplier_for(kind, epsilon, delta, rounds, "exact")
-    if accountant == "pld":
-        return noise_multiplier_for(kind, epsilon, delta, rounds, "rdp")
-    return rounds / epsilon
+def calibrate_epsilon(accountant: type[Accountant], family: Family, noise_multiplier: float,
+                      delta: float) -> float:
+    """The total eps of ``family``'s history at multiplier z and ``delta`` by ``accountant``
+    (its own bound: the inverse of :func:`calibrate_noise`)."""
+    if not accountant.accepts(family):
+        raise ValueError(f"accountant {accountant.name!r} does not account {family}")
+    return accountant(family.history(noise_multiplier)).epsilon(delta)
+
+
+def calibrate_delta(accountant: type[Accountant], family: Family, noise_multiplier: float,
+                    epsilon: float) -> float:
+    """The smallest delta (down to :data:`DELTA_FLOOR`) at which ``family``'s history at
+    multiplier z has eps <= ``epsilon`` by ``accountant``: 0 if it holds at delta = 0
+    (pure DP), else a root in log delta (brentq) nudged up until it holds. UserError
+    if no delta < 1 meets the target."""
+    history = accountant(family.history(noise_multiplier)) if accountant.accepts(family) \
+        else None
+    if history is None:
+        raise ValueError(f"accountant {accountant.name!r} does not account {family}")
+
+    def eps_at(delta: float) -> float:
+        return history.epsilon(delta)
+
+    if eps_at(0.0) <= epsilon:
+        return 0.0
+    hi = 1e-6
+    while eps_at(hi) > epsilon:  # towards 1: 1e-3, 0.03, 0.18, 0.42, ...
+        hi = math.sqrt(hi)
+        if hi > 1.0 - 1e-9:
+            raise UserError(f"eps={epsilon:g} is not reached at noise multiplier "
+                            f"{noise_multiplier:g} for any delta < 1 ({accountant.name})")
+    lo = hi
+    while eps_at(lo) <= epsilon:  # towards 0: 1e-12, 1e-24, ...
+        if lo <= DELTA_FLOOR:
+            return lo
+        lo = max(lo * lo, DELTA_FLOOR)
+    delta = math.exp(float(optimize.brentq(lambda p: eps_at(math.exp(p)) - epsilon,
+                                           math.log(lo), math.log(hi), xtol=LOG_TOL)))
+    step = 1e-12
+    while eps_at(delta) > epsilon:
+        delta = min(delta * (1.0 + step), hi)
+        step *= 2.0
+    return delta
+
+
+def calibrate(accountant: type[Accountant], family: Family, *, epsilon: float | None = None,
+              delta: float | None = None, noise_multiplier: float | None = None) -> float:
+    """The one of (epsilon, delta, noise_multiplier) left out, given the other two:
+    :func:`calibrate_noise`, :func:`calibrate_epsilon` or :func:`calibrate_delta`."""
+    given = (epsilon is not None, delta is not None, noise_multiplier is not None)
+    if sum(given) != 2:
+        raise ValueError("give exactly two of epsilon, delta and noise_multiplier")
+    if noise_multiplier is None:
+        return calibrate_noise(accountant, family, float(epsilon), float(delta))  # type: ignore
+    if epsilon is None:
+        return calibrate_epsilon(accountant, family, float(noise_multiplier), float(delta))  # type: ignore
+    return calibrate_delta(accountant, family, float(noise_multiplier), float(epsilon))
 
 
 def noise_multiplier_for(kind: str, epsilon: float, delta: float, rounds: int,
@@ -140,37 +205,12 @@ def noise_multiplier_for(kind: str, epsilon: float, delta: float, rounds: int,
 
     ``epsilon = inf`` gives z = 0 (no noise). Raises UserError for impossible
     targets (eps <= 0, delta = 0 with Gaussian noise or with a non-basic
-    accountant, a bad round count).
+    accountant, a bad round count). :func:`calibrate_noise` over :class:`LocalRounds`.
     """
     epsilon, delta = float(epsilon), float(delta)
     _check_target(kind, epsilon, delta, rounds, accountant)
-    if math.isinf(epsilon):
-        return 0.0
-    eps_fn = _epsilon_function(kind, delta, rounds, accountant)
-    if kind == "laplace" and accountant == "basic":
-        return _nudge_up(eps_fn, epsilon, rounds / epsilon)
-    describe = f"eps={epsilon:g} at delta={delta:g} over {rounds} rounds ({accountant})"
-    z0 = _start(kind, epsilon, delta, rounds, accountant)
-    lo, hi = _bracket(eps_fn, epsilon, z0, describe)
-    if accountant in ("rdp", "pld"):
-        log_z = mc.calibrate_dp_mechanism(
-            # the (finest) interval eps_fn uses at the bracket's high-noise end; the final
-            # nudge makes eps_fn (the accountant's own interval at z) meet the target
-            make_fresh_accountant=_accountant_factory(
-                accountant, pld_interval(repeated(RoundMechanism(kind, hi), rounds))),
-            make_event_from_param=lambda p: dp_accounting.SelfComposedDpEvent(
-                RoundMechanism(kind, math.exp(p)).event(), rounds
-            ),
-            target_epsilon=epsilon,
-            target_delta=delta,
-            bracket_interval=mc.ExplicitBracketInterval(math.log(lo), math.log(hi)),
-            tol=_LOG_TOL,
-        )
-    else:
-        log_z = optimize.brentq(
-            lambda p: eps_fn(math.exp(p)) - epsilon, math.log(lo), math.log(hi), xtol=_LOG_TOL
-        )
-    return _nudge_up(eps_fn, epsilon, math.exp(log_z))
+    return calibrate_noise(accountant_class(accountant), LocalRounds(kind, rounds), epsilon,
+                           delta)
 
 
 def laplace_epsilon_round(epsilon: float, delta: float, rounds: int, accountant: str) -> float:
@@ -205,7 +245,7 @@ def dpfedavg_noise_multiplier(epsilon: float, delta: float, sample_rate: float, 
     ``epsilon = inf`` gives z = 0 (clip only, no guarantee).
     """
     epsilon, delta, q = float(epsilon), float(delta), float(sample_rate)
-    if accountant not in CENTRAL_BOUND_FUNCTIONS:
+    if accountant not in CENTRAL_METHODS:
         raise UserError(f"DP-FedAvg calibration needs accountant pld or rdp, not {accountant!r}")
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise UserError(f"number of rounds to calibrate for must be an integer >= 1, got {rounds}")
@@ -215,23 +255,5 @@ def dpfedavg_noise_multiplier(epsilon: float, delta: float, sample_rate: float, 
         raise UserError(f"target delta must be in (0, 1) for Gaussian noise, got {delta}")
     if not 0 < q <= 1:
         raise UserError(f"sample rate must be in (0, 1], got {q}")
-    if math.isinf(epsilon):
-        return 0.0
-    bound = CENTRAL_BOUND_FUNCTIONS[accountant]
-
-    def eps_fn(z: float) -> float:
-        return bound(q, z, rounds, delta)
-
-    describe = (f"eps={epsilon:g} at delta={delta:g} over {rounds} rounds at sample rate "
-                f"{q:g} ({accountant})")
-    lo, hi = _bracket(eps_fn, epsilon, 1.0, describe)
-    log_z = mc.calibrate_dp_mechanism(
-        make_fresh_accountant=_accountant_factory(
-            accountant, pld_interval(repeated(RoundMechanism("gaussian", hi), rounds))),
-        make_event_from_param=lambda p: dpfedavg_event(q, math.exp(p), rounds),
-        target_epsilon=epsilon,
-        target_delta=delta,
-        bracket_interval=mc.ExplicitBracketInterval(math.log(lo), math.log(hi)),
-        tol=_LOG_TOL,
-    )
-    return _nudge_up(eps_fn, epsilon, math.exp(log_z))
+    return calibrate_noise(accountant_class(f"dpfedavg-{accountant}"), DpFedAvgRounds(q, rounds),
+                           epsilon, delta, label=accountant)

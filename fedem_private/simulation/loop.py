@@ -90,6 +90,7 @@ from fedem_private.server.options import (
 )
 from fedem_private.server.pretrain import pretrain_items
 from fedem_private.simulation.config import SGD_FIELDS, RunConfig
+from fedem_private.simulation.view import RunView, read_only
 
 SERVER = 1 << 40  # client id used to key the server's own random draws
 # the most clients trained side by side (the memory budget may allow fewer): on the CPU
@@ -353,6 +354,31 @@ class Simulation:
         self.aggregate_observers: list[Callable[[AggregateView], None]] = []
         if self.cfg.privacy.clip_auto:
             self._auto_clip()
+        #: what the harness (recording, summaries, benchmarks) reads of the run
+        self.view = self._make_view()
+
+    def _make_view(self) -> RunView:
+        """The run's read-only :class:`~fedem_private.simulation.view.RunView`: its
+        accessors read the live round, host allocator flag and privacy reports (after
+        ``--clip auto`` the mechanism's parameters are the re-derived ones)."""
+        layer = self.privacy
+        return RunView(
+            cfg=self.cfg, split=self.split, dataset_name=self.dataset_name,
+            demographics=read_only(self.demographics), seed=self.seed, device=self.device,
+            central=layer.central, dpsgd=layer.dpsgd,
+            _round=lambda: self.state.round, _tuned=lambda: self.host_allocator_tuned,
+            _participants=self.participants, _excl=self.excl,
+            _privacy_params=lambda: layer.params.as_log(), _privacy_summary=layer.summary,
+            _privacy_ledger=layer.ledger_dict)
+
+    def observe(self, on_chunk: Callable[[ChunkView], None] | None = None,
+                on_aggregate: Callable[[AggregateView], None] | None = None) -> None:
+        """Register observers: ``on_chunk`` sees each chunk's released uploads (no mechanism
+        or a local one), ``on_aggregate`` each round's released aggregate (a central one)."""
+        if on_chunk is not None:
+            self.observers.append(on_chunk)
+        if on_aggregate is not None:
+            self.aggregate_observers.append(on_aggregate)
 
     def _auto_clip(self) -> None:
         """``--clip auto``: the DP warm-up of :mod:`fedem_private.privacy.clip_auto`.
