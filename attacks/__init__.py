@@ -9,8 +9,10 @@ read only by the scorer (:mod:`attacks.labels`, :mod:`attacks.scoring`,
 :mod:`attacks.audit`).
 
 ``"imia"`` is the interaction-level membership inference of Yuan et al.
-(WWW 2023, :mod:`attacks.imia`). ``attribute`` (:mod:`attacks.attribute`)
-scores clients, not items: it also receives the server's side knowledge. :mod:`attacks.canary` audits a privacy mechanism with
+(WWW 2023, :mod:`attacks.imia`); ``"poplabel"`` the popularity-direction
+label inference (:mod:`attacks.poplabel`). ``attribute``
+(:mod:`attacks.attribute`) scores clients, not items: it also receives the
+server's side knowledge. :mod:`attacks.canary` audits a privacy mechanism with
 coin-flipped canaries, and :mod:`attacks.run` is the ``fedem-private attack``
 command.
 

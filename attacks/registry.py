@@ -96,6 +96,7 @@ REGISTRY: dict[str, str | type[Attack]] = {
     "imia": "attacks.imia:ImiaAttack",
     "attribute": "attacks.attribute:AttributeAttack",
     "canary": "attacks.canary:CanaryAudit",
+    "poplabel": "attacks.poplabel:PopLabelAttack",
 }
 
 
