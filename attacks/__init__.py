@@ -1,58 +1,67 @@
 """Inference attacks of an honest-but-curious server, and their scoring (docs/design.md, section 6).
 
-Item-level attacks (``ATTACKS``) take one :class:`Observation` and the
+Every attack is listed once, in :mod:`attacks.registry`, with its options and
+capabilities. Item-level attacks take one :class:`Observation` and the
 :class:`PublicKnowledge` and return a (clients, items) score array; see
-:mod:`attacks.base`. Ground truth (:mod:`attacks.ground_truth`) is read only
-by the scorer (:mod:`attacks.labels`, :mod:`attacks.scoring`,
+:mod:`attacks.base`; ``ATTACKS`` is the read-only view name -> scoring function
+of the registered item attacks. Ground truth (:mod:`attacks.ground_truth`) is
+read only by the scorer (:mod:`attacks.labels`, :mod:`attacks.scoring`,
 :mod:`attacks.audit`).
 
 ``"imia"`` is the interaction-level membership inference of Yuan et al.
-(WWW 2023, :mod:`attacks.imia`). ``attribute`` (:mod:`attacks.attribute`)
-scores clients, not items: it also receives the server's side knowledge (the
-attribute of a known fraction of clients, :class:`attacks.attribute.KnownAttributes`).
-:mod:`attacks.canary` audits a privacy mechanism with coin-flipped canaries,
-and :mod:`attacks.run` is the ``fedem-private attack`` command.
+(WWW 2023, :mod:`attacks.imia`); ``"poplabel"`` the popularity-direction
+label inference (:mod:`attacks.poplabel`). ``attribute``
+(:mod:`attacks.attribute`) scores clients, not items: it also receives the
+server's side knowledge. :mod:`attacks.canary` audits a privacy mechanism with
+coin-flipped canaries, and :mod:`attacks.run` is the ``fedem-private attack``
+command.
+
+The package is light to import: the attack modules (torch, scikit-learn) load on
+first use of a name below, so the registry's names are read without them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import importlib
+from collections.abc import Sequence
 from types import MappingProxyType
+from typing import Any
 
-import numpy as np
+from . import registry
 
-from .base import ItemAttack
-from .imia import imia
-from .observations import (
-    Observation,
-    PublicKnowledge,
-    load_observations,
-    load_public,
-    save_observation,
-    save_public,
-)
-from .projection import projection
-from .support import changed_rows, support
-
-ATTACKS: Mapping[str, ItemAttack] = MappingProxyType({
-    "support": support,
-    "projection": projection,
-    "imia": imia,
-})
+_LAZY = {
+    "ItemAttack": "attacks.base", "imia": "attacks.imia", "projection": "attacks.projection",
+    "support": "attacks.support", "changed_rows": "attacks.support",
+    **{n: "attacks.observations" for n in ("Observation", "PublicKnowledge", "load_observations",
+                                           "load_public", "save_observation", "save_public")},
+}
 
 
-def run_attack(name: str, observations: Sequence[Observation], public: PublicKnowledge
-               ) -> list[np.ndarray]:
-    """Run the registered attack ``name`` on each observation (one (k, m) array per round)."""
-    try:
-        attack = ATTACKS[name]
-    except KeyError:
-        raise ValueError(f"unknown attack {name!r}; known: {', '.join(sorted(ATTACKS))}") from None
-    return [attack(obs, public) for obs in observations]
+def _item_attacks() -> MappingProxyType:
+    return MappingProxyType({n: registry.attack_class(n).function
+                             for n in registry.names_where(kind="item")})
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ATTACKS":
+        return _item_attacks()
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'attacks' has no attribute {name!r}")
+
+
+def run_attack(name: str, observations: Sequence[Any], public: Any) -> list[Any]:
+    """Run the registered item attack ``name`` on each observation (one (k, m) array per
+    round), with its default options."""
+    if name not in registry.names_where(kind="item"):
+        raise ValueError(f"unknown attack {name!r}; known: "
+                         f"{', '.join(sorted(registry.names_where(kind='item')))}")
+    cls = registry.attack_class(name)
+    return [cls.scores(obs, public) for obs in observations]
 
 
 __all__ = [
     "ATTACKS", "ItemAttack", "Observation", "PublicKnowledge", "changed_rows", "imia",
-    "load_observations",
-    "load_public", "projection", "run_attack", "save_observation", "save_public", "support",
+    "load_observations", "load_public", "projection", "registry", "run_attack",
+    "save_observation", "save_public", "support",
 ]

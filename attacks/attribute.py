@@ -38,6 +38,7 @@ every recorded client (NaN for clients that did not take part).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 from sklearn.linear_model import LogisticRegression
@@ -47,11 +48,10 @@ from ._store import readonly
 from .base import blank_nonparticipants
 from .imia import candidate_rows, expected_positives
 from .observations import Observation, PublicKnowledge
-from .projection import projection
+from .registry import Attack, Capabilities, attack_class, names_where
 from .support import support
 
 FEATURES = ("interactions", "scores", "uploads")
-ITEM_ATTACKS = {"projection": projection, "support": support}
 C_GRID = (0.1, 0.3, 1.0, 3.0, 10.0, 30.0)
 AUTO_FEATURES: tuple[tuple[str, str], ...] = (
     ("interactions", "projection"), ("scores", "projection"), ("interactions", "support"),
@@ -84,16 +84,17 @@ def client_features(obs: Observation, public: PublicKnowledge, *, features: str 
     """(k, m) L2-normalised feature rows (zeros for clients that did not take part)."""
     if features not in FEATURES:
         raise ValueError(f"unknown features {features!r}; use one of {FEATURES}")
-    if item_attack not in ITEM_ATTACKS:
-        raise ValueError(f"unknown item attack {item_attack!r}; use one of "
-                         f"{sorted(ITEM_ATTACKS)}")
+    items = names_where(kind="item", shadow=False)
+    if item_attack not in items:
+        raise ValueError(f"unknown item attack {item_attack!r}; use one of {sorted(items)}")
+    item_scores = attack_class(item_attack).scores
     norms = np.nan_to_num(support(obs, public))
     if features == "uploads":
         x = norms
     elif features == "scores":
-        x = np.clip(np.nan_to_num(ITEM_ATTACKS[item_attack](obs, public)), 0.0, None)
+        x = np.clip(np.nan_to_num(item_scores(obs, public)), 0.0, None)
     else:
-        scores = np.nan_to_num(ITEM_ATTACKS[item_attack](obs, public), nan=-np.inf)
+        scores = np.nan_to_num(item_scores(obs, public), nan=-np.inf)
         cand = candidate_rows(norms, 1 + public.num_negatives)
         k_pos = expected_positives(cand.sum(1), obs.n_items, public.num_negatives)
         x = np.zeros_like(norms)
@@ -155,3 +156,29 @@ def attribute(obs: Observation, public: PublicKnowledge, known: KnownAttributes,
     clf.fit(x[rows[use]], yt)
     out = clf.predict_proba(x)[:, 1].astype(np.float64)
     return blank_nonparticipants(out[:, None], obs)[:, 0]
+
+
+@dataclass(frozen=True)
+class AttributeOptions:
+    """The knobs of :func:`attribute` (the share of clients whose attribute the attacker
+    knows is the command's ``--known-fraction``)."""
+
+    features: str = "auto"
+    item_attack: str = "projection"
+    folds: int = 5
+
+
+class AttributeAttack(Attack):
+    """Registration of :func:`attribute`: reads the uploads and the side knowledge, scores
+    clients (gender)."""
+
+    options = AttributeOptions
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        kind="client", observes=("uploads", "released-aggregate", "side-knowledge"))
+
+    @classmethod
+    def infer(cls, obs: Observation, public: PublicKnowledge, known: KnownAttributes,
+              options: AttributeOptions, seed: int) -> np.ndarray:
+        """(k,) :func:`attribute` with ``options``."""
+        return attribute(obs, public, known, features=options.features,
+                         item_attack=options.item_attack, folds=options.folds, seed=seed)

@@ -72,7 +72,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -83,6 +84,7 @@ from fedem_private.privacy.params import MechanismParams
 from fedem_private.privacy.registry import capability, lookup
 
 from .audit import cp_audit, gdp_audit, one_run_audit
+from .registry import Attack, Capabilities
 from .scoring import auc
 
 DEFAULT_CONFIDENCE = 0.95
@@ -274,3 +276,25 @@ def canary_audit(params: MechanismParams, *, n_clients: int | None = None, seed:
         "audit_ok": None if claimed is None else bool(lower <= claimed),
     })
     return out
+
+
+@dataclass(frozen=True)
+class CanaryOptions:
+    """``count``: canary clients (None: the mechanism's design, :func:`canary_audit`)."""
+
+    count: int | None = None
+
+
+class CanaryAudit(Attack):
+    """Registration of :func:`canary_audit`: coin-flipped canaries through the run's own
+    release function and public parameters (a certified audit of the mechanism)."""
+
+    options = CanaryOptions
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        kind="mechanism", observes=("release-function",))
+
+    @classmethod
+    def audit(cls, params: MechanismParams, options: CanaryOptions, seed: int,
+              confidence: float) -> dict[str, Any]:
+        """:func:`canary_audit` with ``options``."""
+        return canary_audit(params, n_clients=options.count, seed=seed, confidence=confidence)

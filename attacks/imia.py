@@ -97,12 +97,15 @@ which rows changed, the sent tables, the public hyper-parameters.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
 
 from .base import blank_nonparticipants
 from .observations import Observation, PublicKnowledge
+from .registry import Attack, Capabilities
 from .shadow import ShadowModel, train_shadow
 
 BETAS = (0.9, 0.999)
@@ -516,3 +519,34 @@ def _imia_model(obs: Observation, public: PublicKnowledge, model: ShadowModel,
             scores[j, off] = floor - 1.0 + 0.5 * norms[j, off] / max(
                 float(norms[j, off].max()), 1e-300)
     return blank_nonparticipants(scores, obs)
+
+
+@dataclass(frozen=True)
+class ImiaOptions:
+    """The knobs of :func:`imia` at the settings ``fedem-private attack`` has always used."""
+
+    iterations: int = 5
+    restarts: int = 3
+    atol: float = 0.0
+    outlier_mads: float = 6.0
+    user_std: float = 0.0
+    seed: int = 0
+    chunk: int = 32
+    scope: str = "all"
+    unchanged: str = "shadow"
+
+
+class ImiaAttack(Attack):
+    """Registration of :func:`imia` (Yuan et al., WWW 2023): reads the uploads and the sent
+    tables, retrains the backbone's shadow on the device."""
+
+    options = ImiaOptions
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        kind="item", observes=("uploads", "released-aggregate"), device=True, shadow=True)
+    function = staticmethod(imia)
+
+    @classmethod
+    def assumption(cls, public: PublicKnowledge, shadow: ShadowModel | None = None
+                   ) -> str | None:
+        """:func:`assumption_note`."""
+        return assumption_note(public, shadow)

@@ -47,11 +47,15 @@ says so (``assumption``), and its AUC is an empirical finding, not a property.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import numpy as np
 import torch
 
 from .base import DEFAULT_CHUNK, blank_nonparticipants, delta_chunks
 from .observations import Observation, PublicKnowledge
+from .registry import Attack, Capabilities
 
 
 def assumption_note(public: PublicKnowledge) -> str | None:
@@ -124,3 +128,28 @@ def projection(obs: Observation, public: PublicKnowledge, *, atol: float = 0.0,
         s = s * _orientation(s, active, positives_minority)[:, None]
         scores[sl] = _standardise(s, active).cpu().numpy()
     return blank_nonparticipants(scores, obs)
+
+
+@dataclass(frozen=True)
+class ProjectionOptions:
+    """``atol``: rows changed by at most this are inactive; ``chunk``: clients per block."""
+
+    atol: float = 0.0
+    chunk: int = DEFAULT_CHUNK
+
+
+class ProjectionAttack(Attack):
+    """Registration of :func:`projection`: exact in its rank-one model for dot-product
+    backbones, a heuristic elsewhere (:func:`assumption_note`)."""
+
+    options = ProjectionOptions
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        kind="item", observes=("uploads", "released-aggregate"), device=True,
+        exact_for="dot-product backbones")
+    function = staticmethod(projection)
+
+    @classmethod
+    def assumption(cls, public: PublicKnowledge, shadow: object = None) -> str | None:
+        """:func:`assumption_note` (the shadow plays no part)."""
+        del shadow
+        return assumption_note(public)

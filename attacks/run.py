@@ -2,13 +2,15 @@
 
 For a run directory recorded with ``--record-rounds``:
 
-1. every item-level attack (:data:`attacks.ATTACKS`: ``support``,
-   ``projection``, ``imia``) runs on every recorded round, given only the
+1. every item-level attack (capability ``kind`` "item" in
+   :mod:`attacks.registry`: ``support``, ``projection``, ``imia``, ...) runs
+   on every recorded round with its options, given only the
    :class:`~attacks.observations.Observation` and the
    :class:`~attacks.observations.PublicKnowledge`;
-2. ``attribute`` (where the run recorded demographics) gets in addition the
-   attribute of a seeded ``known_fraction`` of the recorded clients
-   (:class:`~attacks.attribute.KnownAttributes`) and is scored on the others;
+2. a client-level attack (``attribute``, where the run recorded demographics)
+   gets in addition the attribute of a seeded ``known_fraction`` of the
+   recorded clients (:class:`~attacks.attribute.KnownAttributes`) and is
+   scored on the others;
 3. only then is the ground truth read, by the scorer: per attack and round,
    under both membership relations (``positive_vs_any``,
    ``positive_vs_sampled``), the metrics of :func:`attacks.scoring.score_attack`;
@@ -40,7 +42,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,18 +52,16 @@ import numpy as np
 from fedem_private.errors import UserError
 from fedem_private.privacy.registry import capability, lookup
 
-from . import ATTACKS
+from . import registry
 from ._atomic import write_json
-from .attribute import KnownAttributes, attribute
+from .attribute import KnownAttributes
 from .canary import (
     audit_confidence,
     audited,
-    canary_audit,
     claimed_epsilon,
     params_from_log,
 )
 from .ground_truth import Demographics, GroundTruth, load_demographics, load_ground_truth
-from .imia import assumption_note as imia_assumption
 from .labels import RELATIONS, labels_for
 from .observations import (
     Observation,
@@ -70,16 +70,9 @@ from .observations import (
     load_public,
     observes_aggregate,
 )
-from .projection import assumption_note as projection_assumption
 from .scoring import score_attack, score_attribute
 from .shadow import ShadowModel
 
-CLIENT_ATTACKS = ("attribute",)
-#: item attacks that compute on torch tensors, and so take a ``device``
-DEVICE_ATTACKS = ("projection", "imia")
-MECHANISM_AUDITS = ("canary",)
-KNOWN_ATTACKS: tuple[str, ...] = (*ATTACKS, *CLIENT_ATTACKS, *MECHANISM_AUDITS)
-DEFAULT_ATTACKS: tuple[str, ...] = ("support", "projection", "imia", "attribute", "canary")
 CONFIDENCE = 0.95
 OUTPUT = "attacks.json"
 ATTRIBUTE = "gender"
@@ -104,14 +97,38 @@ AGGREGATE_VERDICT = ("the observation is the released aggregate, shared by every
 
 
 def parse_attacks(text: str) -> tuple[str, ...]:
-    """``"support,imia"`` -> ("support", "imia"); unknown names are a UserError."""
+    """``"support,imia"`` -> ("support", "imia"); names the registry lacks are a UserError."""
     names = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
     if not names:
         raise UserError("--attacks: no attack named")
-    unknown = [n for n in names if n not in KNOWN_ATTACKS]
+    known = registry.names()
+    unknown = [n for n in names if n not in known]
     if unknown:
-        raise UserError(f"unknown attack {unknown[0]!r}; known: {', '.join(KNOWN_ATTACKS)}")
+        raise UserError(f"unknown attack {unknown[0]!r}; known: {', '.join(known)}")
     return names
+
+
+def resolve_options(names: Sequence[str], given: Mapping[str, Any] | None = None
+                    ) -> dict[str, Any]:
+    """Each attack's options: ``given[name]`` (an options instance, or a mapping of
+    field -> text, :func:`attacks.registry.options_with`), else its defaults."""
+    given = dict(given or {})
+    stray = [n for n in given if n not in names]
+    if stray:
+        raise UserError(f"options for attack {stray[0]!r}, which is not run")
+    out: dict[str, Any] = {}
+    for name in names:
+        value = given.get(name)
+        try:
+            out[name] = (registry.default_options(name) if value is None else
+                         registry.options_with(name, value) if isinstance(value, Mapping)
+                         else value)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        if not isinstance(out[name], registry.attack_class(name).options):
+            raise UserError(f"attack {name!r}: options must be "
+                            f"{registry.attack_class(name).options.__name__}")
+    return out
 
 
 # --------------------------------------------------------------------------- privacy context
@@ -221,17 +238,15 @@ def known_attributes(demo: Demographics, name: str, clients: np.ndarray, fractio
 
 def _item_record(name: str, obs: Observation, public: PublicKnowledge, gt: GroundTruth,
                  ctx: PrivacyContext, seed: int, device: str = "cpu",
-                 shadow: ShadowModel | None = None) -> dict[str, Any]:
+                 shadow: ShadowModel | None = None, options: Any = None) -> dict[str, Any]:
     t0 = time.perf_counter()
-    options: dict[str, Any] = {"device": device} if name in DEVICE_ATTACKS else {}
-    if name == "imia" and shadow is not None:
-        options["shadow"] = shadow
+    cls = registry.attack_class(name)
     aggregate = observes_aggregate(public)
     # on a released aggregate every recorded client saw the same tables: score them all,
     # then the participants (main) and the clients who sat the round out (control) apart
     seen = (Observation(obs.round, obs.clients, obs.sent, obs.upload,
                         np.ones_like(obs.participated)) if aggregate else obs)
-    scores = ATTACKS[name](seen, public, **options)  # type: ignore[call-arg]
+    scores = cls.scores(seen, public, options, device=device, shadow=shadow)
     seconds = time.perf_counter() - t0
     level = 1.0 - (1.0 - CONFIDENCE) / 2.0  # two bounds, one figure: Bonferroni
 
@@ -252,9 +267,7 @@ def _item_record(name: str, obs: Observation, public: PublicKnowledge, gt: Groun
     if aggregate:
         extra_rows = {"relations_control": score(~obs.participated),
                       "n_control_clients": int((~obs.participated).sum())}
-    notes = {"projection": projection_assumption,
-             "imia": lambda p: imia_assumption(p, shadow)}
-    note = notes[name](public) if name in notes else None
+    note = cls.assumption(public, shadow)
     extra = {"assumption": note} if note else {}
     return {**extra, "attack": name, "round": obs.round, "seconds": seconds,
             "n_clients": int(obs.participated.sum()), "relations": metrics, **extra_rows,
@@ -264,9 +277,10 @@ def _item_record(name: str, obs: Observation, public: PublicKnowledge, gt: Groun
             "audit_ok": ok, "audit_certified": False, "audit_reason": reason}
 
 
-def _attribute_record(obs: Observation, public: PublicKnowledge, demo: Demographics | None,
-                      fraction: float, seed: int) -> dict[str, Any]:
-    base: dict[str, Any] = {"attack": "attribute", "round": obs.round, "attribute": ATTRIBUTE,
+def _client_record(name: str, obs: Observation, public: PublicKnowledge,
+                   demo: Demographics | None, fraction: float, seed: int, options: Any
+                   ) -> dict[str, Any]:
+    base: dict[str, Any] = {"attack": name, "round": obs.round, "attribute": ATTRIBUTE,
                             "eps_lower_bound": None, "eps_accounted": None, "eps_claimed": None,
                             "audit_ok": None, "audit_certified": False,
                             "audit_reason": "attribute inference is not a membership test"}
@@ -276,7 +290,7 @@ def _attribute_record(obs: Observation, public: PublicKnowledge, demo: Demograph
     part = obs.clients[obs.participated]
     known, evaluate = known_attributes(demo, ATTRIBUTE, part, fraction, seed)
     t0 = time.perf_counter()
-    prob = attribute(obs, public, known, seed=seed)
+    prob = registry.attack_class(name).infer(obs, public, known, options, seed)
     seconds = time.perf_counter() - t0
     pos = {int(c): j for j, c in enumerate(obs.clients)}
     truth = dict(zip(demo.clients.tolist(), np.asarray(demo.attributes[ATTRIBUTE]).tolist(),
@@ -289,15 +303,17 @@ def _attribute_record(obs: Observation, public: PublicKnowledge, demo: Demograph
     return base
 
 
-def _canary_record(ctx: PrivacyContext, seed: int) -> dict[str, Any]:
-    base: dict[str, Any] = {"attack": "canary", "round": None, "audit_certified": True}
+def _mechanism_record(name: str, ctx: PrivacyContext, seed: int, options: Any
+                      ) -> dict[str, Any]:
+    base: dict[str, Any] = {"attack": name, "round": None, "audit_certified": True}
     if ctx.params is None or not audited(ctx.mode):
         base.update({"skipped": f"no canary design for mode {ctx.mode}", "seconds": 0.0,
                      "eps_lower_bound": None, "eps_accounted": None, "eps_claimed": None,
                      "audit_ok": None, "audit_reason": "not audited"})
         return base
     t0 = time.perf_counter()
-    out = canary_audit(ctx.params, seed=seed, confidence=audit_confidence(ctx.mode))
+    out = registry.attack_class(name).audit(ctx.params, options, seed,
+                                            audit_confidence(ctx.mode))
     lower = out["eps_lower_bound"]
     ok, reason = _verdict(lower, ctx, certified=True)
     base.update({"seconds": time.perf_counter() - t0, "relations": {"canary": out},
@@ -321,31 +337,36 @@ def _ledger_public(path: Path) -> _LedgerPublic:
     return _LedgerPublic(str(ledger["params"].get("mode")), dict(ledger["params"]))
 
 
-def run_attacks(run_dir: str | Path, names: Sequence[str] = DEFAULT_ATTACKS, *, seed: int = 0,
+def run_attacks(run_dir: str | Path, names: Sequence[str] | None = None, *, seed: int = 0,
                 known_fraction: float = 0.5, rounds: Sequence[int] | None = None,
                 write: bool = True, device: str = "cpu",
-                shadow: Callable[[PublicKnowledge], ShadowModel | None] | None = None
-                ) -> dict[str, Any]:
+                shadow: Callable[[PublicKnowledge], ShadowModel | None] | None = None,
+                options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Run, score and audit ``names`` on a recorded run; returns (and writes) the report.
 
-    ``shadow(public)``: the recorded backbone's client training for ``imia``'s
-    shadow (:mod:`attacks.shadow`; the experiments layer builds it from the
+    ``names``: registered attacks (default: :func:`attacks.registry.default_attacks`);
+    ``options``: per attack, its options (:func:`resolve_options`; default: its defaults).
+
+    ``shadow(public)``: the recorded backbone's client training for the attacks that
+    take a shadow (``imia``'s) (:mod:`attacks.shadow`; the experiments layer builds it from the
     backbone's registration); None, or a None result: ``imia``'s MF shadow.
 
     ``rounds``: only these recorded rounds (default: all). ``device`` (``cpu`` or
-    ``cuda``, resolved by the caller): where the attacks of :data:`DEVICE_ATTACKS`
+    ``cuda``, resolved by the caller): where the attacks with the ``device`` capability
     compute; their random draws stay on the CPU, so the scores agree within float
     tolerance.
     """
     path = Path(run_dir)
     if not path.is_dir():
         raise UserError(f"run directory not found: {path}")
-    names = parse_attacks(",".join(names))
+    names = parse_attacks(",".join(registry.default_attacks() if names is None else names))
+    opts = resolve_options(names, options)
+    kind = {n: registry.capabilities(n).kind for n in names}
     if not 0.0 < known_fraction < 1.0:
         raise UserError(f"--known-fraction must be in (0, 1), got {known_fraction}")
     # a mechanism audit needs only the run's privacy parameters: it also runs on a run
     # that recorded nothing (e.g. cdp-gaussian, whose uploads no one sees)
-    audits_only = all(n in MECHANISM_AUDITS for n in names)
+    audits_only = all(kind[n] == "mechanism" for n in names)
     public: Any = (_ledger_public(path) if audits_only and not (path / "observations").is_dir()
                    else load_public(path))
     observations = load_observations(path, rounds) if not isinstance(public, _LedgerPublic) \
@@ -356,22 +377,24 @@ def run_attacks(run_dir: str | Path, names: Sequence[str] = DEFAULT_ATTACKS, *, 
     ctx = PrivacyContext(path, public)
     t0 = time.perf_counter()
     records: list[dict[str, Any]] = []
-    needs_truth = any(n in ATTACKS for n in names)
+    needs_truth = any(kind[n] == "item" for n in names)
     recorded = [o.round for o in observations]
     truth = {g.round: g for g in load_ground_truth(path, recorded)} if needs_truth else {}
-    demo = load_demographics(path) if "attribute" in names else None
-    model = shadow(public) if shadow is not None and "imia" in names else None
+    demo = load_demographics(path) if "client" in kind.values() else None
+    wants_shadow = any(registry.capabilities(n).shadow for n in names)
+    model = shadow(public) if shadow is not None and wants_shadow else None
     for obs in observations:
         for name in names:
-            if name in ATTACKS:
+            if kind[name] == "item":
                 if obs.round not in truth:
                     raise UserError(f"{path}: no ground truth for round {obs.round}")
                 records.append(_item_record(name, obs, public, truth[obs.round], ctx, seed,
-                                            device, model))
-            elif name == "attribute":
-                records.append(_attribute_record(obs, public, demo, known_fraction, seed))
-    if "canary" in names:
-        records.append(_canary_record(ctx, seed))
+                                            device, model, opts[name]))
+            elif kind[name] == "client":
+                records.append(_client_record(name, obs, public, demo, known_fraction, seed,
+                                              opts[name]))
+    records += [_mechanism_record(n, ctx, seed, opts[n]) for n in names
+                if kind[n] == "mechanism"]
     verdicts = [r["audit_ok"] for r in records if r.get("audit_ok") is not None]
     report: dict[str, Any] = {
         "run_dir": str(path),
@@ -441,7 +464,7 @@ def table_rows(report: dict[str, Any]) -> list[dict[str, str]]:
                   "eps_lb": _fmt(r.get("eps_lower_bound")),
                   "eps_acc": _fmt(r.get("eps_accounted")), "audit": audit,
                   "sec": _fmt(r.get("seconds"), 1)}
-        if r["attack"] == "attribute":
+        if "attribute" in r:  # a client-level record
             rows.append({**common, "relation": r.get("attribute", "-"),
                          "auc": _fmt(r.get("auc")), "tpr1": "-", "tpr01": "-",
                          "f1": _fmt(r.get("balanced_accuracy")),

@@ -15,10 +15,14 @@ Score of (client u, item i): the L2 norm of row i of upload - sent
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import numpy as np
 
 from .base import DEFAULT_CHUNK, blank_nonparticipants, delta_chunks
 from .observations import Observation, PublicKnowledge
+from .registry import Attack, Capabilities
 
 
 def support(obs: Observation, public: PublicKnowledge, *, chunk: int = DEFAULT_CHUNK
@@ -39,3 +43,19 @@ def changed_rows(obs: Observation, public: PublicKnowledge, *, atol: float = 0.0
     norms = support(obs, public, chunk=chunk)
     with np.errstate(invalid="ignore"):
         return np.where(np.isnan(norms), np.nan, (norms > atol).astype(np.float64))
+
+
+@dataclass(frozen=True)
+class SupportOptions:
+    """``chunk``: clients per block of deltas (memory only; the scores do not depend on it)."""
+
+    chunk: int = DEFAULT_CHUNK
+
+
+class SupportAttack(Attack):
+    """Registration of :func:`support`: reads the uploads (or the released aggregate)."""
+
+    options = SupportOptions
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        kind="item", observes=("uploads", "released-aggregate"))
+    function = staticmethod(support)

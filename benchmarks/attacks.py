@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from attacks import registry
 from attacks.run import run_attacks
 from fedem_private.experiments.recording import RecordSpec, recording_setup
 from fedem_private.experiments.runner import execute
@@ -33,8 +34,9 @@ from fedem_private.privacy.registry import no_privacy
 
 from .common import machine, run_config
 
-ATTACKS = ("support", "projection", "imia", "attribute", "canary")
-ITEM = ("support", "projection", "imia")
+#: what `fedem-private attack` runs by default, and the item attacks among them (the registry)
+ATTACKS = registry.default_attacks()
+ITEM = tuple(a for a in ATTACKS if registry.capabilities(a).kind == "item")
 
 
 def _points(args: argparse.Namespace) -> list[dict[str, Any]]:

@@ -15,7 +15,10 @@ import math
 
 import pandas as pd
 
-ATTACKS = ("projection", "support", "imia")
+from attacks.registry import names_where
+
+#: the item attacks, from the registry (an attack without columns in the file is skipped)
+ATTACKS = names_where(kind="item")
 
 
 def main() -> None:

@@ -226,15 +226,17 @@ def sweep(spec: str | Path | None = None, out: str | Path | None = None, *,
 
 def attack(run_dir: str | Path, attacks: Sequence[str] | None = None, *, seed: int = 0,
            rounds: Sequence[int] | None = None, known_fraction: float = 0.5,
-           device: str = "cpu") -> dict[str, Any]:
+           device: str = "cpu", options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Run, score and audit the attacks on a recorded run; writes and returns ``attacks.json``.
 
-    ``attacks``: names (default: support, projection, imia, attribute, canary).
+    ``attacks``: registered names (default: the registry's default attacks: support,
+    projection, imia, attribute, canary). ``options``: per attack name, its options
+    dataclass or a mapping field -> text (``--attack-option``).
     ``device``: cpu, cuda or auto, where the attacks' linear algebra and IMIA's
     shadow training run (cuda without a GPU is a UserError).
     """
     from fedem_private.device import resolve as resolve_device
-    from fedem_private.experiments.attack_step import ATTACK_NAMES
+    from fedem_private.experiments.attack_step import known_attacks
 
     path = Path(run_dir).expanduser()
     if not path.exists():
@@ -246,18 +248,20 @@ def attack(run_dir: str | Path, attacks: Sequence[str] | None = None, *, seed: i
     if names is not None:
         if not names:
             raise UserError("--attacks: no attack named")
-        unknown = [n for n in names if n not in ATTACK_NAMES]
+        known = known_attacks() or ()
+        unknown = [n for n in names if n not in known]
         if unknown:
-            raise UserError(f"unknown attack {unknown[0]!r}; known: {', '.join(ATTACK_NAMES)}")
+            raise UserError(f"unknown attack {unknown[0]!r}; known: {', '.join(known)}")
     if not 0.0 < known_fraction < 1.0:
         raise UserError(f"--known-fraction must be in (0, 1), got {known_fraction}")
     dev = resolve_device(device, "--device")
-    from attacks.run import DEFAULT_ATTACKS, run_attacks
+    from attacks.run import run_attacks
     from fedem_private.experiments.shadow import shadow_model
 
-    return run_attacks(path, names or DEFAULT_ATTACKS, seed=seed,
+    return run_attacks(path, names, seed=seed,
                        rounds=None if rounds is None else list(rounds),
-                       known_fraction=known_fraction, device=dev, shadow=shadow_model)
+                       known_fraction=known_fraction, device=dev, shadow=shadow_model,
+                       options=options)
 
 
 def load_results(path: str | Path) -> pd.DataFrame:

@@ -287,7 +287,10 @@ def build_parser() -> argparse.ArgumentParser:
                      "--record-rounds")
     att.add_argument("--attacks", default=None,
                      help="comma-separated attacks (default: support,projection,imia,attribute,"
-                          "canary)")
+                          "canary; `fedem-private list` names them all)")
+    att.add_argument("--attack-option", action="append", default=[], metavar="NAME.KEY=VALUE",
+                     help="an option of one attack, e.g. imia.iterations=3 or canary.count=2000 "
+                          "(repeatable; each attack's options are its registered dataclass)")
     att.add_argument("--known-fraction", type=_number, default=0.5,
                      help="attribute attack: fraction of recorded clients whose attribute the "
                           "server knows (default 0.5)")
@@ -483,6 +486,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _attack_options(items: list[str]) -> dict[str, dict[str, str]]:
+    """``["imia.iterations=3"]`` -> {"imia": {"iterations": "3"}} (text; the attack's options
+    dataclass converts it)."""
+    out: dict[str, dict[str, str]] = {}
+    for item in items:
+        head, sep, value = item.partition("=")
+        name, dot, key = head.strip().partition(".")
+        if not (sep and dot and name and key.strip()):
+            raise UserError(f"--attack-option: expected NAME.KEY=VALUE, got {item!r}")
+        out.setdefault(name, {})[key.strip()] = value.strip()
+    return out
+
+
 def _cmd_attack(args: argparse.Namespace) -> int:
     from fedem_private import api
 
@@ -496,7 +512,8 @@ def _cmd_attack(args: argparse.Namespace) -> int:
     if args.attacks is not None:
         names = tuple(dict.fromkeys(t.strip() for t in args.attacks.split(",") if t.strip()))
     report = api.attack(args.run_dir, names, seed=args.seed, rounds=rounds,
-                        known_fraction=args.known_fraction, device=args.device)
+                        known_fraction=args.known_fraction, device=args.device,
+                        options=_attack_options(args.attack_option))
     if not args.quiet:
         from attacks.run import format_table
 

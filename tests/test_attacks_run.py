@@ -7,7 +7,6 @@ import json
 import math
 import shutil
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -15,11 +14,14 @@ import pytest
 from recorded_runs import recorded_run
 
 import attacks
+import attacks.attribute as attribute_mod
 import attacks.run as run_mod
+from attacks import registry
 from attacks.attribute import KnownAttributes
 from attacks.ground_truth import TRUTH_DIR
 from attacks.observations import Observation, PublicKnowledge
-from attacks.run import DEFAULT_ATTACKS, format_table, parse_attacks, run_attacks
+from attacks.registry import default_attacks
+from attacks.run import format_table, parse_attacks, run_attacks
 from fedem_private.errors import UserError
 
 ITEM_KEYS = ("auc", "auc_client_mean", "tpr@1%fpr", "tpr@0.1%fpr", "precision@20%", "recall@20%",
@@ -34,7 +36,7 @@ def plain_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def report(plain_run: Path) -> dict[str, Any]:
-    return run_attacks(plain_run, DEFAULT_ATTACKS)
+    return run_attacks(plain_run, default_attacks())
 
 
 def test_report_has_one_record_per_attack_and_round(report: dict[str, Any],
@@ -69,11 +71,14 @@ def _checked(fn: Any, calls: list[tuple[str, tuple, dict]], name: str, run_dir: 
         calls.append((name, args, kwargs))
         truth = run_dir / TRUTH_DIR
         hidden = run_dir / ".hidden_truth"
-        truth.rename(hidden)
+        outer = truth.exists()  # attribute calls item attacks: hide once, at the outer call
+        if outer:
+            truth.rename(hidden)
         try:
             return fn(*args, **kwargs)
         finally:
-            hidden.rename(truth)
+            if outer:
+                hidden.rename(truth)
 
     return spy
 
@@ -83,10 +88,11 @@ def test_attacks_never_receive_ground_truth(plain_run: Path, tmp_path: Path,
     run_dir = tmp_path / "copy"
     shutil.copytree(plain_run, run_dir)
     calls: list[tuple[str, tuple, dict]] = []
-    spied = {n: _checked(f, calls, n, run_dir) for n, f in attacks.ATTACKS.items()}
-    monkeypatch.setattr(run_mod, "ATTACKS", MappingProxyType(spied))
-    monkeypatch.setattr(run_mod, "attribute",
-                        _checked(run_mod.attribute, calls, "attribute", run_dir))
+    for n, f in attacks.ATTACKS.items():  # every registered item attack's function
+        monkeypatch.setattr(registry.attack_class(n), "function",
+                            staticmethod(_checked(f, calls, n, run_dir)))
+    monkeypatch.setattr(attribute_mod, "attribute",
+                        _checked(attribute_mod.attribute, calls, "attribute", run_dir))
     splits: list[tuple[KnownAttributes, np.ndarray]] = []
     original_split = run_mod.known_attributes
 

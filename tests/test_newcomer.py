@@ -264,10 +264,12 @@ def test_validation_errors_import_no_heavy_library(tmp_path):
 
 
 def test_attack_names_known_without_import_match_the_attack_step():
-    from attacks.run import KNOWN_ATTACKS
-    from fedem_private.experiments.attack_step import ATTACK_NAMES
+    from attacks.registry import REGISTRY, attack_class
+    from fedem_private.experiments.attack_step import known_attacks
 
-    assert set(ATTACK_NAMES) == set(KNOWN_ATTACKS)
+    assert known_attacks() == tuple(REGISTRY)
+    assert all(attack_class(n).capabilities.kind in ("item", "client", "mechanism")
+               for n in REGISTRY)
 
 
 # ------------------------------------------ 6: rating columns are checked; --min-rating

@@ -10,6 +10,7 @@ Interface used:
 - ``fedem_private.experiments.recording.recording_setup(RecordSpec(rounds, clients))``
   gives a ``setup(sim, run_dir)`` hook for :func:`fedem_private.experiments.runner.execute`
   that records what the server saw into the run directory under construction;
+- ``attacks.registry.names()`` lists the attacks (:func:`known_attacks`);
 - ``attacks.run.run_attacks(run_dir, names, seed=..., device=..., shadow=...)`` reads
   a finished run directory and writes ``attacks.json`` into it; the attacks compute on
   the device the run trained on (``train.device`` of its ``config.toml``), and ``imia``
@@ -19,7 +20,6 @@ Interface used:
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -75,21 +75,18 @@ def _run_device(run_dir: Path) -> str:
     return load_toml(run_dir / "config.toml").train.device
 
 
-# The names attacks.run accepts (its KNOWN_ATTACKS; a test keeps the two equal). Listed here
-# so that a sweep file is checked without importing the attacks (torch, scikit-learn, ...).
-ATTACK_NAMES: tuple[str, ...] = ("support", "projection", "imia", "attribute", "canary")
-
-
 def known_attacks() -> tuple[str, ...] | None:
-    """Names the attack step accepts, or None when it cannot tell (no ``attacks`` package).
+    """Names the attack step accepts, from the attacks' registry (:mod:`attacks.registry`),
+    or None when it cannot tell (no ``attacks`` package).
 
-    Light: finds the package without importing it.
+    Light: the registry lists names without importing any attack module (torch,
+    scikit-learn, ...).
     """
     try:
-        found = importlib.util.find_spec("attacks") is not None
-    except (ImportError, ValueError):
-        found = False
-    return ATTACK_NAMES if found else None
+        registry = importlib.import_module("attacks.registry")
+    except ImportError:
+        return None
+    return tuple(registry.names())
 
 
 def read_records(path: Path) -> list[dict[str, Any]] | None:

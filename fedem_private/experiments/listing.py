@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fedem_private.client.strategies import merge_class
 from fedem_private.data import DATASETS
-from fedem_private.experiments.attack_step import ATTACK_NAMES
+from fedem_private.experiments.attack_step import known_attacks
 from fedem_private.models import BACKBONES
 from fedem_private.privacy.registry import mechanism_for, names
 from fedem_private.simulation.config import (
@@ -32,7 +32,7 @@ def catalogue() -> list[tuple[str, str, str]]:
     rows += [("privacy", p, mechanism_for(p).description or "--privacy") for p in names()]
     rows += [("dataset", d, "--dataset") for d in DATASETS]
     rows += [("protocol", p, "--protocol") for p in PROTOCOLS_ALL]
-    rows += [("attack", a, "attack --attacks") for a in ATTACK_NAMES]
+    rows += [("attack", a, "attack --attacks") for a in known_attacks() or ()]
     return rows
 
 
