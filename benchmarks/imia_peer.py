@@ -146,7 +146,9 @@ def client_auc(scores: np.ndarray, labels: np.ndarray) -> float:
 
 
 def _participants(obs: Any, limit: int | None) -> np.ndarray:
+    """Rows of the participating recorded clients, by client id; the ``limit`` lowest ids."""
     keep = np.flatnonzero(obs.participated)
+    keep = keep[np.argsort(obs.clients[keep], kind="stable")]
     return keep if limit is None else keep[:limit]
 
 
@@ -409,6 +411,13 @@ def table(rows: list[dict[str, Any]], lambdas: list[float]) -> str:
     out = ["| backbone | round | seed | " + " | ".join(cols) + " |",
            "|---" * (3 + len(cols)) + "|"]
     keys = ["imia", *(f"peer{lam:g}" for lam in lambdas), "support", "random"]
+    if any((r.get("all_clients") or {}).get("imia") != r.get("imia") for r in rows):  # --limit
+        cols.append("ours `imia`, every recorded client (attacks.json)")
+        out = ["| backbone | round | seed | " + " | ".join(cols) + " |",
+               "|---" * (3 + len(cols)) + "|"]
+        for r in rows:
+            r["imia_all"] = (r.get("all_clients") or {}).get("imia")
+        keys.append("imia_all")
 
     def line(r: dict[str, Any], seed: str) -> str:
         return (f"| {r['method']} | {r['round']} | {seed} | "
@@ -443,8 +452,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", default="runs/imia-peer", help="run directories (METHOD-sSEED)")
     ap.add_argument("--rounds", type=int, default=50)
     ap.add_argument("--clients", type=int, default=100, help="recorded clients 0..N-1")
-    ap.add_argument("--limit", type=int, help="attack only the first N participating recorded "
-                    "clients (both attacks rerun on them; default: all)")
+    ap.add_argument("--limit", type=int, help="attack only the N lowest ids among the "
+                    "participating recorded clients (both attacks rerun on them; default: all)")
     ap.add_argument("--lambdas", default="0.9,0.1", help="the published attack's lam values")
     ap.add_argument("--jobs", type=int, default=1, help="published-attack subprocesses at once")
     ap.add_argument("--data-dir", help="the ML-100K folder (default: the shared datasets folder)")
@@ -455,7 +464,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--job", help=argparse.SUPPRESS)
     ap.add_argument("--lam", type=float, help=argparse.SUPPRESS)
     ap.add_argument("--child-out", help=argparse.SUPPRESS)
+    ap.add_argument("--table-from", nargs="+", metavar="JSON",
+                    help="print the table of earlier runs' JSON files (rows merged) and exit")
     args = ap.parse_args(argv)
+    lambdas = [float(x) for x in args.lambdas.split(",") if x]
+    if args.table_from:
+        rows = [r for f in args.table_from for r in json.loads(Path(f).read_text())["rows"]]
+        rows.sort(key=lambda r: (r["method"], r["round"], r["seed"]))
+        print(table(rows, lambdas))
+        return 0
     problem = peer_problem(args.peer_dir)
     if problem:
         print(problem, file=sys.stderr)
@@ -469,7 +486,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"benchmarks.imia_peer: --methods takes {', '.join(BACKBONES)}, not {bad}",
               file=sys.stderr)
         return 2
-    lambdas = [float(x) for x in args.lambdas.split(",") if x]
     from .common import data_dir, machine
 
     ml100k = args.data_dir or data_dir("ml-100k")
@@ -483,14 +499,13 @@ def main(argv: list[str] | None = None) -> int:
             path = ensure_run(Path(args.runs), method, seed, args.rounds, args.clients, ml100k)
             for round_ in (1, args.rounds):
                 job = peer_job(path, round_, args.limit)
-                row: dict[str, Any] = {"method": method, "round": round_, "seed": seed,
-                                       "run": str(path), "clients": len(job["clients"]),
-                                       "all_clients": ours(path, round_)}
-                row.update(row["all_clients"] if args.limit is None
-                           else ours_subset(path, round_, args.limit))
-                rows.append(row)
+                rows.append({"method": method, "round": round_, "seed": seed, "run": str(path),
+                             "clients": len(job["clients"]), "limited": args.limit is not None,
+                             "all_clients": ours(path, round_)})
                 tag = f"{method}-s{seed}-r{round_}"
-                tasks += [(row, lam, job, tag) for lam in lambdas]
+                tasks += [(rows[-1], lam, job, tag) for lam in lambdas]
+
+    tasks.sort(key=lambda t: (t[1], t[2]["backbone"] != "ncf"))  # the longest first
 
     def one(task: tuple[dict[str, Any], float, dict[str, Any], str]) -> None:
         row, lam, job, tag = task
@@ -499,7 +514,14 @@ def main(argv: list[str] | None = None) -> int:
               f"{row[f'peer{lam:g}']['seconds']:.0f} s", flush=True)
 
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        list(pool.map(one, tasks))
+        futures = [pool.submit(one, t) for t in tasks]  # the published attack starts at once
+        for row in rows:  # ours meanwhile, in this process
+            row.update(row["all_clients"] if args.limit is None
+                       else ours_subset(Path(row["run"]), row["round"], args.limit))
+            print(f"{row['method']}-s{row['seed']}-r{row['round']} ours: "
+                  f"imia {_cell(row['imia'])}, support {_cell(row['support'])}", flush=True)
+        for f in futures:
+            f.result()
     text = table(rows, lambdas)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -99,21 +99,22 @@ def test_peer_job_from_a_tiny_recorded_run(tmp_path):
     upload[0, [1, 4, 6]] += 0.5
     upload[2, [0, 3]] -= 0.25
     dense = {"w0": np.ones((3, 2 * d, 4), np.float32), "b0": np.zeros((3, 4), np.float32)}
-    obs = Observation(1, np.array([0, 1, 2]), np.stack([sent] * 3), upload,
+    # recorded in the order 2, 1, 0 (as a run writes its client chunks); 1 sat the round out
+    obs = Observation(1, np.array([2, 1, 0]), np.stack([sent] * 3), upload,
                       np.array([True, False, True]), dense)
     save_observation(tmp_path, obs)
     save_public(tmp_path, PublicKnowledge(n_clients=3, n_items=m, dim=d, lr=0.1,
                                           local_epochs=10, batch_size=256, num_negatives=4,
                                           method="fedncf", backbone="ncf"))
-    save_ground_truth(tmp_path, 1, np.array([0, 1, 2]),
+    save_ground_truth(tmp_path, 1, np.array([2, 1, 0]),
                       [np.array([4, 1]), np.array([2]), np.array([3])],
                       [np.array([6, 6, 1]), np.array([0]), np.array([0, 0])])
     job = imia_peer.peer_job(tmp_path, 1)
-    assert job["clients"] == [0, 2]  # the participants only
-    assert job["sets"] == [([1, 4], [6]), ([3], [0])]
+    assert job["clients"] == [0, 2]  # the participants, by client id
+    assert job["sets"] == [([3], [0]), ([1, 4], [6])]
     np.testing.assert_array_equal(job["sent"], sent)
-    np.testing.assert_allclose(job["uploads"], upload[[0, 2]], atol=1e-6)
+    np.testing.assert_allclose(job["uploads"], upload[[2, 0]], atol=1e-6)
     assert set(job["sent_dense"]) == {"w0", "b0"} and job["sent_dense"]["w0"].shape == (4, 4)
     assert (job["backbone"], job["lr"], job["local_epochs"], job["batch_size"],
             job["dim"], job["n_items"]) == ("ncf", 0.1, 10, 256, d, m)
-    assert imia_peer.peer_job(tmp_path, 1, limit=1)["clients"] == [0]
+    assert imia_peer.peer_job(tmp_path, 1, limit=1)["clients"] == [0]  # the lowest id
