@@ -3,7 +3,7 @@
     python -m benchmarks.attacks [--rounds 50] [--clients 943] [--eps 100,10,1]
         [--methods fedmf,fedem] [--touched-methods fedmf] [--extra-eps inf,1e4]
         [--extra-methods fedmf] [--out runs/bench-attacks]
-        [--results benchmarks/results/attacks_ml100k.md] [--tables-only]
+        [--results benchmarks/results/attacks/attacks_ml100k.md] [--tables-only]
 
 For each method: one run without privacy, one per total epsilon under
 ``ldp-laplace`` (calibrated over the run's rounds by the default accountant),
@@ -202,7 +202,7 @@ def main() -> None:
                     help="further ldp-laplace budgets, to show the trend")
     ap.add_argument("--extra-methods", default="fedmf")
     ap.add_argument("--out", default="runs/bench-attacks")
-    ap.add_argument("--results", default="benchmarks/results/attacks_ml100k.md")
+    ap.add_argument("--results", default="benchmarks/results/attacks/attacks_ml100k.md")
     ap.add_argument("--tables-only", action="store_true")
     args = ap.parse_args()
     args.eps = [float(e) for e in args.eps.split(",") if e.strip()]

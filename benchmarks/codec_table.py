@@ -7,7 +7,7 @@ included), the sampled HR@10 as a share of the same method's full-table run, and
 whether the difference from the full table exceeds seed noise (twice its standard
 error, :func:`benchmarks.common.seed_noise`).
 
-    python -m benchmarks.codec_table benchmarks/results/codecs/results.csv
+    python -m benchmarks.codec_table benchmarks/results/utility/codecs/results.csv
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The headline's tables: each method's HR@10 against total eps per architecture, where it
 first lifts above chance, and whether elastic merging gains on its backbone.
 
-    python -m benchmarks.headline_table benchmarks/results/headline2/results.csv \
+    python -m benchmarks.headline_table benchmarks/results/privacy/headline2/results.csv \
         [--datasets ml-100k,filmtrust] [--data-root ../shared/datasets]
 
 Reads a ``results.csv`` written by ``fedem-private report`` (or a sweep) and prints

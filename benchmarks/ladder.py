@@ -45,7 +45,8 @@ DP_EPSILONS = (0.1, 1.0, 4.0, 10.0, 16.0, 64.0)
 ARCHITECTURES = ("central", "local", "interaction", "interaction-local")
 PRIVATE_EPSILONS = (1.0, 4.0, 16.0, 64.0)
 # the private FedMF points with settings fixed in advance (never tuned on these users):
-# benchmarks/cdp_curve.toml's and benchmarks/dpsgd.toml's, the architectures' headline
+# benchmarks/specs/privacy/cdp_curve.toml's and benchmarks/specs/privacy/dpsgd.toml's, the
+# architectures' headline
 PRIVATE_FIXED: dict[str, dict[str, Any]] = {
     "cdp-gaussian": {"train": {"rounds": 40, "eval_every": 10},
                      "privacy": {"mode": "cdp-gaussian", "delta": 1e-5, "sample_rate": 0.2,
@@ -302,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.report:
         for path in combined_report(Path(args.out), args.report,
-                                    Path("benchmarks/results/headline2/results.csv")):
+                                    Path("benchmarks/results/privacy/headline2/results.csv")):
             print(f"wrote {path}")
         return 0
     data_dir = args.data_dir or str(Path("../shared/datasets") / args.dataset)
