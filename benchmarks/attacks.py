@@ -26,10 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from attacks.run import run_attacks
+from fedem_private.experiments.analysis import PLD_MAX_ROUND_EPS, no_privacy
 from fedem_private.experiments.recording import RecordSpec, recording_setup
 from fedem_private.experiments.runner import execute
-from fedem_private.privacy.accounting import PLD_MAX_ROUND_EPS
-from fedem_private.privacy.registry import no_privacy
 
 from .common import machine, run_config
 

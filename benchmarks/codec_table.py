@@ -16,7 +16,7 @@ import argparse
 
 import pandas as pd
 
-from fedem_private.privacy.registry import no_privacy
+from fedem_private.experiments.analysis import no_privacy
 
 from .common import fmt_mean_std, mean_std, seed_noise
 

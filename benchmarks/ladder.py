@@ -122,7 +122,7 @@ def tune(runs: Path, dataset: str, data_dir: str, method: str, seed: int
 def tuned_config(path: str, seed: int) -> dict[str, Any]:
     """A ``fedem-private tune`` best.toml as a run config for ``seed`` (its round still
     chosen on validation)."""
-    from fedem_private.simulation.config import read_toml
+    from fedem_private.experiments.analysis import read_toml
 
     cfg = read_toml(path, "tuned config")
     cfg.setdefault("train", {})["seed"] = seed
@@ -134,7 +134,7 @@ def private_rungs(dataset: str, data_dir: str, seeds: list[int],
                   ) -> list[tuple[str, str, dict[str, Any]]]:
     """FedMF under cdp-gaussian and ldp-dpsgd at PRIVATE_EPSILONS: settings fixed in
     advance, then (``tuned_files``: {"none" or a mode: best.toml}) the tuned settings."""
-    from fedem_private.privacy.registry import no_privacy
+    from fedem_private.experiments.analysis import no_privacy
 
     out = []
     for seed in seeds:
@@ -192,12 +192,11 @@ def rungs(dataset: str, data_dir: str, seeds: list[int], rounds: int,
 def chance(dataset: str, data_dir: str, seed: int) -> dict[str, float]:
     """Expected HR@10 / NDCG@10 of a uniformly random order of each user's candidates."""
     from fedem_private.api import resolve_config
-    from fedem_private.data.split import evaluation_exclusion_csr
+    from fedem_private.experiments.analysis import candidate_counts
     from fedem_private.experiments.baseline_run import load_split
 
     _, split = load_split(resolve_config(base_config(dataset, data_dir, seed, "mostpop")))
-    indptr, _ = evaluation_exclusion_csr(split)
-    cands = split.n_items - np.diff(indptr)
+    cands = candidate_counts(split)
     hs, ns = expected_random(np.array([100]))
     hf, nf = expected_random(cands)
     return {"hr10_sampled": hs, "ndcg10_sampled": ns, "hr10_full": hf, "ndcg10_full": nf}

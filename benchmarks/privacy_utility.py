@@ -68,7 +68,7 @@ def _fmt(x: Any) -> str:
 
 
 def table(records: list[dict[str, Any]], clip: float, rounds: int) -> str:
-    from fedem_private.privacy.accounting import RoundMechanism, compose
+    from fedem_private.experiments.analysis import RoundMechanism, compose
 
     lines = ["| method | protocol | mode | target eps | eps reported (PLD) | eps basic | "
              "sampled HR@10 | sampled NDCG@10 | full HR@10 | full NDCG@10 |",

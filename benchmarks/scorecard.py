@@ -47,7 +47,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedem_private.errors import UserError
+from fedem_private.experiments.analysis import UserError
 from fedem_private.experiments.results import collect, read_results
 
 from .common import mean_std

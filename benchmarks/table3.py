@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedem_private.privacy.registry import capability
+from fedem_private.experiments.analysis import capability
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ROOT / "benchmarks" / "results" / "utility" / "backbones" / "results.csv"
