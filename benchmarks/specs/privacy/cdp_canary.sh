@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The one-shot canary audit (Andrew et al., ICLR 2024; --canaries) on the cdp-gaussian
-# target setting of benchmarks/specs/privacy/cdp_target.sh: FedMF, ML-100K strict, 40 rounds, q = 0.2,
+# target setting of benchmarks/specs/privacy/cdp_target.toml: FedMF, ML-100K strict, 40 rounds, q = 0.2,
 # clip C = 50, total eps 1 (delta 1e-5), 50 canaries inserted and 50 held out; seeds 0-2.
 # Resumable: a finished run directory is kept.
 #   bash benchmarks/specs/privacy/cdp_canary.sh
