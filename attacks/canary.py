@@ -62,7 +62,7 @@ lower bound mu_lb on mu, reported as eps(delta) of mu_lb. Each bound is
 computed at level 1 - (1 - confidence) / k for k bounds (Bonferroni), so the
 largest holds with probability >= ``confidence``. ``noise_factor`` scales the
 noise below what the parameters claim (0.5: the deliberately broken mechanism
-of the tests and of benchmarks/audit_power.py). Statistical power is limited:
+of the tests and of benchmarks/probes/audit_power.py). Statistical power is limited:
 with n trials per class a perfect attack certifies about ln(n) through the
 (eps, delta) bounds; the GDP bound is not capped that way.
 """
@@ -90,7 +90,7 @@ from .scoring import auc
 DEFAULT_CONFIDENCE = 0.95
 # Each mechanism's canary design is its own (fedem_private.privacy.mech): audit_canaries
 # (canaries per audit, each a fair coin: enough that half the accounted noise is caught
-# at eps 1 and 8; benchmarks/audit_power.py, docs/audits.md; the (eps, delta) bounds need
+# at eps 1 and 8; benchmarks/probes/audit_power.py, docs/audits.md; the (eps, delta) bounds need
 # many trials at large eps, the GDP bound few), audit_confidence (the one-run bound
 # describes the Laplace canary exactly, so at 0.95 it exceeds a sound mechanism's
 # accounted eps in about 5% of audits, 2 of 40 measured; at 0.999, 0 of 40 did and every

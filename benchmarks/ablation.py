@@ -2,7 +2,7 @@
 
     python -m benchmarks.ablation [--rounds 100] [--seeds 0,1,2] [--jobs 2]
                                   [--datasets ml-100k,filmtrust] [--protocols strict,paper]
-                                  [--out benchmarks/results/ablation]
+                                  [--out benchmarks/results/utility/ablation]
 
 Each grid point writes one JSON file into --out when it finishes; a restart
 skips points already there, so the grid can be run across sessions. The table
@@ -90,7 +90,7 @@ def main() -> None:
     ap.add_argument("--protocols", default="strict,paper")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--out", default="benchmarks/results/ablation")
+    ap.add_argument("--out", default="benchmarks/results/utility/ablation")
     ap.add_argument("--table-only", action="store_true")
     args = ap.parse_args()
     out = Path(args.out)

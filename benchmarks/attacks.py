@@ -3,7 +3,7 @@
     python -m benchmarks.attacks [--rounds 50] [--clients 943] [--eps 100,10,1]
         [--methods fedmf,fedem] [--touched-methods fedmf] [--extra-eps inf,1e4]
         [--extra-methods fedmf] [--out runs/bench-attacks]
-        [--results benchmarks/results/attacks_ml100k.md] [--tables-only]
+        [--results benchmarks/results/attacks/attacks_ml100k.md] [--tables-only]
 
 For each method: one run without privacy, one per total epsilon under
 ``ldp-laplace`` (calibrated over the run's rounds by the default accountant),
@@ -27,10 +27,9 @@ from typing import Any
 
 from attacks import registry
 from attacks.run import run_attacks
+from fedem_private.experiments.analysis import PLD_MAX_ROUND_EPS, no_privacy
 from fedem_private.experiments.recording import RecordSpec, recording_setup
 from fedem_private.experiments.runner import execute
-from fedem_private.privacy.accounting import PLD_MAX_ROUND_EPS
-from fedem_private.privacy.registry import no_privacy
 
 from .common import machine, run_config
 
@@ -204,7 +203,7 @@ def main() -> None:
                     help="further ldp-laplace budgets, to show the trend")
     ap.add_argument("--extra-methods", default="fedmf")
     ap.add_argument("--out", default="runs/bench-attacks")
-    ap.add_argument("--results", default="benchmarks/results/attacks_ml100k.md")
+    ap.add_argument("--results", default="benchmarks/results/attacks/attacks_ml100k.md")
     ap.add_argument("--tables-only", action="store_true")
     args = ap.parse_args()
     args.eps = [float(e) for e in args.eps.split(",") if e.strip()]

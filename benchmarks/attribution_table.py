@@ -1,7 +1,7 @@
 """The attribution table of issue 17: each option of the FedEM authors' code, alone, from `paper`.
 
-Reads the run directories of ``benchmarks/attribution.toml`` (evaluated every round)
-and prints, per method and protocol label, the sampled HR@10 at round 100 and at the
+Reads the run directories of ``benchmarks/specs/reproduction/attribution.toml`` (evaluated
+every round) and prints, per method and protocol label, the sampled HR@10 at round 100 and at the
 round with the best sampled test HR@10 (the authors' reporting for FedEM; read from
 metrics.csv, so every run has it), mean ± std over the seeds found, each label's
 difference from `paper` with a seed-noise verdict (the difference of means against

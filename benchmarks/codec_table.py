@@ -7,7 +7,7 @@ included), the sampled HR@10 as a share of the same method's full-table run, and
 whether the difference from the full table exceeds seed noise (twice its standard
 error, :func:`benchmarks.common.seed_noise`).
 
-    python -m benchmarks.codec_table benchmarks/results/codecs/results.csv
+    python -m benchmarks.codec_table benchmarks/results/utility/codecs/results.csv
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import argparse
 
 import pandas as pd
 
-from fedem_private.privacy.registry import no_privacy
+from fedem_private.experiments.analysis import no_privacy
 
 from .common import fmt_mean_std, mean_std, seed_noise
 

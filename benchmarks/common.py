@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedem_private.experiments.analysis import RunConfig, with_overrides
 from fedem_private.experiments.runner import last_merge_rho, prepare
-from fedem_private.simulation.config import RunConfig, with_overrides
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
 

@@ -1,6 +1,6 @@
 """Attack AUC on participants against the control, from a report's results.csv (issue 20).
 
-    python -m benchmarks.control_table benchmarks/results/cdp_attacks/results.csv
+    python -m benchmarks.control_table benchmarks/results/attacks/cdp_attacks/results.csv
 
 Under cdp-gaussian the item attacks see the released aggregate; each is scored on the
 recorded clients who took part in the round and on those who sat it out (the control).

@@ -1,6 +1,6 @@
 """The ldp-dpsgd step-size table (issue 20) from a report's results.csv.
 
-    python -m benchmarks.dpsgd_lr_table benchmarks/results/dpsgd_lr/results.csv
+    python -m benchmarks.dpsgd_lr_table benchmarks/results/privacy/dpsgd_lr/results.csv
 
 One row per (local lr, per-positive clip C): HR@10 mean ± std over seeds, the clipped
 fraction and pre-clip norm of the last round, and the difference of sampled HR@10 from

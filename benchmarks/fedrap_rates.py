@@ -4,8 +4,8 @@
 
 Reads the runs kept under ``benchmarks/results``: ``fedrap_sgd/kept`` (the code README's
 rate, 1000), ``em_agg10/fedrap_sgd/kept`` (FedRAP+EM with the 10% share, same rate) and
-``fedrap_ft_lr/lr<rate>/kept`` (``benchmarks/fedrap_filmtrust_lr.sh``), and prints one
-markdown row per (dataset, rate, method, protocol): sampled HR@10 at the best test round
+``fedrap_ft_lr/lr<rate>/kept`` (``benchmarks/specs/reproduction/fedrap_filmtrust_lr.sh``), and
+prints one markdown row per (dataset, rate, method, protocol): sampled HR@10 at the best test round
 (FedRAP's code's rule) with those rounds, and at round 100, as mean ± std over seeds
 (ddof 1).
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .common import mean_std
 
-ROOT = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parent / "results" / "reproduction"
 README_RATE = "1000 (README)"
 
 

@@ -1,7 +1,7 @@
 """The headline's tables: each method's HR@10 against total eps per architecture, where it
 first lifts above chance, and whether elastic merging gains on its backbone.
 
-    python -m benchmarks.headline_table benchmarks/results/headline2/results.csv \
+    python -m benchmarks.headline_table benchmarks/results/privacy/headline2/results.csv \
         [--datasets ml-100k,filmtrust] [--data-root ../shared/datasets]
 
 Reads a ``results.csv`` written by ``fedem-private report`` (or a sweep) and prints
@@ -47,12 +47,9 @@ def full_chance(dataset: str, data_root: Path | None, seed: int = 0) -> float | 
     """Mean over users of min(10, C_u) / C_u, C_u the items not consumed before the test."""
     if data_root is None or not (data_root / dataset).is_dir():
         return None
-    from fedem_private.data import leave_one_out, load_dataset
-    from fedem_private.data.split import evaluation_exclusion_csr
+    from fedem_private.experiments.analysis import candidate_counts, leave_one_out, load_dataset
 
-    split = leave_one_out(load_dataset(dataset, data_root / dataset), seed)
-    indptr, _ = evaluation_exclusion_csr(split)
-    cands = split.n_items - np.diff(indptr)
+    cands = candidate_counts(leave_one_out(load_dataset(dataset, data_root / dataset), seed))
     return float(np.mean(np.minimum(10, cands) / cands))
 
 

@@ -1,10 +1,10 @@
 """FedEM's holdout adapter objective against FedMF, FedSim and FedEM (train), under `strict`.
 
-    python -m benchmarks.holdout_table benchmarks/results/holdout/kept \
-        [--ablation benchmarks/results/ablation]
+    python -m benchmarks.holdout_table benchmarks/results/utility/holdout/kept \
+        [--ablation benchmarks/results/utility/ablation]
 
-Reads the holdout sweep's run directories (``benchmarks/holdout.toml`` and
-``benchmarks/holdout_train.toml``) and the ablation's records
+Reads the holdout sweep's run directories (``benchmarks/specs/utility/holdout.toml`` and
+``benchmarks/specs/utility/holdout_train.toml``) and the ablation's records
 (``benchmarks/ablation.py``, the same settings: 100 rounds, no privacy) and prints
 markdown:
 
@@ -70,7 +70,8 @@ def ablation(root: Path) -> pd.DataFrame:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", type=Path)
-    parser.add_argument("--ablation", type=Path, default=Path("benchmarks/results/ablation"))
+    parser.add_argument("--ablation", type=Path,
+                        default=Path("benchmarks/results/utility/ablation"))
     args = parser.parse_args(argv)
     for folder in (args.runs, args.ablation):
         if not folder.is_dir():

@@ -11,8 +11,8 @@ sweep needs to count the point as done (``summary.json``, ``sweep_point.json``,
 their scores are in ``attacks.json``) and ``privacy_ledger.json`` (the per-round
 ledger, 0.2-1.5 MB a run; its totals are in ``summary.json``).
 
-    python -m benchmarks.keep_runs runs/headline2 benchmarks/results/headline2/kept   # keep
-    python -m benchmarks.keep_runs benchmarks/results/headline2/kept runs/headline2   # resume
+    python -m benchmarks.keep_runs runs/headline2 benchmarks/results/privacy/headline2/kept# keep
+    python -m benchmarks.keep_runs benchmarks/results/privacy/headline2/kept runs/headline2# resume
 
 A run already present at the destination is left as it is (never overwritten);
 a directory without ``summary.json`` (a run in flight) is not copied.

@@ -45,7 +45,8 @@ DP_EPSILONS = (0.1, 1.0, 4.0, 10.0, 16.0, 64.0)
 ARCHITECTURES = ("central", "local", "interaction", "interaction-local")
 PRIVATE_EPSILONS = (1.0, 4.0, 16.0, 64.0)
 # the private FedMF points with settings fixed in advance (never tuned on these users):
-# benchmarks/cdp_curve.toml's and benchmarks/dpsgd.toml's, the architectures' headline
+# benchmarks/specs/privacy/cdp_curve.toml's and benchmarks/specs/privacy/dpsgd.toml's, the
+# architectures' headline
 PRIVATE_FIXED: dict[str, dict[str, Any]] = {
     "cdp-gaussian": {"train": {"rounds": 40, "eval_every": 10},
                      "privacy": {"mode": "cdp-gaussian", "delta": 1e-5, "sample_rate": 0.2,
@@ -121,7 +122,7 @@ def tune(runs: Path, dataset: str, data_dir: str, method: str, seed: int
 def tuned_config(path: str, seed: int) -> dict[str, Any]:
     """A ``fedem-private tune`` best.toml as a run config for ``seed`` (its round still
     chosen on validation)."""
-    from fedem_private.simulation.config import read_toml
+    from fedem_private.experiments.analysis import read_toml
 
     cfg = read_toml(path, "tuned config")
     cfg.setdefault("train", {})["seed"] = seed
@@ -134,7 +135,7 @@ DISPLAY = {"fedmf": "FedMF", "fedem": "FedEM", "pfedrec": "PFedRec", "fedncf": "
 def tuned_label(cfg: dict[str, Any]) -> tuple[str, str]:
     """(display name, run-name stem) of a tuned config: its method, and its merge and
     aggregation where the tuning chose them ("FedEM [dm, fedavg]")."""
-    from fedem_private.simulation.config import METHOD_DEFAULTS
+    from fedem_private.experiments.analysis import METHOD_DEFAULTS
 
     fed = cfg.get("federation", {})
     method = fed["method"]
@@ -150,7 +151,7 @@ def private_rungs(dataset: str, data_dir: str, seeds: list[int],
     """FedMF under cdp-gaussian and ldp-dpsgd at PRIVATE_EPSILONS with settings fixed in
     advance, then every tuned config (``tuned_files``: (``none`` or a mode, best.toml)),
     whatever its method: without privacy once, a private one at every eps."""
-    from fedem_private.privacy.registry import no_privacy
+    from fedem_private.experiments.analysis import no_privacy
 
     out = []
     for seed in seeds:
@@ -211,12 +212,11 @@ def rungs(dataset: str, data_dir: str, seeds: list[int], rounds: int,
 def chance(dataset: str, data_dir: str, seed: int) -> dict[str, float]:
     """Expected HR@10 / NDCG@10 of a uniformly random order of each user's candidates."""
     from fedem_private.api import resolve_config
-    from fedem_private.data.split import evaluation_exclusion_csr
+    from fedem_private.experiments.analysis import candidate_counts
     from fedem_private.experiments.baseline_run import load_split
 
     _, split = load_split(resolve_config(base_config(dataset, data_dir, seed, "mostpop")))
-    indptr, _ = evaluation_exclusion_csr(split)
-    cands = split.n_items - np.diff(indptr)
+    cands = candidate_counts(split)
     hs, ns = expected_random(np.array([100]))
     hf, nf = expected_random(cands)
     return {"hr10_sampled": hs, "ndcg10_sampled": ns, "hr10_full": hf, "ndcg10_full": nf}
@@ -325,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.report:
         for path in combined_report(Path(args.out), args.report,
-                                    Path("benchmarks/results/headline2/results.csv")):
+                                    Path("benchmarks/results/privacy/headline2/results.csv")):
             print(f"wrote {path}")
         return 0
     data_dir = args.data_dir or str(Path("../shared/datasets") / args.dataset)

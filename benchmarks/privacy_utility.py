@@ -1,7 +1,7 @@
 """Utility under clipped local DP on ML-100K, FedMF and FedEM, both protocols (issue 4).
 
     python -m benchmarks.privacy_utility [--rounds 100] [--jobs 2] [--clip 2500]
-                                         [--out benchmarks/results/privacy_utility]
+                                         [--out benchmarks/results/privacy/privacy_utility]
 
 Grid: ``ldp-laplace`` at total eps in {inf (clip only), 100, 10, 1} with
 delta = 1e-5 (PLD calibration), and the FedEM paper's ``paper`` mode
@@ -68,7 +68,7 @@ def _fmt(x: Any) -> str:
 
 
 def table(records: list[dict[str, Any]], clip: float, rounds: int) -> str:
-    from fedem_private.privacy.accounting import RoundMechanism, compose
+    from fedem_private.experiments.analysis import RoundMechanism, compose
 
     lines = ["| method | protocol | mode | target eps | eps reported (PLD) | eps basic | "
              "sampled HR@10 | sampled NDCG@10 | full HR@10 | full NDCG@10 |",
@@ -104,7 +104,7 @@ def main() -> None:
     ap.add_argument("--methods", default="fedmf,fedem")
     ap.add_argument("--protocols", default="strict,paper")
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--out", default="benchmarks/results/privacy_utility")
+    ap.add_argument("--out", default="benchmarks/results/privacy/privacy_utility")
     ap.add_argument("--table-only", action="store_true")
     args = ap.parse_args()
     out = Path(args.out)

@@ -32,7 +32,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dataset", default="ml-100k")
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--out", default="benchmarks/results/protocols")
+    ap.add_argument("--out", default="benchmarks/results/utility/protocols")
     ap.add_argument("--table-only", action="store_true")
     args = ap.parse_args()
     out = Path(args.out)

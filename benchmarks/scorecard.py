@@ -47,7 +47,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedem_private.errors import UserError
+from fedem_private.experiments.analysis import UserError
 from fedem_private.experiments.results import collect, read_results
 
 from .common import mean_std
@@ -66,8 +66,8 @@ DATASETS = ("ml-100k", "filmtrust", "lastfm-2k", "ml-1m")
 # benchmarks.ablation's variant names -> the sweep's
 ABLATION = {"FedMF-SR": "fedmf", "FedSim-SR": "fedsim", "FedSim-SM": "fedem-sm",
             "FedSim-DM": "fedem-dm", "FedSim-EM": "fedem-em"}
-FILL = {"ml-1m": "fedem-private sweep benchmarks/ml1m.toml --out runs/ml1m (needs the "
-                 "GroupLens ML-1M files in data/ml-1m)"}
+FILL = {"ml-1m": "fedem-private sweep benchmarks/specs/reproduction/ml1m.toml --out runs/ml1m "
+                 "(needs the GroupLens ML-1M files in data/ml-1m)"}
 NOTES = {"lastfm-2k": "the published LastFM-2K figures describe another file (1,600 users, "
                       "12,454 items) than the one run here (1,892 users, 17,632 items)"}
 
@@ -208,11 +208,14 @@ def scorecard(frame: pd.DataFrame, datasets: list[str] | None = None) -> list[st
 #: Table 2's ablation records and Table 3's grids at round 100, then the runs kept from the
 #: attribution, FilmTrust / LastFM-2K (CPU, GPU, CPU again), Tables 1-4 under paper-code and the
 #: published optimisers' grids
-COMMITTED = ("ablation", "backbones/results.csv", "table3/results.csv",
-             "attribution/results.csv", "attribution/kept", "paper_code/kept", "lastfm/kept",
-             "lastfm_gpu/kept", "lastfm_cpu/kept", "table3_paper_code/kept",
-             "table2_paper_code/kept", "table4_paper_code/kept", "pfedrec_sgd/kept",
-             "gpfedrec_sgd/kept", "fedrap_sgd/kept", "em_agg10", "fedncf_em_agg10/kept")
+COMMITTED = ("utility/ablation", "utility/backbones/results.csv", "utility/table3/results.csv",
+             "reproduction/attribution/results.csv", "reproduction/attribution/kept",
+             "reproduction/paper_code/kept", "reproduction/lastfm/kept",
+             "reproduction/lastfm_gpu/kept", "reproduction/lastfm_cpu/kept",
+             "reproduction/table3_paper_code/kept", "reproduction/table2_paper_code/kept",
+             "reproduction/table4_paper_code/kept", "reproduction/pfedrec_sgd/kept",
+             "reproduction/gpfedrec_sgd/kept", "reproduction/fedrap_sgd/kept",
+             "reproduction/em_agg10", "reproduction/fedncf_em_agg10/kept")
 
 
 def main(argv: list[str] | None = None) -> int:

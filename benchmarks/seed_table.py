@@ -17,7 +17,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from fedem_private.privacy.registry import no_privacy
+from fedem_private.experiments.analysis import no_privacy
 
 from .common import fmt_mean_std as _fmt
 from .common import mean_std as _ms

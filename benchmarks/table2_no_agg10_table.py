@@ -23,8 +23,8 @@ import pandas as pd
 from .scorecard import load, verdict
 from .table3 import ROOT, labelled, published
 
-KEPT = (ROOT / "benchmarks" / "results" / "table2_no_agg10" / "kept",
-        ROOT / "benchmarks" / "results" / "table4_no_agg10" / "kept")
+KEPT = (ROOT / "benchmarks" / "results" / "reproduction" / "table2_no_agg10" / "kept",
+        ROOT / "benchmarks" / "results" / "reproduction" / "table4_no_agg10" / "kept")
 # the preset's options other than the share that apply to every method of these grids (the
 # reported-round option is recorded resolved: besttest or bestval)
 PRESET_CORE = {"min10", "sharedneg", "pcasim"}

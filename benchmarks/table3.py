@@ -4,7 +4,7 @@
     python -m benchmarks.table3 [--selected] [RESULTS.csv ...]
 
 Reads one or more ``results.csv`` files written by ``fedem-private report``
-(default: ``benchmarks/results/backbones/results.csv``) and prints, per
+(default: ``benchmarks/results/utility/backbones/results.csv``) and prints, per
 dataset, protocol and method, the number of seeds that finished, sampled and
 full HR@10 / NDCG@10 as mean ± std (ddof 1) over those seeds, the paper's
 HR@10 / NDCG@10, and, for each backbone, the EM gain with a flag saying
@@ -31,10 +31,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedem_private.privacy.registry import capability
+from fedem_private.experiments.analysis import capability
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT = ROOT / "benchmarks" / "results" / "backbones" / "results.csv"
+DEFAULT = ROOT / "benchmarks" / "results" / "utility" / "backbones" / "results.csv"
 
 # FedEM paper, Table 3: (HR@10, NDCG@10) without and with EM
 PAPER = {

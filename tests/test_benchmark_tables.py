@@ -250,7 +250,7 @@ def test_scorecard_reads_sources_labels_runs_and_later_sources_win(tmp_path):
             in text)
     assert "| fedsim | 2 | 0.6320 | - | - | - | 0.275 ± 0.035 (2) |" in text
     assert "another file" in text  # LastFM-2K's published figures
-    assert "Not run here: fedem-private sweep benchmarks/ml1m.toml" in text
+    assert "Not run here: fedem-private sweep benchmarks/specs/reproduction/ml1m.toml" in text
     assert main([str(tmp_path / "missing.csv")]) == 2
 
 
@@ -274,7 +274,8 @@ def test_fedrap_rates_reads_the_committed_rate_grids():
 
     lines = rows()
     assert lines[0].startswith("| dataset | table rate |")
-    # the README's rate on ML-100K (benchmarks/fedrap_sgd.toml), three seeds, best rounds 15
+    # the README's rate on ML-100K (benchmarks/specs/reproduction/fedrap_sgd.toml), three seeds,
+    # best rounds 15
     assert ("| ml-100k | 1000 (README) | fedrap (sgd) | paper-code | 3 | 0.705 ± 0.006 "
             "(15, 15, 15) |") in "\n".join(lines)
     assert any(line.startswith("| filmtrust | 100 | fedrap (sgd) | paper-code |")
@@ -312,7 +313,7 @@ def test_speed_adam_bound_counts_the_engine_steps_and_each_clients_own_rows():
     import numpy as np
     import torch
 
-    from benchmarks.speed import adam_bound
+    from benchmarks.probes.speed import adam_bound
 
     # one chunk: 3 clients touching 5, 4 and 2 rows (compact height 5); steps 3, 2, 1
     active = np.array([3, 2, 1])
@@ -324,7 +325,7 @@ def test_speed_adam_bound_counts_the_engine_steps_and_each_clients_own_rows():
 
 def test_speed_recording_plans_sees_every_chunk_of_a_round_and_restores_make_plan():
     from benchmarks.common import run_config
-    from benchmarks.speed import _recording_plans
+    from benchmarks.probes.speed import _recording_plans
     from fedem_private.experiments.runner import prepare
     from fedem_private.models import mf
 

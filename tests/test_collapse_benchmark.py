@@ -1,4 +1,4 @@
-"""benchmarks/collapse.py: the dead-unit and constant-score measures can tell a dead MLP."""
+"""benchmarks/probes/collapse.py: the dead-unit and constant-score measures can tell a dead MLP."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the benchmarks package
 
-from benchmarks.collapse import collapse_stats  # noqa: E402
 from benchmarks.common import run_config  # noqa: E402
+from benchmarks.probes.collapse import collapse_stats  # noqa: E402
 from fedem_private.experiments.runner import prepare  # noqa: E402
 
 

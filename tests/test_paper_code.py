@@ -398,7 +398,8 @@ def test_attribution_sweep_file_expands_to_its_points():
 
     from fedem_private.experiments.sweep_spec import grid, load_spec
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "attribution.toml"
+    specs = Path(__file__).resolve().parents[1] / "benchmarks" / "specs"
+    path = specs / "reproduction" / "attribution.toml"
     points = grid(load_spec(path))
     assert len(points) == 45
     labels = {(p.variant, protocol_label(p.config)) for p in points}
@@ -409,13 +410,13 @@ def test_attribution_sweep_file_expands_to_its_points():
 
 
 def test_attribution_subset_files_are_points_of_the_full_grid():
-    """benchmarks/attribution_fedem.toml runs into runs/attribution: each of its points
-    must be a point of attribution.toml, same directory and same config identity."""
+    """benchmarks/specs/reproduction/attribution_fedem.toml runs into runs/attribution: each of
+    its points must be a point of attribution.toml, same directory and same config identity."""
     from pathlib import Path
 
     from fedem_private.experiments.sweep_spec import grid, load_spec
 
-    bench = Path(__file__).resolve().parents[1] / "benchmarks"
+    bench = Path(__file__).resolve().parents[1] / "benchmarks" / "specs" / "reproduction"
     full = {p.name: p.digest(False) for p in grid(load_spec(bench / "attribution.toml"))}
     part = grid(load_spec(bench / "attribution_fedem.toml"))
     assert len(part) == 18

@@ -1,4 +1,4 @@
-"""benchmarks/peer.py without the peer's checkout: the refusal line and exit code, the
+"""benchmarks/probes/peer.py without the peer's checkout: the refusal line and exit code, the
 ML-100K conversion, the compatibility shims and the summary."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from benchmarks import peer  # noqa: E402
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "benchmarks.peer", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "benchmarks.probes.peer", *args], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=120)
 
 
 def test_without_peer_dir_one_line_and_exit_2():
@@ -85,7 +85,7 @@ def test_compat_shims_restore_the_old_behaviour():
     code = """
 import random
 import numpy as np, pandas as pd
-from benchmarks.peer import _compat_shims
+from benchmarks.probes.peer import _compat_shims
 _compat_shims()
 assert np.in1d([1, 5], [5]).tolist() == [False, True]
 frame = pd.DataFrame({"u": [1, 0, 1], "t": [3, 2, 1]})

@@ -1,4 +1,4 @@
-"""benchmarks/row_work.py: the Adam row-steps of a vectorised round against the reference."""
+"""benchmarks/probes/row_work.py: the Adam row-steps of a vectorised round against the reference."""
 
 from __future__ import annotations
 

@@ -1,0 +1,43 @@
+"""benchmarks/ as a checked layer (issue 41, item 5; benchmarks/README.md): sweep files and
+drivers under specs/<topic>/, results under results/<topic>/ named by what they measure,
+and every sweep file still loads."""
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks"
+TOPICS = {"utility", "privacy", "attacks", "reproduction", "speed"}
+SPECS = sorted((BENCH / "specs").rglob("*.toml"))
+
+
+def test_specs_and_results_sit_in_topic_folders():
+    assert {p.name for p in (BENCH / "specs").iterdir()} == TOPICS
+    # the ladder keeps its own folder beside the topics (benchmarks/ladder.py writes it)
+    assert {p.name for p in (BENCH / "results").iterdir()} == TOPICS | {"ladder"}
+    loose = [p.name for p in BENCH.iterdir() if p.suffix in (".toml", ".sh")]
+    assert loose == [], f"sweep files and drivers belong under benchmarks/specs/<topic>/: {loose}"
+
+
+def test_results_are_named_by_what_they_measure():
+    named = [p.relative_to(BENCH).as_posix() for p in (BENCH / "results").rglob("*")
+             if "issue" in p.name.lower()]
+    assert named == []
+
+
+@pytest.mark.parametrize("path", SPECS, ids=lambda p: p.relative_to(BENCH).as_posix())
+def test_every_spec_loads(path):
+    from fedem_private.experiments.sweep_spec import load_spec
+    from fedem_private.simulation.config import load_toml
+
+    text = tomllib.loads(path.read_text())
+    base = text.get("base", text)
+    if base.get("train", {}).get("device") == "cuda":
+        torch = pytest.importorskip("torch")
+        if not torch.cuda.is_available():
+            pytest.skip("asks for a CUDA device")
+    if "sweep" in text:
+        load_spec(path)
+    else:  # a run config (fedem-private run --config FILE)
+        load_toml(path)
