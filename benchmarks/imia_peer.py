@@ -57,7 +57,7 @@
    set is scored. Random: ``f1@20%_random_baseline``, AUC 0.5.
 
 Prints one Markdown table (per backbone, round and seed, then the mean ± sd over seeds)
-and writes a JSON with every figure (default ``benchmarks/results/imia_peer.json``).
+and writes a JSON with every figure (default ``benchmarks/results/attacks/imia_peer.json``).
 """
 
 from __future__ import annotations
@@ -471,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lambdas", default="0.9,0.1", help="the published attack's lam values")
     ap.add_argument("--jobs", type=int, default=1, help="published-attack subprocesses at once")
     ap.add_argument("--data-dir", help="the ML-100K folder (default: the shared datasets folder)")
-    ap.add_argument("--out", default="benchmarks/results/imia_peer.json")
+    ap.add_argument("--out", default="benchmarks/results/attacks/imia_peer.json")
     ap.add_argument("--exact-loader", action="store_true",
                     help="keep the published DatasetSplit.__getitem__ (O(n) per item)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

@@ -1,4 +1,4 @@
-"""The poplabel attack's table on the runs of ``benchmarks/poplabel.sh`` (issue 44, item 5).
+"""The poplabel attack's table on the runs of ``specs/attacks/poplabel.sh`` (issue 44, item 5).
 
     python -m benchmarks.poplabel_table runs/poplabel [--attacks poplabel,projection]
 

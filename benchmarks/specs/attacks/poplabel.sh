@@ -6,7 +6,7 @@
 #   python -m benchmarks.poplabel_table runs/poplabel
 #   (PYTHON: the interpreter, default python)
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../../.."
 DATA=${DATA:-../shared/datasets/ml-100k}
 for SEED in ${SEEDS:-0 1 2}; do
 for SPEC in "none:" "cdp-gaussian:1" "cdp-gaussian:16" "cdp-gaussian:64" "ldp-laplace:1" \
