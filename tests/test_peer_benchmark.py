@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the benchmarks package
 
-from benchmarks import peer  # noqa: E402
+from benchmarks.probes import peer  # noqa: E402
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from benchmarks import row_work
+from benchmarks.probes import row_work
 from fedem_private.models.base import Plan
 
 
