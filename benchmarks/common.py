@@ -124,3 +124,16 @@ def run_grid(points: list[dict[str, Any]], out: Path, jobs: int) -> None:
 
 def load_records(out: Path) -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
+
+
+def checkout_problem(peer_dir: str | None, needs: str, files: tuple[str, ...] | list[str]
+                     ) -> str | None:
+    """Why a published code's checkout at ``peer_dir`` cannot be run (None when it can):
+    ``needs`` when no folder is given, else the ``files`` it lacks (the peer benchmarks'
+    one-line refusal)."""
+    if not peer_dir:
+        return needs
+    missing = [f for f in files if not (Path(peer_dir) / f).is_file()]
+    if missing:
+        return f"{needs}; {peer_dir} lacks {', '.join(missing)}"
+    return None

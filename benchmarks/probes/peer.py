@@ -76,12 +76,9 @@ SHARED_SETTINGS = {"train.dim": 16, "train.local_epochs": 10, "train.batch_size"
 
 def peer_problem(peer_dir: str | None) -> str | None:
     """Why ``peer_dir`` cannot be run (None when it can)."""
-    if not peer_dir:
-        return NEEDS
-    missing = [f for f in PEER_FILES if not (Path(peer_dir) / f).is_file()]
-    if missing:
-        return f"{NEEDS}; {peer_dir} lacks {', '.join(missing)}"
-    return None
+    from benchmarks.common import checkout_problem  # lazily: the peer's child imports us bare
+
+    return checkout_problem(peer_dir, NEEDS, PEER_FILES)
 
 
 def write_peer_ml100k(src_dir: str | Path, root: str | Path) -> Path:
