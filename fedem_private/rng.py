@@ -12,6 +12,7 @@ a statistical generator for simulation, not a cryptographic one.
 
 from __future__ import annotations
 
+import math
 from enum import IntEnum
 
 import numpy as np
@@ -25,6 +26,9 @@ _S27 = np.uint64(27)
 _S31 = np.uint64(31)
 _S11 = np.uint64(11)
 _INV53 = 1.0 / float(1 << 53)
+# (b + 0.5) 2**-53 rounds to 1.0 at b = 2**53 - 1 (ties to even): capped at the largest
+# double below 1, so the interval is open at both ends
+_MAX_U = 1.0 - 2.0**-53
 
 
 class Stream(IntEnum):
@@ -89,7 +93,7 @@ def bits(k: np.ndarray, counter: np.ndarray | int) -> np.ndarray:
 def uniform(k: np.ndarray, counter: np.ndarray | int) -> np.ndarray:
     """Uniform float64 in the open interval (0, 1) for each (key, counter)."""
     b = bits(k, counter) >> _S11
-    return (b.astype(np.float64) + 0.5) * _INV53
+    return np.minimum((b.astype(np.float64) + 0.5) * _INV53, _MAX_U)
 
 
 def uniform_grid(seed: int, stream: int, round_: int, clients: np.ndarray, n: int,
@@ -176,41 +180,206 @@ def generator(seed: int, stream: int, round_: int, client: int) -> torch.Generat
     return g
 
 
-def client_uniform(seed: int, stream: int, round_: int, clients: np.ndarray, n: int,
-                   dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    """(len(clients), n) uniforms in [0, 1); row c depends on (seed, stream, round, clients[c])."""
-    out = torch.empty((len(clients), n), dtype=dtype)
-    for row, c in enumerate(np.asarray(clients).tolist()):
-        out[row].uniform_(0.0, 1.0, generator=generator(seed, stream, round_, c))
+# ---------------------------------------------------------------------------------------------
+# The same generator as tensor operations on any device (docs/design.md section 16).
+#
+# torch has no uint64 arithmetic, but int64 addition and multiplication wrap modulo 2**64 in
+# two's complement, so they compute the uint64 results bit for bit; only the right shift
+# differs (arithmetic in torch), so every shift is masked to its logical value. The mixer, the
+# key chain and the counter step are those of the numpy functions above: ``uniform_t`` equals
+# ``uniform`` bit for bit, on the CPU and on a GPU alike (tests/test_rng_keyed.py).
+# ---------------------------------------------------------------------------------------------
+
+
+def _signed(u: int | np.unsignedinteger) -> int:
+    """The int64 with the same 64 bits as the uint64 ``u``."""
+    v = int(u) & 0xFFFFFFFFFFFFFFFF
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+_T_GOLDEN, _T_M1, _T_M2 = _signed(_GOLDEN), _signed(_M1), _signed(_M2)
+_BLOCK = 1 << 22  # elements per block of a grid draw: bounds the int64 temporaries
+
+
+def _mix_t(x: torch.Tensor) -> torch.Tensor:
+    """SplitMix64 finaliser on an int64 tensor, in place (x is overwritten and returned)."""
+    for shift, mult in ((30, _T_M1), (27, _T_M2)):
+        x ^= (x >> shift) & ((1 << (64 - shift)) - 1)
+        x *= mult
+    x ^= (x >> 31) & ((1 << 33) - 1)
+    return x
+
+
+def key_t(seed: int, stream: int, round_: int, clients: torch.Tensor) -> torch.Tensor:
+    """:func:`key` of (seed, stream, round, c) for every c of the int64 tensor ``clients``,
+    as int64 (the uint64 key's bits), on ``clients``' device."""
+    with np.errstate(over="ignore"):
+        k = _mix(_u64(seed) + _GOLDEN)
+        k = _mix(k ^ (_u64(int(stream)) * _GOLDEN))
+        k = _mix(k ^ ((_u64(round_) + np.uint64(1)) * _M1))
+    c = clients.to(torch.int64) + 1
+    c *= _T_M2
+    c ^= _signed(k)
+    return _mix_t(c)
+
+
+def _uniform_from_keys(k: torch.Tensor, ctr: torch.Tensor) -> torch.Tensor:
+    """:func:`uniform` on tensors: k and ctr int64, broadcast together; float64 in (0, 1)."""
+    x = _bits_t(k, ctr)
+    x = (x >> 11) & ((1 << 53) - 1)
+    return ((x.to(torch.float64) + 0.5) * _INV53).clamp_(max=_MAX_U)
+
+
+def _as_clients(clients: torch.Tensor | np.ndarray | list[int], device: torch.device | None
+                ) -> torch.Tensor:
+    if isinstance(clients, torch.Tensor):
+        return clients.to(device=device, dtype=torch.int64)
+    return torch.as_tensor(np.asarray(clients, dtype=np.int64), device=device)
+
+
+def uniform_t(seed: int, stream: int, round_: int, clients: torch.Tensor | np.ndarray,
+              counters: int | torch.Tensor, device: torch.device | str | None = None
+              ) -> torch.Tensor:
+    """Keyed uniforms in (0, 1) for a chunk of clients in one call, on ``device``.
+
+    ``counters`` is n (row c holds counters 0 .. n-1 of clients[c]: a (k, n) grid) or an
+    int64 tensor broadcast against ``clients[:, None]`` ((n,) or (k, n)). Entry (c, j) is
+    ``uniform(key(seed, stream, round, clients[c]), counter)`` exactly, whatever the
+    device, the chunk or the grid's width (Salmon et al. 2011: a draw is a function of its
+    key and its position alone).
+    """
+    dev = torch.device(device) if device is not None else None
+    cl = _as_clients(clients, dev)
+    dev = cl.device
+    k = key_t(seed, stream, round_, cl)[:, None]
+    if isinstance(counters, int):
+        ctr = torch.arange(counters, dtype=torch.int64, device=dev)[None, :]
+    else:
+        ctr = counters.to(device=dev, dtype=torch.int64)
+        ctr = ctr[None, :] if ctr.dim() == 1 else ctr
+    shape = torch.broadcast_shapes(k.shape, ctr.shape)
+    out = torch.empty(shape, dtype=torch.float64, device=dev)
+    rows = max(1, _BLOCK // max(int(shape[1]), 1))
+    for lo in range(0, int(shape[0]), rows):  # blocks of rows bound the temporaries
+        kb = k[lo: lo + rows]
+        cb = ctr if ctr.shape[0] == 1 else ctr[lo: lo + rows]
+        out[lo: lo + rows] = _uniform_from_keys(kb, cb)
     return out
+
+
+EPOCH_SHIFT = 32  # counter of position i in epoch e: (e << 32) + i
+INDEX_BITS = 20  # a client's samples per round: fewer than 2**20
+_RANDOM_BITS = 63 - INDEX_BITS  # the sort key's random part, above the position
+
+
+def _bits_t(k: torch.Tensor, ctr: torch.Tensor) -> torch.Tensor:
+    """:func:`bits` on tensors (int64 holding the uint64 bits), k and ctr broadcast."""
+    x = torch.add(k, (ctr + 1) * _T_GOLDEN)  # the broadcast shape, a fresh tensor
+    return _mix_t(x)
+
+
+def _sort_rows(x: torch.Tensor) -> torch.Tensor:
+    """Each row of an int64 tensor sorted ascending. The values sorted here are distinct,
+    so every sort returns the same rows: numpy's vectorised sort on the CPU (several
+    times faster than torch's there), torch's elsewhere."""
+    if x.device.type == "cpu":
+        return torch.from_numpy(np.sort(x.numpy(), axis=-1))
+    return torch.sort(x, dim=-1).values
+
+
+def epoch_orders_t(seed: int, stream: int, round_: int, clients: torch.Tensor | np.ndarray,
+                   lengths: torch.Tensor | np.ndarray, first_epoch: int, epochs: int,
+                   device: torch.device | str | None = None) -> torch.Tensor:
+    """Sample orders of epochs first_epoch .. first_epoch + epochs - 1 for a chunk, at once.
+
+    Returns (k, epochs, max n) int64: row (c, e)'s first lengths[c] entries are a
+    permutation of 0 .. lengths[c] - 1 and the padding holds lengths[c] .. max n - 1.
+    Position i of epoch e gets the keyed 64 bits at counter (e << 32) + i; the order
+    sorts the positions by the top 43 of them (a sort of i.i.d. uniform keys is a
+    uniform permutation), the position itself in the low 20 bits of the sort key, so
+    keys are distinct and every sort (numpy, torch, CPU, GPU) agrees; two equal 43-bit
+    draws (probability about n**2 / 2**44 per row) keep their positions' order. An
+    epoch's order depends only on (seed, stream, round, client, epoch): not on the chunk,
+    the padding or how many epochs are drawn. One sort over the padded (k, epochs, max n)
+    grid, no per-client call.
+    """
+    dev = torch.device(device) if device is not None else None
+    cl = _as_clients(clients, dev)
+    dev = cl.device
+    n = lengths.to(torch.int64) if isinstance(lengths, torch.Tensor) else torch.as_tensor(
+        np.asarray(lengths, dtype=np.int64))
+    n = n.to(dev)
+    k = int(cl.shape[0])
+    width = int(n.max()) if k else 0
+    if width >= 1 << INDEX_BITS:
+        raise ValueError(f"a client has {width} samples; epoch orders allow < 2**{INDEX_BITS}")
+    pos = torch.arange(width, dtype=torch.int64, device=dev)
+    ep = torch.arange(first_epoch, first_epoch + epochs, dtype=torch.int64, device=dev)
+    ctr = ((ep[:, None] << EPOCH_SHIFT) + pos[None, :]).reshape(1, 1, -1)
+    keys = key_t(seed, stream, round_, cl)[:, None, None]
+    x = _bits_t(keys, ctr).reshape(k, epochs, width)
+    x >>= 64 - _RANDOM_BITS
+    x &= (1 << _RANDOM_BITS) - 1  # the top 43 bits, as a non-negative number
+    x.masked_fill_((pos[None, :] >= n[:, None])[:, None, :], (1 << _RANDOM_BITS) - 1)
+    x <<= INDEX_BITS
+    x |= pos
+    x = _sort_rows(x)
+    return x & ((1 << INDEX_BITS) - 1)
+
+
+def bernoulli_t(seed: int, stream: int, round_: int, clients: torch.Tensor | np.ndarray,
+                counters: int | torch.Tensor, rate: float,
+                device: torch.device | str | None = None) -> torch.Tensor:
+    """Poisson-sampling masks: keyed uniform < rate, (k, n) bool (see :func:`uniform_t`)."""
+    return uniform_t(seed, stream, round_, clients, counters, device) < rate
+
+
+def normal_t(seed: int, stream: int, round_: int, clients: torch.Tensor | np.ndarray, n: int,
+             device: torch.device | str | None = None) -> torch.Tensor:
+    """(k, n) standard normals, Box-Muller on pairs of keyed uniforms (both outputs used).
+
+    Pair p takes uniforms u1, u2 at counters 2p, 2p + 1 and gives entries 2p, 2p + 1:
+    sqrt(-2 ln u1) (cos 2 pi u2, sin 2 pi u2) (Box and Muller 1958), so a row's first
+    entries do not depend on n. u1 > 0, so every draw is finite (|x| <= 8.6).
+    """
+    u = uniform_t(seed, stream, round_, clients, 2 * ((n + 1) // 2), device)
+    u1, u2 = u[:, 0::2], u[:, 1::2]
+    r = u1.log_().mul_(-2.0).sqrt_()
+    theta = u2.mul_(2.0 * math.pi)
+    out = torch.stack((r * torch.cos(theta), r * torch.sin(theta)), dim=2)
+    return out.reshape(u.shape[0], -1)[:, :n]
+
+
+def laplace_t(seed: int, stream: int, round_: int, clients: torch.Tensor | np.ndarray, n: int,
+              device: torch.device | str | None = None) -> torch.Tensor:
+    """(k, n) Laplace(0, 1) draws by the inverse CDF of keyed uniforms u in (0, 1):
+    x = -sign(u - 1/2) ln(1 - 2 |u - 1/2|), as :func:`laplace_from_uniform`. u is never 0
+    or 1, so every draw is finite (|x| <= 36.7)."""
+    c = uniform_t(seed, stream, round_, clients, n, device).sub_(0.5)
+    sign = torch.sign(c)
+    return c.abs_().mul_(-2.0).log1p_().mul_(sign).neg_()
+
+
+def client_uniform(seed: int, stream: int, round_: int, clients: np.ndarray, n: int,
+                   dtype: torch.dtype = torch.float64,
+                   device: torch.device | str | None = None) -> torch.Tensor:
+    """(len(clients), n) uniforms in (0, 1); row c depends on (seed, stream, round,
+    clients[c]) alone (:func:`uniform_t`, one call for the chunk)."""
+    return uniform_t(seed, stream, round_, clients, n, device).to(dtype)
 
 
 def client_noise(seed: int, round_: int, clients: np.ndarray, n: int, kind: str,
-                 scale: float, stream: int = Stream.NOISE) -> torch.Tensor:
-    """Noise for many clients in one call: (len(clients), n) float64 tensor.
+                 scale: float, stream: int = Stream.NOISE,
+                 device: torch.device | str | None = None) -> torch.Tensor:
+    """Noise for many clients in one call: (len(clients), n) float64 tensor on ``device``
+    (None: the CPU).
 
-    kind is "laplace" (scale b: density exp(-|x|/b) / 2b) or "gaussian" (std
-    sigma). Client c's noise is a function of (seed, stream, round, clients[c])
-    alone, so chunking and client order do not change it.
-
-    Laplace uses the inverse CDF on one uniform u in [0, 1) per entry, computed
-    row by row in place (a row stays in cache): with v = 2u - 1 (exact in
-    float64), x = -b * sign(v) * log(1 - |v|). |v| is capped at 1 - 2**-53 so
-    the single grid point u = 0 gives a large but finite draw (|x| <= 36.8 b).
+    kind is "laplace" (scale b: density exp(-|x|/b) / 2b) or "gaussian" (std sigma).
+    Client c's noise is a function of (seed, stream, round, clients[c]) alone, keyed at
+    full width (docs/design.md section 5), so chunking and client order do not change it:
+    :func:`laplace_t` (inverse CDF) or :func:`normal_t` (Box-Muller), scaled.
     """
     if kind not in ("laplace", "gaussian"):
         raise ValueError(f"unknown noise kind {kind!r}")
-    ids = np.asarray(clients).tolist()
-    out = torch.empty((len(ids), n), dtype=torch.float64)
-    if kind == "gaussian":
-        for row, c in enumerate(ids):
-            out[row].normal_(0.0, scale, generator=generator(seed, stream, round_, c))
-        return out
-    sign = torch.empty(n, dtype=torch.float64)
-    for row, c in enumerate(ids):
-        r = out[row]
-        r.uniform_(0.0, 1.0, generator=generator(seed, stream, round_, c))
-        r.mul_(2.0).sub_(1.0)
-        torch.sign(r, out=sign)
-        r.abs_().clamp_(max=1.0 - 2.0**-53).neg_().log1p_().mul_(sign).mul_(-scale)
-    return out
+    draw = laplace_t if kind == "laplace" else normal_t
+    return draw(seed, stream, round_, clients, n, device).mul_(scale)

@@ -321,9 +321,9 @@ def test_partial_participation_and_clip_auto_on_the_new_backbones(small_split, b
 # ---------------------------------------------------------------- fast paths of the plan
 
 
-def test_memoised_epoch_orders_are_the_streams_first_orders(small_split):
-    """ClientSamples.orders draws once per client and round; the adapter's extra epoch
-    and the training epochs come from the same stream as epoch_orders itself."""
+def test_chunk_epoch_orders_are_each_clients_epoch_orders(small_split):
+    """ClientSamples.order_grid draws a chunk's orders in one call; the adapter's extra
+    epochs (first_epoch E) and the training epochs (0 .. E - 1) are epoch_orders' own."""
     from fedem_private.models.base import epoch_orders
 
     sp = small_split
@@ -331,17 +331,17 @@ def test_memoised_epoch_orders_are_the_streams_first_orders(small_split):
     clients = np.arange(6)
     samples = draw_samples(3, 2, clients, sp.train_indptr, sp.train_items, ex_ptr, ex_items,
                            sp.n_items, 4)
+    train = samples.order_grid(3, 2, clients, 0, 3)
+    adapter = samples.order_grid(3, 2, clients, 3, 2)
     for j, c in enumerate(clients.tolist()):
         n = int(samples.indptr[j + 1] - samples.indptr[j])
-        longer = samples.orders(j, 3, 2, c, 5)  # drawn first (the adapter's call)
-        shorter = samples.orders(j, 3, 2, c, 3)  # served from the memo (training's call)
-        assert np.array_equal(longer, epoch_orders(3, 2, c, n, 5))
-        assert np.array_equal(shorter, epoch_orders(3, 2, c, n, 3))
-        assert np.array_equal(samples.orders(j, 3, 2, c, 6), epoch_orders(3, 2, c, n, 6))
+        assert np.array_equal(train[j, :, :n], epoch_orders(3, 2, c, n, 3))
+        assert np.array_equal(adapter[j, :, :n], epoch_orders(3, 2, c, n, 5)[3:])
+        assert np.array_equal(adapter[j, :, :n], epoch_orders(3, 2, c, n, 2, first_epoch=3))
     # a different round draws different orders
     other = draw_samples(3, 3, clients, sp.train_indptr, sp.train_items, ex_ptr, ex_items,
                          sp.n_items, 4)
-    assert not np.array_equal(other.orders(0, 3, 3, 0, 2), samples.orders(0, 3, 2, 0, 2))
+    assert not np.array_equal(other.order_grid(3, 3, clients, 0, 2), train[:, :2])
 
 
 def test_full_table_plan_skips_the_gather_but_gives_the_same_tables(small_split):

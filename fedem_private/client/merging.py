@@ -535,13 +535,10 @@ def adapter_batches(seed: int, round_: int, clients: np.ndarray, samples: object
     its = np.zeros((k, extra, width), dtype=np.int64)
     labs = np.zeros((k, extra, width), dtype=samples.labels.dtype)
     msks = np.zeros((k, extra, width), dtype=bool)
-    for j, c in enumerate(clients.tolist()):
-        items, labels = samples.of(j)
-        n = items.shape[0]
-        orders = samples.orders(j, seed, round_, c, e0 + extra)[e0:]
-        its[j, :, :n] = items[orders]
-        labs[j, :, :n] = labels[orders]
-        msks[j, :, :n] = True
+    order = samples.order_grid(seed, round_, clients, e0, extra)  # the chunk's, one call
+    n_max = order.shape[2]
+    its[:, :, :n_max], msks[:, :, :n_max] = samples.ordered(order, samples.items)
+    labs[:, :, :n_max] = samples.ordered(order, samples.labels)[0]
     # client j's step s is (epoch, batch) = divmod(s, per_epoch[j])
     for s in range(int(nb.max(initial=0))):
         rows = np.nonzero(nb > s)[0]

@@ -138,31 +138,36 @@ class ClientSamples:
     labels: np.ndarray  # 1.0 / 0.0
     negatives_indptr: np.ndarray
     negatives: np.ndarray
-    # the rng stream of :meth:`orders`: SHUFFLE for local training (and the adapter of the
+    # the rng stream of :meth:`order_grid`: SHUFFLE for local training (and the adapter of the
     # ``train`` objective); ADAPTER_SHUFFLE for the withheld fold of the ``holdout`` objective
     stream: int = rng.Stream.SHUFFLE
-
-    # memo of each client's epoch orders this round: j -> (epochs, n) array
-    _orders: dict[int, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
 
     def of(self, j: int) -> tuple[np.ndarray, np.ndarray]:
         a, b = self.indptr[j], self.indptr[j + 1]
         return self.items[a:b], self.labels[a:b]
 
-    def orders(self, j: int, seed: int, round_: int, client: int, epochs: int) -> np.ndarray:
-        """:func:`epoch_orders` of row j (client ``client``), its first ``epochs`` orders.
+    def order_grid(self, seed: int, round_: int, clients: np.ndarray, first_epoch: int,
+                   epochs: int) -> np.ndarray:
+        """Orders of epochs first_epoch .. first_epoch + epochs - 1 of every row, in one
+        call (:func:`fedem_private.rng.epoch_orders_t`): (k, epochs, max n), row j's first
+        n_j entries a permutation of its samples, then padding (n_j .. max n - 1).
 
-        Memoised per row: the adapter of elastic merging needs orders E .. E + e - 1
-        of the same stream the training uses (0 .. E - 1), so drawing them once
-        serves both. The orders drawn are those of :func:`epoch_orders` exactly
-        (a stream's first orders do not depend on how many follow).
+        Row j's order of epoch e is :func:`epoch_orders` of client ``clients[j]``, epoch e,
+        whatever else is drawn: the adapter of elastic merging takes epochs E .. E + e - 1
+        of the stream whose epochs 0 .. E - 1 train (docs/design.md section 16).
         """
-        have = self._orders.get(j)
-        if have is None or have.shape[0] < epochs:
-            n = int(self.indptr[j + 1] - self.indptr[j])
-            have = epoch_orders(seed, round_, client, n, epochs, self.stream)
-            self._orders[j] = have
-        return have[:epochs]
+        return rng.epoch_orders_t(seed, self.stream, round_, clients, np.diff(self.indptr),
+                                  first_epoch, epochs).numpy()
+
+    def ordered(self, order: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """values (one per sample) laid out by an :meth:`order_grid` grid, and the mask of
+        real entries: both (k, epochs, max n), padding 0 / False."""
+        lengths = np.diff(self.indptr)
+        valid = np.arange(order.shape[2])[None, None, :] < lengths[:, None, None]
+        if values.shape[0] == 0:
+            return np.zeros(order.shape, dtype=values.dtype), valid
+        src = np.where(valid, self.indptr[:-1, None, None] + order, 0)
+        return np.where(valid, values[src], values.dtype.type(0)), valid
 
 
 def draw_samples(seed: int, round_: int, clients: np.ndarray, train_indptr: np.ndarray,
@@ -195,11 +200,21 @@ def draw_samples(seed: int, round_: int, clients: np.ndarray, train_indptr: np.n
 
 
 def epoch_orders(seed: int, round_: int, client: int, n: int, epochs: int,
-                 stream: int = rng.Stream.SHUFFLE) -> np.ndarray:
+                 stream: int = rng.Stream.SHUFFLE, first_epoch: int = 0) -> np.ndarray:
     """(epochs, n) sample orders of one client, a pure function of (seed, stream, round,
-    client); ``stream`` is SHUFFLE for local training."""
-    g = rng.generator(seed, stream, round_, client)
-    return torch.stack([torch.randperm(n, generator=g) for _ in range(epochs)]).numpy()
+    client, epoch); ``stream`` is SHUFFLE for local training.
+
+    The per-client reference of :func:`fedem_private.rng.epoch_orders_t`, written the
+    obvious way: position i of epoch e draws the keyed 64 bits at counter (e << 32) + i,
+    and the order is a stable argsort of their top 43 bits.
+    """
+    k = rng.key(seed, stream, round_, client)
+    rows = []
+    for e in range(first_epoch, first_epoch + epochs):
+        ctr = (np.uint64(e) << np.uint64(rng.EPOCH_SHIFT)) + np.arange(n, dtype=np.uint64)
+        top = rng.bits(k, ctr) >> np.uint64(64 - (63 - rng.INDEX_BITS))
+        rows.append(np.argsort(top, kind="stable"))
+    return np.stack(rows) if rows else np.zeros((0, n), dtype=np.int64)
 
 
 def num_steps(n_samples: np.ndarray, cfg: LocalTrainConfig) -> np.ndarray:
@@ -344,14 +359,11 @@ def make_plan(seed: int, round_: int, clients: np.ndarray, samples: ClientSample
     loc = np.zeros((k, epochs, nb_max * bsz), dtype=np.int64)
     lab = np.zeros((k, epochs, nb_max * bsz), dtype=real)
     msk = np.zeros((k, epochs, nb_max * bsz), dtype=real)
-    for j, c in enumerate(clients.tolist()):
-        a, b = int(samples.indptr[j]), int(samples.indptr[j + 1])
-        if a == b:
-            continue
-        order = samples.orders(j, seed, round_, c, epochs)
-        loc[j, :, :b - a] = inv[a:b][order]
-        lab[j, :, :b - a] = samples.labels[a:b][order]
-        msk[j, :, :b - a] = 1.0
+    order = samples.order_grid(seed, round_, clients, 0, epochs)  # the chunk's, one call
+    width = order.shape[2]
+    loc[:, :, :width], valid = samples.ordered(order, np.asarray(inv, dtype=np.int64))
+    lab[:, :, :width] = samples.ordered(order, samples.labels)[0]
+    msk[:, :, :width] = valid
     rows = max((t.shape[0] for t in touched), default=1) or 1
     loc += (np.arange(k) * rows)[:, None, None]
     # step-major slots: (step s, client j) for every s < steps_j, ordered by s then j
