@@ -165,3 +165,15 @@ def test_cpu_and_gpu_draw_identical_numbers() -> None:
         a = rng.client_noise(0, 1, CLIENTS, 4096, kind, 1.0)
         b = rng.client_noise(0, 1, CLIENTS, 4096, kind, 1.0, device=dev).cpu()
         assert torch.allclose(a, b, rtol=4 * 2.0**-52, atol=4 * 2.0**-1074)
+
+
+def test_dpsgd_chunk_draws_equal_each_clients_draws() -> None:
+    from fedem_private.privacy import dpsgd
+
+    clients, n_pos = np.array([4, 0, 1 << 35, 9]), np.array([7, 0, 30, 12])
+    masks = dpsgd.chunk_positive_masks(2, 3, clients, n_pos, 5, 0.3)
+    negs = dpsgd.chunk_step_negatives(2, 3, clients, 5, 8, 1682).numpy()
+    for j, (c, n) in enumerate(zip(clients.tolist(), n_pos.tolist(), strict=True)):
+        assert np.array_equal(masks[j, :, :n], dpsgd.positive_masks(2, 3, c, n, 5, 0.3))
+        assert np.array_equal(negs[j], dpsgd.step_negatives(2, 3, c, 5, 8, 1682))
+    assert negs.min() >= 0 and negs.max() < 1682

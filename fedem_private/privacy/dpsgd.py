@@ -101,16 +101,39 @@ class DpsgdSettings:
 
 def positive_masks(seed: int, round_: int, client: int, n_pos: int, steps: int,
                    rate: float) -> np.ndarray:
-    """(steps, n_pos) bool: which of the client's positives each step samples (Poisson)."""
-    g = rng.generator(seed, rng.Stream.DPSGD_SAMPLE, round_, client)
-    return (torch.rand((steps, n_pos), generator=g, dtype=torch.float64) < rate).numpy()
+    """(steps, n_pos) bool: which of the client's positives each step samples (Poisson):
+    positive i is in step s's sample iff the keyed uniform at counter (s << 32) + i is
+    below the rate. The per-client form of :func:`chunk_positive_masks`."""
+    k = rng.key(seed, rng.Stream.DPSGD_SAMPLE, round_, client)
+    ctr = (np.arange(steps, dtype=np.int64)[:, None] << rng.EPOCH_SHIFT) + np.arange(n_pos)
+    return rng.uniform(k, ctr) < rate
+
+
+def chunk_positive_masks(seed: int, round_: int, clients: np.ndarray, n_pos: np.ndarray,
+                         steps: int, rate: float) -> np.ndarray:
+    """(k, steps, max n_pos) bool: :func:`positive_masks` of every client in one draw
+    (row j's columns beyond n_pos[j] are padding, to be ignored)."""
+    width = int(np.max(n_pos, initial=0))
+    ctr = ((torch.arange(steps)[:, None] << rng.EPOCH_SHIFT) + torch.arange(width)).reshape(-1)
+    masks = rng.bernoulli_t(seed, rng.Stream.DPSGD_SAMPLE, round_, clients, ctr, rate)
+    return masks.reshape(len(clients), steps, width).numpy()
 
 
 def step_negatives(seed: int, round_: int, client: int, steps: int, count: int,
                    n_items: int) -> np.ndarray:
-    """(steps, count) item ids, uniform over the whole catalogue (data-independent)."""
-    g = rng.generator(seed, rng.Stream.DPSGD_NEGATIVES, round_, client)
-    return torch.randint(0, n_items, (steps, count), generator=g).numpy()
+    """(steps, count) item ids, uniform over the whole catalogue (data-independent): the
+    keyed uniforms at counters 0 .. steps * count - 1, step-major, scaled to n_items."""
+    u = rng.uniform(rng.key(seed, rng.Stream.DPSGD_NEGATIVES, round_, client),
+                    np.arange(steps * count))
+    return rng.randbelow(u, n_items).reshape(steps, count)
+
+
+def chunk_step_negatives(seed: int, round_: int, clients: np.ndarray, steps: int, count: int,
+                         n_items: int, device: torch.device | None = None) -> Tensor:
+    """(k, steps, count) :func:`step_negatives` of every client, one draw on ``device``."""
+    u = rng.uniform_t(seed, rng.Stream.DPSGD_NEGATIVES, round_, clients, steps * count, device)
+    return (u * n_items).to(torch.int64).clamp_(max=n_items - 1).reshape(len(clients), steps,
+                                                                           count)
 
 
 def noise_generator(seed: int, round_: int, client: int) -> torch.Generator:
@@ -156,14 +179,13 @@ class _ChunkDraws:
     def of(cls, clients: np.ndarray, pos_indptr: np.ndarray, pos_items: np.ndarray,
            settings: DpsgdSettings, steps: int, n_items: int, seed: int, key: int,
            dev: torch.device) -> _ChunkDraws:
-        ids = np.asarray(clients, dtype=np.int64).tolist()
-        positives = [_positives(pos_indptr, pos_items, u) for u in ids]
-        masks = [positive_masks(seed, key, u, pos.shape[0], steps, settings.sample_rate)
-                 for u, pos in zip(ids, positives, strict=True)]
-        negs = torch.from_numpy(np.stack([step_negatives(seed, key, u, steps,
-                                                         settings.negatives, n_items)
-                                          for u in ids])).to(dev)
-        return cls(positives, masks, negs, [noise_generator(seed, key, u) for u in ids])
+        ids = np.asarray(clients, dtype=np.int64)
+        positives = [_positives(pos_indptr, pos_items, u) for u in ids.tolist()]
+        n_pos = np.array([p.shape[0] for p in positives], dtype=np.int64)
+        grid = chunk_positive_masks(seed, key, ids, n_pos, steps, settings.sample_rate)
+        masks = [grid[j, :, :n] for j, n in enumerate(n_pos.tolist())]
+        negs = chunk_step_negatives(seed, key, ids, steps, settings.negatives, n_items, dev)
+        return cls(positives, masks, negs, [noise_generator(seed, key, u) for u in ids.tolist()])
 
     def picked(self, s: int) -> list[np.ndarray]:
         """Each client's positives sampled at step s."""

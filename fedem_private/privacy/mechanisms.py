@@ -124,14 +124,15 @@ def draw_noise(params: MechanismParams, shape: torch.Size, *, seed: int, round_:
     """(k, ...) float64 noise of params.noise_kind / noise_scale, one rng call for all
     k clients, keyed by (seed, round, client); None when the scale is 0.
 
-    Drawn on the CPU (the same numbers on every device) and moved to ``device``
-    (None: left on the CPU).
+    Drawn on ``device`` (None: the CPU) by the keyed generator's tensor form
+    (docs/design.md section 16): the uniforms are the same bits on every device.
     """
     if params.noise_scale == 0 or params.noise_kind is None:
         return None
     n = math.prod(shape[1:])
-    noise = rng.client_noise(seed, round_, clients, n, params.noise_kind, params.noise_scale)
-    return noise.reshape(shape).to(device)
+    noise = rng.client_noise(seed, round_, clients, n, params.noise_kind, params.noise_scale,
+                             device=device)
+    return noise.reshape(shape)
 
 
 def noise_std(params: MechanismParams) -> float:
