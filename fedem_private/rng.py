@@ -201,12 +201,34 @@ _T_GOLDEN, _T_M1, _T_M2 = _signed(_GOLDEN), _signed(_M1), _signed(_M2)
 _BLOCK = 1 << 22  # elements per block of a grid draw: bounds the int64 temporaries
 
 
-def _mix_t(x: torch.Tensor) -> torch.Tensor:
-    """SplitMix64 finaliser on an int64 tensor, in place (x is overwritten and returned)."""
-    for shift, mult in ((30, _T_M1), (27, _T_M2)):
-        x ^= (x >> shift) & ((1 << (64 - shift)) - 1)
-        x *= mult
-    x ^= (x >> 31) & ((1 << 33) - 1)
+_CONSTS: dict[torch.device, dict[str, torch.Tensor]] = {}
+
+
+def _consts(device: torch.device) -> dict[str, torch.Tensor]:
+    """The mixer's constants as 0-dim int64 tensors on ``device``: torch's CPU kernels
+    take a vectorised path for a tensor operand, a scalar one per element for a Python int
+    (about 50 times slower for shifts)."""
+    have = _CONSTS.get(device)
+    if have is None:
+        vals = {"s30": 30, "s27": 27, "s31": 31, "s11": 11, "k30": (1 << 34) - 1,
+                "k27": (1 << 37) - 1, "k31": (1 << 33) - 1, "k11": (1 << 53) - 1,
+                "m1": _T_M1, "m2": _T_M2, "golden": _T_GOLDEN}
+        have = {k: torch.tensor(v, dtype=torch.int64, device=device) for k, v in vals.items()}
+        _CONSTS[device] = have
+    return have
+
+
+def _mix_t(x: torch.Tensor, tmp: torch.Tensor | None = None) -> torch.Tensor:
+    """SplitMix64 finaliser on an int64 tensor, in place (x is overwritten and returned);
+    ``tmp`` (x's shape) is scratch space. Right shifts are masked to their logical value."""
+    c = _consts(x.device)
+    tmp = torch.empty_like(x) if tmp is None else tmp
+    for shift, mult in (("30", "m1"), ("27", "m2"), ("31", None)):
+        torch.bitwise_right_shift(x, c["s" + shift], out=tmp)
+        tmp &= c["k" + shift]
+        x ^= tmp
+        if mult is not None:
+            x *= c[mult]
     return x
 
 
@@ -225,9 +247,14 @@ def key_t(seed: int, stream: int, round_: int, clients: torch.Tensor) -> torch.T
 
 def _uniform_from_keys(k: torch.Tensor, ctr: torch.Tensor) -> torch.Tensor:
     """:func:`uniform` on tensors: k and ctr int64, broadcast together; float64 in (0, 1)."""
+    c = _consts(k.device)
     x = _bits_t(k, ctr)
-    x = (x >> 11) & ((1 << 53) - 1)
-    return ((x.to(torch.float64) + 0.5) * _INV53).clamp_(max=_MAX_U)
+    torch.bitwise_right_shift(x, c["s11"], out=x)
+    x &= c["k11"]
+    u = x.to(torch.float64)
+    u += 0.5
+    u *= _INV53
+    return u.clamp_(max=_MAX_U)
 
 
 def _as_clients(clients: torch.Tensor | np.ndarray | list[int], device: torch.device | None
@@ -274,16 +301,20 @@ _RANDOM_BITS = 63 - INDEX_BITS  # the sort key's random part, above the position
 
 def _bits_t(k: torch.Tensor, ctr: torch.Tensor) -> torch.Tensor:
     """:func:`bits` on tensors (int64 holding the uint64 bits), k and ctr broadcast."""
-    x = torch.add(k, (ctr + 1) * _T_GOLDEN)  # the broadcast shape, a fresh tensor
+    c = _consts(k.device)
+    x = torch.add(ctr, 1)
+    x *= c["golden"]
+    x = torch.add(x, k)  # the broadcast shape, a fresh tensor
     return _mix_t(x)
 
 
 def _sort_rows(x: torch.Tensor) -> torch.Tensor:
-    """Each row of an int64 tensor sorted ascending. The values sorted here are distinct,
-    so every sort returns the same rows: numpy's vectorised sort on the CPU (several
-    times faster than torch's there), torch's elsewhere."""
+    """Each row of an int64 tensor sorted ascending, in place. The values sorted here are
+    distinct, so every sort returns the same rows: numpy's vectorised sort on the CPU
+    (several times faster than torch's there), torch's elsewhere."""
     if x.device.type == "cpu":
-        return torch.from_numpy(np.sort(x.numpy(), axis=-1))
+        x.numpy().sort(axis=-1)
+        return x
     return torch.sort(x, dim=-1).values
 
 
@@ -318,13 +349,17 @@ def epoch_orders_t(seed: int, stream: int, round_: int, clients: torch.Tensor | 
     ctr = ((ep[:, None] << EPOCH_SHIFT) + pos[None, :]).reshape(1, 1, -1)
     keys = key_t(seed, stream, round_, cl)[:, None, None]
     x = _bits_t(keys, ctr).reshape(k, epochs, width)
-    x >>= 64 - _RANDOM_BITS
-    x &= (1 << _RANDOM_BITS) - 1  # the top 43 bits, as a non-negative number
+    # the top 43 bits, as a non-negative number, above the position (0-dim tensor operands:
+    # see _consts)
+    one = torch.ones((), dtype=torch.int64, device=dev)
+    x >>= one * (64 - _RANDOM_BITS)
+    x &= one * ((1 << _RANDOM_BITS) - 1)
     x.masked_fill_((pos[None, :] >= n[:, None])[:, None, :], (1 << _RANDOM_BITS) - 1)
-    x <<= INDEX_BITS
+    x <<= one * INDEX_BITS
     x |= pos
     x = _sort_rows(x)
-    return x & ((1 << INDEX_BITS) - 1)
+    x &= one * ((1 << INDEX_BITS) - 1)
+    return x
 
 
 def bernoulli_t(seed: int, stream: int, round_: int, clients: torch.Tensor | np.ndarray,
