@@ -257,11 +257,18 @@ def _uniform_from_keys(k: torch.Tensor, ctr: torch.Tensor) -> torch.Tensor:
     return u.clamp_(max=_MAX_U)
 
 
-def _as_clients(clients: torch.Tensor | np.ndarray | list[int], device: torch.device | None
-                ) -> torch.Tensor:
+def _as_clients(clients: torch.Tensor | np.ndarray | list[int],
+                device: torch.device | str | None) -> tuple[torch.Tensor, dict]:
+    """clients as an int64 tensor, and the keyword arguments that put new tensors beside it:
+    on ``device``, else on the device of a ``clients`` tensor, else torch's default (the
+    CPU; no ``device`` argument at all, so a draw made for the CPU is not taken for one
+    made for the run's device)."""
+    if device is None and isinstance(clients, torch.Tensor) and clients.device.type != "cpu":
+        device = clients.device
+    kw = {} if device is None else {"device": torch.device(device)}
     if isinstance(clients, torch.Tensor):
-        return clients.to(device=device, dtype=torch.int64)
-    return torch.as_tensor(np.asarray(clients, dtype=np.int64), device=device)
+        return clients.to(dtype=torch.int64, **kw), kw
+    return torch.as_tensor(np.asarray(clients, dtype=np.int64), **kw), kw
 
 
 def uniform_t(seed: int, stream: int, round_: int, clients: torch.Tensor | np.ndarray,
@@ -275,17 +282,15 @@ def uniform_t(seed: int, stream: int, round_: int, clients: torch.Tensor | np.nd
     device, the chunk or the grid's width (Salmon et al. 2011: a draw is a function of its
     key and its position alone).
     """
-    dev = torch.device(device) if device is not None else None
-    cl = _as_clients(clients, dev)
-    dev = cl.device
+    cl, kw = _as_clients(clients, device)
     k = key_t(seed, stream, round_, cl)[:, None]
     if isinstance(counters, int):
-        ctr = torch.arange(counters, dtype=torch.int64, device=dev)[None, :]
+        ctr = torch.arange(counters, dtype=torch.int64, **kw)[None, :]
     else:
-        ctr = counters.to(device=dev, dtype=torch.int64)
+        ctr = counters.to(dtype=torch.int64, **kw)
         ctr = ctr[None, :] if ctr.dim() == 1 else ctr
     shape = torch.broadcast_shapes(k.shape, ctr.shape)
-    out = torch.empty(shape, dtype=torch.float64, device=dev)
+    out = torch.empty(shape, dtype=torch.float64, **kw)
     rows = max(1, _BLOCK // max(int(shape[1]), 1))
     for lo in range(0, int(shape[0]), rows):  # blocks of rows bound the temporaries
         kb = k[lo: lo + rows]
@@ -334,24 +339,21 @@ def epoch_orders_t(seed: int, stream: int, round_: int, clients: torch.Tensor | 
     the padding or how many epochs are drawn. One sort over the padded (k, epochs, max n)
     grid, no per-client call.
     """
-    dev = torch.device(device) if device is not None else None
-    cl = _as_clients(clients, dev)
-    dev = cl.device
-    n = lengths.to(torch.int64) if isinstance(lengths, torch.Tensor) else torch.as_tensor(
-        np.asarray(lengths, dtype=np.int64))
-    n = n.to(dev)
+    cl, kw = _as_clients(clients, device)
+    n = lengths.to(dtype=torch.int64, **kw) if isinstance(lengths, torch.Tensor) else \
+        torch.as_tensor(np.asarray(lengths, dtype=np.int64), **kw)
     k = int(cl.shape[0])
     width = int(n.max()) if k else 0
     if width >= 1 << INDEX_BITS:
         raise ValueError(f"a client has {width} samples; epoch orders allow < 2**{INDEX_BITS}")
-    pos = torch.arange(width, dtype=torch.int64, device=dev)
-    ep = torch.arange(first_epoch, first_epoch + epochs, dtype=torch.int64, device=dev)
+    pos = torch.arange(width, dtype=torch.int64, **kw)
+    ep = torch.arange(first_epoch, first_epoch + epochs, dtype=torch.int64, **kw)
     ctr = ((ep[:, None] << EPOCH_SHIFT) + pos[None, :]).reshape(1, 1, -1)
     keys = key_t(seed, stream, round_, cl)[:, None, None]
     x = _bits_t(keys, ctr).reshape(k, epochs, width)
     # the top 43 bits, as a non-negative number, above the position (0-dim tensor operands:
     # see _consts)
-    one = torch.ones((), dtype=torch.int64, device=dev)
+    one = torch.ones((), dtype=torch.int64, **kw)
     x >>= one * (64 - _RANDOM_BITS)
     x &= one * ((1 << _RANDOM_BITS) - 1)
     x.masked_fill_((pos[None, :] >= n[:, None])[:, None, :], (1 << _RANDOM_BITS) - 1)
