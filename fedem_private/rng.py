@@ -13,6 +13,7 @@ a statistical generator for simulation, not a cryptographic one.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from enum import IntEnum
 
 import numpy as np
@@ -198,7 +199,15 @@ def _signed(u: int | np.unsignedinteger) -> int:
 
 
 _T_GOLDEN, _T_M1, _T_M2 = _signed(_GOLDEN), _signed(_M1), _signed(_M2)
-_BLOCK = 1 << 22  # elements per block of a grid draw: bounds the int64 temporaries
+# elements per block of a grid draw on the CPU: a block's int64 passes (a dozen of them)
+# stay in the core's cache instead of streaming the whole grid through memory each time
+_CPU_BLOCK = 1 << 15
+_DEVICE_BLOCK = 1 << 26  # elsewhere: one kernel per pass over (nearly) the whole grid
+
+
+EPOCH_SHIFT = 32  # counter of position i in epoch e: (e << 32) + i
+INDEX_BITS = 20  # a client's samples per round: fewer than 2**20
+_RANDOM_BITS = 63 - INDEX_BITS  # the sort key's random part, above the position
 
 
 _CONSTS: dict[torch.device, dict[str, torch.Tensor]] = {}
@@ -212,6 +221,7 @@ def _consts(device: torch.device) -> dict[str, torch.Tensor]:
     if have is None:
         vals = {"s30": 30, "s27": 27, "s31": 31, "s11": 11, "k30": (1 << 34) - 1,
                 "k27": (1 << 37) - 1, "k31": (1 << 33) - 1, "k11": (1 << 53) - 1,
+                "s21": 64 - _RANDOM_BITS, "k21": (1 << _RANDOM_BITS) - 1, "s20": INDEX_BITS,
                 "m1": _T_M1, "m2": _T_M2, "golden": _T_GOLDEN}
         have = {k: torch.tensor(v, dtype=torch.int64, device=device) for k, v in vals.items()}
         _CONSTS[device] = have
@@ -289,19 +299,28 @@ def uniform_t(seed: int, stream: int, round_: int, clients: torch.Tensor | np.nd
     else:
         ctr = counters.to(dtype=torch.int64, **kw)
         ctr = ctr[None, :] if ctr.dim() == 1 else ctr
-    shape = torch.broadcast_shapes(k.shape, ctr.shape)
-    out = torch.empty(shape, dtype=torch.float64, **kw)
-    rows = max(1, _BLOCK // max(int(shape[1]), 1))
-    for lo in range(0, int(shape[0]), rows):  # blocks of rows bound the temporaries
-        kb = k[lo: lo + rows]
-        cb = ctr if ctr.shape[0] == 1 else ctr[lo: lo + rows]
-        out[lo: lo + rows] = _uniform_from_keys(kb, cb)
+    return _blocked(k, ctr, torch.float64, _uniform_from_keys)
+
+
+def _blocked(k: torch.Tensor, ctr: torch.Tensor, dtype: torch.dtype,
+             draw: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """draw(keys, counters) over the (rows, n) grid that k (rows, 1) and ctr ((1, n) or
+    (rows, n)) broadcast to, in blocks of rows and columns (``_CPU_BLOCK`` elements on
+    the CPU), written into one output of ``dtype``. Entries are elementwise functions of
+    their key and counter, so blocking changes no number."""
+    rows, n = torch.broadcast_shapes(k.shape, ctr.shape)
+    out = torch.empty((rows, n), dtype=dtype, device=k.device)
+    block = _CPU_BLOCK if k.device.type == "cpu" else _DEVICE_BLOCK
+    per_row = max(1, block // max(n, 1))
+    cols = min(max(n, 1), block)
+    for r in range(0, rows, per_row):
+        kb = k[r: r + per_row]
+        for c in range(0, n, cols):
+            cb = ctr[:, c: c + cols] if ctr.shape[0] == 1 else ctr[r: r + per_row, c: c + cols]
+            out[r: r + per_row, c: c + cols] = draw(kb, cb)
     return out
 
 
-EPOCH_SHIFT = 32  # counter of position i in epoch e: (e << 32) + i
-INDEX_BITS = 20  # a client's samples per round: fewer than 2**20
-_RANDOM_BITS = 63 - INDEX_BITS  # the sort key's random part, above the position
 
 
 def _bits_t(k: torch.Tensor, ctr: torch.Tensor) -> torch.Tensor:
@@ -311,6 +330,17 @@ def _bits_t(k: torch.Tensor, ctr: torch.Tensor) -> torch.Tensor:
     x *= c["golden"]
     x = torch.add(x, k)  # the broadcast shape, a fresh tensor
     return _mix_t(x)
+
+
+def _sort_key(k: torch.Tensor, ctr: torch.Tensor) -> torch.Tensor:
+    """The top 43 of the keyed 64 bits, as a non-negative int64, shifted above the
+    position's 20 bits (the low bits are left 0 for the position)."""
+    c = _consts(k.device)
+    x = _bits_t(k, ctr)
+    torch.bitwise_right_shift(x, c["s21"], out=x)
+    x &= c["k21"]
+    torch.bitwise_left_shift(x, c["s20"], out=x)
+    return x
 
 
 def _sort_rows(x: torch.Tensor) -> torch.Tensor:
@@ -348,19 +378,14 @@ def epoch_orders_t(seed: int, stream: int, round_: int, clients: torch.Tensor | 
         raise ValueError(f"a client has {width} samples; epoch orders allow < 2**{INDEX_BITS}")
     pos = torch.arange(width, dtype=torch.int64, **kw)
     ep = torch.arange(first_epoch, first_epoch + epochs, dtype=torch.int64, **kw)
-    ctr = ((ep[:, None] << EPOCH_SHIFT) + pos[None, :]).reshape(1, 1, -1)
-    keys = key_t(seed, stream, round_, cl)[:, None, None]
-    x = _bits_t(keys, ctr).reshape(k, epochs, width)
-    # the top 43 bits, as a non-negative number, above the position (0-dim tensor operands:
-    # see _consts)
-    one = torch.ones((), dtype=torch.int64, **kw)
-    x >>= one * (64 - _RANDOM_BITS)
-    x &= one * ((1 << _RANDOM_BITS) - 1)
-    x.masked_fill_((pos[None, :] >= n[:, None])[:, None, :], (1 << _RANDOM_BITS) - 1)
-    x <<= one * INDEX_BITS
+    ctr = ((ep[:, None] << EPOCH_SHIFT) + pos[None, :]).reshape(1, -1)
+    keys = key_t(seed, stream, round_, cl)[:, None]
+    x = _blocked(keys, ctr, torch.int64, _sort_key).reshape(k, epochs, width)
+    pad = ((1 << _RANDOM_BITS) - 1) << INDEX_BITS  # the largest random part: sorts last
+    x.masked_fill_((pos[None, :] >= n[:, None])[:, None, :], pad)
     x |= pos
     x = _sort_rows(x)
-    x &= one * ((1 << INDEX_BITS) - 1)
+    x &= torch.full((), (1 << INDEX_BITS) - 1, dtype=torch.int64, **kw)
     return x
 
 
