@@ -21,10 +21,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import fedem_private
-from fedem_private.experiments.runner import prepare
-
 from benchmarks.common import emit, run_config  # absolute: the file also runs as a script
 from benchmarks.speed import MEMORY_DATA
+from fedem_private.experiments.runner import prepare
 
 # (module, function): plans and draws of a round. make_plan includes the chunk's epoch
 # orders; adapter_batches (a generator) the adapter's; client_noise the mechanisms' noise.
