@@ -1,7 +1,7 @@
 """The share of a round's CPU time spent planning and drawing random numbers (issue 43).
 
-    python -m benchmarks.draw_share [--data ml-100k|ml-1m-size] [--method fedem] [--rounds 2]
-    cd OLD && PYTHONPATH=OLD python NEW/benchmarks/draw_share.py ...   # an older checkout
+    python -m benchmarks.probes.draw_share [--data ml-100k|ml-1m-size] [--method fedem] [--rounds 2]
+    cd OLD && PYTHONPATH=OLD python NEW/benchmarks/probes/draw_share.py ...   # an older checkout
 
 One warm-up round, then ``--rounds`` timed rounds. Every function that plans a chunk or
 draws a round's random numbers is wrapped and its process CPU time summed (time.process_time:
@@ -22,7 +22,7 @@ from typing import Any
 
 import fedem_private
 from benchmarks.common import emit, run_config  # absolute: the file also runs as a script
-from benchmarks.speed import MEMORY_DATA
+from benchmarks.probes.speed import MEMORY_DATA
 from fedem_private.experiments.runner import prepare
 
 # (module, function): plans and draws of a round. make_plan includes the chunk's epoch
