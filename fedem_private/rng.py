@@ -213,6 +213,12 @@ _RANDOM_BITS = 63 - INDEX_BITS  # the sort key's random part, above the position
 _CONSTS: dict[torch.device, dict[str, torch.Tensor]] = {}
 
 
+def _beside(device: torch.device) -> dict[str, torch.device]:
+    """Factory keywords for a new tensor on ``device``: none for the CPU (torch's default),
+    so that a CPU draw is never taken for one made for the run's device."""
+    return {} if device.type == "cpu" else {"device": device}
+
+
 def _consts(device: torch.device) -> dict[str, torch.Tensor]:
     """The mixer's constants as 0-dim int64 tensors on ``device``: torch's CPU kernels
     take a vectorised path for a tensor operand, a scalar one per element for a Python int
@@ -223,7 +229,8 @@ def _consts(device: torch.device) -> dict[str, torch.Tensor]:
                 "k27": (1 << 37) - 1, "k31": (1 << 33) - 1, "k11": (1 << 53) - 1,
                 "s21": 64 - _RANDOM_BITS, "k21": (1 << _RANDOM_BITS) - 1, "s20": INDEX_BITS,
                 "m1": _T_M1, "m2": _T_M2, "golden": _T_GOLDEN}
-        have = {k: torch.tensor(v, dtype=torch.int64, device=device) for k, v in vals.items()}
+        have = {k: torch.tensor(v, dtype=torch.int64, **_beside(device))
+                for k, v in vals.items()}
         _CONSTS[device] = have
     return have
 
@@ -309,7 +316,7 @@ def _blocked(k: torch.Tensor, ctr: torch.Tensor, dtype: torch.dtype,
     the CPU), written into one output of ``dtype``. Entries are elementwise functions of
     their key and counter, so blocking changes no number."""
     rows, n = torch.broadcast_shapes(k.shape, ctr.shape)
-    out = torch.empty((rows, n), dtype=dtype, device=k.device)
+    out = k.new_empty((rows, n), dtype=dtype)  # beside the keys
     block = _CPU_BLOCK if k.device.type == "cpu" else _DEVICE_BLOCK
     per_row = max(1, block // max(n, 1))
     cols = min(max(n, 1), block)

@@ -273,6 +273,10 @@ MEMORY_DATA = {
     "lastfm-2k-size": ("synthetic", {"data.synthetic.n_users": 1892,
                                      "data.synthetic.n_items": 17632,
                                      "data.synthetic.mean_activity": 49}),
+    # issue 43's scale target: 100,000 synthetic clients x 20,000 items, about 50 each
+    "100k-clients": ("synthetic", {"data.synthetic.n_users": 100_000,
+                                   "data.synthetic.n_items": 20_000,
+                                   "data.synthetic.mean_activity": 50}),
 }
 
 
