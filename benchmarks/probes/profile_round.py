@@ -3,7 +3,7 @@
     python -m benchmarks.probes.profile_round [--data ml-1m-size|ml-100k|lastfm-2k] [--method fedem]
                                        [--device cpu|cuda|auto] [--chunks 64,256,1024]
                                        [--budget-mb 2048] [--profile [--sort cumulative]]
-                                       [--floor]
+                                       [--floor] [--set KEY=VALUE ...]
 
 For each chunk cap (the most clients trained side by side; the memory budget
 still bounds it): round 1 is a warm-up, then the seconds of rounds 2 and 3
@@ -23,7 +23,11 @@ import cProfile
 import io
 import pstats
 import resource
+import threading
 import time
+import tomllib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -35,9 +39,40 @@ from ..common import emit, machine, run_config
 from .speed import MEMORY_DATA, _sync, floor
 
 
+@contextmanager
+def gpu_busy(device: torch.device) -> Iterator[list[float]]:
+    """Sample the GPU's utilisation (percent of time a kernel ran, as nvidia-smi reads it,
+    through ``torch.cuda.utilization``) every 50 ms while the block runs; the list is
+    empty on the CPU or where NVML is missing."""
+    samples: list[float] = []
+    if device.type != "cuda":
+        yield samples
+        return
+    try:
+        torch.cuda.utilization(device)
+    except Exception:  # no NVML (pynvml) on this machine: nothing to sample
+        yield samples
+        return
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.05):
+            samples.append(float(torch.cuda.utilization(device)))
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield samples
+    finally:
+        stop.set()
+        thread.join()
+
+
 def measure(data: str, method: str, device: str, cap: int, budget_mb: int,
-            profile: bool, with_floor: bool = False, sort: str = "tottime") -> dict[str, Any]:
+            profile: bool, with_floor: bool = False, sort: str = "tottime",
+            extra: dict[str, Any] | None = None) -> dict[str, Any]:
     dataset, over = MEMORY_DATA.get(data, (data, {}))
+    over = {**over, **(extra or {})}
     cfg = run_config(dataset, **over, **{"federation.method": method, "train.rounds": 10,
                                          "train.eval_every": 10_000, "train.device": device,
                                          "train.memory_budget_mb": budget_mb})
@@ -48,7 +83,8 @@ def measure(data: str, method: str, device: str, cap: int, budget_mb: int,
         chunk = sim._chunk_size()
         sim.step()
         r0 = resource.getrusage(resource.RUSAGE_SELF)
-        rounds = [sim.step().seconds for _ in range(2)]
+        with gpu_busy(sim.view.device) as busy:
+            rounds = [sim.step().seconds for _ in range(2)]
         r1 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
         with sim.host_memory():
@@ -62,7 +98,9 @@ def measure(data: str, method: str, device: str, cap: int, budget_mb: int,
                                "sys_s": r1.ru_stime - r0.ru_stime,
                                "minor_faults": r1.ru_minflt - r0.ru_minflt,
                                "host_allocator_tuned": sim.view.host_allocator_tuned,
-                               "eval_s": time.perf_counter() - t0}
+                               "eval_s": time.perf_counter() - t0,
+                               # mean GPU utilisation over the two timed rounds (percent)
+                               "gpu_util_pct": sum(busy) / len(busy) if busy else None}
         if with_floor:  # the machine's floor for these tables, in the same process
             row["floor"] = floor(sim.state.q_local)
             row["round_over_floor"] = min(rounds) / (row["floor"]["gram_s"]
@@ -94,18 +132,24 @@ def main() -> None:
     ap.add_argument("--floor", action="store_true",
                     help="also time the floor of benchmarks.probes.speed (one Gram GEMM of the "
                          "tables, four passes over them) and report the faster round / floor")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override (dotted key, TOML value), e.g. "
+                         "data.synthetic.n_items=2000; repeatable")
     args = ap.parse_args()
+    extra = {k: tomllib.loads(f"v = {v}")["v"] for k, v in (a.split("=", 1) for a in args.set)}
     caps = [int(c) for c in args.chunks.split(",")]
     rows = []
     for i, cap in enumerate(caps):
         row = measure(args.data, args.method, args.device, cap, args.budget_mb,
-                      args.profile and i == len(caps) - 1, args.floor, args.sort)
+                      args.profile and i == len(caps) - 1, args.floor, args.sort, extra)
         rows.append(row)
         print(f"{row['data']} {row['method']} on {row['device']}: cap {cap:5d} -> chunk "
               f"{row['chunk']:5d}: rounds {row['round_s'][0]:.2f} / {row['round_s'][1]:.2f} s, "
               f"evaluation {row['eval_s']:.2f} s; CPU user {row['user_s']:.1f} s, system "
               f"{row['sys_s']:.1f} s, {row['minor_faults']} minor faults (allocator "
-              f"{'tuned' if row['host_allocator_tuned'] else 'system'})", flush=True)
+              f"{'tuned' if row['host_allocator_tuned'] else 'system'})"
+              + (f"; GPU busy {row['gpu_util_pct']:.0f}%" if row["gpu_util_pct"] is not None
+                 else ""), flush=True)
         if "floor" in row:
             print(f"  floor: Gram GEMM {row['floor']['gram_s']:.2f} s, 4 passes "
                   f"{row['floor']['passes_s']:.3f} s; faster round / floor "
@@ -115,6 +159,7 @@ def main() -> None:
     emit({"benchmark": "profile_round", "machine": machine(),
           "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
           "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+          "overrides": extra,
           "rows": [{k: v for k, v in r.items() if k != "profile"} for r in rows]})
 
 

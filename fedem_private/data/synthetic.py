@@ -55,20 +55,38 @@ def generate(cfg: SyntheticConfig, seed: int) -> Interactions:
     tastes = centres[cluster] + 0.5 * g.normal(size=(n, dim))
     rank = g.permutation(m)
     log_pop = -cfg.popularity_exponent * np.log1p(rank)
-    logits = log_pop[None, :] + cfg.taste_strength * (tastes @ items.T) / np.sqrt(dim)
     mu = np.log(cfg.mean_activity) - cfg.activity_sigma**2 / 2
     activity = np.rint(g.lognormal(mu, cfg.activity_sigma, size=n)).astype(np.int64)
     activity = np.clip(activity, 3, max(3, m // 2))
-    gumbel = -np.log(-np.log(g.uniform(1e-12, 1.0, size=(n, m))))
-    order = np.argsort(-(logits + gumbel), axis=1)
-    users, chosen, stamps = [], [], []
+    chosen = _choose(g, log_pop, tastes, items, cfg.taste_strength, activity)
+    users, stamps = [], []
     for u in range(n):
-        picked = order[u, : activity[u]]
-        users.append(np.full(picked.shape[0], u))
-        chosen.append(picked)
-        stamps.append(g.permutation(picked.shape[0]).astype(np.float64))
+        users.append(np.full(chosen[u].shape[0], u))
+        stamps.append(g.permutation(chosen[u].shape[0]).astype(np.float64))
     # a demographic attribute correlated with taste, for the attribute-inference attack
     female_rate = g.uniform(0.15, 0.85, size=k)
     gender = (g.uniform(size=n) < female_rate[cluster]).astype(np.int64)
     return from_raw("synthetic", np.concatenate(users), np.concatenate(chosen),
                     np.concatenate(stamps), {"gender": dict(enumerate(gender.tolist()))})
+
+
+_BLOCK = 1 << 22  # entries of the (users, items) grid held at once
+
+
+def _choose(g: np.random.Generator, log_pop: np.ndarray, tastes: np.ndarray,
+            items: np.ndarray, strength: float, activity: np.ndarray) -> list[np.ndarray]:
+    """Each user's items by the Gumbel-top-k trick: user u takes the activity[u] largest
+    of log_pop + strength tastes_u . items / sqrt(dim) + Gumbel noise, in that order. Rows are drawn in blocks
+    of about ``_BLOCK`` entries, which consumes ``g`` exactly as one (users, items) draw
+    would (the generator fills row-major), so the data do not depend on the block, and
+    100,000 users x 20,000 items fit in memory."""
+    n, m, dim = tastes.shape[0], items.shape[0], items.shape[1]
+    rows = max(1, _BLOCK // m)
+    chosen: list[np.ndarray] = []
+    for lo in range(0, n, rows):
+        hi = min(n, lo + rows)
+        logits = log_pop[None, :] + strength * (tastes[lo:hi] @ items.T) / np.sqrt(dim)
+        logits -= np.log(-np.log(g.uniform(1e-12, 1.0, size=(hi - lo, m))))
+        order = np.argsort(-logits, axis=1)
+        chosen.extend(order[u - lo, : activity[u]] for u in range(lo, hi))
+    return chosen

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Issue 43's GPU checks as one script for a lent GPU machine (run from the repository root).
+# OUT: where logs go (default runs/gpu). Needs the package's dependencies that the image lacks
+# as wheels in .whl/ (dp-accounting, dm-tree, opacus) and ML-100K under $FEDEM_DATA_ROOT.
+#   OUT=/tmp/gpu FEDEM_DATA_ROOT=.data bash benchmarks/specs/speed/gpu_round.sh
+set -u
+OUT=${OUT:-runs/gpu}
+mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=$PWD:/tmp/site
+else
+  export PYTHONPATH=$PWD
+fi
+export PYTHONUNBUFFERED=1
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  python3 -c "import sys, torch, numpy; print(sys.version.split()[0], torch.__version__, numpy.__version__, torch.cuda.get_device_name())"
+  nproc; } > "$OUT/gpu.txt" 2>&1
+# 1. the keyed draws agree on CPU and GPU; every part's rounds agree and stay on the device
+timeout 240 python3 -m pytest -q -rA -p no:cacheprovider tests/test_rng_keyed.py \
+  tests/test_device.py > "$OUT/tests.log" 2>&1
+# 2. rounds on the GPU with its utilisation: ML-100K FedEM and FedMF, ML-1M-size FedEM
+timeout 150 python3 -m benchmarks.probes.profile_round --data ml-100k --device cuda \
+  --chunks 1024 --budget-mb 65536 > "$OUT/ml100k.log" 2>&1
+timeout 120 python3 -m benchmarks.probes.profile_round --data ml-100k --method fedmf \
+  --device cuda --chunks 1024 --budget-mb 65536 >> "$OUT/ml100k.log" 2>&1
+timeout 240 python3 -m benchmarks.probes.profile_round --data ml-1m-size --device cuda \
+  --chunks 2048,8192 --budget-mb 65536 --profile --sort cumulative > "$OUT/ml1m.log" 2>&1
+# 3. FedMF at 100,000 clients (its item count in SCALE_ITEMS: the (clients, items, d) state
+#    of 100,000 x 20,000 x 16 float32 is 128 GB, more than one GPU holds)
+timeout 300 python3 -m benchmarks.probes.profile_round --data 100k-clients --method fedmf \
+  --device cuda --chunks 8192 --budget-mb 65536 \
+  --set "data.synthetic.n_items=${SCALE_ITEMS:-2000}" > "$OUT/scale.log" 2>&1
+echo done >> "$OUT/gpu.txt"
