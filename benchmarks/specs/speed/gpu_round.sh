@@ -17,19 +17,19 @@ export PYTHONUNBUFFERED=1
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c "import sys, torch, numpy; print(sys.version.split()[0], torch.__version__, numpy.__version__, torch.cuda.get_device_name())"
   nproc; } > "$OUT/gpu.txt" 2>&1
-# 1. the keyed draws agree on CPU and GPU; every part's rounds agree and stay on the device
-timeout 240 python3 -m pytest -q -rA -p no:cacheprovider tests/test_rng_keyed.py \
-  tests/test_device.py > "$OUT/tests.log" 2>&1
-# 2. rounds on the GPU with its utilisation: ML-100K FedEM and FedMF, ML-1M-size FedEM
-timeout 150 python3 -m benchmarks.probes.profile_round --data ml-100k --device cuda \
-  --chunks 1024 --budget-mb 65536 > "$OUT/ml100k.log" 2>&1
-timeout 120 python3 -m benchmarks.probes.profile_round --data ml-100k --method fedmf \
-  --device cuda --chunks 1024 --budget-mb 65536 >> "$OUT/ml100k.log" 2>&1
-timeout 240 python3 -m benchmarks.probes.profile_round --data ml-1m-size --device cuda \
+# 1. rounds on the GPU with its utilisation: ML-1M-size FedEM, ML-100K FedEM and FedMF
+timeout 150 python3 -m benchmarks.probes.profile_round --data ml-1m-size --device cuda \
   --chunks 2048,8192 --budget-mb 65536 --profile --sort cumulative > "$OUT/ml1m.log" 2>&1
+timeout 80 python3 -m benchmarks.probes.profile_round --data ml-100k --device cuda \
+  --chunks 1024 --budget-mb 65536 > "$OUT/ml100k.log" 2>&1
+timeout 60 python3 -m benchmarks.probes.profile_round --data ml-100k --method fedmf \
+  --device cuda --chunks 1024 --budget-mb 65536 >> "$OUT/ml100k.log" 2>&1
+# 2. the keyed draws agree on CPU and GPU; every part's rounds agree and stay on the device
+timeout 120 python3 -m pytest -q -rA -p no:cacheprovider tests/test_rng_keyed.py \
+  tests/test_device.py > "$OUT/tests.log" 2>&1
 # 3. FedMF at 100,000 clients (its item count in SCALE_ITEMS: the (clients, items, d) state
 #    of 100,000 x 20,000 x 16 float32 is 128 GB, more than one GPU holds)
-timeout 300 python3 -m benchmarks.probes.profile_round --data 100k-clients --method fedmf \
+timeout 150 python3 -m benchmarks.probes.profile_round --data 100k-clients --method fedmf \
   --device cuda --chunks 8192 --budget-mb 65536 \
   --set "data.synthetic.n_items=${SCALE_ITEMS:-2000}" > "$OUT/scale.log" 2>&1
 echo done >> "$OUT/gpu.txt"
