@@ -17,7 +17,10 @@ coin-flipped canaries, and :mod:`attacks.run` is the ``fedem-private attack``
 command.
 
 The package is light to import: the attack modules (torch, scikit-learn) load on
-first use of a name below, so the registry's names are read without them.
+first use of a name below, so the registry's names are read without them. ``imia``,
+``projection`` and ``support`` name submodules; their scoring functions are
+``attacks.imia.imia`` and so on (a lazy name equal to a submodule's would turn into
+the module once anything imported it).
 """
 
 from __future__ import annotations
@@ -30,11 +33,12 @@ from typing import Any
 from . import registry
 
 _LAZY = {
-    "ItemAttack": "attacks.base", "imia": "attacks.imia", "projection": "attacks.projection",
-    "support": "attacks.support", "changed_rows": "attacks.support",
+    "ItemAttack": "attacks.base", "changed_rows": "attacks.support",
     **{n: "attacks.observations" for n in ("Observation", "PublicKnowledge", "load_observations",
                                            "load_public", "save_observation", "save_public")},
 }
+
+_SUBMODULES = ("imia", "projection", "support")
 
 
 def _item_attacks() -> MappingProxyType:
@@ -47,6 +51,8 @@ def __getattr__(name: str) -> Any:
         return _item_attacks()
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in _SUBMODULES:
+        return importlib.import_module(f"attacks.{name}")
     raise AttributeError(f"module 'attacks' has no attribute {name!r}")
 
 

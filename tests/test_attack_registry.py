@@ -169,3 +169,16 @@ def test_poplabel_scores_moves_along_the_direction_and_the_prior() -> None:
     assert order[0] == 7 or pop[order[0]] > pop[7]  # only the prior can outrank the move
     with pytest.raises(ValueError):
         poplabel(obs, public, prior_weight=-1.0)
+
+
+def test_submodule_names_are_modules_in_any_import_order() -> None:
+    """``attacks.imia`` is the module, before and after the registry loads it (a lazy
+    function of the same name would change meaning once the submodule was imported)."""
+    import types
+
+    import attacks
+    import attacks.registry as reg
+    first = attacks.imia
+    reg.attack_class("imia")
+    assert isinstance(first, types.ModuleType) and attacks.imia is first
+    assert callable(first.imia)

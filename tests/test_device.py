@@ -349,7 +349,9 @@ def test_gpu_round_agrees_with_cpu_in_float32(small_split, over):
 
 @needs_gpu
 def test_gpu_attacks_agree_with_cpu(tmp_path):
-    from attacks import imia, load_observations, load_public, projection
+    from attacks import load_observations, load_public
+    from attacks.imia import imia
+    from attacks.projection import projection
 
     cfg = {"data": {"synthetic": {"n_users": 30, "n_items": 60}},
            "train": {"rounds": 1, "local_epochs": 1, "dim": 4},
