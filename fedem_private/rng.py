@@ -373,8 +373,9 @@ def epoch_orders_t(seed: int, stream: int, round_: int, clients: torch.Tensor | 
     keys are distinct and every sort (numpy, torch, CPU, GPU) agrees; two equal 43-bit
     draws (probability about n**2 / 2**44 per row) keep their positions' order. An
     epoch's order depends only on (seed, stream, round, client, epoch): not on the chunk,
-    the padding or how many epochs are drawn. One sort over the padded (k, epochs, max n)
-    grid, no per-client call.
+    the padding or how many epochs are drawn. Rows are sorted in groups of similar length
+    (:func:`_width_buckets`: a few calls per chunk, none per client), so a chunk with a
+    wide spread of lengths draws and sorts about twice its real entries, not k x max n.
     """
     cl, kw = _as_clients(clients, device)
     n = lengths.to(dtype=torch.int64, **kw) if isinstance(lengths, torch.Tensor) else \
@@ -383,11 +384,33 @@ def epoch_orders_t(seed: int, stream: int, round_: int, clients: torch.Tensor | 
     width = int(n.max()) if k else 0
     if width >= 1 << INDEX_BITS:
         raise ValueError(f"a client has {width} samples; epoch orders allow < 2**{INDEX_BITS}")
-    pos = torch.arange(width, dtype=torch.int64, **kw)
+    out = torch.arange(width, dtype=torch.int64, **kw).expand(k, epochs, width).clone()
+    keys = key_t(seed, stream, round_, cl)
+    for rows, w in _width_buckets(n, width):
+        out[rows, :, :w] = _bucket_orders(keys[rows], n[rows], w, first_epoch, epochs)
+    return out
+
+
+def _width_buckets(n: torch.Tensor, width: int) -> list[tuple[torch.Tensor, int]]:
+    """Rows grouped by the power of two at or above their length (capped at ``width``):
+    (row indices, grid width) per group, so that a group's padded grid is at most about
+    twice its real entries whatever the spread of lengths in the chunk."""
+    if width == 0:
+        return []
+    cap = torch.clamp(n, min=1)
+    w = torch.minimum(torch.exp2(torch.ceil(torch.log2(cap.double()))).long(),
+                      torch.full_like(cap, width))
+    return [(torch.nonzero(w == v).flatten(), int(v)) for v in torch.unique(w).tolist()]
+
+
+def _bucket_orders(keys: torch.Tensor, n: torch.Tensor, w: int, first_epoch: int,
+                   epochs: int) -> torch.Tensor:
+    """:func:`epoch_orders_t` for rows of lengths <= w, on a (rows, epochs, w) grid."""
+    kw = _beside(keys.device)
+    pos = torch.arange(w, dtype=torch.int64, **kw)
     ep = torch.arange(first_epoch, first_epoch + epochs, dtype=torch.int64, **kw)
     ctr = ((ep[:, None] << EPOCH_SHIFT) + pos[None, :]).reshape(1, -1)
-    keys = key_t(seed, stream, round_, cl)[:, None]
-    x = _blocked(keys, ctr, torch.int64, _sort_key).reshape(k, epochs, width)
+    x = _blocked(keys[:, None], ctr, torch.int64, _sort_key).reshape(-1, epochs, w)
     pad = ((1 << _RANDOM_BITS) - 1) << INDEX_BITS  # the largest random part: sorts last
     x.masked_fill_((pos[None, :] >= n[:, None])[:, None, :], pad)
     x |= pos
