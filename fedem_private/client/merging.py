@@ -526,28 +526,29 @@ def adapter_batches(seed: int, round_: int, clients: np.ndarray, samples: object
     them to the tables' device).
     """
     e0, extra, bsz = local_epochs, extra_epochs, batch_size
-    k = clients.shape[0]
     lengths = np.diff(samples.indptr)
     per_epoch = -(-lengths // bsz)
     nb = extra * per_epoch
-    width = int(per_epoch.max(initial=0)) * bsz
-    # slot (j, e, b) holds client j's batch b of adapter epoch e, zero-padded
-    its = np.zeros((k, extra, width), dtype=np.int64)
-    labs = np.zeros((k, extra, width), dtype=samples.labels.dtype)
-    msks = np.zeros((k, extra, width), dtype=bool)
     order = samples.order_grid(seed, round_, clients, e0, extra)  # the chunk's, one call
-    n_max = order.shape[2]
-    its[:, :, :n_max], msks[:, :, :n_max] = samples.ordered(order, samples.items)
-    labs[:, :, :n_max] = samples.ordered(order, samples.labels)[0]
-    # client j's step s is (epoch, batch) = divmod(s, per_epoch[j])
+    last = max(order.shape[2] - 1, 0)
+    zero = samples.labels.dtype.type(0)
+    # client j's step s is (epoch, batch) = divmod(s, per_epoch[j]): positions b B ..
+    # b B + B - 1 of that epoch's order, gathered for the step alone; past the client's
+    # samples, padding (item 0, label 0, mask False)
     for s in range(int(nb.max(initial=0))):
         rows = np.nonzero(nb > s)[0]
         epoch, b = np.divmod(s, per_epoch[rows])
-        cols = (b * bsz)[:, None] + np.arange(bsz)
+        pos = (b * bsz)[:, None] + np.arange(bsz)
+        valid = pos < lengths[rows][:, None]
+        src = np.where(valid, samples.indptr[rows][:, None]
+                       + order[rows[:, None], epoch[:, None], np.minimum(pos, last)], 0)
+        its = np.where(valid, samples.items[src], 0) if samples.items.size else \
+            np.zeros(pos.shape, dtype=np.int64)
+        labs = np.where(valid, samples.labels[src], zero) if samples.labels.size else \
+            np.zeros(pos.shape, dtype=samples.labels.dtype)
         yield StepBatch(torch.from_numpy(rows).to(torch.long),
-                        torch.from_numpy(its[rows[:, None], epoch[:, None], cols]),
-                        torch.from_numpy(labs[rows[:, None], epoch[:, None], cols]),
-                        torch.from_numpy(msks[rows[:, None], epoch[:, None], cols]))
+                        torch.from_numpy(its.astype(np.int64, copy=False)),
+                        torch.from_numpy(labs), torch.from_numpy(valid))
 
 
 class Merger:

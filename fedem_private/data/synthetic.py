@@ -76,10 +76,10 @@ _BLOCK = 1 << 22  # entries of the (users, items) grid held at once
 def _choose(g: np.random.Generator, log_pop: np.ndarray, tastes: np.ndarray,
             items: np.ndarray, strength: float, activity: np.ndarray) -> list[np.ndarray]:
     """Each user's items by the Gumbel-top-k trick: user u takes the activity[u] largest
-    of log_pop + strength tastes_u . items / sqrt(dim) + Gumbel noise, in that order. Rows are drawn in blocks
-    of about ``_BLOCK`` entries, which consumes ``g`` exactly as one (users, items) draw
-    would (the generator fills row-major), so the data do not depend on the block, and
-    100,000 users x 20,000 items fit in memory."""
+    of log_pop + strength tastes_u . items / sqrt(dim) + Gumbel noise, in that order.
+    Rows are drawn in blocks of about ``_BLOCK`` entries, which consumes ``g`` exactly
+    as one (users, items) draw would (the generator fills row-major), so the data do not
+    depend on the block, and 100,000 users x 20,000 items fit in memory."""
     n, m, dim = tastes.shape[0], items.shape[0], items.shape[1]
     rows = max(1, _BLOCK // m)
     chosen: list[np.ndarray] = []

@@ -349,23 +349,14 @@ def make_plan(seed: int, round_: int, clients: np.ndarray, samples: ClientSample
     if np.any(np.diff(steps) > 0):
         raise ValueError("clients must be sorted by number of steps, descending")
     nb = -(-lengths // bsz)
-    nb_max = int(max(nb.max(initial=0), 1))
     real = np.float32 if dtype == torch.float32 else np.float64
     if n_items is None:
         width = int(samples.items.max()) + 1 if samples.items.size else 1
         touched, inv = _touched_rows(samples.items, samples.indptr, width)
     else:
         touched, inv = [np.arange(n_items) for _ in range(k)], samples.items
-    loc = np.zeros((k, epochs, nb_max * bsz), dtype=np.int64)
-    lab = np.zeros((k, epochs, nb_max * bsz), dtype=real)
-    msk = np.zeros((k, epochs, nb_max * bsz), dtype=real)
     order = samples.order_grid(seed, round_, clients, 0, epochs)  # the chunk's, one call
-    width = order.shape[2]
-    loc[:, :, :width], valid = samples.ordered(order, np.asarray(inv, dtype=np.int64))
-    lab[:, :, :width] = samples.ordered(order, samples.labels)[0]
-    msk[:, :, :width] = valid
     rows = max((t.shape[0] for t in touched), default=1) or 1
-    loc += (np.arange(k) * rows)[:, None, None]
     # step-major slots: (step s, client j) for every s < steps_j, ordered by s then j
     total = int(steps.max(initial=0))
     active = (steps[None, :] > np.arange(total)[:, None]).sum(axis=1)
@@ -374,12 +365,21 @@ def make_plan(seed: int, round_: int, clients: np.ndarray, samples: ClientSample
     step_of = np.repeat(np.arange(total), active)
     client_of = np.arange(offsets[-1]) - offsets[step_of]
     nb_of = np.maximum(nb[client_of], 1)
-    slot = (client_of * epochs + step_of // nb_of) * nb_max + step_of % nb_of
-    shape = (k * epochs * nb_max, bsz)
-    msk = msk.reshape(shape)[slot]
+    # slot (client j, epoch s // NB_j, batch s % NB_j) holds positions b B .. b B + B - 1
+    # of that epoch's order; only the slots' entries are gathered (no (k, epochs, max n)
+    # layout), positions past a client's samples are padding
+    pos = (step_of % nb_of)[:, None] * bsz + np.arange(bsz)[None, :]
+    valid = pos < lengths[client_of][:, None]
+    picked = order[client_of[:, None], (step_of // nb_of)[:, None],
+                   np.minimum(pos, max(order.shape[2] - 1, 0))] if order.size else pos
+    src = np.where(valid, samples.indptr[client_of][:, None] + picked, 0)
+    inv = np.asarray(inv, dtype=np.int64)
+    loc = np.where(valid, inv[src] if inv.size else 0, 0) + (client_of * rows)[:, None]
+    lab = np.where(valid, samples.labels[src] if samples.labels.size else 0, 0).astype(real)
+    msk = valid.astype(real)
     wgt = msk / np.maximum(msk.sum(axis=1, keepdims=True), real(1.0))
-    return Plan(touched, rows, torch.from_numpy(loc.reshape(shape)[slot]).to(device),
-                torch.from_numpy(lab.reshape(shape)[slot]).to(device=device, dtype=dtype),
+    return Plan(touched, rows, torch.from_numpy(loc).to(device),
+                torch.from_numpy(lab).to(device=device, dtype=dtype),
                 torch.from_numpy(wgt).to(device=device, dtype=dtype), active, offsets, steps,
                 epochs)
 
