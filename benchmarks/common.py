@@ -137,3 +137,12 @@ def checkout_problem(peer_dir: str | None, needs: str, files: tuple[str, ...] | 
     if missing:
         return f"{needs}; {peer_dir} lacks {', '.join(missing)}"
     return None
+
+
+def cuda_calls_on_cpu() -> None:
+    """A published code's shim: ``.cuda()`` on tensors and modules returns the object
+    itself, so code written for a GPU runs unchanged on the CPU (the peer benchmarks)."""
+    import torch
+
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self  # type: ignore[method-assign]
+    torch.nn.Module.cuda = lambda self, *args, **kwargs: self  # type: ignore[method-assign]

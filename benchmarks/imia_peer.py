@@ -229,10 +229,10 @@ def run_peer_child(peer_dir: str, job_path: str, lam: float, out_path: str,
     """Run the published ``IMIA(config)`` unchanged on one recorded round (module docstring)."""
     import random
 
-    from .peer import _cpu_only
+    from .common import cuda_calls_on_cpu
 
     torch.set_num_threads(1)
-    _cpu_only()
+    cuda_calls_on_cpu()
     original_load = torch.load
     torch.load = lambda *a, **k: original_load(*a, **{"weights_only": False, **k})
     job = pickle.loads(Path(job_path).read_bytes())

@@ -180,21 +180,15 @@ def _compat_shims() -> list[str]:
     return done
 
 
-def _cpu_only() -> None:
-    """``.cuda()`` on tensors and modules returns the object itself."""
-    import torch
-
-    torch.Tensor.cuda = lambda self, *args, **kwargs: self  # type: ignore[method-assign]
-    torch.nn.Module.cuda = lambda self, *args, **kwargs: self  # type: ignore[method-assign]
-
-
 def run_peer_child(peer_dir: str, data_dir: str, threads: int) -> None:
     """Run the peer's train.py unchanged (``--dataset ml-100k``), one round per turn."""
     import runpy
 
+    from ..common import cuda_calls_on_cpu
+
     turns = _Turns()
     _set_threads(threads)
-    _cpu_only()
+    cuda_calls_on_cpu()
     shims = _compat_shims()
     peer_dir = str(Path(peer_dir).resolve())
     work = tempfile.mkdtemp(prefix="fedem_peer_")
