@@ -61,6 +61,9 @@ def test_tune_runs_trials_on_validation_and_resumes(tmp_path):
     assert second["completed"] == 5
     after = {r["trial"]: r["baseline.ease_lambda"] for r in _read(out / "trials.csv")}
     assert len(after) == 5 and all(after[k] == v for k, v in before.items())
+    # the resumed process proposes new points, not the study's first ones again (a
+    # sampler seeded as at the start repeats its random start-up draws)
+    assert len(set(after.values())) == 5
     best = load_toml(out / "best.toml")
     assert best.federation.method == "ease"
     assert max(float(r["val_hr@10"]) for r in _read(out / "trials.csv")) == \

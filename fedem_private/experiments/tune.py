@@ -136,6 +136,9 @@ def _open_study(optuna: Any, root: Path, sampler_seed: int) -> Any:
         load_if_exists=True)
 
 
+_RESUME_STRIDE = 7919  # a prime: resumed samplers' seeds never meet a worker's start seed
+
+
 def _completed(study: Any, optuna: Any) -> int:
     return sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
 
@@ -151,6 +154,10 @@ def _work(spec: str, out: str, wanted: int, worker: int) -> int:
     base, space, _, seed = load_tune_spec(spec)
     root = Path(out)
     study = _open_study(optuna, root, seed + worker)
+    if study.trials:  # a resumed study: a sampler seeded as at the start would propose
+        # the study's first points again (its random start-up draws repeat), so the
+        # seed also counts the trials already there (deterministic given the file)
+        study = _open_study(optuna, root, seed + worker + _RESUME_STRIDE * len(study.trials))
 
     def objective(trial: Any) -> float:
         params = _suggest(trial, space)
