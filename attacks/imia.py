@@ -61,13 +61,17 @@ registration (:mod:`fedem_private.experiments.shadow`; this package cannot
 import the models): FedNCF's client with the MLP the server sent (recorded
 with the observation, :attr:`Observation.sent_dense`), trained by Adam beside
 the user vector; PFedRec's, whose batches step the private head first and the
-item rows second. What the server cannot know it draws as the client would at
-the start: the user vector, PFedRec's head (the backbone's own initialiser
-under the attacker's seed). Those are right in round 1 and guesses after it
-(the client kept training them); as with MF, the iterations train them on the
-guessed labels. Backbones whose registration gives no shadow score (GPFedRec,
-whose regulariser toward a personalised table the recording does not hold;
-FedRAP) keep the MF shadow, and the record says so (``assumption``). MF's
+item rows second; GPFedRec's, FedNCF's score with the MLP private (drawn as at
+the start), without its regulariser toward the personalised table, which the
+recording does not hold; FedRAP's, with the personal row of each item
+travelling beside it and its two regularisers in the loss. What the server
+cannot know it draws as the client would at the start: the user vector,
+PFedRec's and FedRAP's head, GPFedRec's MLP, FedRAP's personal rows (the
+backbone's own initialiser under the attacker's seed). Those are right in
+round 1 (up to the draw) and guesses after it (the client kept training
+them); as with MF, the iterations train the per-client ones on the guessed
+labels. Backbones whose registration gives no shadow score keep the MF
+shadow, and the record says so (``assumption``). MF's
 registration asks for the built-in shadow (it is MF's client training, faster,
 and measured stronger at ML-100K round 50 than the generic one; docs/attacks.md).
 Upload codecs: the shadow replays the item table's training, not a codec's own
@@ -361,6 +365,8 @@ def _attack_chunk_model(model: ShadowModel, delta: np.ndarray, sent: np.ndarray,
             else:  # a recording without the sent dense groups: the server's init, guessed
                 theta.update({n: v.to(dev)[None].expand(c, *v.shape).contiguous()
                               for n, v in model.init_dense(gen).items()})
+        # a private row per item (FedRAP's personal table), drawn as the client draws it
+        rows0 = None if model.init_rows is None else model.init_rows(c, r, gen).to(dev)
         kp_np = kp0.copy()
         kp = torch.from_numpy(kp_np).long().to(dev)
         keys = torch.rand((c, r), generator=gen, dtype=torch.float64).to(dev)
@@ -371,7 +377,7 @@ def _attack_chunk_model(model: ShadowModel, delta: np.ndarray, sent: np.ndarray,
             per_epoch = kp * (1 + public.num_negatives)
             sim = train_shadow(model, st, valid, guess, seen | guess, theta, per_epoch,
                                lr=lr, epochs=public.local_epochs,
-                               batch_size=public.batch_size, gen=gen)
+                               batch_size=public.batch_size, gen=gen, rows0=rows0)
             z = _scores(dt, sim, valid)
             move = torch.linalg.vector_norm(sim, dim=3).amax(1)  # (c, R)
             moves = (move > MOVE_TOL * lr) & valid

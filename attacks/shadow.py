@@ -20,6 +20,15 @@ A shadow model is three plain functions:
   initialises them: only a fallback for a recording that did not store the
   dense groups the server sent (:attr:`Observation.sent_dense`).
 
+Two optional parts, for a client with a private row per item (FedRAP's
+personal table P_u): ``init_rows(c, R, gen)`` draws (c, R, e) private row parts
+as the client draws them at the start (rows i.i.d., so any R rows of a fresh
+table); they travel with the item rows, so ``logits`` gets rows [q_i | P_u[i]]
+of width d + e, both label copies of a row start from the same draw and train
+on, and only the first d columns are the simulated delta. ``row_loss(rows)``
+(c, R) is a per-entry term of the batch loss beside the BCE (FedRAP's
+regularisers), weighted like it.
+
 :func:`train_shadow` replays E epochs of mean-BCE Adam (fresh state, the clients'
 optimiser) on every candidate row twice in parallel, labelled 1 and labelled 0;
 the non-item parameters train on the guessed labels only, so both copies of a
@@ -52,6 +61,8 @@ class ShadowModel:
     init_dense: Callable[[torch.Generator], dict[str, Tensor]]
     dense_names: tuple[str, ...] = ()
     alternating: bool = False
+    init_rows: Callable[[int, int, torch.Generator], Tensor] | None = None
+    row_loss: Callable[[Tensor], Tensor] | None = None
 
 
 def _adam(params: list[Tensor], grads: list[Tensor], m1: list[Tensor], m2: list[Tensor],
@@ -92,7 +103,8 @@ def batch_slots(valid: Tensor, nb: Tensor, epochs: int, gen: torch.Generator) ->
 
 def train_shadow(model: ShadowModel, sent: Tensor, valid: Tensor, guess: Tensor,
                  trains: Tensor, params0: Mapping[str, Tensor], per_epoch: Tensor, *,
-                 lr: float, epochs: int, batch_size: int, gen: torch.Generator) -> Tensor:
+                 lr: float, epochs: int, batch_size: int, gen: torch.Generator,
+                 rows0: Tensor | None = None) -> Tensor:
     """Simulated deltas (c, 2, R, d) of every candidate row under labels 0 and 1.
 
     ``sent`` (c, R, d): the candidate rows as sent; ``valid`` (c, R) marks real
@@ -102,9 +114,12 @@ def train_shadow(model: ShadowModel, sent: Tensor, valid: Tensor, guess: Tensor,
     candidate set wider than the trained rows must not flood them with
     negatives); ``per_epoch`` (c,) the samples a client trains on per epoch
     (K (1 + N)), which sets its number of batches and the weight of each of its
-    ``trains`` slots in the batch mean.
+    ``trains`` slots in the batch mean. ``rows0`` (c, R, e): the private row parts
+    (``ShadowModel.init_rows``) appended to the rows; None: none.
     """
-    c, r, d = sent.shape
+    c, r, d_out = sent.shape
+    wide = sent.float() if rows0 is None else torch.cat((sent.float(), rows0.float()), dim=2)
+    d = wide.shape[2]
     dev = sent.device
     nb = torch.div(per_epoch + batch_size - 1, batch_size, rounding_mode="floor").clamp(min=1)
     nb = torch.minimum(nb, valid.sum(1).clamp(min=1))
@@ -113,7 +128,7 @@ def train_shadow(model: ShadowModel, sent: Tensor, valid: Tensor, guess: Tensor,
     # each slot stands for per_epoch / R_j samples of the client's epoch: the batch mean's weight
     trains = trains & valid
     weight = (per_epoch.double() / trains.sum(1).clamp(min=1).double()).float()
-    q = sent.float()[:, None].expand(c, 2, r, d).contiguous()
+    q = wide[:, None].expand(c, 2, r, d).contiguous()
     qm, qv = torch.zeros_like(q), torch.zeros_like(q)
     theta = {n: t.float().clone().contiguous() for n, t in params0.items()}
     names = list(theta)
@@ -138,9 +153,13 @@ def train_shadow(model: ShadowModel, sent: Tensor, valid: Tensor, guess: Tensor,
 
         def loss_of(th: Mapping[str, Tensor], q_rows: Tensor, *, chosen: bool,
                     wgt: Tensor = wgt, pick: Tensor = pick) -> Tensor:
-            z = model.logits(th, q_rows.reshape(c, 2 * width, d)).view(c, 2, width)
+            flat_rows = q_rows.reshape(c, 2 * width, d)
+            z = model.logits(th, flat_rows).view(c, 2, width)
             bce = F.binary_cross_entropy_with_logits(z, labels.expand(c, 2, width),
-                                                     reduction="none") * wgt[:, None]
+                                                     reduction="none")
+            if model.row_loss is not None:
+                bce = bce + model.row_loss(flat_rows).view(c, 2, width)
+            bce = bce * wgt[:, None]
             return (bce * pick).sum() if chosen else bce.sum()
 
         t_steps += 1
@@ -165,7 +184,7 @@ def train_shadow(model: ShadowModel, sent: Tensor, valid: Tensor, guess: Tensor,
             _adam([theta[n] for n in names], _zeros_for(g_theta, theta, names), tm, tv,
                   active, t_steps, lr)
         _adam([q], [gq], [qm], [qv], active, t_steps, lr)
-    return (q - sent.float()[:, None]).double()
+    return (q[..., :d_out] - sent.float()[:, None]).double()
 
 
 def _zeros_for(grads: tuple[Tensor | None, ...], theta: Mapping[str, Tensor],

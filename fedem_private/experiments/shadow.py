@@ -10,8 +10,11 @@ Everything used is public: the backbone's name, the catalogue size, the
 dimension and ``init_std`` of :class:`~attacks.observations.PublicKnowledge`.
 
 What the server cannot know, the shadow draws as a client would at the start:
-a private part (user vector, PFedRec's head) comes from the backbone's own
-``init_private`` under a seed of the attacker's (never the run's). A backbone
+a private part (user vector, PFedRec's and FedRAP's head, GPFedRec's MLP,
+FedRAP's personal rows, ``Backbone.shadow_row_groups``) comes from the
+backbone's own ``init_private`` under a seed of the attacker's (never the
+run's). A backbone's extra per-entry loss terms (``Backbone.shadow_row_loss``,
+FedRAP's regularisers) join the shadow's loss. A backbone
 without ``shadow_logits`` gets None: the attack then falls back on its MF shadow
 and its record says so. MF also gets None, by its registration's choice
 (``shadow_builtin``): the attack's built-in shadow is the MF client's training,
@@ -48,13 +51,25 @@ def shadow_model(public: PublicKnowledge, *, generic: bool = False) -> ShadowMod
         seed = int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
         return build(public.backbone, public.n_items, public.dim, seed, std)
 
+    row_groups = tuple(base.shadow_row_groups)
+
     def init_private(c: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
-        return fresh(gen).init_private(np.arange(c, dtype=np.int64))
+        drawn = fresh(gen).init_private(np.arange(c, dtype=np.int64))
+        return {n: v for n, v in drawn.items() if n not in row_groups}
 
     def init_dense(gen: torch.Generator) -> dict[str, torch.Tensor]:
         return fresh(gen).init_dense()
 
+    def init_rows(c: int, r: int, gen: torch.Generator) -> torch.Tensor:
+        # a fresh client's private rows are i.i.d. over items: any r of them have the
+        # distribution of the candidates' rows
+        drawn = fresh(gen).init_private(np.arange(c, dtype=np.int64))
+        return torch.cat([drawn[n][:, :r] for n in row_groups], dim=2)
+
+    row_loss = (base.shadow_row_loss
+                if type(base).shadow_row_loss is not Backbone.shadow_row_loss else None)
     return ShadowModel(backbone=public.backbone, logits=base.shadow_logits,
                        init_private=init_private, init_dense=init_dense,
                        dense_names=tuple(base.init_dense()),
-                       alternating=bool(base.shadow_alternating))
+                       alternating=bool(base.shadow_alternating),
+                       init_rows=init_rows if row_groups else None, row_loss=row_loss)

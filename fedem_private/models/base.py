@@ -691,6 +691,18 @@ class Backbone(ABC):
         on an MF shadow, saying so."""
         raise NotImplementedError(f"backbone {self.name!r} has no shadow score")
 
+    #: the private groups with one row per item (m, d') per client (FedRAP's personal
+    #: table): the IMIA shadow carries each candidate's row beside the item row, so
+    #: :meth:`shadow_logits` gets rows [q_i | its private rows] (c, R, d + d')
+    shadow_row_groups: ClassVar[tuple[str, ...]] = ()
+
+    def shadow_row_loss(self, rows: Tensor) -> Tensor | None:
+        """A per-entry term (c, R) of the client's batch loss beside the BCE, for rows
+        (c, R, d + d') as :meth:`shadow_logits` gets them, weighted like the BCE in the
+        batch mean (FedRAP's regularisers); None: the loss is the BCE alone."""
+        del rows
+        return None
+
     #: whether :meth:`example_grads` is built (local DP-SGD, privacy ``ldp-dpsgd``)
     per_example_grads: ClassVar[bool] = False
 
