@@ -42,9 +42,20 @@ def test_the_shadow_comes_from_the_backbone_registration() -> None:
     params = {**ncf.init_private(2, gen),
               **{n: v[None].expand(2, *v.shape) for n, v in ncf.init_dense(gen).items()}}
     assert ncf.logits(params, torch.randn(2, 5, 4)).shape == (2, 5)
-    # backbones without a shadow score: the attack falls back on MF and says so
-    assert shadow_model(_public("fedrap")) is None
-    assert shadow_model(_public("gpfedrec")) is None
+    # GPFedRec: the MLP is private, drawn as at the start (the same for every client then)
+    gpfedrec, fedrap = (shadow_model(_public(b)) for b in ("gpfedrec", "fedrap"))
+    assert gpfedrec is not None and fedrap is not None
+    assert gpfedrec.dense_names == () and gpfedrec.init_rows is None
+    mlp = gpfedrec.init_private(2, gen)
+    assert set(mlp) == {"p", *ncf.dense_names} and torch.equal(mlp["w0"][0], mlp["w0"][1])
+    # FedRAP: its personal rows travel with the item rows; its regularisers join the loss
+    assert set(fedrap.init_private(2, gen)) == {"w", "b"} and fedrap.row_loss is not None
+    assert fedrap.init_rows is not None and fedrap.init_rows(2, 5, gen).shape == (2, 5, 4)
+    wide = torch.randn(2, 5, 8)
+    assert fedrap.logits(fedrap.init_private(2, gen), wide).shape == (2, 5)
+    assert fedrap.row_loss(wide).shape == (2, 5)
+    assert assumption_note(_public("fedrap"), fedrap) is None
+    # a backbone without a shadow score: the attack falls back on MF and says so
     assert "retrains an MF client" in assumption_note(_public("fedrap"))
     assert assumption_note(_public("ncf"), ncf) is None
     assert assumption_note(_public("ncf")) is not None
@@ -142,3 +153,53 @@ def test_trained_rows_left_unchanged_still_rank_sensibly() -> None:
     # row put below the changed ones
     assert results["shadow"][1] > 0.7
     assert results["shadow"][1] > results["below"][1] + 0.03
+
+
+# ------------------------------------------ GPFedRec's and FedRAP's shadows replay their client
+
+def _one_client_round(backbone, private, n_pos: int = 6, n_neg: int = 18, seed: int = 0):
+    """One client's round of the backbone's own training (one batch per epoch, so the batch
+    order cannot matter). Returns (sent table, trained table, items, labels)."""
+    from fedem_private.models.base import ClientParams, ClientSamples, LocalTrainConfig
+
+    rng = np.random.default_rng(seed)
+    items = rng.permutation(backbone.n_items)[: n_pos + n_neg].astype(np.int64)
+    labels = np.r_[np.ones(n_pos), np.zeros(n_neg)]
+    samples = ClientSamples(indptr=np.array([0, items.size]), items=items, labels=labels,
+                            negatives_indptr=np.array([0, n_neg]), negatives=items[n_pos:])
+    cfg = LocalTrainConfig(epochs=3, batch_size=64, lr=0.05)
+    sent = backbone.init_items()
+    start = ClientParams(sent[None].clone(), {}, {n: v.clone() for n, v in private.items()})
+    trained, _ = backbone.train_chunk(start, np.array([7]), samples, cfg, round_=1)
+    return sent, trained.items[0], items, labels, cfg
+
+
+@pytest.mark.parametrize("backbone", ["gpfedrec", "fedrap"])
+def test_the_shadow_replays_the_client_given_its_data_and_start(backbone) -> None:
+    from fedem_private.models import build
+
+    public = _public(backbone, n_items=40, dim=8)
+    model = shadow_model(public)
+    assert model is not None and model.backbone == backbone
+    client = build(backbone, 40, 8, 3, 0.1)
+    private = client.init_private(np.array([7]))
+    sent, trained, items, labels, cfg = _one_client_round(client, private)
+    rows0 = None
+    theta = dict(private)
+    if model.init_rows is not None:  # FedRAP: the client's own personal rows of these items
+        rows0 = theta.pop("personal")[:, items]
+        assert model.init_rows(1, items.size, torch.Generator()).shape == rows0.shape
+    assert set(theta) == set(model.init_private(1, torch.Generator()))
+    valid = torch.ones((1, items.size), dtype=torch.bool)
+    guess = torch.from_numpy(labels.astype(bool))[None]
+    sim = train_shadow(model, sent[items][None].double(), valid, guess, valid, theta,
+                       torch.tensor([items.size]), lr=cfg.lr, epochs=cfg.epochs,
+                       batch_size=cfg.batch_size, gen=torch.Generator().manual_seed(0),
+                       rows0=rows0)
+    mine = torch.where(guess[0, :, None], sim[0, 1], sim[0, 0])
+    true = (trained[items] - sent[items]).double()
+    assert true.abs().max() > 1e-3  # the rows moved
+    torch.testing.assert_close(mine, true, rtol=1e-4, atol=2e-6)
+    # the other label gives another delta: the shadow tells the labels apart
+    other = torch.where(guess[0, :, None], sim[0, 0], sim[0, 1])
+    assert (other - true).abs().max() > 1e-3

@@ -154,6 +154,25 @@ class FedRAPBackbone(Backbone):
         c_local, p_local = cp_local[..., :d].contiguous(), cp_local[..., d:].contiguous()
         return ClientParams(c_local, {}, {"personal": p_local, "w": w, "b": b}), touched
 
+    #: the personal table travels beside the item rows in the IMIA shadow
+    shadow_row_groups = ("personal",)
+
+    def shadow_logits(self, params: dict[str, Tensor], q_rows: Tensor) -> Tensor:
+        """w_u . (C[i] + P_u[i]) + b_u for rows [C[i] | P_u[i]] (c, R, 2d), for the IMIA
+        shadow. The server never sees P_u or the head: the shadow draws both as the client
+        does at the start (:meth:`init_private`; docs/design.md section 10)."""
+        d = self.dim
+        item = q_rows[..., :d] + q_rows[..., d:]
+        return torch.bmm(item, params["w"][:, :, None]).squeeze(2) + params["b"][:, None]
+
+    def shadow_row_loss(self, rows: Tensor) -> Tensor:
+        """-lambda mean_d (P_u[i] - C[i])^2 + mu mean_d |C[i]| per entry: the two
+        regularisers of the client's batch loss (module docstring), rows [C[i] | P_u[i]]."""
+        d = self.dim
+        c_rows, p_rows = rows[..., :d], rows[..., d:]
+        return (-self.lam * (p_rows - c_rows).pow(2).mean(-1)
+                + self.mu * c_rows.abs().mean(-1))
+
     def scores(self, params: ClientParams) -> Tensor:
         item = params.private["personal"] + params.items
         return (torch.bmm(item, params.private["w"][:, :, None]).squeeze(2)

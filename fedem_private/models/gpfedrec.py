@@ -32,7 +32,6 @@ import torch
 from torch import Tensor
 
 from fedem_private.models.base import (
-    Backbone,
     ClientParams,
     ClientSamples,
     Compact,
@@ -70,9 +69,14 @@ class GPFedRecBackbone(NCFBackbone):
         assert isinstance(options, GPFedRecOptions)
         return cls(n_items, dim, seed, init_std, reg=options.reg)
 
-    # no IMIA shadow yet: NCF's score would leave out the regulariser toward the anchor (which
-    # the recording does not store), so the attack keeps its MF shadow and says so
-    shadow_logits = Backbone.shadow_logits
+    def shadow_logits(self, params: dict[str, Tensor], q_rows: Tensor) -> Tensor:
+        """FedNCF's score with the client's own MLP (a private group here), for the IMIA
+        shadow. The server never sees a client's MLP or p_u: the shadow draws both as the
+        client does at the start (:meth:`init_private`). The regulariser toward the anchor
+        is left out: the recording does not hold the personalised table the server sent,
+        and its gradient, 2 reg (Q - anchor) / (m d), is small beside the BCE's on the
+        trained rows (docs/design.md section 10; docs/attacks.md)."""
+        return self._logits({n: params[n] for n in self.names}, params["p"], q_rows)
 
     def init_dense(self) -> dict[str, Tensor]:
         return {}  # nothing but the item table is shared
