@@ -73,7 +73,9 @@ them); as with MF, the iterations train the per-client ones on the guessed
 labels. Backbones whose registration gives no shadow score keep the MF
 shadow, and the record says so (``assumption``). MF's
 registration asks for the built-in shadow (it is MF's client training, faster,
-and measured stronger at ML-100K round 50 than the generic one; docs/attacks.md).
+and measured stronger at ML-100K round 50 than the generic one; docs/attacks.md);
+so does GPFedRec's, whose own shadow measured weaker than the MF one at round 50
+(its private MLP, 50 rounds trained, against a start draw).
 Upload codecs: the shadow replays the item table's training, not a codec's own
 parameters (not modelled yet).
 

@@ -43,7 +43,10 @@ def test_the_shadow_comes_from_the_backbone_registration() -> None:
               **{n: v[None].expand(2, *v.shape) for n, v in ncf.init_dense(gen).items()}}
     assert ncf.logits(params, torch.randn(2, 5, 4)).shape == (2, 5)
     # GPFedRec: the MLP is private, drawn as at the start (the same for every client then)
-    gpfedrec, fedrap = (shadow_model(_public(b)) for b in ("gpfedrec", "fedrap"))
+    # by measurement its registration asks for the MF shadow; its own is built on request
+    assert shadow_model(_public("gpfedrec")) is None
+    assert "retrains an MF client" in assumption_note(_public("gpfedrec"))
+    gpfedrec, fedrap = (shadow_model(_public(b), generic=True) for b in ("gpfedrec", "fedrap"))
     assert gpfedrec is not None and fedrap is not None
     assert gpfedrec.dense_names == () and gpfedrec.init_rows is None
     mlp = gpfedrec.init_private(2, gen)
@@ -179,7 +182,7 @@ def test_the_shadow_replays_the_client_given_its_data_and_start(backbone) -> Non
     from fedem_private.models import build
 
     public = _public(backbone, n_items=40, dim=8)
-    model = shadow_model(public)
+    model = shadow_model(public, generic=True)
     assert model is not None and model.backbone == backbone
     client = build(backbone, 40, 8, 3, 0.1)
     private = client.init_private(np.array([7]))

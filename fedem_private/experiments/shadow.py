@@ -18,7 +18,9 @@ FedRAP's regularisers) join the shadow's loss. A backbone
 without ``shadow_logits`` gets None: the attack then falls back on its MF shadow
 and its record says so. MF also gets None, by its registration's choice
 (``shadow_builtin``): the attack's built-in shadow is the MF client's training,
-faster, and measured stronger at ML-100K round 50 than the generic one.
+faster, and measured stronger at ML-100K round 50 than the generic one;
+GPFedRec too, because its own shadow (built with ``generic``) measured weaker
+than the MF shadow at round 50 (its private MLP is a start draw).
 """
 
 from __future__ import annotations

@@ -677,9 +677,11 @@ class Backbone(ABC):
     #: other on each batch (PFedRec), as the IMIA shadow must replay it
     shadow_alternating: ClassVar[bool] = False
     #: whether the ``imia`` attack's built-in shadow (an MF client, hand-written and
-    #: vectorised) already replays this client exactly, and is to be used instead of the
-    #: generic shadow built on :meth:`shadow_logits` (MF: the built-in is faster and, on
-    #: ML-100K round 50, stronger; docs/attacks.md)
+    #: vectorised) is to be used instead of the generic shadow built on
+    #: :meth:`shadow_logits`, by measurement (docs/attacks.md): MF, which it replays
+    #: exactly, faster and, on ML-100K round 50, stronger; GPFedRec, whose private MLP
+    #: the shadow can only draw as at the start, where the MF shadow measured stronger
+    #: at round 50
     shadow_builtin: ClassVar[bool] = False
 
     def shadow_logits(self, params: dict[str, Tensor], q_rows: Tensor) -> Tensor:
