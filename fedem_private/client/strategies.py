@@ -17,8 +17,9 @@ configuration and the listing check names and capabilities here.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from fedem_private.lazy import resolve
 
 if TYPE_CHECKING:
     from fedem_private.client.merges import Merge
@@ -33,11 +34,7 @@ REGISTRY: dict[str, str] = {
 
 def merge_class(name: str) -> type[Merge]:
     """The class registered as ``name`` (ValueError when there is none)."""
-    try:
-        module, cls = REGISTRY[name].split(":")
-    except KeyError:
-        raise ValueError(f"unknown merge {name!r}") from None
-    return getattr(importlib.import_module(module), cls)
+    return resolve(REGISTRY, name, "merge")
 
 
 def strategies_where(capability: str, value: object = True) -> tuple[str, ...]:

@@ -28,13 +28,9 @@ BACKBONES = tuple(REGISTRY)
 
 def backbone_class(name: str) -> type[Backbone]:
     """The class registered as ``name`` (imported on first use)."""
-    import importlib
+    from fedem_private.lazy import resolve
 
-    try:
-        module, cls = REGISTRY[name].split(":")
-    except KeyError:
-        raise ValueError(f"unknown backbone {name!r}") from None
-    return getattr(importlib.import_module(module), cls)
+    return resolve(REGISTRY, name, "backbone")
 
 
 def backbones_where(capability: str, value: object = True) -> tuple[str, ...]:

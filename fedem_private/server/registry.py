@@ -10,8 +10,9 @@ class and one line here.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from fedem_private.lazy import resolve
 
 if TYPE_CHECKING:
     from fedem_private.server.aggregators import Aggregator
@@ -28,11 +29,7 @@ REGISTRY: dict[str, str] = {
 
 def aggregator_class(name: str) -> type[Aggregator]:
     """The class registered as ``name`` (ValueError when there is none)."""
-    try:
-        module, cls = REGISTRY[name].split(":")
-    except KeyError:
-        raise ValueError(f"unknown aggregation {name!r}") from None
-    return getattr(importlib.import_module(module), cls)
+    return resolve(REGISTRY, name, "aggregation")
 
 
 def aggregators_where(capability: str, value: object = True) -> tuple[str, ...]:
