@@ -5,7 +5,6 @@ published cutoff, and the glue's inputs from a tiny recorded run."""
 from __future__ import annotations
 
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the benchmarks package
+
+from benchmark_cli import run_module  # noqa: E402
 
 from attacks.ground_truth import save_ground_truth  # noqa: E402
 from attacks.observations import (  # noqa: E402
@@ -27,9 +28,7 @@ from benchmarks import imia_peer  # noqa: E402
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "benchmarks.imia_peer", *args], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=120)
+    return run_module("benchmarks.imia_peer", *args)
 
 
 def test_without_peer_dir_one_line_and_exit_2():

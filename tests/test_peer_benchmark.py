@@ -13,13 +13,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the benchmarks package
 
+from benchmark_cli import run_module  # noqa: E402
+
 from benchmarks.probes import peer  # noqa: E402
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "benchmarks.probes.peer", *args], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=120)
+    return run_module("benchmarks.probes.peer", *args)
 
 
 def test_without_peer_dir_one_line_and_exit_2():
