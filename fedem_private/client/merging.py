@@ -530,22 +530,17 @@ def adapter_batches(seed: int, round_: int, clients: np.ndarray, samples: object
     per_epoch = -(-lengths // bsz)
     nb = extra * per_epoch
     order = samples.order_grid(seed, round_, clients, e0, extra)  # the chunk's, one call
-    last = max(order.shape[2] - 1, 0)
     zero = samples.labels.dtype.type(0)
-    # client j's step s is (epoch, batch) = divmod(s, per_epoch[j]): positions b B ..
-    # b B + B - 1 of that epoch's order, gathered for the step alone; past the client's
-    # samples, padding (item 0, label 0, mask False)
+    # client j's step s is (epoch, batch) = divmod(s, per_epoch[j]), gathered for the step
+    # alone; past the client's samples, padding (item 0, label 0, mask False)
     for s in range(int(nb.max(initial=0))):
         rows = np.nonzero(nb > s)[0]
         epoch, b = np.divmod(s, per_epoch[rows])
-        pos = (b * bsz)[:, None] + np.arange(bsz)
-        valid = pos < lengths[rows][:, None]
-        src = np.where(valid, samples.indptr[rows][:, None]
-                       + order[rows[:, None], epoch[:, None], np.minimum(pos, last)], 0)
+        src, valid = samples.slots(order, rows, epoch, b, bsz)
         its = np.where(valid, samples.items[src], 0) if samples.items.size else \
-            np.zeros(pos.shape, dtype=np.int64)
+            np.zeros(valid.shape, dtype=np.int64)
         labs = np.where(valid, samples.labels[src], zero) if samples.labels.size else \
-            np.zeros(pos.shape, dtype=samples.labels.dtype)
+            np.zeros(valid.shape, dtype=samples.labels.dtype)
         yield StepBatch(torch.from_numpy(rows).to(torch.long),
                         torch.from_numpy(its.astype(np.int64, copy=False)),
                         torch.from_numpy(labs), torch.from_numpy(valid))

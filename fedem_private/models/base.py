@@ -159,15 +159,19 @@ class ClientSamples:
         return rng.epoch_orders_t(seed, self.stream, round_, clients, np.diff(self.indptr),
                                   first_epoch, epochs).numpy()
 
-    def ordered(self, order: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """values (one per sample) laid out by an :meth:`order_grid` grid, and the mask of
-        real entries: both (k, epochs, max n), padding 0 / False."""
-        lengths = np.diff(self.indptr)
-        valid = np.arange(order.shape[2])[None, None, :] < lengths[:, None, None]
-        if values.shape[0] == 0:
-            return np.zeros(order.shape, dtype=values.dtype), valid
-        src = np.where(valid, self.indptr[:-1, None, None] + order, 0)
-        return np.where(valid, values[src], values.dtype.type(0)), valid
+    def slots(self, order: np.ndarray, rows: np.ndarray, epochs: np.ndarray,
+              batches: np.ndarray, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """Where batch slots read their samples: slot j is batch ``batches[j]`` of epoch
+        ``epochs[j]`` of row ``rows[j]``, positions b B .. b B + B - 1 of that epoch's
+        order (an :meth:`order_grid` grid). Returns (sample index, real) both (slots, B):
+        only the slots' entries are gathered, and past a row's samples the index is 0
+        and the entry padding."""
+        pos = batches[:, None] * batch_size + np.arange(batch_size)[None, :]
+        valid = pos < np.diff(self.indptr)[rows][:, None]
+        if not order.size:
+            return np.zeros(pos.shape, dtype=np.int64), valid
+        picked = order[rows[:, None], epochs[:, None], np.minimum(pos, order.shape[2] - 1)]
+        return np.where(valid, self.indptr[rows][:, None] + picked, 0), valid
 
 
 def draw_samples(seed: int, round_: int, clients: np.ndarray, train_indptr: np.ndarray,
@@ -365,14 +369,9 @@ def make_plan(seed: int, round_: int, clients: np.ndarray, samples: ClientSample
     step_of = np.repeat(np.arange(total), active)
     client_of = np.arange(offsets[-1]) - offsets[step_of]
     nb_of = np.maximum(nb[client_of], 1)
-    # slot (client j, epoch s // NB_j, batch s % NB_j) holds positions b B .. b B + B - 1
-    # of that epoch's order; only the slots' entries are gathered (no (k, epochs, max n)
-    # layout), positions past a client's samples are padding
-    pos = (step_of % nb_of)[:, None] * bsz + np.arange(bsz)[None, :]
-    valid = pos < lengths[client_of][:, None]
-    picked = order[client_of[:, None], (step_of // nb_of)[:, None],
-                   np.minimum(pos, max(order.shape[2] - 1, 0))] if order.size else pos
-    src = np.where(valid, samples.indptr[client_of][:, None] + picked, 0)
+    # slot (client j, epoch s // NB_j, batch s % NB_j), gathered alone (no (k, epochs,
+    # max n) layout)
+    src, valid = samples.slots(order, client_of, step_of // nb_of, step_of % nb_of, bsz)
     inv = np.asarray(inv, dtype=np.int64)
     loc = np.where(valid, inv[src] if inv.size else 0, 0) + (client_of * rows)[:, None]
     lab = np.where(valid, samples.labels[src] if samples.labels.size else 0, 0).astype(real)
