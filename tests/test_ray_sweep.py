@@ -228,6 +228,26 @@ def test_run_tasks_bounds_in_flight_and_reports_dead_workers(shared_ray):
     assert got == {0: 0, 1: 1, 2: "WorkerCrashedError", 3: 9, 4: 16}
 
 
+@needs_ray
+def test_every_task_gets_a_fresh_worker(shared_ray):
+    """A worker never runs a second task: a cancel that interrupts an import leaves that
+    process with half-initialised modules (CI: "module 'sympy' has no attribute 'printing'"
+    in the next point run by the same worker), so whatever one task leaves in its process
+    must not reach the next."""
+    import sys
+
+    def work(i: int) -> tuple[int, bool]:
+        inherited = "_fedem_test_leftover" in sys.modules
+        sys.modules["_fedem_test_leftover"] = sys  # what a half-finished import leaves
+        return os.getpid(), inherited
+
+    got: dict[int, tuple[int, bool]] = {}
+    ray_tasks.run_tasks(work, [(i,) for i in range(4)], 1,
+                        lambda i, value, error: got.__setitem__(i, value))
+    assert len({pid for pid, _ in got.values()}) == 4
+    assert not any(inherited for _, inherited in got.values())
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -121,6 +121,13 @@ def run_tasks(fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]], limit: i
               on_result: Callable[[int, Any, BaseException | None], None]) -> None:
     """Run ``fn(*args)`` for each tuple in ``calls`` as Ray tasks (1 CPU each, no retries).
 
+    Each task gets a fresh worker process (Ray's ``max_calls=1``): a cancelled
+    task's KeyboardInterrupt can land inside an ``import`` and leave a module
+    half-initialised in that process (CI saw the next task in the same worker
+    fail with "module 'sympy' has no attribute 'printing'"), so a worker is
+    never reused. It costs a process start and the imports per task, small
+    beside a sweep point or a tuning trial.
+
     At most ``limit`` tasks are in flight (<= 0: all of them; Ray still runs
     only as many as it has CPUs). ``on_result(i, value, error)`` is called in
     the driver, in finishing order, with ``calls[i]``'s return value, or with
@@ -131,7 +138,7 @@ def run_tasks(fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]], limit: i
     while tasks not yet submitted never start; then the exception propagates.
     """
     ray = import_ray()
-    remote = ray.remote(num_cpus=1, max_retries=0)(fn)
+    remote = ray.remote(num_cpus=1, max_retries=0, max_calls=1)(fn)
     limit = len(calls) if limit <= 0 else limit
     queue = list(enumerate(calls))
     queue.reverse()  # pop() from the end submits in order
