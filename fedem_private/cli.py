@@ -607,7 +607,8 @@ def _main(argv: Sequence[str] | None) -> int:
 
             result = run_tuning(args.spec, args.out, args.trials, ray=args.ray,
                                     workers=args.workers if args.ray else 1)
-            print(f"{result['completed']} trials; best sampled validation HR@10 "
+            diverged = f" ({result['diverged']} more diverged)" if result["diverged"] else ""
+            print(f"{result['completed']} trials{diverged}; best sampled validation HR@10 "
                   f"{result['best_value']:.4f} with {result['best_params']}; config in "
                   f"{args.out}/best.toml")
             return 0

@@ -113,3 +113,38 @@ def test_tune_on_ray_workers_share_one_study(tmp_path):
     from fedem_private.experiments.tune import run_tuning
 
     assert run_tuning(spec, out, trials=6)["completed"] >= 6
+
+
+def test_a_diverging_trial_is_recorded_and_the_study_goes_on(tmp_path, capsys):
+    """A setting that blows up (NaN in the local tables: here FedMF with a learning rate of
+    1e30) is a finished trial, listed with its reason and counted against the budget; the
+    study does not stop, and the best config comes from the completed trials."""
+    spec = tmp_path / "t.toml"
+    spec.write_text("""
+[tune]
+trials = 4
+seed = 0
+
+[tune.space]
+"train.lr" = { choices = [1e30, 0.01] }
+
+[base.data.synthetic]
+n_users = 30
+n_items = 40
+mean_activity = 6
+
+[base.train]
+rounds = 2
+local_epochs = 1
+
+[base.federation]
+method = "fedmf"
+""")
+    assert main(["tune", str(spec), "--out", str(tmp_path / "s")]) == 0
+    rows = _read(tmp_path / "s" / "trials.csv")
+    assert len(rows) == 4
+    status = {float(r["train.lr"]): r["status"] for r in rows}
+    assert status == {1e30: "diverged", 0.01: "complete"}
+    assert all(r["val_hr@10"] == "" for r in rows if r["status"] == "diverged")
+    assert "more diverged" in capsys.readouterr().out
+    assert load_toml(tmp_path / "s" / "best.toml").train.lr == pytest.approx(0.01)

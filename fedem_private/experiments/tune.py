@@ -3,7 +3,7 @@
 A tuning file names a base run config and a search space::
 
     [tune]
-    trials = 20              # total completed trials wanted (a resumed study tops up)
+    trials = 20              # total trials wanted, completed or diverged (a resumed study tops up)
     seed = 0                 # the TPE sampler's seed
 
     [tune.space]             # dotted config keys
@@ -21,8 +21,11 @@ against its own 99 sampled negatives (``train.select_round = "best-val"`` is for
 which draws them separately from the test's); the objective is the last evaluated round's sampled
 validation HR@10, maximised by Optuna's TPE sampler. The test item is never read. The
 study lives in ``<out>/study.db`` (SQLite), so an interrupted tuning resumes where it
-stopped. ``<out>/trials.csv`` lists every completed trial and ``<out>/best.toml`` is
-the best trial's resolved config.
+stopped. A trial whose run diverges (NaN or Inf in a table:
+:class:`~fedem_private.errors.Diverged`) is kept as a failed trial with its reason and
+counts against the budget, so every method gets the same number of tries; the sampler
+ignores it. ``<out>/trials.csv`` lists every completed and diverged trial and
+``<out>/best.toml`` is the best trial's resolved config.
 ``--ray [ADDRESS] --workers N`` runs N workers as Ray tasks that share the study file
 (SQLite's lock, waited on for up to two minutes), each adding trials until the study has
 enough; worker w samples with seed + w. One worker without Ray is reproducible from the
@@ -41,10 +44,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-from fedem_private.errors import UserError
+from fedem_private.errors import Diverged, UserError
 from fedem_private.simulation.config import from_dict, read_toml, to_dict, to_toml, with_overrides
 
 OBJECTIVE = ("val", "hr@10")
+DIVERGED = "diverged"  # the user attribute holding a diverged trial's reason
 SQLITE_TIMEOUT_S = 120.0  # how long a worker waits for the study file's lock
 
 
@@ -143,11 +147,22 @@ def _completed(study: Any, optuna: Any) -> int:
     return sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
 
 
+def _diverged(trial: Any, optuna: Any) -> bool:
+    return trial.state == optuna.trial.TrialState.FAIL and DIVERGED in trial.user_attrs
+
+
+def _spent(study: Any, optuna: Any) -> int:
+    """Trials that count against the budget: completed ones and diverged ones (a setting
+    that blows up is a finished, if useless, trial; the budget stays equal per method)."""
+    return sum(t.state == optuna.trial.TrialState.COMPLETE or _diverged(t, optuna)
+               for t in study.trials)
+
+
 def _work(spec: str, out: str, wanted: int, worker: int) -> int:
-    """One worker: add trials to the shared study until it has ``wanted`` completed ones
-    (checked before each trial; workers racing for the last one may add one each). Worker
-    ``w`` samples with seed ``seed + w``, so two workers never propose the same first
-    points. Returns the trials this worker completed."""
+    """One worker: add trials to the shared study until it has ``wanted`` finished ones,
+    completed or diverged (checked before each trial; workers racing for the last one may
+    add one each). Worker ``w`` samples with seed ``seed + w``, so two workers never
+    propose the same first points. Returns the trials this worker completed."""
     from fedem_private.experiments.runner import execute
 
     optuna = _import_optuna()
@@ -164,7 +179,12 @@ def _work(spec: str, out: str, wanted: int, worker: int) -> int:
         overrides = {**params, "train.select_round": "best-val"}
         cfg = with_overrides(from_dict(base), overrides).validate().resolved()
         path = root / "trials" / f"{trial.number:04d}"
-        summary = execute(cfg, path, force=True)
+        try:
+            summary = execute(cfg, path, force=True)
+        except Diverged as exc:  # recorded as a FAIL trial with its reason; the study goes on
+            trial.set_user_attr(DIVERGED, str(exc))
+            trial.set_user_attr("run_dir", str(path))
+            raise
         metrics = summary.get("metrics") or {}
         value = (metrics.get(OBJECTIVE[0]) or {}).get(OBJECTIVE[1])
         if value is None or not math.isfinite(value):
@@ -173,16 +193,17 @@ def _work(spec: str, out: str, wanted: int, worker: int) -> int:
         return float(value)
 
     done = 0
-    while _completed(study, optuna) < wanted:
-        study.optimize(objective, n_trials=1, catch=())
+    while _spent(study, optuna) < wanted:
+        study.optimize(objective, n_trials=1, catch=(Diverged,))
         done += 1
     return done
 
 
 def run_tuning(spec: str | Path, out: str | Path, trials: int | None = None,
                ray: str | None = None, workers: int = 1) -> dict[str, Any]:
-    """Run (or resume) the study of ``spec`` into ``out`` until it has ``trials`` completed
-    trials (default: the file's); returns {"best_value", "best_params", "completed"}.
+    """Run (or resume) the study of ``spec`` into ``out`` until it has ``trials`` finished
+    trials, completed or diverged (default: the file's); returns {"best_value",
+    "best_params", "completed", "diverged"}.
 
     ``ray`` (a Ray address, ``local`` for a new local instance): ``workers`` Ray tasks
     share the study file, each running trials until the study has enough (on a cluster,
@@ -207,7 +228,8 @@ def run_tuning(spec: str | Path, out: str | Path, trials: int | None = None,
     _write_outputs(study, root, optuna)
     best = study.best_trial
     return {"best_value": best.value, "best_params": best.params,
-            "completed": _completed(study, optuna)}
+            "completed": _completed(study, optuna),
+            "diverged": sum(_diverged(t, optuna) for t in study.trials)}
 
 
 def _work_on_ray(spec: str, out: str, wanted: int, workers: int, address: str) -> None:
@@ -229,15 +251,18 @@ def _work_on_ray(spec: str, out: str, wanted: int, workers: int, address: str) -
 
 
 def _write_outputs(study: Any, root: Path, optuna: Any) -> None:
-    """trials.csv (every completed trial) and best.toml (the best one's resolved config)."""
+    """trials.csv (every completed or diverged trial, in trial order) and best.toml (the
+    best one's resolved config)."""
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-    keys = sorted({k for t in done for k in t.params})
+    listed = [t for t in study.trials if t in done or _diverged(t, optuna)]
+    keys = sorted({k for t in listed for k in t.params})
     with (root / "trials.csv").open("w", newline="") as fh:
         writer = csv.writer(fh)
-        writer.writerow(["trial", *keys, "val_hr@10", "run_dir"])
-        for t in done:
-            writer.writerow([t.number, *(t.params.get(k) for k in keys), t.value,
-                             t.user_attrs.get("run_dir")])
+        writer.writerow(["trial", *keys, "val_hr@10", "run_dir", "status"])
+        for t in listed:
+            writer.writerow([t.number, *(t.params.get(k) for k in keys),
+                             "" if t.value is None else t.value, t.user_attrs.get("run_dir"),
+                             "complete" if t in done else DIVERGED])
     best_dir = Path(study.best_trial.user_attrs["run_dir"])
     from fedem_private.simulation.config import load_toml
 

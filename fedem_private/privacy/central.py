@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from fedem_private import rng
-from fedem_private.errors import UserError
+from fedem_private.errors import Diverged
 from fedem_private.finite import finite_rows
 from fedem_private.privacy.canaries import CanaryAudit
 from fedem_private.privacy.clipping import ClipStats, clip_rows
@@ -105,7 +105,7 @@ def clipped_deltas(sent: torch.Tensor, local: torch.Tensor, clip: float
     finite = finite_rows(local)
     if not bool(finite.all()):
         rows = (~finite).nonzero().squeeze(1).tolist()
-        raise UserError(f"non-finite value (NaN or Inf) in the upload of chunk row(s) "
+        raise Diverged(f"non-finite value (NaN or Inf) in the upload of chunk row(s) "
                         f"{rows[:10]}")
     delta = local.detach().to(torch.float64, copy=True)
     delta.sub_(sent.detach())

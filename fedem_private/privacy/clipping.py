@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fedem_private.errors import UserError
+from fedem_private.errors import Diverged, UserError
 from fedem_private.finite import finite_rows
 
 SAFETY = 1.0 - 2.0**-30
@@ -115,7 +115,7 @@ def clip_rows(delta: torch.Tensor, bound: float, norm: str) -> tuple[torch.Tenso
     finite = finite_rows(flat)
     if not bool(finite.all()):
         rows = (~finite).nonzero().squeeze(1).tolist()
-        raise UserError(f"non-finite value (NaN or Inf) in the update of row(s) {rows[:10]}")
+        raise Diverged(f"non-finite value (NaN or Inf) in the update of row(s) {rows[:10]}")
     norms = _row_norms(flat, norm)
     limit = c * SAFETY
     over = norms > limit

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from fedem_private import rng
-from fedem_private.errors import UserError
+from fedem_private.errors import Diverged
 from fedem_private.finite import finite_rows
 from fedem_private.privacy.clipping import ClipStats, clip_rows
 from fedem_private.privacy.params import MechanismParams
@@ -105,7 +105,7 @@ def _check_inputs(sent: torch.Tensor, local: torch.Tensor, clients: np.ndarray,
     finite = finite_rows(local)
     if not bool(finite.all()):
         bad = ids[(~finite).cpu().numpy()].tolist()
-        raise UserError(f"non-finite value (NaN or Inf) in the local table of client(s) "
+        raise Diverged(f"non-finite value (NaN or Inf) in the local table of client(s) "
                         f"{bad[:10]}")
     return ids
 
