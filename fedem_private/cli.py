@@ -164,6 +164,9 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--device", "train.device", str,
      "where the heavy tensors live: cpu, cuda, or auto (cuda when one is available); random "
      "draws stay on the CPU, so cpu and cuda runs agree within float tolerance"),
+    ("--state-dtype", "train.state_dtype", str,
+     "dtype of the per-client item tables kept between rounds: float32 (default) or "
+     "bfloat16 (half the memory; arithmetic stays float32)"),
     ("--privacy", "privacy.mode", str,
      "none, ldp-laplace, ldp-gaussian, paper, ldp-touched-rows (INSECURE), cdp-gaussian "
      "(central DP-FedAvg under secure aggregation), ldp-dpsgd (interaction-level local "

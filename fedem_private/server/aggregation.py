@@ -416,8 +416,26 @@ def similarity_aggregate(uploads: Tensor, p: Tensor, alpha: float,
         stop = min(start + chunk_clients, n)
         w = _chunk_weights(p_part, dists, dist_row[start:stop], fallback, alpha,
                            pca_similarity_weights if similarity == "pca" else similarity_weights)
-        torch.mm(w.to(uploads.dtype), flat_src, out=flat_out[start:stop])
+        if uploads.dtype in NARROW:
+            _narrow_mm(w, flat_src, flat_out[start:stop])
+        else:
+            torch.mm(w.to(uploads.dtype), flat_src, out=flat_out[start:stop])
     return out
+
+
+#: storage dtypes (``train.state_dtype``) whose tables are multiplied in float32
+NARROW = (torch.bfloat16, torch.float16)
+
+
+def _narrow_mm(w: Tensor, src: Tensor, out: Tensor, block_bytes: int = 1 << 26) -> None:
+    """out = w @ src for narrow-dtype ``src`` and ``out``, multiplied and summed in
+    float32 a block of columns (about ``block_bytes`` of float32 source) at a time: a
+    float32 copy of the whole (n, m d) source is what a narrow state dtype is there to
+    avoid. Each output entry is rounded once, on storing."""
+    w32 = w.to(torch.float32)
+    cols = max(1, block_bytes // (4 * max(1, src.shape[0])))
+    for c in range(0, src.shape[1], cols):
+        out[:, c: c + cols] = torch.mm(w32, src[:, c: c + cols].to(torch.float32))
 
 
 def _chunk_weights(p_part: Tensor, dists: Tensor, dist_rows: Tensor, fallback: Tensor,

@@ -337,19 +337,34 @@ class _PerUploadAggregator(Aggregator):
 
     ``alias``: when uploads always equal the clients' trained tables (no
     privacy noise), the caller may pass that (n, m, d) tensor and the copy
-    shares its storage (nothing is copied on upload).
+    shares its storage (nothing is copied on upload). ``store``: the dtype its
+    per-client (n, m, d) copies are kept in (``train.state_dtype``; None: q0's);
+    what it sends, and its arithmetic, stay in q0's dtype (:meth:`_stored`,
+    :meth:`_loaded`).
     """
 
     needs_each_upload = True
 
-    def _keep_uploads(self, q0: Tensor, alias: Tensor | None) -> None:
+    def _keep_uploads(self, q0: Tensor, alias: Tensor | None,
+                      store: torch.dtype | None = None) -> None:
         m, d = q0.shape
-        self.last_upload = alias if alias is not None else q0.expand(self.n, m, d).clone()
+        self.dtype = q0.dtype
+        self.store = alias.dtype if alias is not None else (store or q0.dtype)
+        self.last_upload = (alias if alias is not None
+                            else q0.to(self.store).expand(self.n, m, d).clone())
         self.aliased = alias is not None
+
+    def _stored(self, tables: Tensor) -> Tensor:
+        """Tables as kept (a no-op unless the state dtype is narrower)."""
+        return tables.to(self.store)
+
+    def _loaded(self, tables: Tensor) -> Tensor:
+        """Kept tables as sent and computed with (q0's dtype)."""
+        return tables.to(self.dtype)
 
     def add(self, idx: Tensor, uploads: Tensor) -> None:
         if not self.aliased:
-            self.last_upload[idx] = uploads
+            self.last_upload[idx] = self._stored(uploads)
 
     def _round_uploads(self, mask: Tensor | None = None) -> tuple[Tensor, Tensor] | None:
         """(participant ids, their last uploads) of the round (or of the clients in
@@ -379,11 +394,12 @@ class SimilarityAggregator(_Sampled, _PerUploadAggregator):
         cls._no_server_step(cls.name, opts)
         rule = (opts.similarity or SimilarityOptions()).similarity
         return cls(sizes, sizes.shape[0], q0, opts.alpha, opts.alias, seed=opts.seed,
-                   agg_ratio=float(opts.agg_ratio), similarity=rule)
+                   agg_ratio=float(opts.agg_ratio), similarity=rule, store=opts.store)
 
     def __init__(self, sizes: Tensor, n_clients: int, q0: Tensor, alpha: float,
                  alias: Tensor | None = None, similarity: str = "eq13",
-                 agg_ratio: float = 1.0, seed: int = 0) -> None:
+                 agg_ratio: float = 1.0, seed: int = 0,
+                 store: torch.dtype | None = None) -> None:
         super().__init__(sizes, n_clients)
         self.alpha = alpha
         # "eq13" (the paper) or "pca" (the FedEM code, docs/design.md 2a; server.aggregation)
@@ -391,12 +407,12 @@ class SimilarityAggregator(_Sampled, _PerUploadAggregator):
         # the share of each round's uploads aggregated (the FedEM code: 0.1, docs/design.md 2a)
         self._init_sampling(agg_ratio, seed)
         m, d = q0.shape
-        self.global_tables = q0.expand(n_clients, m, d).clone()
-        self._keep_uploads(q0, alias)
+        self._keep_uploads(q0, alias, store)
+        self.global_tables = self._stored(q0).expand(n_clients, m, d).clone()
         self.uploaded = torch.zeros(n_clients, dtype=torch.bool, device=self.device)
 
     def sent(self, idx: Tensor) -> Tensor:
-        return self.global_tables.index_select(0, idx)
+        return self._loaded(self.global_tables.index_select(0, idx))
 
     def end_round(self) -> None:
         if self.agg_ratio < 1.0:
@@ -407,15 +423,14 @@ class SimilarityAggregator(_Sampled, _PerUploadAggregator):
             p = fedavg_weights(self.sizes, chosen)
             tables = similarity_aggregate(self.last_upload, p, self.alpha, participating=chosen,
                                           similarity=self.similarity)
-            self.global_tables[chosen] = tables[chosen]
+            self.global_tables[chosen] = self._stored(tables[chosen])
             self._received()
             return
         self.uploaded |= self.part_mask
         p = fedavg_weights(self.sizes, self.part_mask)
-        self.global_tables = similarity_aggregate(self.last_upload, p, self.alpha,
-                                                  participating=self.part_mask,
-                                                  anchored=self.uploaded,
-                                                  similarity=self.similarity)
+        self.global_tables = self._stored(similarity_aggregate(
+            self.last_upload, p, self.alpha, participating=self.part_mask,
+            anchored=self.uploaded, similarity=self.similarity))
 
     @property
     def table(self) -> Tensor:
@@ -443,24 +458,25 @@ class GraphAggregator(_Sampled, _PerUploadAggregator):
         graph = opts.graph or GraphOptions()
         return cls(sizes, sizes.shape[0], q0, alias=opts.alias, agg_ratio=float(opts.agg_ratio),
                    seed=opts.seed, threshold=graph.threshold, topk=graph.topk,
-                   layers=graph.layers)
+                   layers=graph.layers, store=opts.store)
 
     def __init__(self, sizes: Tensor, n_clients: int, q0: Tensor, *, threshold: float,
                  topk: int, layers: int, alias: Tensor | None = None,
-                 agg_ratio: float = 1.0, seed: int = 0) -> None:
+                 agg_ratio: float = 1.0, seed: int = 0,
+                 store: torch.dtype | None = None) -> None:
         super().__init__(sizes, n_clients)
         self._init_sampling(agg_ratio, seed)
         self.threshold, self.topk, self.layers = threshold, topk, layers
         m, d = q0.shape
+        self._keep_uploads(q0, alias, store)
         self.global_table = q0.clone()
-        self.personal = q0.expand(n_clients, m, d).clone()
-        self._keep_uploads(q0, alias)
+        self.personal = self._stored(q0).expand(n_clients, m, d).clone()
 
     def sent(self, idx: Tensor) -> Tensor:
         return self.global_table.expand(idx.shape[0], -1, -1).contiguous()
 
     def anchor(self, idx: Tensor) -> Tensor:
-        return self.personal.index_select(0, idx)
+        return self._loaded(self.personal.index_select(0, idx))
 
     def end_round(self) -> None:
         # the graph over the sampled uploads only when agg_ratio < 1
@@ -468,9 +484,10 @@ class GraphAggregator(_Sampled, _PerUploadAggregator):
         if round_uploads is None:
             return
         part, uploads = round_uploads
-        personal, self.global_table = graph_tables(uploads, threshold=self.threshold,
+        personal, self.global_table = graph_tables(self._loaded(uploads),
+                                                   threshold=self.threshold,
                                                    topk=self.topk, layers=self.layers)
-        self.personal[part] = personal
+        self.personal[part] = self._stored(personal)
         self._received()
 
     @property
@@ -498,17 +515,17 @@ class FedMergeAggregator(_PerUploadAggregator):
         fit = opts.fedmerge or FedMergeOptions()
         return cls(sizes, sizes.shape[0], q0, k=int(fit.k),
                    fit_cfg=FitConfig(steps=fit.steps, lr=fit.lr), seed=opts.seed,
-                   alias=opts.alias)
+                   alias=opts.alias, store=opts.store)
 
     def __init__(self, sizes: Tensor, n_clients: int, q0: Tensor, *, k: int, fit_cfg: FitConfig,
-                 seed: int, alias: Tensor | None = None) -> None:
+                 seed: int, alias: Tensor | None = None,
+                 store: torch.dtype | None = None) -> None:
         super().__init__(sizes, n_clients)
         self.fit_cfg = fit_cfg
-        self.dtype = q0.dtype
+        self._keep_uploads(q0, alias, store)
         self.tables = initial_tables(q0, k, seed)  # (K, m, d) float64
         self.logits = torch.zeros((n_clients, k), dtype=torch.float64, device=self.device)
-        self.personal = merged_tables(self.logits, self.tables).to(q0.dtype)
-        self._keep_uploads(q0, alias)
+        self.personal = self._stored(merged_tables(self.logits, self.tables))
         self.objective: list[float] = []
         self._stats: dict[str, float] = {}
 
@@ -518,10 +535,10 @@ class FedMergeAggregator(_PerUploadAggregator):
         return torch.softmax(self.logits, dim=1)
 
     def sent(self, idx: Tensor) -> Tensor:
-        return self.personal.index_select(0, idx)
+        return self._loaded(self.personal.index_select(0, idx))
 
     def anchor(self, idx: Tensor) -> Tensor:
-        return self.personal.index_select(0, idx)
+        return self._loaded(self.personal.index_select(0, idx))
 
     def end_round(self) -> None:
         round_uploads = self._round_uploads()
@@ -532,7 +549,7 @@ class FedMergeAggregator(_PerUploadAggregator):
         self.tables = res.tables
         self.logits[part] = res.logits
         self.objective = res.objective
-        self.personal = merged_tables(self.logits, self.tables).to(self.dtype)
+        self.personal = self._stored(merged_tables(self.logits, self.tables))
         entries = part.numel() * self.tables[0].numel()
         self._stats = {"fedmerge_entropy": float(weight_entropy(self.logits).mean()),
                        "fedmerge_fit_mse": res.objective[-1] / entries}
@@ -577,7 +594,8 @@ class AggregatorOptions:
     ``server``: the sum aggregators' step on the aggregate (:class:`ServerMomentum`);
     ``similarity``: the similarity aggregator's rule (:class:`~fedem_private.server.options.
     SimilarityOptions`, docs/design.md 2a; its alpha is ``alpha``); ``agg_ratio``: the
-    share of each round's uploads aggregated (:class:`_Sampled`).
+    share of each round's uploads aggregated (:class:`_Sampled`); ``store``: the dtype of
+    a per-upload aggregator's per-client copies (``train.state_dtype``; None: q0's).
     """
 
     alpha: float = 0.9
@@ -588,13 +606,14 @@ class AggregatorOptions:
     server: ServerOptConfig | None = None
     similarity: SimilarityOptions | None = None
     agg_ratio: float = 1.0
+    store: torch.dtype | None = None
 
 
 def build(name: str, sizes: Tensor, q0: Tensor, *, alpha: float,
           alias: Tensor | None = None, graph: GraphOptions | None = None,
           fedmerge: FedMergeOptions | None = None, seed: int = 0,
           server: ServerOptConfig | None = None, similarity: SimilarityOptions | None = None,
-          agg_ratio: float = 1.0) -> Aggregator:
+          agg_ratio: float = 1.0, store: torch.dtype | None = None) -> Aggregator:
     """The aggregator registered as ``name`` (:mod:`fedem_private.server.registry`), built
     from the options (:class:`AggregatorOptions`) by its class."""
     from fedem_private.server.registry import aggregator_class
@@ -604,7 +623,7 @@ def build(name: str, sizes: Tensor, q0: Tensor, *, alpha: float,
         raise ValueError(f"aggregation {name!r} cannot aggregate a share of the uploads")
     opts = AggregatorOptions(alpha=alpha, alias=alias, graph=graph, fedmerge=fedmerge,
                              seed=seed, server=server, similarity=similarity,
-                             agg_ratio=agg_ratio)
+                             agg_ratio=agg_ratio, store=store)
     return cls.from_options(sizes, q0, opts)
 
 

@@ -79,6 +79,7 @@ LATER_FIELDS: dict[tuple[str, ...], Any] = {
     ("train", "weight_decay"): 0.0,
     ("train", "lr_batch_decay"): 1.0,
     ("train", "lr_round_decay"): 1.0,
+    ("train", "state_dtype"): "float32",
     **{("baseline", f.name): f.default for f in fields(BaselineConfig)},
 }
 

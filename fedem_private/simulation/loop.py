@@ -92,6 +92,9 @@ from fedem_private.server.pretrain import pretrain_items
 from fedem_private.simulation.config import SGD_FIELDS, RunConfig
 from fedem_private.simulation.view import RunView, read_only
 
+#: train.state_dtype's names as torch dtypes
+STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
 SERVER = 1 << 40  # client id used to key the server's own random draws
 # the most clients trained side by side (the memory budget may allow fewer): on the CPU
 # larger chunks only pad more; a GPU needs wide chunks to hide its per-kernel overhead
@@ -169,11 +172,21 @@ class SimState:
     """All client state, as batched tensors on the run's device (the server's lives in its
     aggregators)."""
 
-    q_local: torch.Tensor  # (n, m, d) each client's table after its last training
+    q_local: torch.Tensor  # (n, m, d) each client's table after its last training, kept
+    # in train.state_dtype (read through params / items, which return the compute dtype)
     private: dict[str, torch.Tensor]  # (n, ...) groups that never leave a client (p_u, heads)
     dense_local: dict[str, torch.Tensor]  # (n, ...) each client's own shared dense groups
     q_global: torch.Tensor | None  # (m, d) shared, or (n, m, d) personalised, or None
     round: int = 0
+    dtype: torch.dtype = torch.float32  # the compute dtype tables are read in
+
+    def items(self, idx: torch.Tensor) -> torch.Tensor:
+        """Clients idx's own item tables Q_l (k, m, d), in the compute dtype."""
+        return self.q_local.index_select(0, idx).to(self.dtype)
+
+    def keep_items(self, idx: torch.Tensor, tables: torch.Tensor) -> None:
+        """Store clients idx's newly trained tables (rounded to the state dtype)."""
+        self.q_local[idx] = tables.to(self.q_local.dtype)
 
     @property
     def p(self) -> torch.Tensor:
@@ -182,7 +195,7 @@ class SimState:
 
     def params(self, idx: torch.Tensor) -> ClientParams:
         """Clients idx's own current model."""
-        return ClientParams(self.q_local.index_select(0, idx),
+        return ClientParams(self.items(idx),
                             {n: t.index_select(0, idx) for n, t in self.dense_local.items()},
                             {n: t.index_select(0, idx) for n, t in self.private.items()})
 
@@ -420,7 +433,9 @@ class Simulation:
         dev = self.device
         q0 = self._initial_items().to(dev)
         dense0 = {k: v.to(dev) for k, v in self.backbone.init_dense().items()}
-        q_local = q0.expand(n, *q0.shape).clone()
+        store = STATE_DTYPES[self.cfg.train.state_dtype] if q0.dtype == torch.float32 \
+            else q0.dtype  # (a float64 test run keeps float64)
+        q_local = q0.to(store).expand(n, *q0.shape).clone()
         # Without noise an upload equals the client's new table, so the server's copy of
         # each last upload can share storage with q_local (it changes only on upload).
         alias = q_local if not self.privacy.perturbs else None
@@ -431,7 +446,7 @@ class Simulation:
             self.aggregation, self.sizes, q0, alpha=similarity.alpha, alias=alias,
             graph=GraphOptions.from_config(fed), fedmerge=FedMergeOptions.from_config(fed),
             seed=self.seed, server=server,
-            similarity=similarity, agg_ratio=fed.agg_clients_ratio)
+            similarity=similarity, agg_ratio=fed.agg_clients_ratio, store=store)
         self.dense = (aggregators.DenseFedAvg(self.sizes, dense0, server=server) if dense0
                       else None)
         peft = codecs.PeftConfig.from_config(fed)
@@ -447,7 +462,8 @@ class Simulation:
                              device=dev)
         dense_local = {k: v.expand(n, *v.shape).clone() for k, v in dense0.items()}
         private = {k: v.to(dev) for k, v in self.backbone.init_private(np.arange(n)).items()}
-        self.state = SimState(q_local, private, dense_local, self.aggregator.table)
+        self.state = SimState(q_local, private, dense_local, self.aggregator.table,
+                              dtype=q0.dtype)
         # under a perturbing mechanism with the share rule, the last encoded table the
         # server sent each client: the public centre of its release (_release_base)
         self._public_sent: torch.Tensor | None = None
@@ -614,7 +630,7 @@ class Simulation:
         start = self._sent_params(idx)
         recv = self.aggregator.receives(idx)  # None: every client of the chunk gets a table
         work = ChunkWork(chunk, idx, samples, start,
-                         own_items=self.state.q_local.index_select(0, idx),
+                         own_items=self.state.items(idx),
                          sent=start.items, dense_sent=start.dense, recv=recv)
         if not rnd.peft and self.aggregator.sends_table:
             rnd.down_bytes += work.n_recv * wire_bytes({"items": work.sent, **work.dense_sent})
@@ -670,7 +686,7 @@ class Simulation:
         if work.batch_rows is not None:
             self.merger.keep_trained(work.idx, work.batch_rows)
         st = self.state
-        st.q_local[work.idx] = new.items
+        st.keep_items(work.idx, new.items)
         for name, value in new.private.items():
             st.private[name][work.idx] = value
         for name, value in new.dense.items():

@@ -172,6 +172,11 @@ class TrainConfig:
     weight_decay: float = 0.0
     lr_batch_decay: float = 1.0
     lr_round_decay: float = 1.0
+    # issue 43, item 4: the dtype the per-client item tables are kept in between rounds
+    # (each client's Q_l, and the server's per-client copies: last uploads, personalised
+    # tables): "float32", or "bfloat16" (half the memory; every round still trains, merges
+    # and aggregates in float32, and the trained table is rounded to nearest on storing)
+    state_dtype: str = "float32"
 
     def validate(self) -> None:
         for name in ("rounds", "local_epochs", "batch_size", "dim", "num_negatives",
@@ -192,6 +197,9 @@ class TrainConfig:
             raise UserError(f"--early-stop-tol (train.early_stop_tol) must be in [0, 1), "
                             f"got {self.early_stop_tol}")
         check_device(self.device)
+        if self.state_dtype not in STATE_DTYPES:
+            raise UserError(f"unknown --state-dtype (train.state_dtype) {self.state_dtype!r}; "
+                            f"choose one of {', '.join(STATE_DTYPES)}")
         self._validate_optimizer()
 
     def _validate_optimizer(self) -> None:
@@ -218,6 +226,8 @@ class TrainConfig:
                                 f"setting of --optimizer sgd, not {self.optimizer!r}")
 
 
+#: the dtypes train.state_dtype may keep the per-client item tables in
+STATE_DTYPES = ("float32", "bfloat16")
 #: local optimisers; each backbone builds those of its ``Backbone.optimizers``
 OPTIMIZERS = ("adam", "sgd")
 #: the settings of --optimizer sgd alone, with their defaults

@@ -1,0 +1,81 @@
+"""``train.state_dtype = "bfloat16"``: per-client item tables kept in half the memory,
+arithmetic in float32 (issue 43, item 4)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedem_private.cli import main
+from fedem_private.server.aggregation import similarity_aggregate
+from fedem_private.simulation.config import from_dict
+from fedem_private.simulation.loop import Simulation
+
+
+def _sim(split, state_dtype: str, **fed) -> Simulation:
+    cfg = {"train": {"rounds": 3, "local_epochs": 2, "state_dtype": state_dtype, "seed": 1},
+           "federation": fed}
+    return Simulation(from_dict(cfg), split)
+
+
+def test_round_one_keeps_the_float32_tables_rounded_once(small_split):
+    """FedMF's round 1 starts every client from the same float32 global table either
+    way, so the bfloat16 state is exactly the float32 run's trained tables rounded to
+    nearest, and the server's float32 aggregate of the (unrounded) uploads is identical."""
+    a, b = _sim(small_split, "float32", method="fedmf"), _sim(small_split, "bfloat16",
+                                                              method="fedmf")
+    a.step()
+    b.step()
+    assert a.state.q_local.dtype == torch.float32 and b.state.q_local.dtype == torch.bfloat16
+    assert torch.equal(b.state.q_local, a.state.q_local.to(torch.bfloat16))
+    assert torch.equal(a.aggregator.table, b.aggregator.table)
+    # read back in the compute dtype
+    idx = torch.arange(3)
+    assert b.state.params(idx).items.dtype == torch.float32
+
+
+def test_fedem_keeps_every_per_client_table_narrow_and_trains(small_split):
+    sim = _sim(small_split, "bfloat16", method="fedem")
+    ref = _sim(small_split, "float32", method="fedem")
+    sim.run()
+    ref.run()
+    agg = sim.aggregator
+    assert sim.state.q_local.dtype == torch.bfloat16
+    assert agg.global_tables.dtype == torch.bfloat16 and agg.last_upload.dtype == torch.bfloat16
+    assert agg.sent(torch.arange(2)).dtype == torch.float32
+    assert sim.state.q_local.element_size() * 2 == ref.state.q_local.element_size()
+    # the tables follow the float32 run's to within bfloat16's rounding, not elsewhere
+    gap = (sim.state.q_local.float() - ref.state.q_local).abs().max().item()
+    assert 0 < gap < 0.05 * ref.state.q_local.abs().max().item()
+    hr = sim.evaluate()["sampled"]["hr@10"]
+    assert 0 <= hr <= 1
+
+
+def test_similarity_aggregate_of_narrow_tables_sums_in_float32():
+    """The personalised tables of bfloat16 uploads are the float64 aggregate of the same
+    (bfloat16-valued) uploads rounded once, not a sum accumulated in bfloat16."""
+    gen = torch.Generator().manual_seed(0)
+    uploads = torch.randn(7, 50, 4, generator=gen).to(torch.bfloat16)
+    p = torch.full((7,), 1 / 7, dtype=torch.float64)
+    got = similarity_aggregate(uploads, p, 0.5)
+    want = similarity_aggregate(uploads.double(), p, 0.5)
+    assert got.dtype == torch.bfloat16
+    # one rounding: within half a bfloat16 ulp (at most 2^-8 relative), float32 slack
+    err = (got.double() - want).abs()
+    assert bool((err <= want.abs() * (2 ** -8 + 1e-6) + 1e-30).all())
+
+
+@pytest.mark.parametrize("method", ["gpfedrec", "fedmerge"])
+def test_other_per_upload_aggregators_keep_narrow_copies(small_split, method):
+    sim = _sim(small_split, "bfloat16", method=method)
+    sim.run()
+    assert sim.aggregator.last_upload.dtype == torch.bfloat16
+    assert sim.aggregator.personal.dtype == torch.bfloat16
+    assert sim.aggregator.anchor(torch.arange(2)).dtype == torch.float32
+
+
+def test_unknown_state_dtype_is_one_line(tmp_path, capsys):
+    code = main(["run", "--rounds", "1", "--state-dtype", "float8", "--out",
+                 str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "float32, bfloat16" in err
