@@ -134,7 +134,8 @@ DISPLAY = {"fedmf": "FedMF", "fedem": "FedEM", "pfedrec": "PFedRec", "fedncf": "
 
 def tuned_label(cfg: dict[str, Any]) -> tuple[str, str]:
     """(display name, run-name stem) of a tuned config: its method, and its merge and
-    aggregation where the tuning chose them ("FedEM [dm, fedavg]")."""
+    aggregation where the tuning chose other than the method's defaults ("FedEM [dm,
+    fedavg]", ``fedem-dm-fedavg``)."""
     from fedem_private.experiments.analysis import METHOD_DEFAULTS
 
     fed = cfg.get("federation", {})
@@ -142,7 +143,9 @@ def tuned_label(cfg: dict[str, Any]) -> tuple[str, str]:
     defaults = dict(zip(("aggregation", "merge"), METHOD_DEFAULTS[method], strict=True))
     chosen = [fed[k] for k in ("merge", "aggregation") if fed.get(k, defaults[k]) != defaults[k]]
     name = DISPLAY.get(method, method)
-    return (f"{name} [{', '.join(chosen)}]" if chosen else name), method
+    if not chosen:
+        return name, method
+    return f"{name} [{', '.join(chosen)}]", "-".join((method, *chosen))
 
 
 def private_rungs(dataset: str, data_dir: str, seeds: list[int],

@@ -327,13 +327,17 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--out", metavar="DIR", required=True,
                       help="study folder: study.db, trials/, trials.csv, best.toml")
     tune.add_argument("--trials", type=_integer, default=None,
-                      help="completed trials wanted in all (default: the file's)")
+                      help="finished (completed or diverged) trials wanted in all (default: "
+                      "the file's)")
     tune.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                       help="run trials as Ray tasks sharing the study file: on a local Ray "
                       "instance, or on the cluster at ADDRESS (DIR must then be on a shared "
                       "file system); needs pip install 'fedem-private[ray]'")
     tune.add_argument("--workers", type=_integer, default=2,
                       help="with --ray: trials run at once (default 2)")
+    tune.add_argument("--best-by", metavar="KEY", default=None,
+                      help="also write best-<value>.toml, the best trial for each value of "
+                      "this searched choice (e.g. federation.merge: one config per merge)")
     ds = sub.add_parser("datasets", help="list or download datasets")
     ds_sub = ds.add_subparsers(dest="action", required=True, parser_class=_Parser)
     ls = ds_sub.add_parser("list", help="known datasets and where they are found")
@@ -609,7 +613,8 @@ def _main(argv: Sequence[str] | None) -> int:
             from fedem_private.experiments.tune import run_tuning
 
             result = run_tuning(args.spec, args.out, args.trials, ray=args.ray,
-                                    workers=args.workers if args.ray else 1)
+                                    workers=args.workers if args.ray else 1,
+                                    best_by=args.best_by)
             diverged = f" ({result['diverged']} more diverged)" if result["diverged"] else ""
             print(f"{result['completed']} trials{diverged}; best sampled validation HR@10 "
                   f"{result['best_value']:.4f} with {result['best_params']}; config in "

@@ -148,3 +148,23 @@ method = "fedmf"
     assert all(r["val_hr@10"] == "" for r in rows if r["status"] == "diverged")
     assert "more diverged" in capsys.readouterr().out
     assert load_toml(tmp_path / "s" / "best.toml").train.lr == pytest.approx(0.01)
+
+
+def test_best_by_writes_the_best_config_of_each_choice(tmp_path, capsys):
+    spec = tmp_path / "t.toml"
+    spec.write_text(SPEC.format(trials=4).replace(
+        '{ low = 1.0, high = 1000.0, log = true }', '{ choices = [10.0, 1000.0] }').replace(
+        'seed = 3', 'seed = 0'))  # seed 0's first four trials draw both values
+    out = tmp_path / "s"
+    assert main(["tune", str(spec), "--out", str(out), "--best-by",
+                 "baseline.ease_lambda"]) == 0
+    rows = _read(out / "trials.csv")
+    for value in ("10.0", "1000.0"):
+        mine = [r for r in rows if r["baseline.ease_lambda"] == value]
+        best = load_toml(out / f"best-{value}.toml")
+        assert best.baseline.ease_lambda == float(value)
+        assert f"trial {max(mine, key=lambda r: float(r['val_hr@10']))['trial']}," in \
+            (out / f"best-{value}.toml").read_text().splitlines()[0]
+    capsys.readouterr()
+    assert main(["tune", str(spec), "--out", str(out), "--best-by", "train.lr"]) == 2
+    assert "not a searched choice" in capsys.readouterr().err

@@ -200,7 +200,8 @@ def _work(spec: str, out: str, wanted: int, worker: int) -> int:
 
 
 def run_tuning(spec: str | Path, out: str | Path, trials: int | None = None,
-               ray: str | None = None, workers: int = 1) -> dict[str, Any]:
+               ray: str | None = None, workers: int = 1,
+               best_by: str | None = None) -> dict[str, Any]:
     """Run (or resume) the study of ``spec`` into ``out`` until it has ``trials`` finished
     trials, completed or diverged (default: the file's); returns {"best_value",
     "best_params", "completed", "diverged"}.
@@ -209,9 +210,14 @@ def run_tuning(spec: str | Path, out: str | Path, trials: int | None = None,
     share the study file, each running trials until the study has enough (on a cluster,
     ``out`` must be on a file system every node sees). With one worker and no Ray the
     study is reproducible from its seed; parallel workers' trial order depends on timing.
+    ``best_by``: a searched choice (``federation.merge``); the best trial of each of its
+    values is also written, as ``best-<value>.toml``.
     """
     optuna = _import_optuna()
-    _, _, file_trials, seed = load_tune_spec(spec)
+    _, space, file_trials, seed = load_tune_spec(spec)
+    if best_by is not None and "choices" not in space.get(best_by, {}):
+        raise UserError(f"--best-by {best_by}: not a searched choice of [tune.space] "
+                        f"(choices: {', '.join(k for k, v in space.items() if 'choices' in v)})")
     wanted = file_trials if trials is None else int(trials)
     if workers < 1:
         raise UserError(f"--workers must be a positive integer, got {workers}")
@@ -225,7 +231,7 @@ def run_tuning(spec: str | Path, out: str | Path, trials: int | None = None,
     study = _open_study(optuna, root, seed)
     if _completed(study, optuna) == 0:
         raise UserError("tune: no trial completed")
-    _write_outputs(study, root, optuna)
+    _write_outputs(study, root, optuna, best_by)
     best = study.best_trial
     return {"best_value": best.value, "best_params": best.params,
             "completed": _completed(study, optuna),
@@ -250,9 +256,9 @@ def _work_on_ray(spec: str, out: str, wanted: int, workers: int, address: str) -
         raise UserError(f"tune --ray: a worker failed: {str(errors[0]).strip().splitlines()[-1]}")
 
 
-def _write_outputs(study: Any, root: Path, optuna: Any) -> None:
-    """trials.csv (every completed or diverged trial, in trial order) and best.toml (the
-    best one's resolved config)."""
+def _write_outputs(study: Any, root: Path, optuna: Any, best_by: str | None = None) -> None:
+    """trials.csv (every completed or diverged trial, in trial order), best.toml (the
+    best one's resolved config) and, with ``best_by``, best-<value>.toml per value."""
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     listed = [t for t in study.trials if t in done or _diverged(t, optuna)]
     keys = sorted({k for t in listed for k in t.params})
@@ -263,11 +269,25 @@ def _write_outputs(study: Any, root: Path, optuna: Any) -> None:
             writer.writerow([t.number, *(t.params.get(k) for k in keys),
                              "" if t.value is None else t.value, t.user_attrs.get("run_dir"),
                              "complete" if t in done else DIVERGED])
-    best_dir = Path(study.best_trial.user_attrs["run_dir"])
+    _write_best(root / "best.toml", study.best_trial, f"best of {len(done)} trials")
+    if best_by is None:
+        return
+    for value in sorted({str(t.params[best_by]) for t in done if best_by in t.params}):
+        group = [t for t in done if str(t.params.get(best_by)) == value]
+        best = max(group, key=lambda t: t.value)  # ties: the earliest trial
+        _write_best(root / f"best-{_slug(value)}.toml", best,
+                    f"best of the {len(group)} trials with {best_by} = {value} "
+                    f"({len(done)} in all)")
+
+
+def _slug(value: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in value)
+
+
+def _write_best(path: Path, trial: Any, what: str) -> None:
+    """A trial's resolved run config, headed by what it is the best of."""
     from fedem_private.simulation.config import load_toml
 
-    cfg = load_toml(best_dir / "config.toml")
-    (root / "best.toml").write_text(
-        f"# best of {len(done)} trials by sampled validation HR@10 "
-        f"({study.best_trial.value:.6g}); trial {study.best_trial.number}, "
-        f"{json.dumps(study.best_trial.params)}\n" + to_toml(to_dict(cfg)))
+    cfg = load_toml(Path(trial.user_attrs["run_dir"]) / "config.toml")
+    path.write_text(f"# {what} by sampled validation HR@10 ({trial.value:.6g}); trial "
+                    f"{trial.number}, {json.dumps(trial.params)}\n" + to_toml(to_dict(cfg)))
