@@ -118,6 +118,14 @@ def measure(data: str, method: str, device: str, cap: int, budget_mb: int,
     return row
 
 
+def _value(text: str) -> Any:
+    """A --set value as TOML reads it (1, 0.5, true, "x"), or else the bare string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", default="ml-100k")
@@ -136,7 +144,7 @@ def main() -> None:
                     help="a config override (dotted key, TOML value), e.g. "
                          "data.synthetic.n_items=2000; repeatable")
     args = ap.parse_args()
-    extra = {k: tomllib.loads(f"v = {v}")["v"] for k, v in (a.split("=", 1) for a in args.set)}
+    extra = {k: _value(v) for k, v in (a.split("=", 1) for a in args.set)}
     caps = [int(c) for c in args.chunks.split(",")]
     rows = []
     for i, cap in enumerate(caps):
