@@ -24,7 +24,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 KEYS = ("train.lr", "train.local_epochs", "train.num_negatives", "train.dim", "train.rounds",
-        "federation.server_lr", "privacy.sample_rate", "privacy.clip")
+        "federation.server_lr", "federation.merge", "federation.aggregation",
+        "federation.adapter_lr", "privacy.sample_rate", "privacy.clip", "privacy.dpsgd_rate",
+        "privacy.dpsgd_steps", "privacy.dpsgd_lr")
 
 
 def trials(study: Path) -> list[dict]:
@@ -54,7 +56,17 @@ def _fmt(settings: dict) -> str:
                      for k, v in settings.items())
 
 
+def searched(rows: list[dict]) -> list[dict]:
+    """The rows with only the settings that vary across the study's trials (the searched
+    ones; a fixed default says nothing)."""
+    keys = {k for r in rows for k in r["settings"]}
+    varying = {k for k in keys if len({repr(r["settings"].get(k)) for r in rows}) > 1}
+    return [{**r, "settings": {k: v for k, v in r["settings"].items() if k in varying}}
+            for r in rows]
+
+
 def table(name: str, rows: list[dict]) -> str:
+    rows = searched(rows)
     lines = [f"### {name} ({len(rows)} trials)", "",
              "| trial | val HR@10 (sampled; the objective) | best so far | test HR@10 sampled | "
              "test HR@10 full | settings |", "|---|---|---|---|---|---|"]
