@@ -162,8 +162,9 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--seed", "train.seed", _integer, "random seed"),
     ("--memory-budget-mb", "train.memory_budget_mb", _integer, "memory budget for chunks"),
     ("--device", "train.device", str,
-     "where the heavy tensors live: cpu, cuda, or auto (cuda when one is available); random "
-     "draws stay on the CPU, so cpu and cuda runs agree within float tolerance"),
+     "where the heavy tensors live: cpu, cuda, or auto (cuda when one is available); the "
+     "keyed draws give the same random numbers on either, so cpu and cuda runs agree within "
+     "float tolerance"),
     ("--state-dtype", "train.state_dtype", str,
      "dtype of the per-client item tables kept between rounds: float32 (default) or "
      "bfloat16 (half the memory; arithmetic stays float32)"),
