@@ -251,8 +251,9 @@ class StrictDevice(TorchFunctionMode):
     {"federation.method": "fedmf", "privacy.mode": "ldp-gaussian", "privacy.epsilon": 8.0,
      "privacy.delta": 1e-5, "privacy.clip_auto": True, "privacy.clip": None,
      "train.client_fraction": 0.5},
+    {"federation.method": "fedem", "train.state_dtype": "bfloat16"},
 ], ids=["fedem", "dm-holdout", "fedncf-ldp", "pfedrec-hash", "em-lora", "gpfedrec",
-        "fedrap-touched", "fedmerge-paper", "cdp", "clip-auto-fraction"])
+        "fedrap-touched", "fedmerge-paper", "cdp", "clip-auto-fraction", "fedem-bf16"])
 def test_no_op_mixes_device_and_cpu_tensors(small_split, over):
     """Each part keeps its work on the run's device (emulated; see StrictDevice)."""
     mode = StrictDevice()

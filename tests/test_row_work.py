@@ -11,9 +11,10 @@ from fedem_private.models.base import Plan
 
 def _plan(touched: list[int], rows: int, active: list[int], steps: list[int]) -> Plan:
     empty = torch.zeros((0, 1))
-    return Plan(touched=[np.arange(t) for t in touched], rows=rows, loc=empty, lab=empty,
-                wgt=empty, active=np.array(active), offsets=np.zeros(len(active) + 1, int),
-                steps=np.array(steps), epochs=1)
+    return Plan.of_touched([np.arange(t) for t in touched], rows, loc=empty, lab=empty,
+                           wgt=empty, active=np.array(active),
+                           offsets=np.zeros(len(active) + 1, int), steps=np.array(steps),
+                           epochs=1)
 
 
 def test_counts_follow_the_plans():

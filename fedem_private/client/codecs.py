@@ -285,10 +285,7 @@ class _PeftItemRows(ItemRows):
         self.k, self.m, self.d = k, m, d
         self.bsz = plan.lab.shape[1]
         dev = q_start.device  # of every tensor here, as of the plan's
-        ids = np.zeros((k, plan.rows), dtype=np.int64)
-        for j, t in enumerate(plan.touched):
-            ids[j, : t.shape[0]] = t
-        self.ids = torch.from_numpy(ids).to(dev).view(-1)  # compact row -> item id
+        self.ids = plan.ids.to(dev).reshape(-1)  # compact row -> item id
         # compact row -> client
         self.owner = torch.arange(k, device=dev).repeat_interleave(plan.rows)
         if base is None:  # the starting table minus f_theta_start: the client's frozen base
@@ -393,10 +390,7 @@ class _PeftItemRows(ItemRows):
         q_local = self.codec.delta(self.theta).add_(self.base_full)
         dev = q_local.device
         touched = torch.zeros((self.k, self.m), dtype=torch.bool, device=dev)
-        valid = np.zeros((self.k, self.plan.rows), dtype=bool)
-        for j, t in enumerate(self.plan.touched):
-            valid[j, : t.shape[0]] = True
-        keep = torch.from_numpy(valid.reshape(-1)).to(dev)
+        keep = self.plan.valid.to(dev).reshape(-1)
         touched.view(-1)[(self.owner * self.m + self.ids)[keep]] = True
         return q_local, touched
 

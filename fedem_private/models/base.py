@@ -25,6 +25,7 @@ there, and the per-chunk :class:`Plan` is moved there once.
 
 from __future__ import annotations
 
+import functools
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
@@ -295,12 +296,12 @@ class Plan:
     entries and 0 on padding, so the gradient of each client's mean BCE is
     (sigmoid(logit) - label) * wgt.
 
-    ``loc``, ``lab`` and ``wgt`` live on the chunk's device (moved there once, when
-    the plan is made); the rest is numpy.
+    ``ids``, ``valid``, ``loc``, ``lab`` and ``wgt`` live on the chunk's device (built
+    there, :func:`make_plan`); ``active``, ``offsets`` and ``steps`` are numpy.
     """
 
-    touched: list[np.ndarray]  # per client: sorted unique item ids it trains on
-    rows: int  # padded compact table height
+    ids: Tensor  # (k, rows) item id of each compact row, sorted per client (0 on padding)
+    valid: Tensor  # (k, rows) bool: a real row
     loc: Tensor  # (sum_s a_s, B) flattened compact row index per batch slot, step-major
     lab: Tensor  # (sum_s a_s, B) labels
     wgt: Tensor  # (sum_s a_s, B) per-entry weight of the batch mean
@@ -308,6 +309,26 @@ class Plan:
     offsets: np.ndarray  # (S + 1,) first slot of each step
     steps: np.ndarray  # (k,) total steps
     epochs: int
+
+    @property
+    def rows(self) -> int:
+        """The padded compact table height."""
+        return int(self.ids.shape[1])
+
+    @functools.cached_property
+    def touched(self) -> list[np.ndarray]:
+        """Per client: the sorted unique item ids it trains on (numpy, on the CPU)."""
+        ids, valid = self.ids.cpu().numpy(), self.valid.cpu().numpy()
+        return [ids[j][valid[j]] for j in range(ids.shape[0])]
+
+    @classmethod
+    def of_touched(cls, touched: list[np.ndarray], rows: int, **rest: object) -> Plan:
+        """A plan from per-client item lists (tests and probes that build one by hand)."""
+        ids = np.zeros((len(touched), rows), dtype=np.int64)
+        valid = np.zeros((len(touched), rows), dtype=bool)
+        for j, t in enumerate(touched):
+            ids[j, : t.shape[0]], valid[j, : t.shape[0]] = t, True
+        return cls(torch.from_numpy(ids), torch.from_numpy(valid), **rest)  # type: ignore[arg-type]
 
     def schedule(self) -> Iterator[tuple[int, int, Tensor, Tensor, Tensor]]:
         """(step s, active a, flat rows (a * B,), labels (a, B), weights (a, B)) per step.
@@ -319,22 +340,25 @@ class Plan:
             yield s, a, self.loc[lo:hi].view(-1), self.lab[lo:hi], self.wgt[lo:hi]
 
 
-def _touched_rows(items: np.ndarray, indptr: np.ndarray, n_items: int
-                  ) -> tuple[list[np.ndarray], np.ndarray]:
-    """Each client's sorted unique items and every sample's position among them.
+def _touched_rows(items: Tensor, owner: Tensor, k: int, n_items: int
+                  ) -> tuple[Tensor, Tensor, Tensor]:
+    """(ids (k, rows), valid (k, rows), every sample's compact row) on ``items``' device.
 
-    One (k, n_items) marker table instead of a sort per client: row j marks
-    client j's items, its running count ranks them.
+    One (k, n_items) marker table instead of a sort per client: row j marks client j's
+    items, its running count ranks them, and the marks in row-major order are each
+    client's items sorted.
     """
-    k = indptr.shape[0] - 1
-    owner = np.repeat(np.arange(k), np.diff(indptr))
-    mark = np.zeros((k, n_items), dtype=bool)
+    dev = items.device
+    mark = torch.zeros((k, n_items), dtype=torch.bool, device=dev)
     mark[owner, items] = True
-    rank = np.cumsum(mark, axis=1, dtype=np.int64) - 1
-    counts = rank[:, -1] + 1 if n_items else np.zeros(k, dtype=np.int64)
-    cols = np.nonzero(mark)[1]
-    splits = np.cumsum(counts)[:-1]
-    return np.split(cols, splits), rank[owner, items]
+    rank = torch.cumsum(mark, dim=1, dtype=torch.int64) - 1
+    counts = mark.sum(dim=1)
+    rows = max(int(counts.max()) if k else 1, 1)
+    j, col = mark.nonzero(as_tuple=True)
+    ids = torch.zeros((k, rows), dtype=torch.int64, device=dev)
+    ids[j, rank[j, col]] = col
+    valid = torch.arange(rows, device=dev)[None, :] < counts[:, None]
+    return ids, valid, rank[owner, items]
 
 
 def make_plan(seed: int, round_: int, clients: np.ndarray, samples: ClientSamples,
@@ -344,43 +368,61 @@ def make_plan(seed: int, round_: int, clients: np.ndarray, samples: ClientSample
 
     With ``n_items`` every client's "touched" rows are the whole catalogue, so
     the compact table is the full table (for losses that move every row). The
-    plan is built in numpy; its tensors are moved to ``device`` (None: the CPU)
-    once, here.
+    plan is built by tensor operations on ``device`` (None: the CPU): the epoch
+    orders are drawn there (:func:`fedem_private.rng.epoch_orders_t`), and only the
+    per-step counts (k and S numbers) are numpy. Tested against the per-client
+    :func:`fedem_private.reference.plan.reference_plan`.
     """
+    dev = torch.device("cpu") if device is None else torch.device(device)
     k, bsz, epochs = clients.shape[0], cfg.batch_size, cfg.epochs
     lengths = np.diff(samples.indptr)
     steps = num_steps(lengths, cfg)
     if np.any(np.diff(steps) > 0):
         raise ValueError("clients must be sorted by number of steps, descending")
-    nb = -(-lengths // bsz)
-    real = np.float32 if dtype == torch.float32 else np.float64
+    nb = np.maximum(-(-lengths // bsz), 1)
+    len_t = torch.from_numpy(lengths).to(dev)
+    items = torch.from_numpy(samples.items).to(dev)
+    owner = torch.repeat_interleave(torch.arange(k, device=dev), len_t)
     if n_items is None:
         width = int(samples.items.max()) + 1 if samples.items.size else 1
-        touched, inv = _touched_rows(samples.items, samples.indptr, width)
+        ids, valid_rows, inv = _touched_rows(items, owner, k, width)
     else:
-        touched, inv = [np.arange(n_items) for _ in range(k)], samples.items
-    order = samples.order_grid(seed, round_, clients, 0, epochs)  # the chunk's, one call
-    rows = max((t.shape[0] for t in touched), default=1) or 1
+        ids = torch.arange(n_items, device=dev).expand(k, n_items).contiguous()
+        valid_rows = torch.ones((k, n_items), dtype=torch.bool, device=dev)
+        inv = items
+    rows = int(ids.shape[1])
+    # the chunk's, one call: drawn on the device, or on the CPU as a CPU draw (rng's rule)
+    order = rng.epoch_orders_t(seed, samples.stream, round_, clients, lengths, 0, epochs,
+                               device=None if dev.type == "cpu" else dev).to(dev)
     # step-major slots: (step s, client j) for every s < steps_j, ordered by s then j
     total = int(steps.max(initial=0))
     active = (steps[None, :] > np.arange(total)[:, None]).sum(axis=1)
     offsets = np.zeros(total + 1, dtype=np.int64)
     offsets[1:] = np.cumsum(active)
-    step_of = np.repeat(np.arange(total), active)
-    client_of = np.arange(offsets[-1]) - offsets[step_of]
-    nb_of = np.maximum(nb[client_of], 1)
-    # slot (client j, epoch s // NB_j, batch s % NB_j), gathered alone (no (k, epochs,
-    # max n) layout)
-    src, valid = samples.slots(order, client_of, step_of // nb_of, step_of % nb_of, bsz)
-    inv = np.asarray(inv, dtype=np.int64)
-    loc = np.where(valid, inv[src] if inv.size else 0, 0) + (client_of * rows)[:, None]
-    lab = np.where(valid, samples.labels[src] if samples.labels.size else 0, 0).astype(real)
-    msk = valid.astype(real)
-    wgt = msk / np.maximum(msk.sum(axis=1, keepdims=True), real(1.0))
-    return Plan(touched, rows, torch.from_numpy(loc).to(device),
-                torch.from_numpy(lab).to(device=device, dtype=dtype),
-                torch.from_numpy(wgt).to(device=device, dtype=dtype), active, offsets, steps,
-                epochs)
+    act = torch.from_numpy(active).to(dev)
+    step_of = torch.repeat_interleave(torch.arange(total, device=dev), act)
+    client_of = torch.arange(int(offsets[-1]), device=dev) - \
+        torch.from_numpy(offsets[:-1]).to(dev).repeat_interleave(act)
+    nb_of = torch.from_numpy(nb).to(dev)[client_of]
+    # slot (client j, epoch s // NB_j, batch s % NB_j): positions b B .. b B + B - 1
+    pos = (step_of % nb_of)[:, None] * bsz + torch.arange(bsz, device=dev)[None, :]
+    valid = pos < len_t[client_of][:, None]
+    if order.numel():
+        w = order.shape[2]  # one flat gather: (client, epoch, position) -> its entry
+        row = (client_of * epochs + step_of // nb_of) * w
+        picked = torch.take(order, row[:, None] + pos.clamp(max=w - 1))
+        starts = torch.from_numpy(samples.indptr[:-1]).to(dev)
+        src = torch.where(valid, starts[client_of][:, None] + picked, 0)
+    else:
+        src = torch.zeros(pos.shape, dtype=torch.int64, device=dev)
+    zero = torch.zeros((), dtype=torch.int64, device=dev)
+    loc = torch.where(valid, inv[src] if inv.numel() else zero, zero) + \
+        (client_of * rows)[:, None]
+    labels = torch.from_numpy(samples.labels).to(device=dev, dtype=dtype)
+    lab = torch.where(valid, labels[src] if labels.numel() else 0, 0).to(dtype)
+    msk = valid.to(dtype)
+    wgt = msk / msk.sum(dim=1, keepdim=True).clamp(min=1.0)
+    return Plan(ids, valid_rows, loc, lab, wgt, active, offsets, steps, epochs)
 
 
 @dataclass
@@ -397,13 +439,8 @@ class Compact:
     @classmethod
     def of(cls, q_start: Tensor, plan: Plan) -> Compact:
         k, _, d = q_start.shape
-        gather = np.zeros((k, plan.rows), dtype=np.int64)
-        valid = np.zeros((k, plan.rows), dtype=bool)
-        for j, t in enumerate(plan.touched):
-            gather[j, : t.shape[0]] = t
-            valid[j, : t.shape[0]] = True
-        gather, valid = _on(q_start, gather), _on(q_start, valid)
-        if plan.rows == q_start.shape[1] and all(t.shape[0] == plan.rows for t in plan.touched):
+        gather, valid = plan.ids.to(q_start.device), plan.valid.to(q_start.device)
+        if plan.rows == q_start.shape[1] and bool(valid.all()):
             # every client touches the whole catalogue (make_plan with n_items): the
             # compact table is the table, rows in order; no gather needed
             return cls(q_start.clone(memory_format=torch.contiguous_format), gather, valid)
@@ -426,11 +463,6 @@ class Compact:
         touched = torch.zeros((k, m), dtype=torch.bool, device=dev)
         touched.view(-1)[dest] = True
         return q_local, touched
-
-
-def _on(like: Tensor, array: np.ndarray) -> Tensor:
-    """A numpy array as a tensor on ``like``'s device (one copy; none on the CPU)."""
-    return torch.from_numpy(array).to(like.device)
 
 
 class ItemRows(ABC):

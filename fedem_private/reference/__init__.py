@@ -19,6 +19,8 @@ pyproject.toml), so they can stay simple and slow.
   (equation 13, and the FedEM code's PCA similarity with sklearn);
 - :mod:`~fedem_private.reference.graph`: GPFedRec's user graph, pair by pair;
 - :mod:`~fedem_private.reference.fedmerge`: the FedMerge fit, client by client;
+- :mod:`~fedem_private.reference.plan`: a chunk's lock-step plan, one client and one
+  step at a time (:func:`~fedem_private.models.base.make_plan`);
 - :mod:`~fedem_private.reference.round`: a whole round of a
   :class:`~fedem_private.simulation.loop.Simulation`, one client at a time.
 
