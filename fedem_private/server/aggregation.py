@@ -412,14 +412,17 @@ def similarity_aggregate(uploads: Tensor, p: Tensor, alpha: float,
     flat_src = sources.reshape(sources.shape[0], -1)
     out = torch.empty(uploads.shape, dtype=uploads.dtype, device=uploads.device)
     flat_out = out.view(n, -1)
-    for start in range(0, n, chunk_clients):
-        stop = min(start + chunk_clients, n)
-        w = _chunk_weights(p_part, dists, dist_row[start:stop], fallback, alpha,
-                           pca_similarity_weights if similarity == "pca" else similarity_weights)
-        if uploads.dtype in NARROW:
-            _narrow_mm(w, flat_src, flat_out[start:stop])
-        else:
-            torch.mm(w.to(uploads.dtype), flat_src, out=flat_out[start:stop])
+    rule = pca_similarity_weights if similarity == "pca" else similarity_weights
+    chunks = [(start, min(start + chunk_clients, n)) for start in range(0, n, chunk_clients)]
+    if uploads.dtype in NARROW:  # every receiver's weights (float32, beside the distances),
+        # then one pass over the source's column blocks, each widened once
+        w = torch.cat([_chunk_weights(p_part, dists, dist_row[a:b], fallback, alpha, rule)
+                       .to(torch.float32) for a, b in chunks])
+        _narrow_mm(w, flat_src, flat_out)
+        return out
+    for a, b in chunks:
+        w = _chunk_weights(p_part, dists, dist_row[a:b], fallback, alpha, rule)
+        torch.mm(w.to(uploads.dtype), flat_src, out=flat_out[a:b])
     return out
 
 
