@@ -327,6 +327,22 @@ def test_a_method_keeps_its_colour_across_architecture_rows():
     assert rp.lines(only_pfedrec, ["fedmf", "pfedrec"])[0].color == "C1"  # as in the full set
 
 
+def test_a_plain_point_of_another_protocol_is_not_dropped():
+    """A method's private lines under one protocol and its no-privacy point under another
+    (a tuned run, ``strict+bestval``): the point is a line of its own, not lost."""
+    import pandas as pd
+
+    from fedem_private.experiments import report_plots as rp
+
+    agg = pd.DataFrame([
+        {"protocol": "strict", "mode": "cdp-gaussian", "variant": "pfedrec", "x_key": 4.0},
+        {"protocol": "strict", "mode": "none", "variant": "pfedrec", "x_key": "no DP"},
+        {"protocol": "strict+bestval", "mode": "none", "variant": "pfedrec", "x_key": "no DP"}])
+    got = rp.lines(agg)
+    assert sorted(len(line.points) for line in got) == [1, 2]
+    assert {p for line in got for p in line.points["protocol"]} == {"strict", "strict+bestval"}
+
+
 def test_paper_mode_shows_its_heuristic_eps_labelled_not_a_guarantee(tmp_path):
     """Mode ``paper`` has no accountant: results.csv keeps its heuristic eps apart from the
     bounds (all empty, no guarantee) and the report labels it as the paper's heuristic."""

@@ -123,7 +123,11 @@ def lines(agg: pd.DataFrame, palette: Sequence[str] | None = None) -> list[Line]
         rows = agg[agg["variant"] == v]
         none_rows = rows[_plain_rows(rows)]
         pairs = set(zip(rows["mode"], rows["protocol"], strict=True))
-        keys = sorted(k for k in pairs if not _plain(k[0])) or sorted(pairs)
+        keys = sorted(k for k in pairs if not _plain(k[0]))
+        # a plain point joins the private lines of its protocol; one whose protocol has
+        # none is a line (a point) of its own, never dropped
+        joined = {protocol for _, protocol in keys}
+        keys += sorted(k for k in pairs if _plain(k[0]) and k[1] not in joined)
         for mode, protocol in keys:
             pts = rows[(rows["mode"] == mode) & (rows["protocol"] == protocol)]
             if not _plain(mode):
