@@ -529,14 +529,16 @@ def adapter_batches(seed: int, round_: int, clients: np.ndarray, samples: object
     lengths = np.diff(samples.indptr)
     per_epoch = -(-lengths // bsz)
     nb = extra * per_epoch
-    order = samples.order_grid(seed, round_, clients, e0, extra)  # the chunk's, one call
+    order = samples.order_grid_t(seed, round_, clients, e0, extra)  # the chunk's, one call
     zero = samples.labels.dtype.type(0)
     # client j's step s is (epoch, batch) = divmod(s, per_epoch[j]), gathered for the step
     # alone; past the client's samples, padding (item 0, label 0, mask False)
     for s in range(int(nb.max(initial=0))):
         rows = np.nonzero(nb > s)[0]
         epoch, b = np.divmod(s, per_epoch[rows])
-        src, valid = samples.slots(order, rows, epoch, b, bsz)
+        src_t, valid_t = samples.slots(order, *(torch.from_numpy(a) for a in (rows, epoch, b)),
+                                       bsz)
+        src, valid = src_t.numpy(), valid_t.numpy()
         its = np.where(valid, samples.items[src], 0) if samples.items.size else \
             np.zeros(valid.shape, dtype=np.int64)
         labs = np.where(valid, samples.labels[src], zero) if samples.labels.size else \

@@ -154,8 +154,7 @@ def _diverged(trial: Any, optuna: Any) -> bool:
 def _spent(study: Any, optuna: Any) -> int:
     """Trials that count against the budget: completed ones and diverged ones (a setting
     that blows up is a finished, if useless, trial; the budget stays equal per method)."""
-    return sum(t.state == optuna.trial.TrialState.COMPLETE or _diverged(t, optuna)
-               for t in study.trials)
+    return _completed(study, optuna) + sum(_diverged(t, optuna) for t in study.trials)
 
 
 def _work(spec: str, out: str, wanted: int, worker: int) -> int:
@@ -259,8 +258,9 @@ def _work_on_ray(spec: str, out: str, wanted: int, workers: int, address: str) -
 def _write_outputs(study: Any, root: Path, optuna: Any, best_by: str | None = None) -> None:
     """trials.csv (every completed or diverged trial, in trial order), best.toml (the
     best one's resolved config) and, with ``best_by``, best-<value>.toml per value."""
-    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-    listed = [t for t in study.trials if t in done or _diverged(t, optuna)]
+    complete = optuna.trial.TrialState.COMPLETE
+    done = [t for t in study.trials if t.state == complete]
+    listed = [t for t in study.trials if t.state == complete or _diverged(t, optuna)]
     keys = sorted({k for t in listed for k in t.params})
     with (root / "trials.csv").open("w", newline="") as fh:
         writer = csv.writer(fh)
@@ -268,7 +268,7 @@ def _write_outputs(study: Any, root: Path, optuna: Any, best_by: str | None = No
         for t in listed:
             writer.writerow([t.number, *(t.params.get(k) for k in keys),
                              "" if t.value is None else t.value, t.user_attrs.get("run_dir"),
-                             "complete" if t in done else DIVERGED])
+                             "complete" if t.state == complete else DIVERGED])
     _write_best(root / "best.toml", study.best_trial, f"best of {len(done)} trials")
     if best_by is None:
         return

@@ -147,32 +147,44 @@ class ClientSamples:
         a, b = self.indptr[j], self.indptr[j + 1]
         return self.items[a:b], self.labels[a:b]
 
-    def order_grid(self, seed: int, round_: int, clients: np.ndarray, first_epoch: int,
-                   epochs: int) -> np.ndarray:
+    def order_grid_t(self, seed: int, round_: int, clients: np.ndarray, first_epoch: int,
+                     epochs: int, device: torch.device | None = None) -> Tensor:
         """Orders of epochs first_epoch .. first_epoch + epochs - 1 of every row, in one
-        call (:func:`fedem_private.rng.epoch_orders_t`): (k, epochs, max n), row j's first
-        n_j entries a permutation of its samples, then padding (n_j .. max n - 1).
+        call (:func:`fedem_private.rng.epoch_orders_t`), on ``device`` (None: the CPU):
+        (k, epochs, max n), row j's first n_j entries a permutation of its samples, then
+        padding (n_j .. max n - 1).
 
         Row j's order of epoch e is :func:`epoch_orders` of client ``clients[j]``, epoch e,
         whatever else is drawn: the adapter of elastic merging takes epochs E .. E + e - 1
-        of the stream whose epochs 0 .. E - 1 train (docs/design.md section 16).
+        of the stream whose epochs 0 .. E - 1 train (docs/design.md section 16). For a
+        run on the CPU the grid is drawn as a CPU draw (rng's rule) and moved there.
         """
-        return rng.epoch_orders_t(seed, self.stream, round_, clients, np.diff(self.indptr),
-                                  first_epoch, epochs).numpy()
+        on = None if device is None or torch.device(device).type == "cpu" else device
+        grid = rng.epoch_orders_t(seed, self.stream, round_, clients, np.diff(self.indptr),
+                                  first_epoch, epochs, device=on)
+        return grid if device is None else grid.to(device)
 
-    def slots(self, order: np.ndarray, rows: np.ndarray, epochs: np.ndarray,
-              batches: np.ndarray, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    def order_grid(self, seed: int, round_: int, clients: np.ndarray, first_epoch: int,
+                   epochs: int) -> np.ndarray:
+        """:meth:`order_grid_t` on the CPU, as numpy."""
+        return self.order_grid_t(seed, round_, clients, first_epoch, epochs).numpy()
+
+    def slots(self, order: Tensor, rows: Tensor, epochs: Tensor, batches: Tensor,
+              batch_size: int) -> tuple[Tensor, Tensor]:
         """Where batch slots read their samples: slot j is batch ``batches[j]`` of epoch
         ``epochs[j]`` of row ``rows[j]``, positions b B .. b B + B - 1 of that epoch's
-        order (an :meth:`order_grid` grid). Returns (sample index, real) both (slots, B):
-        only the slots' entries are gathered, and past a row's samples the index is 0
-        and the entry padding."""
-        pos = batches[:, None] * batch_size + np.arange(batch_size)[None, :]
-        valid = pos < np.diff(self.indptr)[rows][:, None]
-        if not order.size:
-            return np.zeros(pos.shape, dtype=np.int64), valid
-        picked = order[rows[:, None], epochs[:, None], np.minimum(pos, order.shape[2] - 1)]
-        return np.where(valid, self.indptr[rows][:, None] + picked, 0), valid
+        order (an :meth:`order_grid_t` grid; the index tensors beside it). Returns
+        (sample index, real) both (slots, B), beside them: only the slots' entries are
+        gathered (one flat ``take``), and past a row's samples the index is 0 and the
+        entry padding."""
+        pos = batches[:, None] * batch_size + rows.new_tensor(np.arange(batch_size))[None, :]
+        valid = pos < rows.new_tensor(np.diff(self.indptr))[rows][:, None]
+        if not order.numel():
+            return torch.zeros_like(pos), valid
+        n_epochs, width = order.shape[1], order.shape[2]
+        flat = ((rows * n_epochs + epochs) * width)[:, None] + pos.clamp(max=width - 1)
+        starts = rows.new_tensor(self.indptr[:-1])[rows][:, None]
+        return torch.where(valid, starts + torch.take(order, flat), 0), valid
 
 
 def draw_samples(seed: int, round_: int, clients: np.ndarray, train_indptr: np.ndarray,
@@ -391,9 +403,7 @@ def make_plan(seed: int, round_: int, clients: np.ndarray, samples: ClientSample
         valid_rows = torch.ones((k, n_items), dtype=torch.bool, device=dev)
         inv = items
     rows = int(ids.shape[1])
-    # the chunk's, one call: drawn on the device, or on the CPU as a CPU draw (rng's rule)
-    order = rng.epoch_orders_t(seed, samples.stream, round_, clients, lengths, 0, epochs,
-                               device=None if dev.type == "cpu" else dev).to(dev)
+    order = samples.order_grid_t(seed, round_, clients, 0, epochs, dev)  # one call
     # step-major slots: (step s, client j) for every s < steps_j, ordered by s then j
     total = int(steps.max(initial=0))
     active = (steps[None, :] > np.arange(total)[:, None]).sum(axis=1)
@@ -404,17 +414,8 @@ def make_plan(seed: int, round_: int, clients: np.ndarray, samples: ClientSample
     client_of = torch.arange(int(offsets[-1]), device=dev) - \
         torch.from_numpy(offsets[:-1]).to(dev).repeat_interleave(act)
     nb_of = torch.from_numpy(nb).to(dev)[client_of]
-    # slot (client j, epoch s // NB_j, batch s % NB_j): positions b B .. b B + B - 1
-    pos = (step_of % nb_of)[:, None] * bsz + torch.arange(bsz, device=dev)[None, :]
-    valid = pos < len_t[client_of][:, None]
-    if order.numel():
-        w = order.shape[2]  # one flat gather: (client, epoch, position) -> its entry
-        row = (client_of * epochs + step_of // nb_of) * w
-        picked = torch.take(order, row[:, None] + pos.clamp(max=w - 1))
-        starts = torch.from_numpy(samples.indptr[:-1]).to(dev)
-        src = torch.where(valid, starts[client_of][:, None] + picked, 0)
-    else:
-        src = torch.zeros(pos.shape, dtype=torch.int64, device=dev)
+    # slot (client j, epoch s // NB_j, batch s % NB_j)
+    src, valid = samples.slots(order, client_of, step_of // nb_of, step_of % nb_of, bsz)
     zero = torch.zeros((), dtype=torch.int64, device=dev)
     loc = torch.where(valid, inv[src] if inv.numel() else zero, zero) + \
         (client_of * rows)[:, None]

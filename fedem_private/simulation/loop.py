@@ -92,9 +92,6 @@ from fedem_private.server.pretrain import pretrain_items
 from fedem_private.simulation.config import SGD_FIELDS, RunConfig
 from fedem_private.simulation.view import RunView, read_only
 
-#: train.state_dtype's names as torch dtypes
-STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
 SERVER = 1 << 40  # client id used to key the server's own random draws
 # the most clients trained side by side (the memory budget may allow fewer): on the CPU
 # larger chunks only pad more; a GPU needs wide chunks to hide its per-kernel overhead
@@ -433,8 +430,10 @@ class Simulation:
         dev = self.device
         q0 = self._initial_items().to(dev)
         dense0 = {k: v.to(dev) for k, v in self.backbone.init_dense().items()}
-        store = STATE_DTYPES[self.cfg.train.state_dtype] if q0.dtype == torch.float32 \
-            else q0.dtype  # (a float64 test run keeps float64)
+        # train.state_dtype names a torch dtype (sections.STATE_DTYPES); a float64 test
+        # run keeps float64
+        store = getattr(torch, self.cfg.train.state_dtype) if q0.dtype == torch.float32 \
+            else q0.dtype
         q_local = q0.to(store).expand(n, *q0.shape).clone()
         # Without noise an upload equals the client's new table, so the server's copy of
         # each last upload can share storage with q_local (it changes only on upload).

@@ -226,7 +226,7 @@ class TrainConfig:
                                 f"setting of --optimizer sgd, not {self.optimizer!r}")
 
 
-#: the dtypes train.state_dtype may keep the per-client item tables in
+#: the dtypes train.state_dtype may keep the per-client item tables in (torch dtype names)
 STATE_DTYPES = ("float32", "bfloat16")
 #: local optimisers; each backbone builds those of its ``Backbone.optimizers``
 OPTIMIZERS = ("adam", "sgd")
