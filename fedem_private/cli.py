@@ -577,6 +577,18 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     raise Terminated
 
 
+def _tuning_privacy_line(acc: dict, out: str) -> str:
+    """One line of a private search's eps (fedem_private.privacy.tuning), observer view."""
+    view = acc["views"]["observer"]
+    parts = [f"one trial {view['one_trial']['reported']:.3g}",
+             f"every trial seen, with a final run {view['every_trial']['reported']:.3g}"]
+    if "only_choice" in view:
+        parts.append(f"only the choice seen, with a final run "
+                     f"{view['only_choice']['reported']:.3g}")
+    return (f"privacy of the search (observers of the released models, delta "
+            f"{acc['delta']:g}): eps {'; '.join(parts)}; all views in {out}/privacy.json")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit code (2: a user error; 130: Ctrl-C; 143: SIGTERM)."""
     in_main = threading.current_thread() is threading.main_thread()
@@ -620,6 +632,8 @@ def _main(argv: Sequence[str] | None) -> int:
             print(f"{result['completed']} trials{diverged}; best sampled validation HR@10 "
                   f"{result['best_value']:.4f} with {result['best_params']}; config in "
                   f"{args.out}/best.toml")
+            if "privacy" in result:
+                print(_tuning_privacy_line(result["privacy"], args.out))
             return 0
         if args.command == "report":
             from fedem_private.experiments.sweep_cli import run_report_from_args

@@ -57,6 +57,8 @@ class Stream(IntEnum):
     DPSGD_NEGATIVES = 20  # ldp-dpsgd: each step's data-independent negatives (whole catalogue)
     DPSGD_NOISE = 21  # ldp-dpsgd: the Gaussian noise on every step's gradient sum
     CANARY = 22  # cdp-gaussian's one-shot canary audit: the canaries' random directions
+    TUNE_SCORE = 23  # tune's private mode: the Gaussian noise on a trial's validation hit count
+    TUNE_TRIALS = 24  # tune's private mode: the number of trials, drawn before the search
 
 
 def _mix(x: np.ndarray) -> np.ndarray:

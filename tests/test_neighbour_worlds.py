@@ -124,3 +124,25 @@ def test_public_sizes_are_refused_where_the_relation_forbids_or_ignores_them(
 
     with pytest.raises(UserError, match="--sizes public"):
         PrivacyConfig(mode=mode, sizes="public", **extra)
+
+
+# ------------------------------------------------ the score a private search releases
+CENTRAL = [c for c in COVER if c["mode"] == "cdp-gaussian"]
+
+
+@pytest.mark.parametrize("combo", CENTRAL, ids=_id)
+def test_a_private_searchs_validation_count_moves_by_one_user_at_most(combo: dict) -> None:
+    """fedem_private.privacy.tuning claims sensitivity 1 for the validation hit count: with
+    the releases shared, every user but TARGET ranks its validation item the same in both
+    worlds, whatever the method does with released values and its own data."""
+    from dataclasses import replace
+
+    cfg = nb.config_of(combo)
+    cfg = replace(cfg, train=replace(cfg.train, select_round="best-val")).validate()
+    ranks_a, ranks_b, found = nb.validation_ranks_pair(cfg)
+    assert found.sound, found.violations
+    assert (ranks_a >= 0).all() and len(set(ranks_a.tolist())) > 1  # ranked, not all alike
+    others = [u for u in range(len(ranks_a)) if u != nb.TARGET]
+    assert (ranks_a[others] == ranks_b[others]).all()
+    hits_a, hits_others_b = (ranks_a < 10).sum(), (ranks_b[others] < 10).sum()
+    assert abs(int(hits_a) - int(hits_others_b)) <= 1  # world B without TARGET

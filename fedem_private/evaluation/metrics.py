@@ -146,5 +146,6 @@ class RankAccumulator:
         done = self.sampled >= 0
         out = {"sampled": hr_ndcg(self.sampled[done]), "full": hr_ndcg(self.full[done])}
         if bool((self.val >= 0).any()):  # validation item vs its 99 sampled (docs/design.md 2a)
-            out["val"] = hr_ndcg(self.val[self.val >= 0])
+            ranked = self.val[self.val >= 0]  # "users": how many ranked a validation item
+            out["val"] = {**hr_ndcg(ranked), "users": int(ranked.numel())}
         return out

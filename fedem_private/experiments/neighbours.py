@@ -238,6 +238,23 @@ def sensitivity(cfg: RunConfig) -> tuple[int, float] | None:
 
 def run_pair(cfg: RunConfig, split: Split | None = None) -> Findings:
     """Run world B, then world A against it (module docstring); the findings."""
+    return _pair(cfg, split)[0]
+
+
+def validation_ranks_pair(cfg: RunConfig, split: Split | None = None
+                          ) -> tuple[np.ndarray, np.ndarray, Findings]:
+    """Each user's validation rank (its validation item among its candidates) in world A
+    and in world B after :func:`run_pair`'s rounds, and the findings.
+
+    A private search releases the count of validation hits (rank < 10) over users
+    (:mod:`fedem_private.privacy.tuning`): with the releases shared, every user but
+    ``TARGET`` must rank the same in both worlds, so the count moves by at most one.
+    ``cfg`` must rank the validation item (``train.select_round = "best-val"``)."""
+    findings, world_a, world_b = _pair(cfg, split)
+    return world_a.ranks().val.numpy(), world_b.ranks().val.numpy(), findings
+
+
+def _pair(cfg: RunConfig, split: Split | None) -> tuple[Findings, Simulation, Simulation]:
     split = split or base_split()
     mode = cfg.privacy.mode
     other = neighbour_split(split, mode, cfg.privacy.sizes)
@@ -249,7 +266,7 @@ def run_pair(cfg: RunConfig, split: Split | None = None) -> Findings:
     world_a = Simulation(cfg, split)
     _hook(world_a, _Record(), seen, findings, sensitivity(cfg), drop_target=False)
     world_a.run()
-    return findings
+    return findings, world_a, world_b
 
 
 def describe(cfg: RunConfig) -> str:

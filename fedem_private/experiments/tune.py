@@ -33,7 +33,24 @@ seed; parallel workers are not (the trial order depends on timing).
 
 Tuning a private run on the same data leaks (Papernot and Steinke 2022): the chosen
 setting is itself a function of the data, which no run's epsilon accounts for. Report
-fixed-in-advance and tuned settings side by side.
+fixed-in-advance and tuned settings side by side, or account for the search::
+
+    [tune.private]           # only under privacy.mode = "cdp-gaussian"
+    score_noise = 20.0       # sigma of the Gaussian noise on each trial's validation hit count
+    mean_trials = 8          # optional: K drawn at random (Papernot and Steinke), random search
+    distribution = "poisson" # or "geometric", "logarithmic", or a truncated-negative-binomial shape
+
+Then no searched key may change a trial's privacy event (``train.rounds`` and every
+``privacy.*`` key but ``privacy.clip``), the sampler sees only each trial's noisy score
+(:func:`fedem_private.privacy.tuning.noisy_score`, divided by the number of validation
+users, treated as public like cdp-gaussian's q n), ``<out>/privacy.json`` holds the search's
+eps per observer (:func:`fedem_private.privacy.tuning.search_epsilon`, with one final run at
+the chosen setting) and ``best.toml`` selects its round as ``last`` (choosing a round by
+validation would be one more release). Without ``mean_trials`` the ``[tune] trials`` are
+run under TPE and only the every-trial bound holds; with it, K is drawn from the seed
+before the search, trials are random search (independent repetitions), and the
+only-the-choice bound is added. The validation ranks are computed each evaluated round
+inside a trial, as without privacy, but only the last one's noisy count leaves it.
 """
 
 from __future__ import annotations
@@ -41,6 +58,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -88,9 +106,10 @@ def load_tune_spec(path: str | Path) -> tuple[dict[str, Any], dict[str, dict[str
                         f"and [base]")
     tune = values.get("tune") or {}
     base = values.get("base") or {}
-    extra = set(tune) - {"trials", "seed", "space"}
+    extra = set(tune) - {"trials", "seed", "space", "private"}
     if extra:
-        raise UserError(f"[tune]: unknown key {sorted(extra)[0]!r}; known: trials, seed, space")
+        raise UserError(f"[tune]: unknown key {sorted(extra)[0]!r}; known: trials, seed, "
+                        f"space, private")
     trials, seed = tune.get("trials", 20), tune.get("seed", 0)
     for name, value in (("trials", trials), ("seed", seed)):
         if isinstance(value, bool) or not isinstance(value, int) or value < (name == "trials"):
@@ -103,6 +122,79 @@ def load_tune_spec(path: str | Path) -> tuple[dict[str, Any], dict[str, dict[str
     except KeyError as exc:
         raise UserError(f"[tune.space]: unknown config key {exc.args[0]!r}") from None
     return base, space, trials, seed
+
+
+@dataclass(frozen=True)
+class PrivateTuning:
+    """``[tune.private]``: the score's noise and, when drawn at random, the number of trials
+    (module docstring; :mod:`fedem_private.privacy.tuning`)."""
+
+    score_noise: float
+    mean_trials: float | None = None
+    shape: float = math.inf
+
+    def count(self) -> Any:
+        """The :class:`~fedem_private.privacy.tuning.TrialCount`, or None for fixed K."""
+        from fedem_private.privacy.tuning import TrialCount
+
+        return None if self.mean_trials is None else TrialCount(self.mean_trials, self.shape)
+
+
+#: searched keys a private search may vary: they leave each trial's privacy event unchanged
+_EVENT_FREE = ("privacy.clip",)
+
+
+def load_private(path: str | Path) -> PrivateTuning | None:
+    """The checked ``[tune.private]`` table of a tuning file, or None without one."""
+    from fedem_private.privacy.tuning import SHAPES
+
+    values = read_toml(path, "tuning file")
+    tune = values.get("tune") or {}
+    spec = tune.get("private")
+    if spec is None:
+        return None
+    if not isinstance(spec, dict):
+        raise UserError("[tune.private] must be a table")
+    extra = set(spec) - {"score_noise", "mean_trials", "distribution"}
+    if extra:
+        raise UserError(f"[tune.private]: unknown key {sorted(extra)[0]!r}; known: "
+                        f"score_noise, mean_trials, distribution")
+    sigma = spec.get("score_noise")
+    if isinstance(sigma, bool) or not isinstance(sigma, int | float) or not (
+            0 < sigma < math.inf):
+        raise UserError(f"[tune.private] score_noise must be a positive number (the noise "
+                        f"on the validation hit count), got {sigma!r}")
+    mode = ((values.get("base") or {}).get("privacy") or {}).get("mode")
+    if mode != "cdp-gaussian":
+        raise UserError(f"[tune.private] accounts for tuning under privacy.mode = "
+                        f"\"cdp-gaussian\" only (its relation and trust model); [base] has "
+                        f"{mode!r}")
+    for key in tune.get("space") or {}:
+        if key == "train.rounds" or (key.startswith("privacy.") and key not in _EVENT_FREE):
+            raise UserError(f"[tune.private]: [tune.space] {key} changes each trial's privacy "
+                            f"event; fix it in [base]")
+    mean = spec.get("mean_trials")
+    if mean is None:
+        if "distribution" in spec:
+            raise UserError("[tune.private] distribution needs mean_trials")
+        return PrivateTuning(float(sigma))
+    if "trials" in tune:
+        raise UserError("[tune.private] mean_trials draws the number of trials; drop "
+                        "[tune] trials")
+    if isinstance(mean, bool) or not isinstance(mean, int | float) or not 1 <= mean < math.inf:
+        raise UserError(f"[tune.private] mean_trials must be a number >= 1, got {mean!r}")
+    dist = spec.get("distribution", "poisson")
+    if isinstance(dist, str):
+        if dist not in SHAPES:
+            raise UserError(f"[tune.private] distribution {dist!r}: choose one of "
+                            f"{', '.join(SHAPES)} or a positive shape")
+        shape = SHAPES[dist]
+    elif isinstance(dist, int | float) and not isinstance(dist, bool) and 0 < dist < math.inf:
+        shape = float(dist)
+    else:
+        raise UserError(f"[tune.private] distribution must be a name or a positive shape, "
+                        f"got {dist!r}")
+    return PrivateTuning(float(sigma), float(mean), shape)
 
 
 def _suggest(trial: Any, space: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -128,15 +220,18 @@ def _import_optuna() -> Any:
     return optuna
 
 
-def _open_study(optuna: Any, root: Path, sampler_seed: int) -> Any:
+def _open_study(optuna: Any, root: Path, sampler_seed: int, independent: bool = False) -> Any:
     """The study in ``root/study.db``, created on first use. SQLite waits up to
-    :data:`SQLITE_TIMEOUT_S` for a lock, so several workers can share the file."""
+    :data:`SQLITE_TIMEOUT_S` for a lock, so several workers can share the file.
+    ``independent``: random search (every trial drawn without looking at the others)."""
+    sampler = (optuna.samplers.RandomSampler(seed=sampler_seed) if independent
+               else optuna.samplers.TPESampler(seed=sampler_seed))
     storage = optuna.storages.RDBStorage(
         f"sqlite:///{(root / 'study.db').resolve()}",
         engine_kwargs={"connect_args": {"timeout": SQLITE_TIMEOUT_S}})
     return optuna.create_study(
         study_name="fedem-private-tune", storage=storage,
-        sampler=optuna.samplers.TPESampler(seed=sampler_seed), direction="maximize",
+        sampler=sampler, direction="maximize",
         load_if_exists=True)
 
 
@@ -166,12 +261,15 @@ def _work(spec: str, out: str, wanted: int, worker: int) -> int:
 
     optuna = _import_optuna()
     base, space, _, seed = load_tune_spec(spec)
+    private = load_private(spec)
+    independent = private is not None and private.mean_trials is not None
     root = Path(out)
-    study = _open_study(optuna, root, seed + worker)
+    study = _open_study(optuna, root, seed + worker, independent)
     if study.trials:  # a resumed study: a sampler seeded as at the start would propose
         # the study's first points again (its random start-up draws repeat), so the
         # seed also counts the trials already there (deterministic given the file)
-        study = _open_study(optuna, root, seed + worker + _RESUME_STRIDE * len(study.trials))
+        study = _open_study(optuna, root, seed + worker + _RESUME_STRIDE * len(study.trials),
+                            independent)
 
     def objective(trial: Any) -> float:
         params = _suggest(trial, space)
@@ -189,6 +287,8 @@ def _work(spec: str, out: str, wanted: int, worker: int) -> int:
         if value is None or not math.isfinite(value):
             raise UserError(f"trial {trial.number}: the run reported no validation HR@10")
         trial.set_user_attr("run_dir", str(path))
+        if private is not None:  # only the noisy count leaves the trial
+            return _released(metrics[OBJECTIVE[0]], private, seed, trial.number)
         return float(value)
 
     done = 0
@@ -196,6 +296,16 @@ def _work(spec: str, out: str, wanted: int, worker: int) -> int:
         study.optimize(objective, n_trials=1, catch=(Diverged,))
         done += 1
     return done
+
+
+def _released(val: dict[str, Any], private: PrivateTuning, seed: int, number: int) -> float:
+    """A private trial's score: its validation hit count through the Gaussian mechanism,
+    over the (public) number of validation users."""
+    from fedem_private.privacy.tuning import noisy_score
+
+    users = int(val["users"])
+    hits = round(float(val[OBJECTIVE[1]]) * users)
+    return noisy_score(hits, private.score_noise, seed, number) / users
 
 
 def run_tuning(spec: str | Path, out: str | Path, trials: int | None = None,
@@ -213,28 +323,77 @@ def run_tuning(spec: str | Path, out: str | Path, trials: int | None = None,
     values is also written, as ``best-<value>.toml``.
     """
     optuna = _import_optuna()
-    _, space, file_trials, seed = load_tune_spec(spec)
+    base, space, file_trials, seed = load_tune_spec(spec)
+    private = load_private(spec)
     if best_by is not None and "choices" not in space.get(best_by, {}):
         raise UserError(f"--best-by {best_by}: not a searched choice of [tune.space] "
                         f"(choices: {', '.join(k for k, v in space.items() if 'choices' in v)})")
     wanted = file_trials if trials is None else int(trials)
     if workers < 1:
         raise UserError(f"--workers must be a positive integer, got {workers}")
+    count = None if private is None else private.count()
+    if count is not None:
+        if trials is not None:
+            raise UserError("--trials: [tune.private] mean_trials draws the number of trials")
+        if ray is not None and workers > 1:
+            raise UserError("[tune.private] mean_trials: one worker only (parallel workers "
+                            "may run one trial more than the number drawn)")
+        wanted = count.draw(seed)
+        if wanted == 0:
+            raise UserError(f"[tune.private]: the seed drew K = 0 trials ({count.label}); "
+                            f"the draw is part of the mechanism, so nothing is chosen")
     root = Path(out)
     root.mkdir(parents=True, exist_ok=True)
-    _open_study(optuna, root, seed)  # created once here, before workers race to create it
+    _open_study(optuna, root, seed, count is not None)  # made once, before workers race
     if ray is None:
         _work(str(spec), str(root), wanted, 0)
     else:
         _work_on_ray(str(spec), str(root), wanted, workers, ray)
-    study = _open_study(optuna, root, seed)
+    study = _open_study(optuna, root, seed, count is not None)
     if _completed(study, optuna) == 0:
         raise UserError("tune: no trial completed")
-    _write_outputs(study, root, optuna, best_by)
+    _write_outputs(study, root, optuna, best_by, private is not None)
     best = study.best_trial
-    return {"best_value": best.value, "best_params": best.params,
-            "completed": _completed(study, optuna),
-            "diverged": sum(_diverged(t, optuna) for t in study.trials)}
+    out = {"best_value": best.value, "best_params": best.params,
+           "completed": _completed(study, optuna),
+           "diverged": sum(_diverged(t, optuna) for t in study.trials)}
+    if private is not None:
+        out["privacy"] = _account(study, optuna, root, private, wanted, base)
+    return out
+
+
+def _account(study: Any, optuna: Any, root: Path, private: PrivateTuning, drawn: int,
+             base: dict[str, Any]) -> dict[str, Any]:
+    """``root/privacy.json``: the search's eps (:func:`~fedem_private.privacy.tuning.
+    search_epsilon`) from the trials' own privacy records, which must agree."""
+    from fedem_private.privacy.tuning import TrialEvent, search_epsilon
+
+    events = set()
+    for t in study.trials:
+        if t.state != optuna.trial.TrialState.COMPLETE:
+            continue
+        rec = json.loads((Path(t.user_attrs["run_dir"]) / "summary.json").read_text())
+        p = rec["privacy"]
+        events.add((float(p["sample_rate"]), round(float(p["noise_multiplier"]), 12),
+                    int(rec["rounds"]), float(p["delta"])))
+    if len(events) != 1:
+        raise UserError(f"[tune.private]: the trials' privacy events differ ({sorted(events)}); "
+                        f"the search cannot be accounted as one event repeated")
+    q, z, rounds, delta = events.pop()
+    trial = TrialEvent(q, z, rounds, private.score_noise)
+    started = len(study.trials)  # every trial that began released something
+    count = private.count()
+    exact = count is not None and started == drawn
+    result = search_epsilon(trial, delta, trials=started, count=count if exact else None,
+                            final_runs=1)
+    result.update({"score_noise": private.score_noise, "trials_drawn": drawn if count else None,
+                   "trials_started": started, "trial": {
+                       "sample_rate": q, "noise_multiplier": z, "rounds": rounds}})
+    if count is not None and not exact:
+        result["only_choice_note"] = (f"{started} trials started for K = {drawn} drawn: the "
+                                      f"only-the-choice bound does not apply")
+    (root / "privacy.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    return result
 
 
 def _work_on_ray(spec: str, out: str, wanted: int, workers: int, address: str) -> None:
@@ -255,21 +414,25 @@ def _work_on_ray(spec: str, out: str, wanted: int, workers: int, address: str) -
         raise UserError(f"tune --ray: a worker failed: {str(errors[0]).strip().splitlines()[-1]}")
 
 
-def _write_outputs(study: Any, root: Path, optuna: Any, best_by: str | None = None) -> None:
+def _write_outputs(study: Any, root: Path, optuna: Any, best_by: str | None = None,
+                   private: bool = False) -> None:
     """trials.csv (every completed or diverged trial, in trial order), best.toml (the
-    best one's resolved config) and, with ``best_by``, best-<value>.toml per value."""
+    best one's resolved config) and, with ``best_by``, best-<value>.toml per value.
+    ``private``: the scores are the released noisy ones, and the configs select their
+    round as ``last``."""
     complete = optuna.trial.TrialState.COMPLETE
     done = [t for t in study.trials if t.state == complete]
     listed = [t for t in study.trials if t.state == complete or _diverged(t, optuna)]
     keys = sorted({k for t in listed for k in t.params})
     with (root / "trials.csv").open("w", newline="") as fh:
         writer = csv.writer(fh)
-        writer.writerow(["trial", *keys, "val_hr@10", "run_dir", "status"])
+        score = "val_hr@10_noisy" if private else "val_hr@10"
+        writer.writerow(["trial", *keys, score, "run_dir", "status"])
         for t in listed:
             writer.writerow([t.number, *(t.params.get(k) for k in keys),
                              "" if t.value is None else t.value, t.user_attrs.get("run_dir"),
                              "complete" if t.state == complete else DIVERGED])
-    _write_best(root / "best.toml", study.best_trial, f"best of {len(done)} trials")
+    _write_best(root / "best.toml", study.best_trial, f"best of {len(done)} trials", private)
     if best_by is None:
         return
     for value in sorted({str(t.params[best_by]) for t in done if best_by in t.params}):
@@ -277,17 +440,23 @@ def _write_outputs(study: Any, root: Path, optuna: Any, best_by: str | None = No
         best = max(group, key=lambda t: t.value)  # ties: the earliest trial
         _write_best(root / f"best-{_slug(value)}.toml", best,
                     f"best of the {len(group)} trials with {best_by} = {value} "
-                    f"({len(done)} in all)")
+                    f"({len(done)} in all)", private)
 
 
 def _slug(value: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in value)
 
 
-def _write_best(path: Path, trial: Any, what: str) -> None:
-    """A trial's resolved run config, headed by what it is the best of."""
+def _write_best(path: Path, trial: Any, what: str, private: bool = False) -> None:
+    """A trial's resolved run config, headed by what it is the best of; ``private``: with
+    its round selected as ``last`` and its score labelled as the noisy one."""
+    from dataclasses import replace
+
     from fedem_private.simulation.config import load_toml
 
     cfg = load_toml(Path(trial.user_attrs["run_dir"]) / "config.toml")
-    path.write_text(f"# {what} by sampled validation HR@10 ({trial.value:.6g}); trial "
+    if private:
+        cfg = replace(cfg, train=replace(cfg.train, select_round="last"))
+    score = "noisy sampled validation HR@10" if private else "sampled validation HR@10"
+    path.write_text(f"# {what} by {score} ({trial.value:.6g}); trial "
                     f"{trial.number}, {json.dumps(trial.params)}\n" + to_toml(to_dict(cfg)))

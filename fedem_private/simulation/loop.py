@@ -793,6 +793,10 @@ class Simulation:
 
         Merging on every batch (the FedEM code, docs/design.md 2a), a client that will receive a
         table next round is evaluated with Q_l merged with it, as that code does."""
+        return self.ranks().result()
+
+    def ranks(self) -> RankAccumulator:
+        """Every user's ranks under its own current model (:meth:`evaluate`, per user)."""
         acc = RankAccumulator(self.split.n_users)
         n = self.split.n_users
         size = max(1, self._chunk_size() * 4)
@@ -806,7 +810,7 @@ class Simulation:
                                                          self.aggregator.sent(idx),
                                                          self.aggregator.receives(idx))
                 acc.add_scores(users, self.backbone.scores(params), self.eval_sets)
-        return acc.result()
+        return acc
 
     def run(self, on_round: Callable[[RoundStats], None] | None = None) -> list[RoundStats]:
         """All configured rounds."""

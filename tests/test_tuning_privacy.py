@@ -1,0 +1,232 @@
+"""Tuning's own privacy cost (issue 42, item 2): the noisy validation score, the number of
+trials drawn before the search, and the search's eps (fedem_private.privacy.tuning)."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from dp_accounting import dp_event
+from dp_accounting.rdp import rdp_privacy_accountant as rdp_mod
+
+from fedem_private.cli import main
+from fedem_private.errors import UserError
+from fedem_private.privacy.tuning import (
+    SHAPES,
+    TrialCount,
+    TrialEvent,
+    noisy_score,
+    search_epsilon,
+)
+from fedem_private.simulation.config import load_toml
+
+DELTA = 1e-5
+
+
+# ----------------------------------------------------------------------- the score
+def test_the_score_noise_is_keyed_and_has_the_stated_scale():
+    assert noisy_score(50, 3.0, seed=1, trial=4) == noisy_score(50, 3.0, seed=1, trial=4)
+    assert noisy_score(50, 3.0, seed=1, trial=4) != noisy_score(50, 3.0, seed=1, trial=5)
+    assert noisy_score(50, 3.0, seed=1, trial=4) != noisy_score(50, 3.0, seed=2, trial=4)
+    draws = np.array([noisy_score(0, 5.0, seed=0, trial=t) for t in range(4000)])
+    # sd within 5% (chi-square, 4000 draws: about 4 standard errors) and mean near 0
+    assert abs(draws.std() / 5.0 - 1.0) < 0.05
+    assert abs(draws.mean()) < 4 * 5.0 / math.sqrt(4000)
+    with pytest.raises(ValueError):
+        noisy_score(1, 0.0, seed=0, trial=0)
+
+
+# ------------------------------------------------------------- the number of trials
+@pytest.mark.parametrize("shape", [math.inf, 1.0, 0.0, 0.5, 3.0])
+def test_the_drawn_number_of_trials_has_the_accounted_mean(shape):
+    count = TrialCount(6.0, shape)
+    assert count.distribution().mean() == pytest.approx(6.0, rel=1e-6)
+    draws = np.array([count.draw(s) for s in range(3000)])
+    assert abs(draws.mean() - 6.0) < 4 * draws.std() / math.sqrt(len(draws))
+    if shape != math.inf:  # truncated: at least one trial
+        assert draws.min() >= 1
+    assert count.draw(11) == count.draw(11)
+
+
+@pytest.mark.parametrize("shape", [1.0, 0.0, 0.5, 3.0])
+def test_the_halting_probability_matches_dp_accounting(shape):
+    """The gamma the draws use is dp-accounting's for the same mean and shape (its private
+    helper is the reference), never smaller (never more trials than accounted)."""
+    ours = TrialCount(9.0, shape).gamma()
+    theirs = rdp_mod._gamma_truncated_negative_binomial(shape, 9.0)
+    assert ours == pytest.approx(theirs, rel=1e-8)
+    assert ours >= theirs
+
+
+# ---------------------------------------------------------------------- accounting
+TRIAL = TrialEvent(sample_rate=0.1, noise_multiplier=1.3, rounds=20, score_noise=10.0)
+
+
+def test_every_trial_is_the_k_fold_composition_and_grows_with_k():
+    one = search_epsilon(TRIAL, DELTA, trials=1)["views"]["observer"]
+    assert one["every_trial"]["rdp"] == pytest.approx(one["one_trial"]["rdp"])
+    eps = [search_epsilon(TRIAL, DELTA, trials=k)["views"]["observer"]["every_trial"]
+           ["reported"] for k in (1, 4, 16)]
+    assert eps[0] < eps[1] < eps[2]
+    acc = rdp_mod.RdpAccountant()
+    acc.compose(dp_event.SelfComposedDpEvent(TRIAL.event("observer"), 4))
+    assert search_epsilon(TRIAL, DELTA, trials=4, pld=False)["views"]["observer"][
+        "every_trial"]["rdp"] == pytest.approx(acc.get_epsilon(DELTA))
+
+
+def test_the_score_costs_something_and_the_aggregator_more():
+    free = TrialEvent(0.1, 1.3, 20, 1e9)
+    assert (search_epsilon(TRIAL, DELTA, trials=1)["views"]["observer"]["one_trial"]["rdp"]
+            > search_epsilon(free, DELTA, trials=1)["views"]["observer"]["one_trial"]["rdp"])
+    views = search_epsilon(TRIAL, DELTA, trials=3)["views"]
+    assert views["aggregator"]["every_trial"]["reported"] > \
+        views["observer"]["every_trial"]["reported"]
+
+
+def _theorem2(sigma: float, mean: float, shape: float, delta: float) -> float:
+    """Papernot and Steinke's Theorem 2 by hand for the Gaussian mechanism (RDP
+    lambda / (2 sigma^2) at every order), converted with the classic
+    eps = rdp(lambda) + log(1/delta) / (lambda - 1): looser than dp-accounting's
+    conversion, so an upper bound on what it reports."""
+    gamma = TrialCount(mean, shape).gamma()
+    orders = np.concatenate([np.linspace(1.01, 8, 200), np.arange(8, 256, 0.5)])
+    rdp = orders / (2 * sigma ** 2)
+    c = (1 + shape) * np.min((1 - 1 / orders) * rdp - math.log(gamma) / orders)
+    out = rdp + math.log(mean) / (orders - 1) + c
+    return float(np.min(out + math.log(1 / delta) / (orders - 1)))
+
+
+@pytest.mark.parametrize("shape", [1.0, 0.5])
+def test_only_choice_is_theorem_2_and_below_composing_every_trial(shape):
+    sigma = 4.0
+    trial = TrialEvent(1.0, 1e9, 1, sigma)  # one Gaussian release of the score, nothing else
+    acc = search_epsilon(trial, DELTA, trials=8, count=TrialCount(8.0, shape))
+    chosen = acc["views"]["observer"]["only_choice"]["rdp"]
+    one = acc["views"]["observer"]["one_trial"]["rdp"]
+    assert one < chosen <= _theorem2(sigma, 8.0, shape, DELTA)
+    assert chosen > 0.7 * _theorem2(sigma, 8.0, shape, DELTA)  # the same bound, a tighter
+    # conversion
+    assert chosen < acc["views"]["observer"]["every_trial"]["rdp"]
+
+
+def test_a_final_run_adds_to_both_bounds():
+    bare = search_epsilon(TRIAL, DELTA, trials=5, count=TrialCount(5.0, math.inf), pld=False)
+    final = search_epsilon(TRIAL, DELTA, trials=5, count=TrialCount(5.0, math.inf), pld=False,
+                           final_runs=1)
+    for bound in ("every_trial", "only_choice"):
+        assert final["views"]["observer"][bound]["rdp"] > bare["views"]["observer"][bound]["rdp"]
+
+
+# ---------------------------------------------------------------------- the command
+needs_optuna = pytest.mark.skipif(importlib.util.find_spec("optuna") is None,
+                                  reason="Optuna is not installed (pip install "
+                                  "'fedem-private[tune]')")
+
+SPEC = """
+[tune]
+seed = 2
+{trials}
+
+[tune.space]
+"train.lr" = {{ low = 0.01, high = 0.3, log = true }}
+{extra_space}
+
+[tune.private]
+score_noise = 2.0
+{private}
+
+[base.data.synthetic]
+n_users = 40
+n_items = 50
+mean_activity = 6
+
+[base.train]
+rounds = 3
+local_epochs = 1
+eval_every = 3
+
+[base.federation]
+method = "fedmf"
+
+[base.privacy]
+mode = "{mode}"
+epsilon = 8.0
+delta = 1e-5
+sample_rate = 0.5
+clip = 1.0
+"""
+
+
+def _spec(tmp_path: Path, trials: str = "", private: str = 'mean_trials = 2',
+          mode: str = "cdp-gaussian", extra_space: str = "") -> Path:
+    path = tmp_path / "t.toml"
+    path.write_text(SPEC.format(trials=trials, private=private, mode=mode,
+                                extra_space=extra_space))
+    return path
+
+
+@needs_optuna
+def test_a_private_search_releases_only_noisy_scores_and_accounts_for_itself(tmp_path, capsys):
+    from fedem_private.experiments.tune import load_private
+
+    spec = _spec(tmp_path)
+    out = tmp_path / "s"
+    assert main(["tune", str(spec), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "privacy of the search" in printed and "only the choice seen" in printed
+    drawn = load_private(spec).count().draw(2)
+    with (out / "trials.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == drawn  # exactly K trials, K drawn from the seed
+    for row in rows:
+        val = json.loads((Path(row["run_dir"]) / "summary.json").read_text())["metrics"]["val"]
+        hits = round(val["hr@10"] * val["users"])
+        released = float(row["val_hr@10_noisy"])
+        assert released == pytest.approx(
+            noisy_score(hits, 2.0, seed=2, trial=int(row["trial"])) / val["users"])
+        assert released != pytest.approx(val["hr@10"])  # the true score never left
+    acc = json.loads((out / "privacy.json").read_text())
+    assert acc["trials_started"] == drawn and acc["trials_drawn"] == drawn
+    obs = acc["views"]["observer"]
+    assert obs["one_trial"]["reported"] > 8.0 - 1e-6  # each trial is calibrated to eps 8
+    assert obs["every_trial"]["reported"] > obs["one_trial"]["reported"]
+    assert "only_choice" in obs
+    assert load_toml(out / "best.toml").train.select_round == "last"
+
+
+@needs_optuna
+def test_a_fixed_number_of_private_trials_gets_the_every_trial_bound_only(tmp_path):
+    from fedem_private.experiments.tune import run_tuning
+
+    result = run_tuning(_spec(tmp_path, trials="trials = 2", private=""), tmp_path / "s")
+    views = result["privacy"]["views"]
+    assert result["completed"] == 2 and "only_choice" not in views["observer"]
+    assert views["observer"]["every_trial"]["reported"] > \
+        views["observer"]["one_trial"]["reported"]
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"mode": "ldp-gaussian"}, "cdp-gaussian"),
+    ({"extra_space": '"train.rounds" = { choices = [2, 3] }'}, "train.rounds"),
+    ({"extra_space": '"privacy.sample_rate" = { choices = [0.2, 0.5] }'}, "sample_rate"),
+    ({"trials": "trials = 3"}, "drop [tune] trials"),
+    ({"private": 'mean_trials = 0.5'}, "mean_trials"),
+    ({"private": 'mean_trials = 2\ndistribution = "uniform"'}, "distribution"),
+])
+def test_private_searches_that_cannot_be_accounted_are_refused(tmp_path, capsys, kwargs, words):
+    from fedem_private.experiments.tune import load_private
+
+    spec = _spec(tmp_path, **kwargs)
+    with pytest.raises(UserError, match=words.replace("[", r"\[").replace("]", r"\]")):
+        load_private(spec)
+    assert main(["tune", str(spec), "--out", str(tmp_path / "s")]) == 2
+    assert words.split()[0] in capsys.readouterr().err
+
+
+def test_shape_names_are_dp_accountings():
+    assert SHAPES == {"poisson": math.inf, "geometric": 1.0, "logarithmic": 0.0}
