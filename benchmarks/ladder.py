@@ -21,7 +21,10 @@ interaction-local). The private FedMF rungs (``--only private``) run under ``cdp
 and ``ldp-dpsgd`` at eps 1, 4, 16, 64 with settings fixed in advance
 (:data:`PRIVATE_FIXED`: the architectures' headline settings) and, with ``--tuned
 MODE=best.toml``, with the settings ``fedem-private tune`` chose on validation (a private
-tuning at one eps, reused at every eps). ``--report DATASET ...`` writes the combined
+tuning at one eps, reused at every eps; its cost is not accounted). ``--accounted DIR``
+runs the choice of a private search whose cost is accounted (``[tune.private]``) at its
+own eps, labelled with the whole pipeline's eps from its ``privacy.json``.
+``--report DATASET ...`` writes the combined
 report (``<out>/report``). "chance" is the exact expectation of a uniformly random order of each
 user's candidates (100 sampled, or every item outside the user's training set and
 validation item).
@@ -148,12 +151,28 @@ def tuned_label(cfg: dict[str, Any]) -> tuple[str, str]:
     return f"{name} [{', '.join(chosen)}]", "-".join((method, *chosen))
 
 
+def accounted_label(study: str) -> str:
+    """The rung name of a private search's chosen config (``fedem-private tune`` with
+    ``[tune.private]``): its eps per run and the whole pipeline's, from privacy.json."""
+    acc = json.loads((Path(study) / "privacy.json").read_text())["views"]["observer"]
+    cfg = tuned_config(str(Path(study) / "best.toml"), 0)
+    name, _ = tuned_label(cfg)
+    whole = [f"every trial seen {acc['every_trial']['reported']:.2f}"]
+    if "only_choice" in acc:
+        whole.insert(0, f"only the choice seen {acc['only_choice']['reported']:.2f}")
+    return (f"{name} {cfg['privacy']['mode']} eps {cfg['privacy']['epsilon']:g} a run, "
+            f"search accounted (search + this run: eps {', '.join(whole)})")
+
+
 def private_rungs(dataset: str, data_dir: str, seeds: list[int],
-                  tuned_files: list[tuple[str, str]], modes: list[str] | None = None
+                  tuned_files: list[tuple[str, str]], modes: list[str] | None = None,
+                  accounted: list[str] | None = None
                   ) -> list[tuple[str, str, dict[str, Any]]]:
     """FedMF under cdp-gaussian and ldp-dpsgd at PRIVATE_EPSILONS with settings fixed in
     advance, then every tuned config (``tuned_files``: (``none`` or a mode, best.toml)),
-    whatever its method: without privacy once, a private one at every eps."""
+    whatever its method: without privacy once, a private one at every eps; then the
+    chosen config of every accounted private search (``accounted``: its output folder)
+    at its own eps."""
     from fedem_private.experiments.analysis import no_privacy
 
     out = []
@@ -177,6 +196,10 @@ def private_rungs(dataset: str, data_dir: str, seeds: list[int],
                 out.append((f"{name} {mode} eps {eps:g} (val-tuned at eps {tuned_at:g})",
                             f"{stem}-{mode}-tuned-eps{eps:g}-seed{seed}",
                             _merge(cfg, {"privacy": {"epsilon": eps}})))
+        for study in accounted or []:
+            cfg = tuned_config(str(Path(study) / "best.toml"), seed)
+            out.append((accounted_label(study),
+                        f"{Path(study).name}-accounted-seed{seed}", cfg))
     return out
 
 
@@ -318,6 +341,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="`fedem-private tune` best.toml files, each with its privacy mode "
                         "(`none` for no privacy), of any federated method; run on every seed "
                         "(private ones at every eps of PRIVATE_EPSILONS)")
+    parser.add_argument("--accounted", nargs="*", default=[], metavar="DIR",
+                        help="`fedem-private tune` outputs of private searches "
+                        "([tune.private]): the chosen config, on every seed, at its own eps")
     parser.add_argument("--federated", nargs="+", default=list(FEDERATED), choices=FEDERATED,
                         help="the federated methods run with their defaults (default: all; "
                         "LastFM-2K's FedEM takes about a minute a round on this CPU)")
@@ -347,7 +373,8 @@ def main(argv: list[str] | None = None) -> int:
                              "|---|---|---|\n" + "".join(
                                  f"| {lab} | {hr:.4f} | {nd:.4f} |\n" for lab, hr, nd in rows))
     tuned_files = [tuple(t.split("=", 1)) for t in args.tuned]
-    private = private_rungs(args.dataset, data_dir, args.seeds, tuned_files, args.modes)
+    private = private_rungs(args.dataset, data_dir, args.seeds, tuned_files, args.modes,
+                            args.accounted)
     plan = rungs(args.dataset, data_dir, args.seeds, args.rounds, tuned,
                  tuple(args.federated)) + private
     if args.only != "table":

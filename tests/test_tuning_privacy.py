@@ -230,3 +230,21 @@ def test_private_searches_that_cannot_be_accounted_are_refused(tmp_path, capsys,
 
 def test_shape_names_are_dp_accountings():
     assert SHAPES == {"poisson": math.inf, "geometric": 1.0, "logarithmic": 0.0}
+
+
+def test_the_ladder_labels_an_accounted_search_with_the_whole_pipelines_eps(tmp_path):
+    from benchmarks.ladder import private_rungs
+
+    study = tmp_path / "fedmf-cdp-private"
+    study.mkdir()
+    (study / "best.toml").write_text('[federation]\nmethod = "fedmf"\n\n[privacy]\n'
+                                     'mode = "cdp-gaussian"\nepsilon = 1.5\n')
+    acc = search_epsilon(TRIAL, DELTA, trials=3, count=TrialCount(3.0, math.inf), pld=False)
+    (study / "privacy.json").write_text(json.dumps(acc))
+    rungs = private_rungs("ml-100k", "x", [0, 1], [], modes=[], accounted=[str(study)])
+    assert [name for _, name, _ in rungs] == ["fedmf-cdp-private-accounted-seed0",
+                                              "fedmf-cdp-private-accounted-seed1"]
+    label = rungs[0][0]
+    chosen = acc["views"]["observer"]["only_choice"]["reported"]
+    assert "eps 1.5 a run" in label and f"only the choice seen {chosen:.2f}" in label
+    assert rungs[1][2]["train"]["seed"] == 1
