@@ -248,3 +248,21 @@ def test_the_ladder_labels_an_accounted_search_with_the_whole_pipelines_eps(tmp_
     chosen = acc["views"]["observer"]["only_choice"]["reported"]
     assert "eps 1.5 a run" in label and f"only the choice seen {chosen:.2f}" in label
     assert rungs[1][2]["train"]["seed"] == 1
+
+
+@needs_optuna
+def test_a_total_budget_sets_each_trials_noise_and_is_met(tmp_path):
+    from fedem_private.experiments.tune import run_tuning
+
+    spec = _spec(tmp_path, private="mean_trials = 2\ntotal_epsilon = 6.0")
+    spec.write_text(spec.read_text().replace("epsilon = 8.0\n", ""))
+    result = run_tuning(spec, tmp_path / "s")
+    acc = result["privacy"]["views"]["observer"]
+    assert acc["only_choice"]["reported"] == pytest.approx(6.0, abs=1e-3)
+    assert acc["one_trial"]["reported"] < 6.0 - 1  # each trial well below the total
+    assert load_toml(tmp_path / "s" / "best.toml").privacy.noise_multiplier == \
+        pytest.approx(result["privacy"]["trial"]["noise_multiplier"])
+    spec.write_text(spec.read_text().replace('mode = "cdp-gaussian"',
+                                             'mode = "cdp-gaussian"\nepsilon = 2.0'))
+    with pytest.raises(UserError, match="total_epsilon sets each trial's noise"):
+        run_tuning(spec, tmp_path / "t")

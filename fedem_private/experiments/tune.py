@@ -39,6 +39,8 @@ fixed-in-advance and tuned settings side by side, or account for the search::
     score_noise = 20.0       # sigma of the Gaussian noise on each trial's validation hit count
     mean_trials = 8          # optional: K drawn at random (Papernot and Steinke), random search
     distribution = "poisson" # or "geometric", "logarithmic", or a truncated-negative-binomial shape
+    total_epsilon = 4.0      # optional: each trial's noise solved so that the search and one
+                             # final run cost this much (no privacy.epsilon in [base] then)
 
 Then no searched key may change a trial's privacy event (``train.rounds`` and every
 ``privacy.*`` key but ``privacy.clip``), the sampler sees only each trial's noisy score
@@ -116,6 +118,9 @@ def load_tune_spec(path: str | Path) -> tuple[dict[str, Any], dict[str, dict[str
             kind = "positive" if name == "trials" else "non-negative"
             raise UserError(f"[tune] {name} must be a {kind} integer, got {value!r}")
     space = _check_space(tune.get("space"))
+    private = load_private(path)
+    if private is not None and private.total_epsilon is not None:
+        base = _with_solved_noise(base, private, trials)
     low = {k: (s["choices"][0] if "choices" in s else s["low"]) for k, s in space.items()}
     try:
         with_overrides(from_dict(base), low).validate()
@@ -132,6 +137,7 @@ class PrivateTuning:
     score_noise: float
     mean_trials: float | None = None
     shape: float = math.inf
+    total_epsilon: float | None = None  # the whole search's eps: each trial's noise solved
 
     def count(self) -> Any:
         """The :class:`~fedem_private.privacy.tuning.TrialCount`, or None for fixed K."""
@@ -155,10 +161,10 @@ def load_private(path: str | Path) -> PrivateTuning | None:
         return None
     if not isinstance(spec, dict):
         raise UserError("[tune.private] must be a table")
-    extra = set(spec) - {"score_noise", "mean_trials", "distribution"}
+    extra = set(spec) - {"score_noise", "mean_trials", "distribution", "total_epsilon"}
     if extra:
         raise UserError(f"[tune.private]: unknown key {sorted(extra)[0]!r}; known: "
-                        f"score_noise, mean_trials, distribution")
+                        f"score_noise, mean_trials, distribution, total_epsilon")
     sigma = spec.get("score_noise")
     if isinstance(sigma, bool) or not isinstance(sigma, int | float) or not (
             0 < sigma < math.inf):
@@ -173,11 +179,25 @@ def load_private(path: str | Path) -> PrivateTuning | None:
         if key == "train.rounds" or (key.startswith("privacy.") and key not in _EVENT_FREE):
             raise UserError(f"[tune.private]: [tune.space] {key} changes each trial's privacy "
                             f"event; fix it in [base]")
+    base_privacy = (values.get("base") or {}).get("privacy") or {}
+    if base_privacy.get("clip_quantile") is not None:
+        raise UserError("[tune.private]: adaptive clipping (privacy.clip_quantile) is not "
+                        "accounted in a search yet; fix the clip")
+    total = spec.get("total_epsilon")
+    if total is not None:
+        if isinstance(total, bool) or not isinstance(total, int | float) or not (
+                0 < total < math.inf):
+            raise UserError(f"[tune.private] total_epsilon must be a positive number, "
+                            f"got {total!r}")
+        if "epsilon" in base_privacy or "noise_multiplier" in base_privacy:
+            raise UserError("[tune.private] total_epsilon sets each trial's noise; drop "
+                            "privacy.epsilon and privacy.noise_multiplier from [base]")
+        total = float(total)
     mean = spec.get("mean_trials")
     if mean is None:
         if "distribution" in spec:
             raise UserError("[tune.private] distribution needs mean_trials")
-        return PrivateTuning(float(sigma))
+        return PrivateTuning(float(sigma), total_epsilon=total)
     if "trials" in tune:
         raise UserError("[tune.private] mean_trials draws the number of trials; drop "
                         "[tune] trials")
@@ -194,7 +214,25 @@ def load_private(path: str | Path) -> PrivateTuning | None:
     else:
         raise UserError(f"[tune.private] distribution must be a name or a positive shape, "
                         f"got {dist!r}")
-    return PrivateTuning(float(sigma), float(mean), shape)
+    return PrivateTuning(float(sigma), float(mean), shape, total)
+
+
+def _with_solved_noise(base: dict[str, Any], private: PrivateTuning,
+                       trials: int) -> dict[str, Any]:
+    """``base`` with ``privacy.noise_multiplier`` solved so that the whole search and one
+    final run cost ``total_epsilon`` (:func:`fedem_private.privacy.tuning.solve_trial_noise`)."""
+    from fedem_private.privacy.tuning import solve_trial_noise
+
+    probe = from_dict({**base, "privacy": {**base.get("privacy", {}), "noise_multiplier": 1.0}})
+    cfg = probe.validate().resolved()
+    assert private.total_epsilon is not None
+    try:
+        z = solve_trial_noise(private.total_epsilon, cfg.privacy.delta,
+                              cfg.privacy.sample_rate, cfg.train.rounds, private.score_noise,
+                              trials=trials, count=private.count())
+    except ValueError as exc:
+        raise UserError(f"[tune.private] {exc}") from None
+    return {**base, "privacy": {**base.get("privacy", {}), "noise_multiplier": z}}
 
 
 def _suggest(trial: Any, space: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -332,6 +370,9 @@ def run_tuning(spec: str | Path, out: str | Path, trials: int | None = None,
     if workers < 1:
         raise UserError(f"--workers must be a positive integer, got {workers}")
     count = None if private is None else private.count()
+    if private is not None and private.total_epsilon is not None and trials is not None:
+        raise UserError("--trials: [tune.private] total_epsilon was solved for the file's "
+                        "number of trials")
     if count is not None:
         if trials is not None:
             raise UserError("--trials: [tune.private] mean_trials draws the number of trials")

@@ -247,3 +247,33 @@ def search_epsilon(trial: TrialEvent, delta: float, *, trials: int | None = None
     out["final_runs"] = final_runs
     return out
 
+
+def solve_trial_noise(total: float, delta: float, sample_rate: float, rounds: int,
+                      score_noise: float, *, trials: int | None = None,
+                      count: TrialCount | None = None, final_runs: int = 1) -> float:
+    """The noise multiplier z of every trial's training that makes the search, plus
+    ``final_runs`` final runs, cost ``total`` at ``delta`` for the observer: the
+    only-the-choice bound with ``count``, else the every-trial bound over ``trials``
+    (RDP, so PLD reports at most ``total``). Bisection on log z to 1e-6."""
+    if not (0 < total < math.inf):
+        raise ValueError(f"total epsilon must be finite and > 0: {total}")
+    bound = "only_choice" if count is not None else "every_trial"
+
+    def eps(z: float) -> float:
+        acc = search_epsilon(TrialEvent(sample_rate, z, rounds, score_noise), delta,
+                             trials=None if count is not None else trials, count=count,
+                             final_runs=final_runs, pld=False)
+        return float(acc["views"]["observer"][bound]["rdp"])
+
+    lo, hi = math.log(1e-2), math.log(1e4)
+    if eps(math.exp(hi)) > total:
+        raise ValueError(f"total epsilon {total:g} is out of reach: the score noise alone "
+                         f"(sigma {score_noise:g}) and the repetitions cost more")
+    while hi - lo > 1e-6:
+        mid = (lo + hi) / 2
+        if eps(math.exp(mid)) > total:
+            lo = mid
+        else:
+            hi = mid
+    return math.exp(hi)
+
