@@ -171,7 +171,8 @@ class SimState:
 
     q_local: torch.Tensor  # (n, m, d) each client's table after its last training, kept
     # in train.state_dtype (read through params / items, which return the compute dtype)
-    private: dict[str, torch.Tensor]  # (n, ...) groups that never leave a client (p_u, heads)
+    private: dict[str, torch.Tensor]  # (n, ...) groups that never leave a client (p_u, heads);
+    # per-client tables among them (n, m, d: FedRAP's personal table) in train.state_dtype
     dense_local: dict[str, torch.Tensor]  # (n, ...) each client's own shared dense groups
     q_global: torch.Tensor | None  # (m, d) shared, or (n, m, d) personalised, or None
     round: int = 0
@@ -194,7 +195,12 @@ class SimState:
         """Clients idx's own current model."""
         return ClientParams(self.items(idx),
                             {n: t.index_select(0, idx) for n, t in self.dense_local.items()},
-                            {n: t.index_select(0, idx) for n, t in self.private.items()})
+                            {n: t.index_select(0, idx).to(self.dtype)
+                             for n, t in self.private.items()})
+
+    def keep_private(self, idx: torch.Tensor, name: str, value: torch.Tensor) -> None:
+        """Store clients idx's newly trained private group ``name`` (in its stored dtype)."""
+        self.private[name][idx] = value.to(self.private[name].dtype)
 
 
 @dataclass
@@ -460,7 +466,10 @@ class Simulation:
         self.merger = Merger(self.merge_cfg, n, self.cfg.train.dim, self.seed, q0.dtype,
                              device=dev)
         dense_local = {k: v.expand(n, *v.shape).clone() for k, v in dense0.items()}
-        private = {k: v.to(dev) for k, v in self.backbone.init_private(np.arange(n)).items()}
+        # per-client private tables (n, m, d) narrow like q_local; vectors stay as drawn
+        private = {k: v.to(dev, store if v.dim() >= 3 and v.dtype == torch.float32
+                            else v.dtype)
+                   for k, v in self.backbone.init_private(np.arange(n)).items()}
         self.state = SimState(q_local, private, dense_local, self.aggregator.table,
                               dtype=q0.dtype)
         # under a perturbing mechanism with the share rule, the last encoded table the
@@ -687,7 +696,7 @@ class Simulation:
         st = self.state
         st.keep_items(work.idx, new.items)
         for name, value in new.private.items():
-            st.private[name][work.idx] = value
+            st.keep_private(work.idx, name, value)
         for name, value in new.dense.items():
             st.dense_local[name][work.idx] = value
         work.new, work.touched = new, touched
