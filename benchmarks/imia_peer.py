@@ -21,7 +21,10 @@
    model: its ``model.MLP`` for FedNCF (``layers`` [32, 32, 16, 8]: our 32-32-16-8-1 MLP,
    ReLU between, is its fc layers plus ``affine_output``) with the sent item table and
    the sent MLP; for FedMF, whose published code has no MF model, a module of the same
-   interface supplied here (:class:`PeerMF`, sigmoid(p . q), as our FedMF). The client
+   interface supplied here (:class:`PeerMF`, sigmoid(p . q), as our FedMF; PFedRec's and
+   FedRAP's likewise, :class:`PeerPFedRec`, :class:`PeerFedRAP`, their private head and
+   personal table drawn as a client draws them; GPFedRec's is ``model.MLP`` with its
+   private MLP as drawn, not the sent one). The client
    model: the same class with ``embedding_item`` = u's upload. Its ``Arguments`` get our
    run's public recipe (lr, local epochs, batch size, d, negatives, model type) and its
    ``Config`` its ``lam`` (0.9, its default, and 0.1). Its ``IMIA(config)`` then runs
@@ -84,7 +87,9 @@ NEEDS = (f"benchmarks.imia_peer needs a checkout of {PEER_REPO}: pass --peer-dir
          f"(git clone https://github.com/{PEER_REPO} DIR)")
 PEER_FILES = ("membership_attack.py", "model.py", "run.py", "data.py", "update.py",
               "utils.py", "engine.py", "metrics.py")
-BACKBONES = {"fedmf": "mf", "fedncf": "ncf"}
+BACKBONES = {"fedmf": "mf", "fedncf": "ncf", "pfedrec": "pfedrec", "gpfedrec": "gpfedrec",
+             "fedrap": "fedrap"}
+NCF_LIKE = ("ncf", "gpfedrec")  # the published ``model.MLP`` is their client model
 RELATION = "positive_vs_sampled"
 CUTOFF = 0.2  # the published select_ratio, and attacks.scoring.PUBLISHED_CUTOFF
 PEER_SEED = 42  # membership_attack.py's __main__: random.seed(42)
@@ -163,6 +168,15 @@ def _participants(obs: Any, limit: int | None) -> np.ndarray:
     return keep if limit is None else keep[:limit]
 
 
+def _init_std(run_dir: Path) -> float | None:
+    """The run's public ``train.init_std`` (FedRAP's personal tables are drawn with it);
+    None without a config.toml."""
+    from fedem_private.simulation.config import load_toml
+
+    path = run_dir / "config.toml"
+    return float(load_toml(path).train.init_std) if path.is_file() else None
+
+
 def peer_job(run_dir: Path, round_: int, limit: int | None = None) -> dict[str, Any]:
     """The published attack's inputs for one recorded round, as plain arrays: the sent
     tables, each participating client's upload and candidate sets, the public recipe."""
@@ -182,6 +196,7 @@ def peer_job(run_dir: Path, round_: int, limit: int | None = None) -> dict[str, 
             "n_items": int(public.n_items), "dim": int(public.dim), "lr": float(public.lr),
             "local_epochs": int(public.local_epochs), "batch_size": int(public.batch_size),
             "num_negatives": int(public.num_negatives), "optimizer": public.optimizer,
+            "init_std": _init_std(run_dir),
             "sent": np.asarray(obs.sent[keep[0]], dtype=np.float32), "sent_dense": dense,
             "clients": [int(c) for c in obs.clients[keep]],
             "uploads": np.asarray(obs.upload[keep], dtype=np.float32), "sets": sets}
@@ -203,12 +218,48 @@ class PeerMF(torch.nn.Module):
         return torch.sigmoid((u * i).sum(-1))
 
 
+class PeerPFedRec(torch.nn.Module):
+    """PFedRec's client model with the same interface: sigmoid(w_u . q_i + b_u). The head
+    nn.Linear(d, 1) is private, so it is drawn at nn.Linear's init (as a PFedRec client
+    draws it at the start); ``embedding_user`` is there for the published attack's user
+    re-draw and is not used."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.embedding_user = torch.nn.Embedding(config.num_users, config.latent_dim)
+        self.embedding_item = torch.nn.Embedding(config.num_items, config.latent_dim)
+        self.affine_output = torch.nn.Linear(config.latent_dim, 1)
+
+    def forward(self, user_indices, item_indices):
+        return torch.sigmoid(self.affine_output(self.embedding_item(item_indices)).squeeze(-1))
+
+
+class PeerFedRAP(PeerPFedRec):
+    """FedRAP's client model with the same interface: sigmoid(w_u . (c_i + p_ui) + b_u),
+    ``embedding_item`` the shared C; the personal table (drawn N(0, init_std^2), as a
+    FedRAP client draws it) and the head are private. The published loss is BCE alone
+    (FedRAP's two regularisers are not in it)."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        self.personal = torch.nn.Embedding(config.num_items, config.latent_dim)
+        torch.nn.init.normal_(self.personal.weight, std=config.fedrap_init_std)
+
+    def forward(self, user_indices, item_indices):
+        item = self.embedding_item(item_indices) + self.personal(item_indices)
+        return torch.sigmoid(self.affine_output(item).squeeze(-1))
+
+
+PEER_MODULES = {"mf": PeerMF, "pfedrec": PeerPFedRec, "fedrap": PeerFedRAP}
+
+
 def _peer_models(job: dict[str, Any], peer_model: Any, args: Any) -> tuple[Any, dict, dict]:
     def build(items: np.ndarray):
-        m = peer_model.MLP(args) if job["backbone"] == "ncf" else PeerMF(args)
+        ncf = job["backbone"] in NCF_LIKE
+        m = peer_model.MLP(args) if ncf else PEER_MODULES[job["backbone"]](args)
         with torch.no_grad():
             m.embedding_item.weight.copy_(torch.from_numpy(np.asarray(items)))
-            if job["backbone"] == "ncf":
+            if job["backbone"] == "ncf":  # GPFedRec's MLP is private: kept as drawn
                 d = job["sent_dense"]
                 linears = [*m.fc_layers, m.affine_output]
                 if len(linears) * 2 != len(d):
@@ -254,7 +305,8 @@ def run_peer_child(peer_dir: str, job_path: str, lam: float, out_path: str,
         self.latent_dim, self.num_negative = job["dim"], job["num_negatives"]
         self.lr, self.local_epoch, self.local_bs = job["lr"], job["local_epochs"], job["batch_size"]
         self.optimizer = job["optimizer"]
-        self.model_type = "NCF" if job["backbone"] == "ncf" else "MF"
+        self.model_type = "NCF" if job["backbone"] in NCF_LIKE else "MF"
+        self.fedrap_init_std = job["init_std"]
         self.layers = [2 * job["dim"], 32, 16, 8]  # our FedNCF's MLP, layers.py LAYERS
 
     peer_run.Arguments.__init__ = our_arguments
@@ -267,6 +319,7 @@ def run_peer_child(peer_dir: str, job_path: str, lam: float, out_path: str,
     import membership_attack as ma
     import model as peer_model
 
+    torch.manual_seed(PEER_SEED)  # the private parts' draws (reseeded before the attack)
     g, clients, items = _peer_models(job, peer_model, args)
     saved = work / "fed.model"
     torch.save({"all_global_models": [g], "all_client_models": [clients],

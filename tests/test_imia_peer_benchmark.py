@@ -117,3 +117,28 @@ def test_peer_job_from_a_tiny_recorded_run(tmp_path):
     assert (job["backbone"], job["lr"], job["local_epochs"], job["batch_size"],
             job["dim"], job["n_items"]) == ("ncf", 0.1, 10, 256, d, m)
     assert imia_peer.peer_job(tmp_path, 1, limit=1)["clients"] == [0]  # the lowest id
+
+
+@pytest.mark.parametrize("method", ["pfedrec", "fedrap"])
+def test_peer_models_score_as_our_backbones(method):
+    """The modules handed to the published attack for PFedRec and FedRAP give our
+    backbone's probability for the same table, head (and personal table)."""
+    import types
+
+    import torch
+
+    from fedem_private.models import backbone_class
+    from fedem_private.models.base import ClientParams
+
+    m, d = 7, 3
+    cfg = types.SimpleNamespace(num_users=2, num_items=m, latent_dim=d, fedrap_init_std=0.1)
+    peer = imia_peer.PEER_MODULES[method](cfg)
+    q = peer.embedding_item.weight.detach()
+    private = {"w": peer.affine_output.weight.detach()[0][None].clone(),
+               "b": peer.affine_output.bias.detach().clone()}
+    if method == "fedrap":
+        private["personal"] = peer.personal.weight.detach()[None].clone()
+        assert 0.05 < float(private["personal"].std()) < 0.2  # drawn at init_std
+    ours = backbone_class(method)(m, d, 0, 0.1).scores(ClientParams(q[None], {}, private))
+    got = peer(torch.zeros(m, dtype=torch.long), torch.arange(m))
+    torch.testing.assert_close(got, torch.sigmoid(ours[0]))
