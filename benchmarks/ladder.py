@@ -160,7 +160,7 @@ def accounted_label(study: str) -> str:
     whole = [f"every trial seen {acc['every_trial']['reported']:.2f}"]
     if "only_choice" in acc:
         whole.insert(0, f"only the choice seen {acc['only_choice']['reported']:.2f}")
-    return (f"{name} {cfg['privacy']['mode']} eps {cfg['privacy']['epsilon']:g} a run, "
+    return (f"{name} {cfg['privacy']['mode']} eps {acc['one_run']['reported']:.2f} a run, "
             f"search accounted (search + this run: eps {', '.join(whole)})")
 
 

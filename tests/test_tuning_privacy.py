@@ -79,6 +79,14 @@ def test_every_trial_is_the_k_fold_composition_and_grows_with_k():
         "every_trial"]["rdp"] == pytest.approx(acc.get_epsilon(DELTA))
 
 
+def test_one_run_is_the_training_alone():
+    acc = search_epsilon(TRIAL, DELTA, trials=1)["views"]["observer"]
+    assert acc["one_run"]["rdp"] < acc["one_trial"]["rdp"]
+    acc_free = search_epsilon(TrialEvent(0.1, 1.3, 20, 1e12), DELTA, trials=1)
+    assert acc["one_run"]["rdp"] == pytest.approx(
+        acc_free["views"]["observer"]["one_trial"]["rdp"], rel=1e-6)
+
+
 def test_the_score_costs_something_and_the_aggregator_more():
     free = TrialEvent(0.1, 1.3, 20, 1e9)
     assert (search_epsilon(TRIAL, DELTA, trials=1)["views"]["observer"]["one_trial"]["rdp"]
@@ -246,7 +254,8 @@ def test_the_ladder_labels_an_accounted_search_with_the_whole_pipelines_eps(tmp_
                                               "fedmf-cdp-private-accounted-seed1"]
     label = rungs[0][0]
     chosen = acc["views"]["observer"]["only_choice"]["reported"]
-    assert "eps 1.5 a run" in label and f"only the choice seen {chosen:.2f}" in label
+    run = acc["views"]["observer"]["one_run"]["reported"]
+    assert f"eps {run:.2f} a run" in label and f"only the choice seen {chosen:.2f}" in label
     assert rungs[1][2]["train"]["seed"] == 1
 
 

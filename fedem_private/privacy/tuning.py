@@ -228,7 +228,8 @@ def search_epsilon(trial: TrialEvent, delta: float, *, trials: int | None = None
                            "score_sensitivity": SCORE_SENSITIVITY, "views": {}}
     for view in VIEWS:
         final = [trial.training(view)] * final_runs
-        one: dict[str, Any] = {"one_trial": _bounds(trial.event(view), delta, pld)}
+        one: dict[str, Any] = {"one_run": _bounds(trial.training(view), delta, pld),
+                               "one_trial": _bounds(trial.event(view), delta, pld)}
         if trials is not None:
             every = dp_accounting.SelfComposedDpEvent(trial.event(view), trials)
             one["every_trial"] = _bounds(dp_accounting.ComposedDpEvent([every, *final]),
