@@ -629,7 +629,8 @@ def _main(argv: Sequence[str] | None) -> int:
                                     workers=args.workers if args.ray else 1,
                                     best_by=args.best_by)
             diverged = f" ({result['diverged']} more diverged)" if result["diverged"] else ""
-            print(f"{result['completed']} trials{diverged}; best sampled validation HR@10 "
+            noisy = "noisy " if "privacy" in result else ""
+            print(f"{result['completed']} trials{diverged}; best {noisy}sampled validation HR@10 "
                   f"{result['best_value']:.4f} with {result['best_params']}; config in "
                   f"{args.out}/best.toml")
             if "privacy" in result:

@@ -187,6 +187,7 @@ def test_a_private_search_releases_only_noisy_scores_and_accounts_for_itself(tmp
     assert main(["tune", str(spec), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "privacy of the search" in printed and "only the choice seen" in printed
+    assert "best noisy sampled validation HR@10" in printed
     drawn = load_private(spec).count().draw(2)
     with (out / "trials.csv").open() as fh:
         rows = list(csv.DictReader(fh))
