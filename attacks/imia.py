@@ -77,7 +77,7 @@ and measured stronger at ML-100K round 50 than the generic one; docs/attacks.md)
 so does GPFedRec's, whose own shadow measured weaker than the MF one at round 50
 (its private MLP, 50 rounds trained, against a start draw).
 Upload codecs: the shadow replays the item table's training, not a codec's own
-parameters (not modelled yet).
+parameters (not modelled yet); a codec run's record says so (``assumption``).
 
 Candidates with a backbone's shadow (``unchanged="shadow"``, the default): a
 trained row need not change (FedNCF: a positive the client already scores with
@@ -126,7 +126,22 @@ MOVE_TOL = 1e-3
 
 
 def assumption_note(public: PublicKnowledge, shadow: ShadowModel | None = None) -> str | None:
-    """A one-line caveat when the shadow does not retrain the recorded backbone's client."""
+    """A one-line caveat when the shadow does not retrain the recorded backbone's client
+    (another backbone, another optimiser, or a FedPEFT codec's parameters)."""
+    notes = [n for n in (_backbone_note(public, shadow), _codec_note(public)) if n]
+    return "; ".join(notes) if notes else None
+
+
+def _codec_note(public: PublicKnowledge) -> str | None:
+    codec = public.extra.get("codec", "full")
+    if codec in (None, "full"):
+        return None
+    return (f"codec {codec!r}: after its warm-up the client trains the codec's parameters, "
+            "which move every decoded row; the imia shadow replays the item table's own "
+            "training, so its scores are a heuristic")
+
+
+def _backbone_note(public: PublicKnowledge, shadow: ShadowModel | None) -> str | None:
     if shadow is not None and shadow.backbone == public.backbone:
         if public.optimizer != "adam":
             return (f"optimizer {public.optimizer!r}: the imia shadow replays Adam; its "

@@ -206,3 +206,13 @@ def test_the_shadow_replays_the_client_given_its_data_and_start(backbone) -> Non
     # the other label gives another delta: the shadow tells the labels apart
     other = torch.where(guess[0, :, None], sim[0, 0], sim[0, 1])
     assert (other - true).abs().max() > 1e-3
+
+
+def test_a_codec_run_is_labelled_a_heuristic() -> None:
+    """Under a FedPEFT codec the client trains theta, not rows: imia's record says its
+    shadow does not model that, beside any backbone note."""
+    lora = _public("mf", extra={"init_std": 0.1, "codec": "lora"})
+    assert "codec 'lora'" in assumption_note(lora)
+    assert assumption_note(_public("mf", extra={"init_std": 0.1, "codec": "full"})) is None
+    both = assumption_note(_public("gpfedrec", extra={"init_std": 0.1, "codec": "hash"}))
+    assert "retrains an MF client" in both and "codec 'hash'" in both
