@@ -171,10 +171,12 @@ def _participants(obs: Any, limit: int | None) -> np.ndarray:
 def _init_std(run_dir: Path) -> float | None:
     """The run's public ``train.init_std`` (FedRAP's personal tables are drawn with it);
     None without a config.toml."""
-    from fedem_private.simulation.config import load_toml
+    from fedem_private.experiments.analysis import read_toml
 
     path = run_dir / "config.toml"
-    return float(load_toml(path).train.init_std) if path.is_file() else None
+    if not path.is_file():
+        return None
+    return float(read_toml(path, "run config").get("train", {}).get("init_std", 0.1))
 
 
 def peer_job(run_dir: Path, round_: int, limit: int | None = None) -> dict[str, Any]:

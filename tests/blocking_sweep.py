@@ -32,6 +32,9 @@ def _blocking_execute(cfg, out, force=False, on_round=None, setup=None, on_start
         while True:  # until a signal handler raises, or the pool's stop flag is set
             stop = sweep._STOP
             if stop is not None and stop.is_set():
+                # as sweep._on_sigint does: a SIGTERM arriving next must not raise a
+                # second interrupt inside the run directory's clean-up
+                sweep._BUSY = False
                 raise KeyboardInterrupt
             time.sleep(0.05)
 

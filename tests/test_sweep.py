@@ -477,3 +477,26 @@ def test_an_interrupt_while_replacing_a_run_keeps_the_old_one(tmp_path, monkeypa
         runner.execute(point.config, out, force=True)
     assert (out / "summary.json").read_text() == before
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["run"]
+
+
+def test_a_run_directorys_clean_up_finishes_through_a_second_interrupt(tmp_path, monkeypatch):
+    """An interrupt landing inside the clean-up of an interrupted run (a SIGTERM right after
+    Ctrl-C) still leaves no temporary directory, and the interrupt is not lost."""
+    import shutil
+
+    from fedem_private.experiments import rundir
+
+    real, calls = shutil.rmtree, []
+
+    def interrupted_once(path, ignore_errors=False):
+        calls.append(path)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        real(path, ignore_errors=ignore_errors)
+
+    monkeypatch.setattr(rundir.shutil, "rmtree", interrupted_once)
+    with pytest.raises(KeyboardInterrupt):
+        with rundir.RunDir(tmp_path / "run") as writer:
+            writer.write_text("config.toml", "x")
+            raise KeyboardInterrupt
+    assert len(calls) == 2 and list(tmp_path.iterdir()) == []

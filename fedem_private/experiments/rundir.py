@@ -109,6 +109,20 @@ def glob_escape(text: str) -> str:
     return re.sub(r"([*?\[])", r"[\1]", text)
 
 
+def _remove_finishing(path: Path, tries: int = 3) -> None:
+    """``shutil.rmtree(path)``, finished even when an interrupt (a second Ctrl-C, a
+    SIGTERM) lands part way: the removal is retried, then the interrupt re-raised."""
+    interrupted: BaseException | None = None
+    for _ in range(tries):
+        try:
+            shutil.rmtree(path, ignore_errors=True)
+            break
+        except KeyboardInterrupt as exc:
+            interrupted = exc
+    if interrupted is not None:
+        raise interrupted
+
+
 class RunDir:
     """A run directory under construction; use as a context manager.
 
@@ -149,7 +163,7 @@ class RunDir:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         if not self.committed:
-            shutil.rmtree(self.path, ignore_errors=True)
+            _remove_finishing(self.path)
 
     def write_json(self, name: str, obj: Any) -> None:
         (self.path / name).write_text(json.dumps(json_safe(obj), indent=2) + "\n")
