@@ -165,25 +165,21 @@ class TrialEvent:
     rounds: int
     score_noise: float
 
-    def event(self, view: str) -> dp_accounting.DpEvent:
-        """The trial as a dp-accounting event for ``view``: ``observer`` (sampling
-        amplifies) or ``aggregator`` (it sees who took part: no amplification)."""
-        score = dp_accounting.GaussianDpEvent(self.score_noise / SCORE_SENSITIVITY)
-        if view == "observer":
-            train = dpfedavg_event(self.sample_rate, self.noise_multiplier, self.rounds)
-        elif view == "aggregator":
-            train = dp_accounting.SelfComposedDpEvent(
-                dp_accounting.GaussianDpEvent(self.noise_multiplier), self.rounds)
-        else:
-            raise ValueError(f"unknown view {view!r}")
-        return dp_accounting.ComposedDpEvent([train, score])
-
     def training(self, view: str) -> dp_accounting.DpEvent:
-        """A final run at the chosen setting: the training rounds alone (no score)."""
+        """The training rounds alone (a final run at the chosen setting), for ``view``:
+        ``observer`` (sampling amplifies) or ``aggregator`` (it sees who took part: no
+        amplification)."""
         if view == "observer":
             return dpfedavg_event(self.sample_rate, self.noise_multiplier, self.rounds)
-        return dp_accounting.SelfComposedDpEvent(
-            dp_accounting.GaussianDpEvent(self.noise_multiplier), self.rounds)
+        if view == "aggregator":
+            return dp_accounting.SelfComposedDpEvent(
+                dp_accounting.GaussianDpEvent(self.noise_multiplier), self.rounds)
+        raise ValueError(f"unknown view {view!r}")
+
+    def event(self, view: str) -> dp_accounting.DpEvent:
+        """The whole trial for ``view``: its training, then its noisy score."""
+        score = dp_accounting.GaussianDpEvent(self.score_noise / SCORE_SENSITIVITY)
+        return dp_accounting.ComposedDpEvent([self.training(view), score])
 
 
 VIEWS = ("observer", "aggregator")
@@ -210,6 +206,23 @@ def _bounds(event: dp_accounting.DpEvent, delta: float, pld: bool) -> dict[str, 
     return out
 
 
+def _search_events(trial: TrialEvent, view: str, trials: int | None,
+                   count: TrialCount | None, final_runs: int
+                   ) -> dict[str, dp_accounting.DpEvent]:
+    """The events :func:`search_epsilon` bounds for ``view``: one run, one trial, and the
+    every-trial (``trials`` given) and only-the-choice (``count`` given) searches, each
+    followed by ``final_runs`` final runs."""
+    final = [trial.training(view)] * final_runs
+    out = {"one_run": trial.training(view), "one_trial": trial.event(view)}
+    if trials is not None:
+        every = dp_accounting.SelfComposedDpEvent(trial.event(view), trials)
+        out["every_trial"] = dp_accounting.ComposedDpEvent([every, *final])
+    if count is not None:
+        chosen = dp_event.RepeatAndSelectDpEvent(trial.event(view), count.mean, count.shape)
+        out["only_choice"] = dp_accounting.ComposedDpEvent([chosen, *final])
+    return out
+
+
 def search_epsilon(trial: TrialEvent, delta: float, *, trials: int | None = None,
                    count: TrialCount | None = None, final_runs: int = 0,
                    pld: bool = True) -> dict[str, Any]:
@@ -227,19 +240,14 @@ def search_epsilon(trial: TrialEvent, delta: float, *, trials: int | None = None
                            "user-level: add/remove one client's whole data",
                            "score_sensitivity": SCORE_SENSITIVITY, "views": {}}
     for view in VIEWS:
-        final = [trial.training(view)] * final_runs
-        one: dict[str, Any] = {"one_run": _bounds(trial.training(view), delta, pld),
-                               "one_trial": _bounds(trial.event(view), delta, pld)}
-        if trials is not None:
-            every = dp_accounting.SelfComposedDpEvent(trial.event(view), trials)
-            one["every_trial"] = _bounds(dp_accounting.ComposedDpEvent([every, *final]),
-                                         delta, pld)
-        if count is not None:
-            chosen = dp_event.RepeatAndSelectDpEvent(trial.event(view), count.mean,
-                                                          count.shape)
-            one["only_choice"] = {"rdp": _rdp(dp_accounting.ComposedDpEvent(
-                [chosen, *final]), delta)}
-            one["only_choice"]["reported"] = one["only_choice"]["rdp"]
+        events = _search_events(trial, view, trials, count, final_runs)
+        one: dict[str, Any] = {}
+        for name, event in events.items():
+            if name == "only_choice":  # the theorem is stated in RDP
+                rdp = _rdp(event, delta)
+                one[name] = {"rdp": rdp, "reported": rdp}
+            else:
+                one[name] = _bounds(event, delta, pld)
         out["views"][view] = one
     if trials is not None:
         out["trials"] = trials
@@ -260,11 +268,10 @@ def solve_trial_noise(total: float, delta: float, sample_rate: float, rounds: in
         raise ValueError(f"total epsilon must be finite and > 0: {total}")
     bound = "only_choice" if count is not None else "every_trial"
 
-    def eps(z: float) -> float:
-        acc = search_epsilon(TrialEvent(sample_rate, z, rounds, score_noise), delta,
-                             trials=None if count is not None else trials, count=count,
-                             final_runs=final_runs, pld=False)
-        return float(acc["views"]["observer"][bound]["rdp"])
+    def eps(z: float) -> float:  # only the bound solved for, not search_epsilon's others
+        events = _search_events(TrialEvent(sample_rate, z, rounds, score_noise), "observer",
+                                None if count is not None else trials, count, final_runs)
+        return _rdp(events[bound], delta)
 
     lo, hi = math.log(1e-2), math.log(1e4)
     if eps(math.exp(hi)) > total:
