@@ -76,8 +76,19 @@ registration asks for the built-in shadow (it is MF's client training, faster,
 and measured stronger at ML-100K round 50 than the generic one; docs/attacks.md);
 so does GPFedRec's, whose own shadow measured weaker than the MF one at round 50
 (its private MLP, 50 rounds trained, against a start draw).
-Upload codecs: the shadow replays the item table's training, not a codec's own
-parameters (not modelled yet); a codec run's record says so (``assumption``).
+Upload codecs. Under FedPEFT's LoRA codec the client trains theta = (A, B) and item
+i is base_i + B a_i: a changed B moves every decoded row, so in the decoded table
+the trained rows no longer stand out. The server holds theta as sent and as decoded
+from the upload (recorded with the observation, :attr:`Observation.sent_theta`),
+hence each client's base (the sent table minus B a_i; E0 under static replacement),
+and only the rows of A a client trained change. With ``codec="through"`` (the
+default) the attack runs on the rows of A (:func:`lora_view`) with the backbone's
+shadow trained through the codec (:func:`~attacks.shadow.through_lora`: a_i trains,
+the base stays, B trains beside the backbone's own parameters). Under a merge the
+client's base is private and the sent table's stands in for it; a backbone with
+private rows (FedRAP) is not wrapped. The hash and RQ-VAE codecs share bucket rows
+between items, so no row of theta is one item's: the attack reads their decoded
+table as a heuristic, and the record says so (``assumption``).
 
 Candidates with a backbone's shadow (``unchanged="shadow"``, the default): a
 trained row need not change (FedNCF: a positive the client already scores with
@@ -112,7 +123,7 @@ import torch
 from .base import blank_nonparticipants
 from .observations import Observation, PublicKnowledge
 from .registry import Attack, Capabilities
-from .shadow import ShadowModel, train_shadow
+from .shadow import LORA_B, ShadowModel, through_lora, train_shadow
 
 BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-8
@@ -125,17 +136,25 @@ BUILTIN_BACKBONE = "mf"
 MOVE_TOL = 1e-3
 
 
-def assumption_note(public: PublicKnowledge, shadow: ShadowModel | None = None) -> str | None:
+def assumption_note(public: PublicKnowledge, shadow: ShadowModel | None = None, *,
+                    through_codec: bool = True) -> str | None:
     """A one-line caveat when the shadow does not retrain the recorded backbone's client
     (another backbone, another optimiser, or a FedPEFT codec's parameters)."""
-    notes = [n for n in (_backbone_note(public, shadow), _codec_note(public)) if n]
+    notes = [n for n in (_backbone_note(public, shadow),
+                         _codec_note(public, shadow if through_codec else None)) if n]
     return "; ".join(notes) if notes else None
 
 
-def _codec_note(public: PublicKnowledge) -> str | None:
+def _codec_note(public: PublicKnowledge, shadow: ShadowModel | None = None) -> str | None:
     codec = public.extra.get("codec", "full")
     if codec in (None, "full"):
         return None
+    if codec == "lora" and shadow is not None and shadow.init_rows is None:
+        if public.extra.get("merge", "sr") in (None, "sr"):
+            return None
+        return (f"codec 'lora' under merge {public.extra.get('merge')!r}: the client's frozen "
+                "base (its merged table minus f_theta) is private; the shadow trains theta "
+                "on the sent table's base")
     return (f"codec {codec!r}: after its warm-up the client trains the codec's parameters, "
             "which move every decoded row; the imia shadow replays the item table's own "
             "training, so its scores are a heuristic")
@@ -431,7 +450,8 @@ def _attack_chunk_model(model: ShadowModel, delta: np.ndarray, sent: np.ndarray,
 def imia(obs: Observation, public: PublicKnowledge, *, iterations: int = 5, restarts: int = 3,
          atol: float = 0.0, outlier_mads: float = 6.0, user_std: float = 0.0, seed: int = 0,
          chunk: int = 32, scope: str = "all", device: str = "cpu",
-         shadow: ShadowModel | None = None, unchanged: str = "shadow") -> np.ndarray:
+         shadow: ShadowModel | None = None, unchanged: str = "shadow",
+         codec: str = "through") -> np.ndarray:
     """(k, m) IMIA scores (see the module docstring); NaN rows for non-participants.
 
     ``user_std`` is the std of the guessed user vectors (0: the public
@@ -443,7 +463,13 @@ def imia(obs: Observation, public: PublicKnowledge, *, iterations: int = 5, rest
     ``unchanged`` (with ``shadow``): "shadow" simulates the unchanged rows too
     and ranks them by what the shadow says of them (module docstring,
     "Candidates"); "below" ranks them below the changed rows, as the MF shadow does.
+    ``codec``: on a LoRA run with its parameters recorded, "through" attacks the rows of
+    A with the shadow trained through the codec (:func:`lora_view`); "decoded" attacks
+    the decoded table as for a run without a codec (the shadow then replays the table's
+    own training, a heuristic).
     """
+    if codec not in ("through", "decoded"):
+        raise ValueError(f"codec must be 'through' or 'decoded', got {codec!r}")
     if unchanged not in ("shadow", "below"):
         raise ValueError(f"unchanged must be 'shadow' or 'below', got {unchanged!r}")
     if iterations < 1 or restarts < 1 or chunk < 1:
@@ -452,6 +478,9 @@ def imia(obs: Observation, public: PublicKnowledge, *, iterations: int = 5, rest
         raise ValueError("need atol >= 0, outlier_mads > 0, user_std >= 0")
     if scope not in ("all", "outliers"):
         raise ValueError(f"scope must be 'all' or 'outliers', got {scope!r}")
+    lora = lora_view(obs, public, shadow) if codec == "through" else None
+    if lora is not None:  # rows of A and the shadow through the codec (module docstring)
+        obs, shadow = lora
     std = user_std or float(public.extra.get("init_std", 0.1))
     k, m = obs.n_clients, obs.n_items
     scores = np.zeros((k, m), dtype=np.float64)
@@ -493,6 +522,32 @@ def imia(obs: Observation, public: PublicKnowledge, *, iterations: int = 5, rest
         top = float(off.max()) if off.size and off.max() > 0 else 1.0
         scores[j, ~cand[j]] = floor - 1.0 + 0.5 * off / top
     return blank_nonparticipants(scores, obs)
+
+
+def lora_view(obs: Observation, public: PublicKnowledge, shadow: ShadowModel | None
+              ) -> tuple[Observation, ShadowModel] | None:
+    """A LoRA round seen in the codec's own rows: (the observation whose row i is
+    [a_i | base_i], sent and uploaded, with B as a sent dense group; the shadow trained
+    through the codec, :func:`~attacks.shadow.through_lora`), or None when the round has
+    no LoRA parameters recorded or no backbone shadow to wrap.
+
+    The server holds the sent and decoded theta (A (m, k_L), B (d, k_L) per client) and
+    the table they decode to, sent_i = base_i + B a_i, hence each client's frozen base.
+    Only the rows of A that the client trained change (dA_i = B^T g_i; B moves every
+    decoded row, which is what hides the trained rows in the decoded table)."""
+    if public.extra.get("codec") != "lora" or shadow is None or shadow.init_rows is not None:
+        return None
+    if not {"A", "B"} <= set(obs.sent_theta):
+        return None
+    a0 = np.asarray(obs.sent_theta["A"], dtype=np.float64)
+    a1 = np.asarray(obs.upload_theta["A"], dtype=np.float32)
+    b0 = np.asarray(obs.sent_theta["B"], dtype=np.float64)
+    base = (obs.sent.astype(np.float64) - np.einsum("kmr,kdr->kmd", a0, b0)).astype(np.float32)
+    view = Observation(obs.round, obs.clients,
+                       np.concatenate([a0.astype(np.float32), base], axis=2),
+                       np.concatenate([a1, base], axis=2), obs.participated,
+                       {**obs.sent_dense, LORA_B: obs.sent_theta["B"]})
+    return view, through_lora(shadow, a0.shape[2], obs.dim)
 
 
 def _imia_model(obs: Observation, public: PublicKnowledge, model: ShadowModel,
@@ -557,6 +612,7 @@ class ImiaOptions:
     chunk: int = 32
     scope: str = "all"
     unchanged: str = "shadow"
+    codec: str = "through"
 
 
 class ImiaAttack(Attack):
@@ -569,7 +625,9 @@ class ImiaAttack(Attack):
     function = staticmethod(imia)
 
     @classmethod
-    def assumption(cls, public: PublicKnowledge, shadow: ShadowModel | None = None
-                   ) -> str | None:
-        """:func:`assumption_note`."""
-        return assumption_note(public, shadow)
+    def assumption(cls, public: PublicKnowledge, shadow: ShadowModel | None = None,
+                   options: ImiaOptions | None = None) -> str | None:
+        """:func:`assumption_note` (``codec="decoded"``: the codec note as without a shadow
+        through the codec)."""
+        through = options is None or options.codec == "through"
+        return assumption_note(public, shadow, through_codec=through)

@@ -51,6 +51,9 @@ PUBLIC_FILE = "public.json"
 _STORE_DTYPES = {"float16": np.float16, "float32": np.float32}
 #: npz key prefixes of the sent dense groups: one per client, or one shared copy
 DENSE, DENSE_SHARED = "sent_dense__", "sent_dense_shared__"
+#: npz key prefixes of a FedPEFT codec's sent parameters (per client, or one shared copy)
+#: and of their change in the upload (uploaded minus sent, per client)
+THETA, THETA_SHARED, THETA_DELTA = "sent_theta__", "sent_theta_shared__", "theta_delta__"
 
 
 @dataclass(frozen=True, eq=False)
@@ -72,6 +75,8 @@ class Observation:
     upload: np.ndarray  # (k, m, d) float
     participated: np.ndarray  # (k,) bool
     sent_dense: Mapping[str, np.ndarray] = field(default_factory=dict)
+    sent_theta: Mapping[str, np.ndarray] = field(default_factory=dict)
+    upload_theta: Mapping[str, np.ndarray] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         clients = np.asarray(self.clients, dtype=np.int64).reshape(-1)
@@ -94,14 +99,19 @@ class Observation:
                 raise ValueError(f"Observation.{name} must be floating point")
             if not np.isfinite(a).all():
                 raise ValueError(f"Observation.{name} of round {self.round} has NaN or Inf")
-        dense = {}
-        for name, value in dict(self.sent_dense).items():
-            a = np.asarray(value)
-            if a.ndim < 1 or a.shape[0] != k or not np.issubdtype(a.dtype, np.floating):
-                raise ValueError(f"Observation.sent_dense[{name!r}] must be float (k={k}, ...); "
-                                 f"got {a.dtype} {a.shape}")
-            dense[str(name)] = readonly(a)
-        object.__setattr__(self, "sent_dense", MappingProxyType(dense))
+        for attr in ("sent_dense", "sent_theta", "upload_theta"):
+            groups = {}
+            for name, value in dict(getattr(self, attr)).items():
+                a = np.asarray(value)
+                if a.ndim < 1 or a.shape[0] != k or not np.issubdtype(a.dtype, np.floating):
+                    raise ValueError(f"Observation.{attr}[{name!r}] must be float (k={k}, ...); "
+                                     f"got {a.dtype} {a.shape}")
+                groups[str(name)] = readonly(a)
+            object.__setattr__(self, attr, MappingProxyType(groups))
+        if set(self.sent_theta) != set(self.upload_theta) or any(
+                self.sent_theta[n].shape != self.upload_theta[n].shape for n in self.sent_theta):
+            raise ValueError("Observation.sent_theta and upload_theta must hold the same groups "
+                             "with the same shapes")
         object.__setattr__(self, "round", int(self.round))
         object.__setattr__(self, "clients", readonly(clients))
         object.__setattr__(self, "sent", readonly(sent))
@@ -212,12 +222,17 @@ def save_observation(run_dir: str | Path, obs: Observation, *, part: int | None 
         arrays["sent_shared"] = obs.sent[0].astype(_STORE_DTYPES[sent_dtype])
     else:
         arrays["sent"] = obs.sent.astype(_STORE_DTYPES[sent_dtype])
-    for name, value in obs.sent_dense.items():
-        # the dense groups are small; one copy when every client got the same (FedAvg)
-        if obs.n_clients > 1 and _all_equal(value):
-            arrays[f"{DENSE_SHARED}{name}"] = value[0].astype(np.float32)
-        else:
-            arrays[f"{DENSE}{name}"] = value.astype(np.float32)
+    for prefix, shared, groups in ((DENSE, DENSE_SHARED, obs.sent_dense),
+                                    (THETA, THETA_SHARED, obs.sent_theta)):
+        for name, value in groups.items():
+            # small groups; one copy when every client got the same (FedAvg)
+            if obs.n_clients > 1 and _all_equal(value):
+                arrays[f"{shared}{name}"] = value[0].astype(np.float32)
+            else:
+                arrays[f"{prefix}{name}"] = value.astype(np.float32)
+    for name, value in obs.upload_theta.items():  # exact zeros stay zeros, as for the table
+        arrays[f"{THETA_DELTA}{name}"] = (value.astype(np.float64) - obs.sent_theta[name].astype(
+            np.float64)).astype(np.float32)
     stored_sent = arrays.get("sent", arrays.get("sent_shared"))
     if not np.isfinite(arrays["delta"]).all() or not np.isfinite(stored_sent).all():
         raise ValueError(f"round {obs.round}: values overflow {sent_dtype}/{delta_dtype}")
@@ -243,14 +258,22 @@ def _observation_from(path: Path) -> Observation:
         raise UserError(f"{path}: malformed file, missing sent")
     upload = sent + delta
     k = delta.shape[0]
-    dense = {key[len(DENSE):]: z[key].astype(np.float32) for key in z if key.startswith(DENSE)}
-    for key in z:
-        if key.startswith(DENSE_SHARED):
-            table = z[key].astype(np.float32)
-            dense[key[len(DENSE_SHARED):]] = np.broadcast_to(table, (k, *table.shape))
+
+    def groups(prefix: str, shared: str) -> dict[str, np.ndarray]:
+        out = {key[len(prefix):]: z[key].astype(np.float32) for key in z
+               if key.startswith(prefix)}
+        for key in z:
+            if key.startswith(shared):
+                table = z[key].astype(np.float32)
+                out[key[len(shared):]] = np.broadcast_to(table, (k, *table.shape))
+        return out
+
+    theta = groups(THETA, THETA_SHARED)
+    theta_up = {name: theta[name] + z[f"{THETA_DELTA}{name}"].astype(np.float32)
+                for name in theta if f"{THETA_DELTA}{name}" in z}
     try:
         return Observation(int(z["round"]), z["clients"], sent, upload, z["participated"],
-                           dense)
+                           groups(DENSE, DENSE_SHARED), theta, theta_up)
     except ValueError as e:
         raise UserError(f"{path}: {e}") from e
 
@@ -270,25 +293,26 @@ def _concat_observations(obs: list[Observation]) -> Observation:
         sent = np.broadcast_to(first, (k, *first.shape))
     else:
         sent = np.concatenate([o.sent for o in obs])
-    names = set(obs[0].sent_dense)
-    if any(set(o.sent_dense) != names for o in obs):
-        # parts of clients that sat the round out carry no dense groups: fill with the others'
-        have = [o for o in obs if o.sent_dense]
-        names = set(have[0].sent_dense) if have else set()
-    dense = {}
-    for name in sorted(names):
-        blocks = []
-        for o in obs:
-            if name in o.sent_dense:
-                blocks.append(np.asarray(o.sent_dense[name]))
-            else:
-                ref = next(np.asarray(h.sent_dense[name]) for h in obs if name in h.sent_dense)
-                blocks.append(np.zeros((o.n_clients, *ref.shape[1:]), dtype=ref.dtype))
-        dense[name] = np.concatenate(blocks)
     return Observation(obs[0].round, np.concatenate([o.clients for o in obs]),
                        sent,
                        np.concatenate([o.upload for o in obs]),
-                       np.concatenate([o.participated for o in obs]), dense)
+                       np.concatenate([o.participated for o in obs]),
+                       *(_concat_groups(obs, attr)
+                         for attr in ("sent_dense", "sent_theta", "upload_theta")))
+
+
+def _concat_groups(obs: list[Observation], attr: str) -> dict[str, np.ndarray]:
+    """One group mapping (``sent_dense``, ``sent_theta`` or ``upload_theta``) of the joined
+    parts; parts of clients that sat the round out carry none, and get zeros."""
+    have = [o for o in obs if getattr(o, attr)]
+    names = sorted(getattr(have[0], attr)) if have else []
+    out = {}
+    for name in names:
+        ref = np.asarray(getattr(have[0], attr)[name])
+        out[name] = np.concatenate([
+            np.asarray(getattr(o, attr)[name]) if name in getattr(o, attr)
+            else np.zeros((o.n_clients, *ref.shape[1:]), dtype=ref.dtype) for o in obs])
+    return out
 
 
 def load_observations(run_dir: str | Path, rounds: Sequence[int] | None = None

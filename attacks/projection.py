@@ -149,7 +149,8 @@ class ProjectionAttack(Attack):
     function = staticmethod(projection)
 
     @classmethod
-    def assumption(cls, public: PublicKnowledge, shadow: object = None) -> str | None:
+    def assumption(cls, public: PublicKnowledge, shadow: object = None,
+                   options: object = None) -> str | None:
         """:func:`assumption_note` (the shadow plays no part)."""
         del shadow
         return assumption_note(public)

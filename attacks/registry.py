@@ -83,10 +83,11 @@ class Attack:
         return cls.function(obs, public, **_as_kwargs(opts), **extra)
 
     @classmethod
-    def assumption(cls, public: PublicKnowledge, shadow: ShadowModel | None = None
-                   ) -> str | None:
-        """A note on what the scores assume for this run (None: nothing to note)."""
-        del public, shadow
+    def assumption(cls, public: PublicKnowledge, shadow: ShadowModel | None = None,
+                   options: Any = None) -> str | None:
+        """A note on what the scores assume for this run under ``options`` (the attack's
+        options dataclass, None: its defaults); None: nothing to note."""
+        del public, shadow, options
         return None
 
 

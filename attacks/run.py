@@ -267,7 +267,7 @@ def _item_record(name: str, obs: Observation, public: PublicKnowledge, gt: Groun
     if aggregate:
         extra_rows = {"relations_control": score(~obs.participated),
                       "n_control_clients": int((~obs.participated).sum())}
-    note = cls.assumption(public, shadow)
+    note = cls.assumption(public, shadow, options)
     extra = {"assumption": note} if note else {}
     return {**extra, "attack": name, "round": obs.round, "seconds": seconds,
             "n_clients": int(obs.participated.sum()), "relations": metrics, **extra_rows,

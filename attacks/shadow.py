@@ -63,6 +63,41 @@ class ShadowModel:
     alternating: bool = False
     init_rows: Callable[[int, int, torch.Generator], Tensor] | None = None
     row_loss: Callable[[Tensor], Tensor] | None = None
+    #: columns at the end of each row that never train (a codec's frozen base, see
+    #: :func:`through_lora`); the attack supplies them per candidate
+    frozen_tail: int = 0
+    #: non-item parameters that step with the rows in an ``alternating`` client (a
+    #: codec's shared factor trains as part of the item table's step)
+    row_phase: tuple[str, ...] = ()
+
+
+#: the dense-group name under which :func:`through_lora` carries LoRA's B
+LORA_B = "codec.B"
+
+
+def through_lora(inner: ShadowModel, rank: int, dim: int) -> ShadowModel:
+    """``inner``'s client training with its item table trained through FedPEFT's LoRA codec.
+
+    The client's item i is base_i + B a_i (FedPEFT, equations 1-2): it trains a_i (its
+    row of A, width ``rank``) and B (d, rank), never the frozen base. Here a row is
+    [a_i | base_i] (width rank + ``dim``; the base is the frozen tail, supplied per candidate
+    by the attack), B travels as the dense group :data:`LORA_B` (what the server sent)
+    and trains beside the backbone's own non-item parameters, with the rows in a
+    client that alternates (PFedRec: the head first, then theta). The simulated delta is
+    that of a_i. Backbones with private row groups (FedRAP) are not covered (None)."""
+    if inner.init_rows is not None:
+        raise ValueError("through_lora: a backbone with private rows is not covered")
+
+    def logits(params: Mapping[str, Tensor], rows: Tensor) -> Tensor:
+        a, base = rows[..., :rank], rows[..., rank:]
+        item = base + torch.einsum("crk,cdk->crd", a, params[LORA_B])
+        return inner.logits({n: v for n, v in params.items() if n != LORA_B}, item)
+
+    return ShadowModel(backbone=inner.backbone, logits=logits,
+                       init_private=inner.init_private, init_dense=inner.init_dense,
+                       dense_names=(*inner.dense_names, LORA_B),
+                       alternating=inner.alternating, row_loss=None,
+                       frozen_tail=dim, row_phase=(LORA_B,))
 
 
 def _adam(params: list[Tensor], grads: list[Tensor], m1: list[Tensor], m2: list[Tensor],
@@ -134,6 +169,10 @@ def train_shadow(model: ShadowModel, sent: Tensor, valid: Tensor, guess: Tensor,
     names = list(theta)
     tm = [torch.zeros_like(theta[n]) for n in names]
     tv = [torch.zeros_like(theta[n]) for n in names]
+    with_rows = [n for n in names if n in model.row_phase]  # step with the rows (alternating)
+    head = [n for n in names if n not in model.row_phase]
+    with_at = [names.index(n) for n in with_rows]
+    head_at = [names.index(n) for n in head]
     labels = torch.tensor([0.0, 1.0], device=dev)[None, :, None]
     choose = torch.stack([1.0 - guess.float(), guess.float()], dim=1)  # (c, 2, R): theta's copy
     steps = epochs * nb
@@ -167,12 +206,17 @@ def train_shadow(model: ShadowModel, sent: Tensor, valid: Tensor, guess: Tensor,
             leaves = {n: theta[n].detach().requires_grad_(True) for n in names}
             q_rows = torch.gather(q, 2, gather).detach().requires_grad_(True)
             if model.alternating:  # PFedRec: the head first, the rows frozen
-                g_theta = torch.autograd.grad(loss_of(leaves, q_rows.detach(), chosen=True),
-                                              [leaves[n] for n in names], allow_unused=True)
-                _adam([theta[n] for n in names], _zeros_for(g_theta, theta, names), tm, tv,
-                      active, t_steps, lr)
-                leaves = {n: theta[n].detach() for n in names}
-                g_rows = torch.autograd.grad(loss_of(leaves, q_rows, chosen=False), q_rows)[0]
+                g_head = torch.autograd.grad(loss_of(leaves, q_rows.detach(), chosen=True),
+                                             [leaves[n] for n in head], allow_unused=True)
+                _adam([theta[n] for n in head], _zeros_for(g_head, theta, head),
+                      [tm[i] for i in head_at], [tv[i] for i in head_at], active, t_steps, lr)
+                leaves = {n: theta[n].detach().requires_grad_(n in with_rows) for n in names}
+                g_rows = torch.autograd.grad(loss_of(leaves, q_rows, chosen=False), q_rows,
+                                             retain_graph=bool(with_rows))[0]
+                if with_rows:  # a codec's shared factor: with the rows, on the guessed labels
+                    g_with = torch.autograd.grad(loss_of(leaves, q_rows, chosen=True),
+                                                 [leaves[n] for n in with_rows],
+                                                 allow_unused=True)
             else:
                 g_rows = torch.autograd.grad(loss_of(leaves, q_rows, chosen=False), q_rows,
                                              retain_graph=True)[0]
@@ -180,9 +224,14 @@ def train_shadow(model: ShadowModel, sent: Tensor, valid: Tensor, guess: Tensor,
                                               [leaves[n] for n in names], allow_unused=True)
         gq = torch.zeros_like(q)
         gq.scatter_add_(2, gather, g_rows * on[:, None, :, None])
+        if model.frozen_tail:
+            gq[..., d - model.frozen_tail:] = 0.0  # a frozen base never moves (Adam: 0 step)
         if not model.alternating:
             _adam([theta[n] for n in names], _zeros_for(g_theta, theta, names), tm, tv,
                   active, t_steps, lr)
+        elif with_rows:
+            _adam([theta[n] for n in with_rows], _zeros_for(g_with, theta, with_rows),
+                  [tm[i] for i in with_at], [tv[i] for i in with_at], active, t_steps, lr)
         _adam([q], [gq], [qm], [qv], active, t_steps, lr)
     return (q[..., :d_out] - sent.float()[:, None]).double()
 

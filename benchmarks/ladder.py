@@ -42,7 +42,12 @@ from typing import Any
 
 import numpy as np
 
-FEDERATED = ("fedmf", "fedem")
+FEDERATED = ("fedmf", "fedem", "pfedrec", "pfedrec-em")
+# a federated rung's name -> (display name, its config beyond the method's preset)
+FEDERATED_RUNGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "fedmf": ("FedMF", {}), "fedem": ("FedEM", {}), "pfedrec": ("PFedRec", {}),
+    "pfedrec-em": ("PFedRec+EM", {"federation": {"method": "pfedrec", "merge": "em"}}),
+}
 # the issue's 0.1, 1, 10 per architecture, and the private federated points' 1, 4, 16, 64
 DP_EPSILONS = (0.1, 1.0, 4.0, 10.0, 16.0, 64.0)
 ARCHITECTURES = ("central", "local", "interaction", "interaction-local")
@@ -166,25 +171,27 @@ def accounted_label(study: str) -> str:
 
 def private_rungs(dataset: str, data_dir: str, seeds: list[int],
                   tuned_files: list[tuple[str, str]], modes: list[str] | None = None,
-                  accounted: list[str] | None = None
+                  accounted: list[str] | None = None, methods: tuple[str, ...] = ("fedmf",)
                   ) -> list[tuple[str, str, dict[str, Any]]]:
-    """FedMF under cdp-gaussian and ldp-dpsgd at PRIVATE_EPSILONS with settings fixed in
-    advance, then every tuned config (``tuned_files``: (``none`` or a mode, best.toml)),
-    whatever its method: without privacy once, a private one at every eps; then the
-    chosen config of every accounted private search (``accounted``: its output folder)
-    at its own eps."""
+    """Each of ``methods`` (FEDERATED_RUNGS names) under cdp-gaussian and ldp-dpsgd at
+    PRIVATE_EPSILONS with settings fixed in advance, then every tuned config
+    (``tuned_files``: (``none`` or a mode, best.toml)), whatever its method: without
+    privacy once, a private one at every eps; then the chosen config of every accounted
+    private search (``accounted``: its output folder) at its own eps."""
     from fedem_private.experiments.analysis import no_privacy
 
     out = []
     for seed in seeds:
-        for mode, extra in PRIVATE_FIXED.items():
-            if modes is not None and mode not in modes:
-                continue
-            for eps in PRIVATE_EPSILONS:
-                cfg = _merge(base_config(dataset, data_dir, seed, "fedmf"),
-                             _merge(extra, {"privacy": {"epsilon": eps}}))
-                out.append((f"FedMF {mode} eps {eps:g} (fixed in advance)",
-                            f"fedmf-{mode}-eps{eps:g}-seed{seed}", cfg))
+        for method in methods:
+            name, own = FEDERATED_RUNGS[method]
+            for mode, extra in PRIVATE_FIXED.items():
+                if modes is not None and mode not in modes:
+                    continue
+                for eps in PRIVATE_EPSILONS:
+                    cfg = _merge(_merge(base_config(dataset, data_dir, seed, method), own),
+                                 _merge(extra, {"privacy": {"epsilon": eps}}))
+                    out.append((f"{name} {mode} eps {eps:g} (fixed in advance)",
+                                f"{method}-{mode}-eps{eps:g}-seed{seed}", cfg))
         for mode, path in tuned_files:
             cfg = tuned_config(path, seed)
             name, stem = tuned_label(cfg)
@@ -230,8 +237,9 @@ def rungs(dataset: str, data_dir: str, seeds: list[int], rounds: int,
             add(f"{name} (val-tuned: {_label(setting)})", f"{method}-tuned", method,
                 _nest(setting))
         for method in federated:
-            add({"fedmf": "FedMF", "fedem": "FedEM"}[method] + f" ({rounds} rounds)", method,
-                method, {"train": {"rounds": rounds, "eval_every": rounds}})
+            name, own = FEDERATED_RUNGS[method]
+            add(f"{name} ({rounds} rounds)", method, method,
+                _merge(own, {"train": {"rounds": rounds, "eval_every": rounds}}))
     return out
 
 
@@ -338,8 +346,11 @@ def main(argv: list[str] | None = None) -> int:
                         "tuning), only the private FedMF rungs, or only write the table "
                         "from finished runs")
     parser.add_argument("--modes", nargs="+", default=None, choices=tuple(PRIVATE_FIXED),
-                        help="the private modes of the fixed-in-advance FedMF rungs "
+                        help="the private modes of the fixed-in-advance rungs "
                         "(default: all)")
+    parser.add_argument("--private-methods", nargs="+", default=["fedmf"], choices=FEDERATED,
+                        help="the federated methods run under each private mode with "
+                        "settings fixed in advance (default: fedmf)")
     parser.add_argument("--tuned", nargs="*", default=[], metavar="MODE=FILE",
                         help="`fedem-private tune` best.toml files, each with its privacy mode "
                         "(`none` for no privacy), of any federated method; run on every seed "
@@ -377,13 +388,13 @@ def main(argv: list[str] | None = None) -> int:
                                  f"| {lab} | {hr:.4f} | {nd:.4f} |\n" for lab, hr, nd in rows))
     tuned_files = [tuple(t.split("=", 1)) for t in args.tuned]
     private = private_rungs(args.dataset, data_dir, args.seeds, tuned_files, args.modes,
-                            args.accounted)
+                            args.accounted, tuple(args.private_methods))
     plan = rungs(args.dataset, data_dir, args.seeds, args.rounds, tuned,
                  tuple(args.federated)) + private
     if args.only != "table":
         private_names = {name for _, name, _ in private}
         for _, name, cfg in plan:
-            federated = cfg["federation"]["method"] in FEDERATED
+            federated = cfg["federation"]["method"] not in {*GRIDS, "mostpop", "dp-mostpop"}
             kind = "private" if name in private_names else (
                 "federated" if federated else "baselines")
             if args.only is not None and args.only != kind:

@@ -86,6 +86,36 @@ def test_rounds_sorted_filtered_and_parts_joined(tmp_path: Path) -> None:
         load_observations(tmp_path)
 
 
+def test_codec_parameters_round_trip_and_join_across_parts(tmp_path: Path) -> None:
+    """A FedPEFT round keeps theta as sent and as uploaded: shared B stored once, per-client A,
+    exact zeros in the change kept, and a part of clients who sat out filled with zeros."""
+    rng = np.random.default_rng(3)
+    k, m, d, r = 3, 7, 4, 2
+    a0 = rng.normal(size=(k, m, r)).astype(np.float32)
+    a1 = a0.copy()
+    a1[:, :2] += rng.normal(scale=1e-3, size=(k, 2, r)).astype(np.float32)
+    b0 = np.repeat(rng.normal(size=(1, d, r)).astype(np.float32), k, axis=0)
+    b1 = b0 + rng.normal(scale=1e-3, size=b0.shape).astype(np.float32)
+    base = _obs(k=k, m=m, d=d)
+    obs = dataclasses.replace(base, participated=np.ones(k, dtype=bool),
+                              sent_theta={"A": a0, "B": b0}, upload_theta={"A": a1, "B": b1})
+    path = save_observation(tmp_path, obs, part=0)
+    with np.load(path) as z:
+        assert "sent_theta_shared__B" in z and "sent_theta__A" in z
+    absent = Observation(2, np.arange(20, 22), np.zeros((2, m, d), np.float32),
+                         np.zeros((2, m, d), np.float32), np.zeros(2, dtype=bool))
+    save_observation(tmp_path, absent, part=1)
+    (back,) = load_observations(tmp_path)
+    assert set(back.sent_theta) == {"A", "B"} == set(back.upload_theta)
+    np.testing.assert_array_equal(back.sent_theta["A"][:k], a0)
+    np.testing.assert_allclose(back.upload_theta["B"][:k], b1, atol=1e-6)
+    assert (back.upload_theta["A"][:k, 2:] == back.sent_theta["A"][:k, 2:]).all()
+    assert back.sent_theta["A"].shape == (k + 2, m, r) and not back.sent_theta["A"][k:].any()
+    with pytest.raises(ValueError, match="same groups"):
+        Observation(2, np.arange(k), base.sent, base.upload, np.ones(k, dtype=bool),
+                    sent_theta={"A": a0}, upload_theta={})
+
+
 def test_public_knowledge_round_trip_and_strictness(tmp_path: Path) -> None:
     pub = _public()
     path = save_public(tmp_path, pub)

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from attacks.ground_truth import save_demographics, save_ground_truth
 from attacks.observations import (
@@ -194,10 +195,13 @@ class Recorder:
         clients = np.asarray(view.clients)[rows].astype(np.int64)
         sent = view.sent.detach()[idx].cpu().numpy().astype(np.float32, copy=True)
         upload = view.upload.detach()[idx].cpu().numpy().astype(np.float32, copy=True)
-        dense = {name: value.detach()[idx].cpu().numpy().astype(np.float32, copy=True)
-                 for name, value in view.dense_sent.items()}
+        def rows_of(groups: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+            return {name: value.detach()[idx].cpu().numpy().astype(np.float32, copy=True)
+                    for name, value in groups.items()}
+
         obs = Observation(view.round, clients, sent, upload, np.ones(rows.size, dtype=bool),
-                          dense)
+                          rows_of(view.dense_sent), rows_of(view.theta_sent),
+                          rows_of(view.theta_upload))
         self._write(obs, *self._truth(clients, view.samples, idx))
 
     def _truth(self, clients: np.ndarray, samples: ClientSamples, rows: Sequence[int]

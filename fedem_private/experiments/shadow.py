@@ -20,7 +20,9 @@ and its record says so. MF also gets None, by its registration's choice
 (``shadow_builtin``): the attack's built-in shadow is the MF client's training,
 faster, and measured stronger at ML-100K round 50 than the generic one;
 GPFedRec too, because its own shadow (built with ``generic``) measured weaker
-than the MF shadow at round 50 (its private MLP is a start draw).
+than the MF shadow at round 50 (its private MLP is a start draw). A run uploading
+through the LoRA codec gets the generic shadow whatever the backbone asks: the attack
+wraps it to train the codec's parameters (:func:`attacks.shadow.through_lora`).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def shadow_model(public: PublicKnowledge, *, generic: bool = False) -> ShadowMod
         return None
     if type(base).shadow_logits is Backbone.shadow_logits:
         return None
-    if base.shadow_builtin and not generic:
+    if base.shadow_builtin and not generic and public.extra.get("codec") != "lora":
         return None
 
     def fresh(gen: torch.Generator) -> Backbone:

@@ -106,7 +106,11 @@ class ChunkView:
     ``sent`` and ``upload`` are item tables (k, m, d): the decoded upload,
     i.e. what the server's aggregation and attacks see of the item table.
     ``dense_sent`` holds the shared dense groups the server sent (e.g. FedNCF's
-    MLP), client axis first; empty for a backbone without any.
+    MLP), client axis first; empty for a backbone without any. After a FedPEFT
+    codec's warm-up, ``theta_sent`` and ``theta_upload`` are the codec's parameters
+    the server sent and decoded from the released upload (name -> (k, ...)): the
+    server holds both, and ``sent`` / ``upload`` are the tables they decode to;
+    empty otherwise.
     """
 
     round: int
@@ -115,6 +119,8 @@ class ChunkView:
     upload: torch.Tensor
     samples: ClientSamples
     dense_sent: dict[str, torch.Tensor] = field(default_factory=dict)
+    theta_sent: dict[str, torch.Tensor] = field(default_factory=dict)
+    theta_upload: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass
@@ -268,6 +274,7 @@ class ReleasedUploads:
                                        work.touched_rows)
         decoded = sim.wire(rnd).decode(released)
         rnd.up_bytes += work.k * wire_bytes(decoded)
+        theta_up: dict[str, torch.Tensor] = {}
         if rnd.peft:
             assert sim.codec_server is not None
             theta_up, dense_upload = decoded
@@ -279,7 +286,8 @@ class ReleasedUploads:
         if sim.dense is not None:
             sim.dense.add(work.idx, dense_upload)
         for observe in sim.observers:
-            observe(ChunkView(rnd.t, work.chunk, work.sent, upload, work.samples, work.dense_sent))
+            observe(ChunkView(rnd.t, work.chunk, work.sent, upload, work.samples, work.dense_sent,
+                              work.theta_sent or {}, theta_up))
 
     def finish(self, rnd: RoundWork) -> None:
         """Nothing to release at the end of the round."""
