@@ -168,6 +168,28 @@ def test_ladder_chance_is_the_mean_over_every_rank():
     assert hr == pytest.approx((10 / 20 + 10 / 100) / 2)
 
 
+def test_ladder_plans_each_federated_method_and_its_private_rungs():
+    """PFedRec+EM is PFedRec with the elastic merge; fixed-in-advance private rungs exist for
+    each method asked for, at every eps, with FedMF's run names unchanged; every config
+    validates."""
+    from benchmarks.ladder import PRIVATE_EPSILONS, private_rungs, rungs
+
+    plan = rungs("synthetic", "", [0], 5, {}, ("pfedrec", "pfedrec-em"))
+    fed = {name: cfg for _, name, cfg in plan if name.startswith("pfedrec")}
+    assert fed["pfedrec-em-seed0"]["federation"] == {"method": "pfedrec", "merge": "em"}
+    assert fed["pfedrec-seed0"]["federation"] == {"method": "pfedrec"}
+    private = private_rungs("synthetic", "", [0], [], ["cdp-gaussian"], None,
+                            ("fedmf", "pfedrec"))
+    names = [name for _, name, _ in private]
+    assert names[: len(PRIVATE_EPSILONS)] == [f"fedmf-cdp-gaussian-eps{e:g}-seed0"
+                                              for e in PRIVATE_EPSILONS]
+    assert len(names) == 2 * len(PRIVATE_EPSILONS)
+    for label, _, cfg in private + [r for r in plan if r[1].startswith("pfedrec")]:
+        cfg = {**cfg, "data": {"dataset": "synthetic"}}
+        from_dict(cfg).validate()
+        assert ("PFedRec" in label) == (cfg["federation"]["method"] == "pfedrec")
+
+
 def test_dp_mostpop_local_refuses_an_infinite_epsilon():
     with pytest.raises(UserError, match="finite epsilon"):
         from_dict(_cfg("dp-mostpop", baseline={"architecture": "local",
