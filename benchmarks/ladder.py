@@ -171,13 +171,15 @@ def accounted_label(study: str) -> str:
 
 def private_rungs(dataset: str, data_dir: str, seeds: list[int],
                   tuned_files: list[tuple[str, str]], modes: list[str] | None = None,
-                  accounted: list[str] | None = None, methods: tuple[str, ...] = ("fedmf",)
+                  accounted: list[str] | None = None, methods: tuple[str, ...] = ("fedmf",),
+                  epsilons: tuple[float, ...] = PRIVATE_EPSILONS
                   ) -> list[tuple[str, str, dict[str, Any]]]:
     """Each of ``methods`` (FEDERATED_RUNGS names) under cdp-gaussian and ldp-dpsgd at
     PRIVATE_EPSILONS with settings fixed in advance, then every tuned config
     (``tuned_files``: (``none`` or a mode, best.toml)), whatever its method: without
     privacy once, a private one at every eps; then the chosen config of every accounted
-    private search (``accounted``: its output folder) at its own eps."""
+    private search (``accounted``: its output folder) at its own eps. ``epsilons``: the
+    fixed-in-advance rungs' budgets (a subset of PRIVATE_EPSILONS where a grid is long)."""
     from fedem_private.experiments.analysis import no_privacy
 
     out = []
@@ -187,7 +189,7 @@ def private_rungs(dataset: str, data_dir: str, seeds: list[int],
             for mode, extra in PRIVATE_FIXED.items():
                 if modes is not None and mode not in modes:
                     continue
-                for eps in PRIVATE_EPSILONS:
+                for eps in epsilons:
                     cfg = _merge(_merge(base_config(dataset, data_dir, seed, method), own),
                                  _merge(extra, {"privacy": {"epsilon": eps}}))
                     out.append((f"{name} {mode} eps {eps:g} (fixed in advance)",
@@ -348,6 +350,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", nargs="+", default=None, choices=tuple(PRIVATE_FIXED),
                         help="the private modes of the fixed-in-advance rungs "
                         "(default: all)")
+    parser.add_argument("--epsilons", nargs="+", type=float, default=list(PRIVATE_EPSILONS),
+                        help="the total eps of the fixed-in-advance private rungs (default: "
+                        "1 4 16 64)")
     parser.add_argument("--private-methods", nargs="+", default=["fedmf"], choices=FEDERATED,
                         help="the federated methods run under each private mode with "
                         "settings fixed in advance (default: fedmf)")
@@ -388,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
                                  f"| {lab} | {hr:.4f} | {nd:.4f} |\n" for lab, hr, nd in rows))
     tuned_files = [tuple(t.split("=", 1)) for t in args.tuned]
     private = private_rungs(args.dataset, data_dir, args.seeds, tuned_files, args.modes,
-                            args.accounted, tuple(args.private_methods))
+                            args.accounted, tuple(args.private_methods), tuple(args.epsilons))
     plan = rungs(args.dataset, data_dir, args.seeds, args.rounds, tuned,
                  tuple(args.federated)) + private
     if args.only != "table":
