@@ -149,7 +149,7 @@ def _codec_note(public: PublicKnowledge, shadow: ShadowModel | None = None) -> s
     codec = public.extra.get("codec", "full")
     if codec in (None, "full"):
         return None
-    if codec == "lora" and shadow is not None and shadow.init_rows is None:
+    if _trains_through_lora(public, shadow):
         if public.extra.get("merge", "sr") in (None, "sr"):
             return None
         return (f"codec 'lora' under merge {public.extra.get('merge')!r}: the client's frozen "
@@ -524,6 +524,13 @@ def imia(obs: Observation, public: PublicKnowledge, *, iterations: int = 5, rest
     return blank_nonparticipants(scores, obs)
 
 
+def _trains_through_lora(public: PublicKnowledge, shadow: ShadowModel | None) -> bool:
+    """Whether a LoRA run's shadow can be trained through the codec
+    (:func:`~attacks.shadow.through_lora`: a backbone shadow without private rows)."""
+    return public.extra.get("codec") == "lora" and shadow is not None and \
+        shadow.init_rows is None
+
+
 def lora_view(obs: Observation, public: PublicKnowledge, shadow: ShadowModel | None
               ) -> tuple[Observation, ShadowModel] | None:
     """A LoRA round seen in the codec's own rows: (the observation whose row i is
@@ -535,10 +542,9 @@ def lora_view(obs: Observation, public: PublicKnowledge, shadow: ShadowModel | N
     the table they decode to, sent_i = base_i + B a_i, hence each client's frozen base.
     Only the rows of A that the client trained change (dA_i = B^T g_i; B moves every
     decoded row, which is what hides the trained rows in the decoded table)."""
-    if public.extra.get("codec") != "lora" or shadow is None or shadow.init_rows is not None:
+    if not _trains_through_lora(public, shadow) or not {"A", "B"} <= set(obs.sent_theta):
         return None
-    if not {"A", "B"} <= set(obs.sent_theta):
-        return None
+    assert shadow is not None
     a0 = np.asarray(obs.sent_theta["A"], dtype=np.float64)
     a1 = np.asarray(obs.upload_theta["A"], dtype=np.float32)
     b0 = np.asarray(obs.sent_theta["B"], dtype=np.float64)

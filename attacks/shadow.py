@@ -84,7 +84,7 @@ def through_lora(inner: ShadowModel, rank: int, dim: int) -> ShadowModel:
     by the attack), B travels as the dense group :data:`LORA_B` (what the server sent)
     and trains beside the backbone's own non-item parameters, with the rows in a
     client that alternates (PFedRec: the head first, then theta). The simulated delta is
-    that of a_i. Backbones with private row groups (FedRAP) are not covered (None)."""
+    that of a_i. A backbone with private row groups (FedRAP) is not covered (ValueError)."""
     if inner.init_rows is not None:
         raise ValueError("through_lora: a backbone with private rows is not covered")
 

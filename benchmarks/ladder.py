@@ -42,12 +42,12 @@ from typing import Any
 
 import numpy as np
 
-FEDERATED = ("fedmf", "fedem", "pfedrec", "pfedrec-em")
 # a federated rung's name -> (display name, its config beyond the method's preset)
 FEDERATED_RUNGS: dict[str, tuple[str, dict[str, Any]]] = {
     "fedmf": ("FedMF", {}), "fedem": ("FedEM", {}), "pfedrec": ("PFedRec", {}),
     "pfedrec-em": ("PFedRec+EM", {"federation": {"method": "pfedrec", "merge": "em"}}),
 }
+FEDERATED = tuple(FEDERATED_RUNGS)
 # the issue's 0.1, 1, 10 per architecture, and the private federated points' 1, 4, 16, 64
 DP_EPSILONS = (0.1, 1.0, 4.0, 10.0, 16.0, 64.0)
 ARCHITECTURES = ("central", "local", "interaction", "interaction-local")
