@@ -190,6 +190,23 @@ def test_ladder_plans_each_federated_method_and_its_private_rungs():
         assert ("PFedRec" in label) == (cfg["federation"]["method"] == "pfedrec")
 
 
+def test_ladder_names_a_narrow_state_in_the_rung_and_its_run():
+    """A bfloat16-state federated rung has its own label and run directory (never a float32
+    run's), the setting reaches train.state_dtype, and the default keeps the old names."""
+    from benchmarks.ladder import rungs
+
+    plain = {name: (label, cfg) for label, name, cfg in rungs("synthetic", "", [0], 5, {},
+                                                              ("fedem",))}
+    narrow = {name: (label, cfg) for label, name, cfg in rungs("synthetic", "", [0], 5, {},
+                                                               ("fedem",), "bfloat16")}
+    assert plain["fedem-seed0"][0] == "FedEM (5 rounds)"
+    assert "fedem-seed0" not in narrow
+    label, cfg = narrow["fedem-bfloat16-seed0"]
+    assert label == "FedEM (5 rounds, bfloat16 state)"
+    assert cfg["train"]["state_dtype"] == "bfloat16"
+    from_dict({**cfg, "data": {"dataset": "synthetic"}}).validate()
+
+
 def test_dp_mostpop_local_refuses_an_infinite_epsilon():
     with pytest.raises(UserError, match="finite epsilon"):
         from_dict(_cfg("dp-mostpop", baseline={"architecture": "local",
