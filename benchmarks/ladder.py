@@ -214,10 +214,11 @@ def private_rungs(dataset: str, data_dir: str, seeds: list[int],
 
 def rungs(dataset: str, data_dir: str, seeds: list[int], rounds: int,
           tuned: dict[str, dict[str, Any]], federated: tuple[str, ...] = FEDERATED,
-          state_dtype: str = "float32") -> list[tuple[str, str, dict[str, Any]]]:
+          bfloat16: tuple[str, ...] = ()) -> list[tuple[str, str, dict[str, Any]]]:
     """(rung label, run name, config) of every run, in ladder order; ``federated``: the
-    federated methods run with their presets' defaults, their per-client state kept in
-    ``state_dtype`` between rounds (a narrower one is named in the label and run name)."""
+    federated methods run with their presets' defaults; those also in ``bfloat16`` keep
+    their per-client state in bfloat16 between rounds (train.state_dtype, named in the
+    rung's label and run name)."""
     out = []
     for seed in seeds:
         def add(label: str, name: str, method: str, extra: dict[str, Any] | None = None,
@@ -239,13 +240,13 @@ def rungs(dataset: str, data_dir: str, seeds: list[int], rounds: int,
             name = {"centralised": "Centralised MF", "ease": "EASE", "als": "ALS"}[method]
             add(f"{name} (val-tuned: {_label(setting)})", f"{method}-tuned", method,
                 _nest(setting))
-        narrow = state_dtype != "float32"
         for method in federated:
             name, own = FEDERATED_RUNGS[method]
-            add(f"{name} ({rounds} rounds{f', {state_dtype} state' if narrow else ''})",
-                f"{method}-{state_dtype}" if narrow else method, method,
+            narrow = method in bfloat16
+            add(f"{name} ({rounds} rounds{', bfloat16 state' if narrow else ''})",
+                f"{method}-bfloat16" if narrow else method, method,
                 _merge(own, {"train": {"rounds": rounds, "eval_every": rounds,
-                                       "state_dtype": state_dtype}}))
+                                       "state_dtype": "bfloat16" if narrow else "float32"}}))
     return out
 
 
@@ -370,9 +371,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--federated", nargs="+", default=list(FEDERATED), choices=FEDERATED,
                         help="the federated methods run with their defaults (default: all; "
                         "LastFM-2K's FedEM takes about a minute a round on this CPU)")
-    parser.add_argument("--state-dtype", default="float32", choices=("float32", "bfloat16"),
-                        help="the federated rungs' per-client state between rounds (issue 43's "
-                        "bfloat16 lets LastFM-2K's FedEM fit in a third of the memory)")
+    parser.add_argument("--bfloat16-state", nargs="+", default=[], choices=FEDERATED,
+                        metavar="METHOD",
+                        help="federated rungs whose per-client state is kept in bfloat16 "
+                        "between rounds (their own rung and run; LastFM-2K's FedEM)")
     parser.add_argument("--no-tune", action="store_true", help="skip the validation grids")
     parser.add_argument("--report", nargs="+", metavar="DATASET", default=None,
                         help="only write the combined report of these datasets' ladders "
@@ -402,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     private = private_rungs(args.dataset, data_dir, args.seeds, tuned_files, args.modes,
                             args.accounted, tuple(args.private_methods), tuple(args.epsilons))
     plan = rungs(args.dataset, data_dir, args.seeds, args.rounds, tuned,
-                 tuple(args.federated), args.state_dtype) + private
+                 tuple(args.federated), tuple(args.bfloat16_state)) + private
     if args.only != "table":
         private_names = {name for _, name, _ in private}
         for _, name, cfg in plan:

@@ -192,15 +192,17 @@ def test_ladder_plans_each_federated_method_and_its_private_rungs():
 
 def test_ladder_names_a_narrow_state_in_the_rung_and_its_run():
     """A bfloat16-state federated rung has its own label and run directory (never a float32
-    run's), the setting reaches train.state_dtype, and the default keeps the old names."""
+    run's), the setting reaches train.state_dtype, and the other methods keep their names."""
     from benchmarks.ladder import rungs
 
     plain = {name: (label, cfg) for label, name, cfg in rungs("synthetic", "", [0], 5, {},
                                                               ("fedem",))}
     narrow = {name: (label, cfg) for label, name, cfg in rungs("synthetic", "", [0], 5, {},
-                                                               ("fedem",), "bfloat16")}
+                                                               ("fedmf", "fedem"), ("fedem",))}
     assert plain["fedem-seed0"][0] == "FedEM (5 rounds)"
     assert "fedem-seed0" not in narrow
+    assert narrow["fedmf-seed0"][0] == "FedMF (5 rounds)"
+    assert narrow["fedmf-seed0"][1]["train"]["state_dtype"] == "float32"
     label, cfg = narrow["fedem-bfloat16-seed0"]
     assert label == "FedEM (5 rounds, bfloat16 state)"
     assert cfg["train"]["state_dtype"] == "bfloat16"
