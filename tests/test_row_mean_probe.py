@@ -36,3 +36,13 @@ def test_fedavg_dilutes_the_same_row():
     agg.add(torch.tensor([0, 1]), up)
     agg.end_round()
     assert torch.allclose(agg.table[0], torch.tensor([1.0, 0.0]))
+
+
+def test_the_probe_refuses_a_private_config(tmp_path, capsys):
+    from benchmarks.probes import row_mean
+
+    cfg = tmp_path / "private.toml"
+    cfg.write_text('[data]\ndataset = "synthetic"\n[privacy]\nmode = "cdp-gaussian"\n')
+    assert row_mean.main(["--config", str(cfg), "--out", str(tmp_path / "out")]) == 2
+    assert "no privacy architecture" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,8 @@ NAME = "row-mean-probe"
 
 class RowMeanAggregator(FedAvgAggregator):
     """FedAvg's weights, each row's change divided by the weight of the uploads that changed
-    it (the module's equation); rows no upload changed stay. No privacy mode may use it."""
+    it (the module's equation); rows no upload changed stay. :func:`main` refuses a config
+    with a privacy mode."""
 
     name = NAME
     takes_aggregate = False
@@ -92,6 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     registry.REGISTRY[NAME] = f"{__name__}:RowMeanAggregator"
     cfg = tomllib.loads(Path(args.config).read_text())
+    mode = cfg.get("privacy", {}).get("mode", "none")
+    if mode != "none":
+        print(f"row_mean: the row mean has no privacy architecture; {args.config} runs "
+              f"privacy mode {mode!r} (use a config without privacy)", file=sys.stderr)
+        return 2
     rows = []
     for rule in args.rules:
         for lr in args.server_lr:
