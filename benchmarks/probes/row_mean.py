@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from fedem_private.experiments.analysis import no_privacy
 from fedem_private.server import registry
 from fedem_private.server.aggregators import FedAvgAggregator
 
@@ -50,13 +51,15 @@ class RowMeanAggregator(FedAvgAggregator):
 
     def begin_round(self, part_mask: Tensor) -> None:
         super().begin_round(part_mask)
+        self._acc = None  # fedavg's weighted sum: this rule keeps its own sums below
+        self._global = self.global_table.double()  # widened once a round, not per chunk
         self._count = torch.zeros(self.global_table.shape[0], dtype=torch.float64)
-        self._delta = torch.zeros_like(self.global_table, dtype=torch.float64)
+        self._delta = torch.zeros_like(self._global)
 
     def add(self, idx: Tensor, uploads: Tensor) -> None:
         assert self._weights is not None
         w = self._weights[idx]
-        d = uploads.double() - self.global_table.double()
+        d = uploads.double() - self._global
         self._count += torch.einsum("k,km->m", w, (d != 0).any(-1).double())
         self._delta += torch.einsum("k,kmd->md", w, d)
 
@@ -64,7 +67,7 @@ class RowMeanAggregator(FedAvgAggregator):
         touched = self._count > 0
         mean = torch.zeros_like(self._delta)
         mean[touched] = self._delta[touched] / self._count[touched, None]
-        target = (self.global_table.double() + mean).to(self.global_table.dtype)
+        target = (self._global + mean).to(self.global_table.dtype)
         self.global_table = self.server_opt.step(self.global_table, target)
         self._received()
 
@@ -95,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     registry.REGISTRY[NAME] = f"{__name__}:RowMeanAggregator"
     cfg = tomllib.loads(Path(args.config).read_text())
     mode = cfg.get("privacy", {}).get("mode", "none")
-    if mode != "none":
+    if not no_privacy(mode):
         print(f"row_mean: the row mean has no privacy architecture; {args.config} runs "
               f"privacy mode {mode!r} (use a config without privacy)", file=sys.stderr)
         return 2
