@@ -170,6 +170,18 @@ def test_synthetic_is_deterministic_and_shaped():
     assert pop[: len(pop) // 10].sum() > 0.2 * pop.sum()  # popular head
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 12), st.integers(1, 40), st.integers(1, 45), st.integers(0, 10_000))
+def test_synthetic_top_k_is_the_full_sort_prefix(rows, m, k, seed):
+    """The partial partition picks each row's k smallest keys in the order a full argsort
+    gives them (the slow, obvious reference), also when k reaches the row's length."""
+    from fedem_private.data.synthetic import _top
+
+    keys = np.random.default_rng(seed).normal(size=(rows, m))
+    k = min(k, m)
+    assert np.array_equal(_top(keys, k)[:, :k], np.argsort(keys, axis=1)[:, :k])
+
+
 def test_synthetic_bad_config():
     with pytest.raises(UserError):
         generate(SyntheticConfig(n_users=0), 0)

@@ -167,6 +167,8 @@ def main() -> None:
     emit({"benchmark": "profile_round", "machine": machine(),
           "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
           "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+          "peak_gpu_gib": (torch.cuda.max_memory_allocated() / 2**30
+                           if torch.cuda.is_available() else None),
           "overrides": extra,
           "rows": [{k: v for k, v in r.items() if k != "profile"} for r in rows]})
 

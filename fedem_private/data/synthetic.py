@@ -87,6 +87,17 @@ def _choose(g: np.random.Generator, log_pop: np.ndarray, tastes: np.ndarray,
         hi = min(n, lo + rows)
         logits = log_pop[None, :] + strength * (tastes[lo:hi] @ items.T) / np.sqrt(dim)
         logits -= np.log(-np.log(g.uniform(1e-12, 1.0, size=(hi - lo, m))))
-        order = np.argsort(-logits, axis=1)
-        chosen.extend(order[u - lo, : activity[u]] for u in range(lo, hi))
+        order = _top(-logits, int(activity[lo:hi].max()))
+        chosen.extend(order[u - lo, : activity[u]].copy() for u in range(lo, hi))
     return chosen
+
+
+def _top(keys: np.ndarray, k: int) -> np.ndarray:
+    """Each row's k smallest keys' columns, smallest first: the first k columns of
+    ``np.argsort(keys, axis=1)`` for distinct keys (Gumbel-perturbed logits are distinct
+    almost surely), found by a partial partition instead of a full sort of every row."""
+    if k >= keys.shape[1]:
+        return np.argsort(keys, axis=1)
+    part = np.argpartition(keys, k - 1, axis=1)[:, :k]
+    return np.take_along_axis(part, np.argsort(np.take_along_axis(keys, part, axis=1),
+                                               axis=1), axis=1)
