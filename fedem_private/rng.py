@@ -311,6 +311,14 @@ def uniform_t(seed: int, stream: int, round_: int, clients: torch.Tensor | np.nd
     return _blocked(k, ctr, torch.float64, _uniform_from_keys)
 
 
+def uniform_keyed_t(seed: int, stream: int, round_: int, clients: torch.Tensor,
+                    counters: torch.Tensor) -> torch.Tensor:
+    """``uniform(key(seed, stream, round, clients[j]), counters[j])`` for every j of the
+    int64 tensors ``clients`` and ``counters`` (same shape: a ragged draw laid out flat),
+    on their device, in one call."""
+    return _uniform_from_keys(key_t(seed, stream, round_, clients), counters)
+
+
 def _blocked(k: torch.Tensor, ctr: torch.Tensor, dtype: torch.dtype,
              draw: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """draw(keys, counters) over the (rows, n) grid that k (rows, 1) and ctr ((1, n) or

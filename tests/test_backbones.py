@@ -345,6 +345,62 @@ def test_chunk_epoch_orders_are_each_clients_epoch_orders(small_split):
     assert not np.array_equal(other.order_grid(3, 3, clients, 0, 2), train[:, :2])
 
 
+def _samples_one_by_one(seed, round_, clients, sp, ex_ptr, ex_items, negatives):
+    """The slow, obvious reference of draw_samples: each client alone, its positives then
+    its keyed negatives (sample_excluding with rng.uniform at counters 0 .. n - 1)."""
+    from fedem_private import rng
+    from fedem_private.data.negatives import sample_excluding
+
+    items, labels = [], []
+    for c in clients.tolist():
+        pos = sp.train_items[sp.train_indptr[c]: sp.train_indptr[c + 1]]
+        n = pos.shape[0] * negatives
+        u = rng.uniform(rng.key(seed, rng.Stream.NEGATIVES, round_, c), np.arange(n))
+        neg = sample_excluding(ex_ptr, ex_items, sp.n_items, np.full(n, c), u)
+        items.append(np.concatenate([pos, neg]))
+        labels.append(np.concatenate([np.ones(pos.shape[0]), np.zeros(n)]))
+    return np.concatenate(items), np.concatenate(labels)
+
+
+@pytest.mark.parametrize("negatives", [0, 1, 4])
+def test_draw_samples_lays_out_each_clients_positives_then_negatives(small_split, negatives):
+    sp = small_split
+    ex_ptr, ex_items = exclusion_csr(sp, "strict")
+    clients = np.array([5, 0, 17, 3, sp.n_users - 1])
+    got = draw_samples(2, 7, clients, sp.train_indptr, sp.train_items, ex_ptr, ex_items,
+                       sp.n_items, negatives)
+    items, labels = _samples_one_by_one(2, 7, clients, sp, ex_ptr, ex_items, negatives)
+    assert np.array_equal(got.items, items) and np.array_equal(got.labels, labels)
+    assert got.items.dtype == np.int64 and got.labels.dtype == np.float32
+    assert np.array_equal(got.negatives, items[labels == 0])
+
+
+def test_negatives_as_tensor_operations_are_the_numpy_draw(small_split):
+    """negatives_t (the GPU's path) run on the CPU gives draw_samples' numpy negatives bit
+    for bit, for a chunk in any order and with a client twice."""
+    from fedem_private.models.base import negatives_t
+
+    sp = small_split
+    ex_ptr, ex_items = exclusion_csr(sp, "paper")
+    clients = np.array([9, 2, 2, sp.n_users - 1, 1, 0])
+    want = draw_samples(4, 3, clients, sp.train_indptr, sp.train_items, ex_ptr, ex_items,
+                        sp.n_items, 4).negatives
+    nneg = 4 * (sp.train_indptr[clients + 1] - sp.train_indptr[clients])
+    got = negatives_t(4, 3, clients, nneg, ex_ptr, ex_items, sp.n_items, torch.device("cpu"))
+    assert got.dtype == torch.int64 and np.array_equal(got.numpy(), want)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_negatives_drawn_on_the_gpu_are_the_cpu_draw(small_split):
+    sp = small_split
+    ex_ptr, ex_items = exclusion_csr(sp, "strict")
+    clients = np.arange(sp.n_users)
+    args = (sp.train_indptr, sp.train_items, ex_ptr, ex_items, sp.n_items, 4)
+    cpu = draw_samples(1, 2, clients, *args)
+    gpu = draw_samples(1, 2, clients, *args, device=torch.device("cuda"))
+    assert np.array_equal(cpu.items, gpu.items) and np.array_equal(cpu.labels, gpu.labels)
+
+
 def test_full_table_plan_skips_the_gather_but_gives_the_same_tables(small_split):
     """With every row trained (make_plan's n_items), Compact.of copies the table and
     scatter returns it; the result equals the gather/scatter path's."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 
 def sample_excluding(indptr: np.ndarray, excluded: np.ndarray, n_items: int,
@@ -28,3 +29,25 @@ def sample_excluding(indptr: np.ndarray, excluded: np.ndarray, n_items: int,
     keys = owner * stride + adjusted
     pos = np.searchsorted(keys, users * stride + r, side="right")
     return r + (pos - indptr[users])
+
+
+def sample_excluding_t(indptr: np.ndarray, excluded: np.ndarray, n_items: int,
+                       users: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """:func:`sample_excluding` as tensor operations on the device of ``users`` (int64)
+    and ``uniforms`` (float64): the same rule, so the same items whatever the device
+    (the product r = floor(u * allowed) is one IEEE float64 multiply on either).
+    ``indptr`` and ``excluded`` (numpy, as there) are moved beside ``users``."""
+    dev = users.device
+    ip = torch.as_tensor(indptr, dtype=torch.int64).to(dev)
+    ex = torch.as_tensor(excluded, dtype=torch.int64).to(dev)
+    counts = ip[1:] - ip[:-1]
+    allowed = n_items - counts[users]
+    if bool((allowed <= 0).any()):
+        raise ValueError("a user has no item left to sample from")
+    r = torch.minimum((uniforms * allowed.to(torch.float64)).to(torch.int64), allowed - 1)
+    owner = torch.repeat_interleave(torch.arange(counts.shape[0], device=dev), counts)
+    within = torch.arange(ex.shape[0], device=dev) - ip[:-1][owner]
+    stride = n_items + 1
+    keys = owner * stride + (ex - within)  # sorted: by owner, then non-decreasing
+    pos = torch.searchsorted(keys, users * stride + r, right=True)
+    return r + (pos - ip[users])

@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from fedem_private import rng
-from fedem_private.data.negatives import sample_excluding
+from fedem_private.data.negatives import sample_excluding, sample_excluding_t
 from fedem_private.models.options import PartOptions
 
 SERVER = 1 << 40  # client id that keys the server's own random draws
@@ -189,31 +189,62 @@ class ClientSamples:
 
 def draw_samples(seed: int, round_: int, clients: np.ndarray, train_indptr: np.ndarray,
                  train_items: np.ndarray, excl_indptr: np.ndarray, excl_items: np.ndarray,
-                 n_items: int, num_negatives: int) -> ClientSamples:
+                 n_items: int, num_negatives: int,
+                 device: torch.device | None = None) -> ClientSamples:
     """Positives plus ``num_negatives`` fresh negatives per positive for each client.
 
-    Negative j of client u in round t is a pure function of (seed, t, u, j).
+    Negative j of client u in round t is a pure function of (seed, t, u, j): the item
+    :func:`~fedem_private.data.negatives.sample_excluding` picks with the keyed uniform
+    ``rng.uniform(rng.key(seed, NEGATIVES, t, u), j)``. On a GPU ``device`` the uniforms
+    and the search are drawn there in one call (:func:`negatives_t`), the same numbers as
+    on the CPU; the samples come back as numpy either way.
     """
     clients = np.asarray(clients, dtype=np.int64)
     npos = train_indptr[clients + 1] - train_indptr[clients]
     nneg = npos * num_negatives
-    owner = np.repeat(clients, nneg)
-    starts = np.repeat(np.cumsum(nneg) - nneg, nneg)
-    counter = np.arange(owner.shape[0]) - starts
-    u = rng.uniform(rng.key(seed, rng.Stream.NEGATIVES, round_, owner), counter)
-    negs = sample_excluding(excl_indptr, excl_items, n_items, owner, u)
     neg_indptr = np.zeros(clients.shape[0] + 1, dtype=np.int64)
     neg_indptr[1:] = np.cumsum(nneg)
-    items, labels = [], []
-    for j, c in enumerate(clients.tolist()):
-        pos = train_items[train_indptr[c]: train_indptr[c + 1]]
-        neg = negs[neg_indptr[j]: neg_indptr[j + 1]]
-        items.append(np.concatenate([pos, neg]))
-        labels.append(np.concatenate([np.ones(pos.shape[0]), np.zeros(neg.shape[0])]))
+    if device is not None and torch.device(device).type != "cpu":
+        negs = negatives_t(seed, round_, clients, nneg, excl_indptr, excl_items, n_items,
+                           torch.device(device)).cpu().numpy()
+    else:
+        owner = np.repeat(clients, nneg)
+        u = rng.uniform(rng.key(seed, rng.Stream.NEGATIVES, round_, owner),
+                        _within(neg_indptr))
+        negs = sample_excluding(excl_indptr, excl_items, n_items, owner, u)
+    # client j's samples: its positives, then its negatives
     indptr = np.zeros(clients.shape[0] + 1, dtype=np.int64)
     indptr[1:] = np.cumsum(npos + nneg)
-    return ClientSamples(indptr, np.concatenate(items).astype(np.int64),
-                         np.concatenate(labels).astype(np.float32), neg_indptr, negs)
+    items = np.empty(indptr[-1], dtype=np.int64)
+    labels = np.zeros(indptr[-1], dtype=np.float32)
+    pos_ptr = np.concatenate([[0], np.cumsum(npos)])
+    at = _within(pos_ptr)
+    dest = np.repeat(indptr[:-1], npos) + at
+    items[dest] = train_items[np.repeat(train_indptr[clients], npos) + at]
+    labels[dest] = 1.0
+    items[np.repeat(indptr[:-1] + npos, nneg) + _within(neg_indptr)] = negs
+    return ClientSamples(indptr, items, labels, neg_indptr, negs)
+
+
+def _within(indptr: np.ndarray) -> np.ndarray:
+    """Each entry's position inside its CSR row: 0 .. len - 1 per row, concatenated."""
+    counts = np.diff(indptr)
+    return np.arange(indptr[-1], dtype=np.int64) - np.repeat(indptr[:-1], counts)
+
+
+def negatives_t(seed: int, round_: int, clients: np.ndarray, nneg: np.ndarray,
+                excl_indptr: np.ndarray, excl_items: np.ndarray, n_items: int,
+                device: torch.device) -> Tensor:
+    """Every client's ``nneg`` keyed negatives (:func:`draw_samples`' rule) as tensor
+    operations on ``device``, concatenated in client order."""
+    counts = torch.as_tensor(nneg, dtype=torch.int64).to(device)
+    owner = torch.repeat_interleave(torch.as_tensor(clients, dtype=torch.int64).to(device),
+                                    counts)
+    starts = torch.cumsum(counts, 0) - counts
+    ctr = torch.arange(owner.shape[0], dtype=torch.int64, device=device)
+    ctr -= torch.repeat_interleave(starts, counts)
+    u = rng.uniform_keyed_t(seed, rng.Stream.NEGATIVES, round_, owner, ctr)
+    return sample_excluding_t(excl_indptr, excl_items, n_items, owner, u)
 
 
 def epoch_orders(seed: int, round_: int, client: int, n: int, epochs: int,

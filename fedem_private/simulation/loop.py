@@ -420,7 +420,7 @@ class Simulation:
             idx = self._index(chunk)
             samples = draw_samples(self.seed, WARMUP_ROUND, chunk, self.split.train_indptr,
                                    self.split.train_items, *self.excl, self.split.n_items,
-                                   self.local_cfg.num_negatives)
+                                   self.local_cfg.num_negatives, device=self.device)
             start = self._sent_params(idx)
             new, _ = self.backbone.train_chunk(start, chunk, samples, self.local_cfg,
                                                WARMUP_ROUND)
@@ -642,7 +642,7 @@ class Simulation:
         idx = self._index(chunk)
         samples = draw_samples(self.seed, rnd.t, chunk, self.split.train_indptr,
                                self.split.train_items, *self.excl, self.split.n_items,
-                               self.local_cfg.num_negatives)
+                               self.local_cfg.num_negatives, device=self.device)
         start = self._sent_params(idx)
         recv = self.aggregator.receives(idx)  # None: every client of the chunk gets a table
         work = ChunkWork(chunk, idx, samples, start,
