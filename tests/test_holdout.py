@@ -292,3 +292,31 @@ def test_variant_label_names_the_objective():
         "fedem-em-holdout-f3")
     assert variant_label(_cfg(**{"federation.adapter_objective": "train"}).resolved()
                          .federation) == "fedem-em"
+
+
+@pytest.mark.parametrize("objective", ["train", "holdout"])
+def test_adapter_batches_gathered_on_a_device_are_the_cpu_batches(small_split, objective):
+    """The GPU's way of building the adapter's steps (orders drawn and slots gathered on the
+    device, rows kept on the CPU), run here on the CPU, gives the CPU path's batches."""
+    from fedem_private.client import merging
+
+    clients = np.arange(small_split.n_users)
+    t = 3
+    samples = _round_samples(small_split, clients, t)
+    merger = Merger(MergeConfig(adapter_objective=objective), len(clients), 8, 0)
+    _, cpu = merger.round_samples(t, clients, samples, 10, 8, NNEG)
+    epochs, fold, e0 = merger.cfg.adapter_epochs, samples, 10
+    if objective == "holdout":  # the withheld fold, as round_samples hands it to the adapter
+        from fedem_private.client.holdout import split_samples
+        fold, e0 = split_samples(samples, clients, 0, t, merger.cfg.adapter_folds, NNEG)[1], 0
+    per_epoch = -(-np.diff(fold.indptr) // 8)
+    order = fold.order_grid_t(0, t, clients, e0, epochs)
+    dev = list(merging._device_batches(fold, order, epochs * per_epoch, per_epoch, 8,
+                                       torch.device("cpu")))
+    cpu = list(cpu)
+    assert len(dev) == len(cpu) > 0
+    for a, b in zip(cpu, dev, strict=True):
+        assert b.rows.device.type == "cpu"
+        for x, y in zip((a.rows, a.items, a.labels, a.mask), (b.rows, b.items, b.labels,
+                                                              b.mask), strict=True):
+            assert x.dtype == y.dtype and torch.equal(x, y)

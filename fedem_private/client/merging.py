@@ -319,9 +319,10 @@ def _active(batch: StepBatch) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         raise ValueError("StepBatch needs rows (a,) and items, labels, mask of shape (a, B)")
     if torch.unique(rows).numel() != rows.numel():
         raise ValueError("StepBatch.rows must not repeat a client")
-    keep = mask.any(dim=1)
+    keep = mask.any(dim=1)  # on the mask's device; rows may be on the CPU beside it
     if not bool(keep.all()):
-        rows, items, labels, mask = rows[keep], items[keep], labels[keep], mask[keep]
+        rows, items, labels, mask = rows[keep.to(rows.device)], items[keep], labels[keep], \
+            mask[keep]
     items = torch.where(mask, items, torch.zeros_like(items))
     return rows.to(torch.int64), items.to(torch.int64), labels, mask
 
@@ -513,7 +514,8 @@ class BatchMergeFactory:
 
 
 def adapter_batches(seed: int, round_: int, clients: np.ndarray, samples: object,
-                    local_epochs: int, extra_epochs: int, batch_size: int) -> Iterable[StepBatch]:
+                    local_epochs: int, extra_epochs: int, batch_size: int,
+                    device: torch.device | None = None) -> Iterable[StepBatch]:
     """Lock-step batches for the adapter (equation 11), from this round's samples.
 
     Client c's adapter epoch e uses its sample order number ``local_epochs + e``
@@ -521,15 +523,20 @@ def adapter_batches(seed: int, round_: int, clients: np.ndarray, samples: object
     adapter never reuses the order of a training epoch. ``samples`` is the
     round's :class:`~fedem_private.models.base.ClientSamples` for ``clients``
     (``train`` objective), or the withheld fold's, whose orders come from a
-    stream of their own (``holdout``, called with ``local_epochs`` 0). The
-    batches are CPU tensors (:func:`train_adapter` checks them there and moves
-    them to the tables' device).
+    stream of their own (``holdout``, called with ``local_epochs`` 0). On the CPU
+    (``device`` None or a CPU) the batches are CPU tensors (:func:`train_adapter` checks
+    them there); on a GPU the orders are drawn and the slots gathered there, and only
+    each step's ``rows`` stay on the CPU. Both give the same batches.
     """
     e0, extra, bsz = local_epochs, extra_epochs, batch_size
     lengths = np.diff(samples.indptr)
     per_epoch = -(-lengths // bsz)
     nb = extra * per_epoch
-    order = samples.order_grid_t(seed, round_, clients, e0, extra)  # the chunk's, one call
+    on = device if device is not None and torch.device(device).type != "cpu" else None
+    order = samples.order_grid_t(seed, round_, clients, e0, extra, device=on)  # one call
+    if on is not None:
+        yield from _device_batches(samples, order, nb, per_epoch, bsz, on)
+        return
     zero = samples.labels.dtype.type(0)
     # client j's step s is (epoch, batch) = divmod(s, per_epoch[j]), gathered for the step
     # alone; past the client's samples, padding (item 0, label 0, mask False)
@@ -546,6 +553,22 @@ def adapter_batches(seed: int, round_: int, clients: np.ndarray, samples: object
         yield StepBatch(torch.from_numpy(rows).to(torch.long),
                         torch.from_numpy(its.astype(np.int64, copy=False)),
                         torch.from_numpy(labs), torch.from_numpy(valid))
+
+
+def _device_batches(samples: object, order: Tensor, nb: np.ndarray, per_epoch: np.ndarray,
+                    bsz: int, device: torch.device) -> Iterable[StepBatch]:
+    """:func:`adapter_batches`' steps gathered on ``device`` (rows on the CPU)."""
+    items = torch.as_tensor(samples.items, dtype=torch.int64).to(device)
+    labels = torch.as_tensor(samples.labels).to(device)
+    for s in range(int(nb.max(initial=0))):
+        rows = np.nonzero(nb > s)[0]
+        epoch, b = np.divmod(s, per_epoch[rows])
+        src, valid = samples.slots(order, *(torch.from_numpy(a).to(device)
+                                            for a in (rows, epoch, b)), bsz)
+        its = torch.where(valid, items[src], 0) if items.numel() else torch.zeros_like(src)
+        labs = (torch.where(valid, labels[src], 0).to(labels.dtype) if labels.numel()
+                else torch.zeros(valid.shape, dtype=labels.dtype, device=device))
+        yield StepBatch(torch.from_numpy(rows).to(torch.long), its, labs, valid)
 
 
 class Merger:
@@ -647,10 +670,11 @@ class Merger:
         epochs, bsz = self.cfg.adapter_epochs, batch_size
         if not self.withholds(round_):
             return samples, adapter_batches(self.seed, round_, clients, samples, local_epochs,
-                                            epochs, bsz)
+                                            epochs, bsz, device=self.device)
         train, fold = split_samples(samples, clients, self.seed, round_,
                                     self.cfg.adapter_folds, num_negatives)
-        return train, adapter_batches(self.seed, round_, clients, fold, 0, epochs, bsz)
+        return train, adapter_batches(self.seed, round_, clients, fold, 0, epochs, bsz,
+                                      device=self.device)
 
     def start(self, idx: Tensor, q_prev: Tensor, sent: Tensor, user_vecs: Tensor,
               score: ScoreFn, steps: Iterable[StepBatch] | None,
@@ -693,6 +717,6 @@ def _only_rows(steps: Iterable[StepBatch], keep: Tensor) -> Iterable[StepBatch]:
     """The adapter's steps with the entries of clients not in ``keep`` (k,) masked out."""
     keep_cpu = keep.cpu()
     for step in steps:
-        rows_keep = keep_cpu.to(step.rows.device)[step.rows]
+        rows_keep = keep_cpu.to(step.rows.device)[step.rows].to(step.mask.device)
         yield StepBatch(step.rows, step.items, step.labels,
                         step.mask.bool() & rows_keep[:, None])
