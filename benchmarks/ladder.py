@@ -143,7 +143,8 @@ DISPLAY = {"fedmf": "FedMF", "fedem": "FedEM", "pfedrec": "PFedRec", "fedncf": "
 def tuned_label(cfg: dict[str, Any]) -> tuple[str, str]:
     """(display name, run-name stem) of a tuned config: its method, and its merge and
     aggregation where the tuning chose other than the method's defaults ("FedEM [dm,
-    fedavg]", ``fedem-dm-fedavg``)."""
+    fedavg]", ``fedem-dm-fedavg``), and a per-client state narrower than float32 ("FedMF
+    (bfloat16 state)", ``fedmf-bfloat16``)."""
     from fedem_private.experiments.analysis import METHOD_DEFAULTS
 
     fed = cfg.get("federation", {})
@@ -151,9 +152,12 @@ def tuned_label(cfg: dict[str, Any]) -> tuple[str, str]:
     defaults = dict(zip(("aggregation", "merge"), METHOD_DEFAULTS[method], strict=True))
     chosen = [fed[k] for k in ("merge", "aggregation") if fed.get(k, defaults[k]) != defaults[k]]
     name = DISPLAY.get(method, method)
-    if not chosen:
-        return name, method
-    return f"{name} [{', '.join(chosen)}]", "-".join((method, *chosen))
+    label, stem = (f"{name} [{', '.join(chosen)}]", "-".join((method, *chosen))) if chosen \
+        else (name, method)
+    state = cfg.get("train", {}).get("state_dtype", "float32")
+    if state != "float32":  # a study searched with narrow per-client state (memory)
+        return f"{label} ({state} state)", f"{stem}-{state}"
+    return label, stem
 
 
 def accounted_label(study: str) -> str:

@@ -209,6 +209,20 @@ def test_ladder_names_a_narrow_state_in_the_rung_and_its_run():
     from_dict({**cfg, "data": {"dataset": "synthetic"}}).validate()
 
 
+def test_tuned_label_names_the_chosen_merge_and_a_narrow_state():
+    from benchmarks.ladder import tuned_label
+
+    assert tuned_label({"federation": {"method": "fedmf"}}) == ("FedMF", "fedmf")
+    assert tuned_label({"federation": {"method": "fedem", "merge": "dm",
+                                       "aggregation": "fedavg"}}) == (
+        "FedEM [dm, fedavg]", "fedem-dm-fedavg")
+    assert tuned_label({"federation": {"method": "fedmf"},
+                        "train": {"state_dtype": "bfloat16"}}) == (
+        "FedMF (bfloat16 state)", "fedmf-bfloat16")
+    assert tuned_label({"federation": {"method": "fedmf"},
+                        "train": {"state_dtype": "float32"}}) == ("FedMF", "fedmf")
+
+
 def test_dp_mostpop_local_refuses_an_infinite_epsilon():
     with pytest.raises(UserError, match="finite epsilon"):
         from_dict(_cfg("dp-mostpop", baseline={"architecture": "local",
