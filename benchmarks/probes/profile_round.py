@@ -3,16 +3,17 @@
     python -m benchmarks.probes.profile_round [--data ml-1m-size|ml-100k|lastfm-2k] [--method fedem]
                                        [--device cpu|cuda|auto] [--chunks 64,256,1024]
                                        [--budget-mb 2048] [--profile [--sort cumulative]]
-                                       [--floor] [--set KEY=VALUE ...]
+                                       [--floor] [--timed N] [--set KEY=VALUE ...]
 
 For each chunk cap (the most clients trained side by side; the memory budget
 still bounds it): round 1 is a warm-up, then the seconds of rounds 2 and 3
-and of one evaluation. ``--profile`` adds a cProfile of one more round at the
-last cap (top functions by own time, or by cumulative time with ``--sort
-cumulative``). Prints a table and a final JSON line, with the
-timed rounds' CPU time (user and system), minor page faults and the peak resident memory;
-``FEDEM_PRIVATE_MALLOC=system`` in the environment times the default allocator
-(fedem_private/hostmem.py). ``--floor`` adds the machine's floor for the same tables
+(``--timed N``: rounds 2 .. N + 1) and of one evaluation. ``--profile`` adds a
+cProfile of one more round at the last cap (top functions by own time, or by
+cumulative time with ``--sort cumulative``). Prints a table and a final JSON
+line, with the timed rounds' CPU time (user and system), minor page faults and
+the peak resident memory; ``FEDEM_PRIVATE_MALLOC=system`` in the environment
+times the default allocator (fedem_private/hostmem.py). ``--floor`` adds the
+machine's floor for the same tables
 (:func:`benchmarks.probes.speed.floor`) and the faster timed round over it.
 """
 
@@ -70,7 +71,7 @@ def gpu_busy(device: torch.device) -> Iterator[list[float]]:
 
 def measure(data: str, method: str, device: str, cap: int, budget_mb: int,
             profile: bool, with_floor: bool = False, sort: str = "tottime",
-            extra: dict[str, Any] | None = None) -> dict[str, Any]:
+            extra: dict[str, Any] | None = None, timed: int = 2) -> dict[str, Any]:
     dataset, over = MEMORY_DATA.get(data, (data, {}))
     over = {**over, **(extra or {})}
     cfg = run_config(dataset, **over, **{"federation.method": method, "train.rounds": 10,
@@ -84,7 +85,7 @@ def measure(data: str, method: str, device: str, cap: int, budget_mb: int,
         sim.step()
         r0 = resource.getrusage(resource.RUSAGE_SELF)
         with gpu_busy(sim.view.device) as busy:
-            rounds = [sim.step().seconds for _ in range(2)]
+            rounds = [sim.step().seconds for _ in range(timed)]
         r1 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
         with sim.host_memory():
@@ -92,14 +93,14 @@ def measure(data: str, method: str, device: str, cap: int, budget_mb: int,
         _sync(sim.view.device)
         row: dict[str, Any] = {"data": data, "method": method, "device": sim.view.device.type,
                                "cap": cap, "chunk": chunk, "round_s": rounds,
-                               # the two timed rounds' CPU time in the process and in the
+                               # the timed rounds' CPU time in the process and in the
                                # kernel on its behalf, and their minor page faults
                                "user_s": r1.ru_utime - r0.ru_utime,
                                "sys_s": r1.ru_stime - r0.ru_stime,
                                "minor_faults": r1.ru_minflt - r0.ru_minflt,
                                "host_allocator_tuned": sim.view.host_allocator_tuned,
                                "eval_s": time.perf_counter() - t0,
-                               # mean GPU utilisation over the two timed rounds (percent)
+                               # mean GPU utilisation over the timed rounds (percent)
                                "gpu_util_pct": sum(busy) / len(busy) if busy else None}
         if with_floor:  # the machine's floor for these tables, in the same process
             row["floor"] = floor(sim.state.q_local)
@@ -134,6 +135,8 @@ def main() -> None:
     ap.add_argument("--chunks", default=str(loop.MAX_CHUNK),
                     help="chunk caps to compare (default: the CPU's)")
     ap.add_argument("--budget-mb", type=int, default=2048)
+    ap.add_argument("--timed", type=int, default=2,
+                    help="rounds timed after the warm-up round 1, 1-8 (default 2: rounds 2 and 3)")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--sort", default="tottime", choices=("tottime", "cumulative"),
                     help="--profile: order functions by own time or by cumulative time")
@@ -149,10 +152,11 @@ def main() -> None:
     rows = []
     for i, cap in enumerate(caps):
         row = measure(args.data, args.method, args.device, cap, args.budget_mb,
-                      args.profile and i == len(caps) - 1, args.floor, args.sort, extra)
+                      args.profile and i == len(caps) - 1, args.floor, args.sort, extra,
+                      min(max(1, args.timed), 8))  # of the config's 10 rounds
         rows.append(row)
         print(f"{row['data']} {row['method']} on {row['device']}: cap {cap:5d} -> chunk "
-              f"{row['chunk']:5d}: rounds {row['round_s'][0]:.2f} / {row['round_s'][1]:.2f} s, "
+              f"{row['chunk']:5d}: rounds {' / '.join(f'{r:.2f}' for r in row['round_s'])} s, "
               f"evaluation {row['eval_s']:.2f} s; CPU user {row['user_s']:.1f} s, system "
               f"{row['sys_s']:.1f} s, {row['minor_faults']} minor faults (allocator "
               f"{'tuned' if row['host_allocator_tuned'] else 'system'})"
