@@ -7,16 +7,7 @@
 # as wheels in .whl/ (dp-accounting, dm-tree, opacus) and ML-100K under $FEDEM_DATA_ROOT.
 #   OUT=/tmp/gpu FEDEM_DATA_ROOT=.data bash benchmarks/specs/speed/gpu_round.sh
 set -u
-OUT=${OUT:-runs/gpu}
-mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=$PWD:/tmp/site
-else
-  export PYTHONPATH=$PWD
-fi
-export PYTHONUNBUFFERED=1
+. benchmarks/specs/speed/gpu_env.sh
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c "import sys, torch, numpy; print(sys.version.split()[0], torch.__version__, numpy.__version__, torch.cuda.get_device_name())"
   nproc; } > "$OUT/gpu.txt" 2>&1

@@ -4,16 +4,7 @@
 # the device tests with the new GPU-equals-CPU ones, and part 3 again. Run from the
 # repository root with OUT and FEDEM_DATA_ROOT set, as gpu_round.sh.
 set -u
-OUT=${OUT:-runs/gpu}
-mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=$PWD:/tmp/site
-else
-  export PYTHONPATH=$PWD
-fi
-export PYTHONUNBUFFERED=1
+. benchmarks/specs/speed/gpu_env.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
 timeout 100 python3 -m benchmarks.probes.profile_round --data ml-1m-size --device cuda \
   --chunks 2048 --budget-mb 65536 --profile > "$OUT/ml1m.log" 2>&1
