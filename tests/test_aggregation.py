@@ -123,6 +123,28 @@ def test_float32_products_match_float64_within_float32_rounding(subsets):
         assert torch.equal(got.diagonal(), torch.zeros(300, dtype=F64))
 
 
+def test_an_accelerator_multiplies_whole_tables_in_one_gram_product(monkeypatch):
+    """On a GPU the Gram is one product per row chunk (GRAM_BLOCK_DEVICE clients a block):
+    the same distances as the CPU's 256-client blocks within float32 rounding, exactly
+    symmetric, zero on the diagonal (the GPU's block size run here on the CPU)."""
+    from fedem_private.server import aggregation
+
+    assert aggregation.gram_block(torch.device("cpu")) == aggregation.GRAM_BLOCK
+    assert aggregation.gram_block(torch.device("cuda")) == aggregation.GRAM_BLOCK_DEVICE
+    tables = rand_tables(300, m=40, d=8, seed=11) + 2.0
+    cpu = cross_sq_distances(tables, None, None, chunk_rows=16)
+    monkeypatch.setattr(aggregation, "gram_block", lambda dev: aggregation.GRAM_BLOCK_DEVICE)
+    calls = []
+    real = aggregation._add_symmetric_gram
+    monkeypatch.setattr(aggregation, "_add_symmetric_gram",
+                        lambda g, x, block: calls.append(block) or real(g, x, block))
+    one = cross_sq_distances(tables, None, None, chunk_rows=16)
+    assert calls and set(calls) == {aggregation.GRAM_BLOCK_DEVICE}
+    torch.testing.assert_close(one, cpu, rtol=1e-5, atol=0.0)
+    torch.testing.assert_close(one, brute_sq_distances(tables), rtol=1e-5, atol=0.0)
+    assert torch.equal(one, one.T) and torch.equal(one.diagonal(), torch.zeros(300, dtype=F64))
+
+
 def test_float32_cancelled_pairs_are_recomputed_in_float64():
     """Two near-copies: float32 products would cancel almost every bit of their distance."""
     tables = rand_tables(6, m=30, d=4, seed=12)
