@@ -57,7 +57,8 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
      "users with fewer positives are dropped (authors' code: 10)"),
     ("--select-round", "train.select_round", str,
      "also report a selected round: last (off), best-test (best sampled test HR@10: FedEM, "
-     "FedRAP code), best-val (best validation HR@10: PFedRec, GPFedRec code) or auto"),
+     "FedRAP code), best-val (best validation HR@10: PFedRec, GPFedRec code), best-val-full "
+     "(best validation HR@10 in full ranking) or auto"),
     ("--agg-clients-ratio", "federation.agg_clients_ratio", _number,
      "aggregate this random share of the round's uploads; only those clients get a new "
      "table (authors' code: 0.1, FedEM's similarity aggregation; also fedavg, uniform, "
@@ -630,7 +631,7 @@ def _main(argv: Sequence[str] | None) -> int:
                                     best_by=args.best_by)
             diverged = f" ({result['diverged']} more diverged)" if result["diverged"] else ""
             noisy = "noisy " if "privacy" in result else ""
-            print(f"{result['completed']} trials{diverged}; best {noisy}sampled validation HR@10 "
+            print(f"{result['completed']} trials{diverged}; best {noisy}{result['objective']} "
                   f"{result['best_value']:.4f} with {result['best_params']}; config in "
                   f"{args.out}/best.toml")
             if "privacy" in result:

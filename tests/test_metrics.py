@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 import torch
 
 from fedem_private.data import SyntheticConfig, generate, leave_one_out
@@ -58,3 +59,33 @@ def test_eval_sets_and_full_ranking():
     # a constant model ranks the test item last (ties count against it)
     acc.add(np.arange(sp.n_users), torch.zeros_like(q), p, sets)
     assert acc.result()["sampled"]["hr@10"] == 0.0
+
+
+def test_validation_item_ranked_in_full_against_a_brute_force_count():
+    """val_full: the validation item's rank among every item but the client's training
+    items and its test item (ties count against it), per user, as written out by hand."""
+    sp = leave_one_out(generate(SyntheticConfig(n_users=25, n_items=40, mean_activity=8), 1), 1)
+    sets = build_eval_sets(sp, "strict", seed=1, validation="separate")
+    gen = torch.Generator().manual_seed(4)
+    scores = torch.randint(0, 6, (sp.n_users, sp.n_items), generator=gen).double()  # ties
+    acc = RankAccumulator(sp.n_users)
+    order = np.random.default_rng(2).permutation(sp.n_users)
+    for chunk in np.array_split(order, 3):  # chunked and out of order
+        acc.add_scores(chunk, scores[torch.from_numpy(chunk)], sets)
+    want = []
+    for u in range(sp.n_users):
+        out = set(sp.train_of(u).tolist()) | {int(sp.test_items[u]), int(sp.val_items[u])}
+        s_val = scores[u, int(sp.val_items[u])]
+        want.append(sum(1 for j in range(sp.n_items) if j not in out and scores[u, j] >= s_val))
+    assert acc.val_full.tolist() == want
+    res = acc.result()
+    ranks = torch.tensor(want)
+    assert res["val_full"]["hr@10"] == pytest.approx(float((ranks < 10).double().mean()))
+    assert res["val_full"]["users"] == sp.n_users
+    # the test's own full ranking is unchanged beside it: its held-out twin is left out
+    test_want = []
+    for u in range(sp.n_users):
+        out = set(sp.train_of(u).tolist()) | {int(sp.test_items[u]), int(sp.val_items[u])}
+        s_t = scores[u, int(sp.test_items[u])]
+        test_want.append(sum(1 for j in range(sp.n_items) if j not in out and scores[u, j] >= s_t))
+    assert acc.full.tolist() == test_want

@@ -221,6 +221,23 @@ def test_selected_round_rules():
     assert best_test["round"] == 3  # ties go to the earliest round
     assert selected_round(history, "best-val")["round"] == 1
     assert selected_round(history, "last") is None
+    for h, full in zip(history, (0.1, None, 0.05, 0.3, 0.2), strict=True):
+        if full is not None:  # the validation item ranked in full picks its own round
+            h.metrics["val_full"] = {"hr@10": full, "ndcg@10": full / 2}
+    assert selected_round(history, "best-val-full")["round"] == 4
+
+
+def test_best_val_full_run_ranks_validation_in_full_and_names_its_protocol(tmp_path):
+    from fedem_private.experiments.runner import execute
+
+    cfg = RunConfig(data=DataConfig(synthetic=SyntheticConfig(n_users=40, n_items=50)),
+                    train=TrainConfig(rounds=2, local_epochs=1, select_round="best-val-full"),
+                    federation=FederationConfig(method="fedmf"))
+    summary = execute(cfg, tmp_path / "run")
+    assert summary["protocol_label"] == "strict+bestvalfull"
+    sel = summary["selected"]
+    assert sel["rule"] == "best-val-full" and "val_full" in sel["metrics"]
+    assert summary["metrics"]["val_full"]["users"] == 40
 
 
 def test_run_reports_selected_and_last_rounds(tmp_path):

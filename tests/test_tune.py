@@ -168,3 +168,31 @@ def test_best_by_writes_the_best_config_of_each_choice(tmp_path, capsys):
     capsys.readouterr()
     assert main(["tune", str(spec), "--out", str(out), "--best-by", "train.lr"]) == 2
     assert "not a searched choice" in capsys.readouterr().err
+
+
+def test_full_ranking_objective_scores_and_selects_by_the_validation_items_full_rank(
+        tmp_path, capsys):
+    import json
+
+    spec = tmp_path / "t.toml"
+    spec.write_text(SPEC.format(trials=2).replace("seed = 3", 'seed = 3\nobjective = "full"'))
+    out = tmp_path / "study"
+    assert main(["tune", str(spec), "--out", str(out)]) == 0
+    assert "best full-ranking validation HR@10" in capsys.readouterr().out
+    rows = _read(out / "trials.csv")
+    assert len(rows) == 2 and "val_hr@10" not in rows[0]
+    for row in rows:
+        summary = json.loads((Path(row["run_dir"]) / "summary.json").read_text())
+        assert float(row["val_full_hr@10"]) == pytest.approx(
+            summary["metrics"]["val_full"]["hr@10"])
+        cfg = load_toml(Path(row["run_dir"]) / "config.toml")
+        assert cfg.train.select_round == "best-val-full"
+    assert "by full-ranking validation HR@10" in (out / "best.toml").read_text()
+    # the study keeps its objective: the sampled one cannot top it up
+    spec.write_text(SPEC.format(trials=3))
+    with pytest.raises(UserError, match="scored by the full objective"):
+        from fedem_private.experiments.tune import run_tuning
+        run_tuning(spec, out)
+    spec.write_text(SPEC.format(trials=1).replace("seed = 3", 'seed = 3\nobjective = "test"'))
+    assert main(["tune", str(spec), "--out", str(tmp_path / "other")]) == 2
+    assert "objective must be one of sampled, full" in capsys.readouterr().err

@@ -115,6 +115,9 @@ class RankAccumulator:
         self.sampled = torch.full((n_users,), -1, dtype=torch.long)
         self.full = torch.full((n_users,), -1, dtype=torch.long)
         self.val = torch.full((n_users,), -1, dtype=torch.long)
+        # the validation item ranked in full: against every item but the training items
+        # and the test item (the test's full ranking with the two held-out items swapped)
+        self.val_full = torch.full((n_users,), -1, dtype=torch.long)
 
     def add(self, users: np.ndarray, q: torch.Tensor, p: torch.Tensor, sets: EvalSets) -> None:
         """Score users' own dot-product models: q (k, m, d) item tables, p (k, d) user vectors."""
@@ -129,18 +132,20 @@ class RankAccumulator:
         s_test = scores.gather(1, test[:, None]).squeeze(1)
         s_cand = scores.gather(1, sets.sampled[users_t].to(dev))
         self.sampled[users_t] = ranks_sampled(s_test, s_cand).cpu()
+        # full ranking: every item except training items, the validation item and the test item
+        lo, hi = sets.excl_indptr[users], sets.excl_indptr[np.asarray(users) + 1]
+        rows = torch.from_numpy(np.repeat(np.arange(len(users)), hi - lo)).to(dev)
+        cols = torch.from_numpy(np.concatenate(
+            [sets.excl_items[a:b] for a, b in zip(lo, hi, strict=True)])).to(dev)
+        own = torch.arange(len(users), device=dev)
+        self.full[users_t] = _full_ranks(scores, s_test, rows, cols, own, test).cpu()
         if sets.val_items is not None and sets.val_sampled is not None:
-            s_val = scores.gather(1, sets.val_items[users_t].to(dev)[:, None]).squeeze(1)
+            val = sets.val_items[users_t].to(dev)
+            s_val = scores.gather(1, val[:, None]).squeeze(1)
             s_vcand = scores.gather(1, sets.val_sampled[users_t].to(dev))
             self.val[users_t] = ranks_sampled(s_val, s_vcand).cpu()
-        # full ranking: every item except training items, the validation item and the test item
-        beat = scores >= s_test[:, None]
-        lo, hi = sets.excl_indptr[users], sets.excl_indptr[np.asarray(users) + 1]
-        rows = np.repeat(np.arange(len(users)), hi - lo)
-        cols = np.concatenate([sets.excl_items[a:b] for a, b in zip(lo, hi, strict=True)])
-        beat[torch.from_numpy(rows).to(dev), torch.from_numpy(cols).to(dev)] = False
-        beat[torch.arange(len(users), device=dev), test] = False
-        self.full[users_t] = beat.sum(dim=1).cpu()
+            # the excluded entries hold the validation item itself; the test item is left out
+            self.val_full[users_t] = _full_ranks(scores, s_val, rows, cols, own, test).cpu()
 
     def result(self) -> dict[str, dict[str, float]]:
         done = self.sampled >= 0
@@ -148,4 +153,17 @@ class RankAccumulator:
         if bool((self.val >= 0).any()):  # validation item vs its 99 sampled (docs/design.md 2a)
             ranked = self.val[self.val >= 0]  # "users": how many ranked a validation item
             out["val"] = {**hr_ndcg(ranked), "users": int(ranked.numel())}
+            ranked = self.val_full[self.val_full >= 0]
+            out["val_full"] = {**hr_ndcg(ranked), "users": int(ranked.numel())}
         return out
+
+
+def _full_ranks(scores: torch.Tensor, s_held: torch.Tensor, rows: torch.Tensor,
+                cols: torch.Tensor, own: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """0-based full-ranking rank of each row's held-out item (score ``s_held``): how many
+    items score at least as high, leaving out the excluded (rows, cols) entries and each
+    row's ``other`` held-out item (own: 0 .. k - 1)."""
+    beat = scores >= s_held[:, None]
+    beat[rows, cols] = False
+    beat[own, other] = False
+    return beat.sum(dim=1)

@@ -215,7 +215,7 @@ def run_row(run: Path, root: Path) -> dict[str, Any]:
     if isinstance(selected, dict):  # docs/design.md 2a, option 4: the selected round
         row["selected_rule"] = selected.get("rule")
         row["selected_round"] = selected.get("round")
-        for kind in ("full", "sampled", "val"):
+        for kind in ("full", "sampled", "val", "val_full"):
             values = (selected.get("metrics") or {}).get(kind) or {}
             if values:
                 row[f"hr10_{kind}_selected"] = _number(values.get("hr@10"))

@@ -120,14 +120,16 @@ def cold_items_summary(view: RunView) -> dict[str, Any]:
 
 
 # select_round -> (metric kind, metric) whose best value picks the reported round
-SELECTION_KEYS = {"best-test": ("sampled", "hr@10"), "best-val": ("val", "hr@10")}
+SELECTION_KEYS = {"best-test": ("sampled", "hr@10"), "best-val": ("val", "hr@10"),
+                  "best-val-full": ("val_full", "hr@10")}
 
 
 def selected_round(history: list[RoundStats], rule: str) -> dict[str, Any] | None:
     """The evaluated round a ``select_round`` rule picks (docs/design.md 2a, option 4), or None.
 
     ``best-test``: the highest sampled test HR@10 (the FedEM and FedRAP code);
-    ``best-val``: the highest validation HR@10 (PFedRec, GPFedRec). Ties go to
+    ``best-val``: the highest validation HR@10 (PFedRec, GPFedRec);
+    ``best-val-full``: the highest validation HR@10 in full ranking. Ties go to
     the earliest round. Returns ``{"rule", "round", "metrics"}``; the last round
     stays the run's headline (``summary["metrics"]``).
     """

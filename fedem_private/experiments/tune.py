@@ -5,6 +5,7 @@ A tuning file names a base run config and a search space::
     [tune]
     trials = 20              # total trials wanted, completed or diverged (a resumed study tops up)
     seed = 0                 # the TPE sampler's seed
+    objective = "sampled"    # or "full": the validation item ranked against every item
 
     [tune.space]             # dotted config keys
     "train.lr" = { low = 0.001, high = 0.3, log = true }
@@ -19,7 +20,11 @@ Every trial is one run directory ``<out>/trials/<number>`` (written by
 :func:`~fedem_private.experiments.runner.execute`) whose validation item is ranked
 against its own 99 sampled negatives (``train.select_round = "best-val"`` is forced,
 which draws them separately from the test's); the objective is the last evaluated round's sampled
-validation HR@10, maximised by Optuna's TPE sampler. The test item is never read. The
+validation HR@10, maximised by Optuna's TPE sampler. With ``objective = "full"`` the
+validation item is ranked against every item but the client's training items and its
+test item (``train.select_round = "best-val-full"``), as the test's full ranking is; use
+it where sampled and full ranking disagree (LastFM-2K, docs/baselines.md). A study keeps
+the objective it was started with. The test item is never read. The
 study lives in ``<out>/study.db`` (SQLite), so an interrupted tuning resumes where it
 stopped. A trial whose run diverges (NaN or Inf in a table:
 :class:`~fedem_private.errors.Diverged`) is kept as a failed trial with its reason and
@@ -67,7 +72,25 @@ from typing import Any
 from fedem_private.errors import Diverged, UserError
 from fedem_private.simulation.config import from_dict, read_toml, to_dict, to_toml, with_overrides
 
-OBJECTIVE = ("val", "hr@10")
+
+@dataclass(frozen=True)
+class Objective:
+    """What a trial is scored by (``[tune] objective``): a validation HR@10 and the
+    ``train.select_round`` rule forced on every trial, which picks the round by it."""
+
+    kind: str  # the metrics kind holding it: "val" (sampled) or "val_full"
+    rule: str  # the round rule forced on every trial
+    words: str  # how outputs name it
+    column: str  # its trials.csv column
+
+
+OBJECTIVES = {
+    # the validation item against its own 99 sampled negatives (docs/design.md 2a)
+    "sampled": Objective("val", "best-val", "sampled validation HR@10", "val_hr@10"),
+    # the validation item against every item but the training items and the test item
+    "full": Objective("val_full", "best-val-full", "full-ranking validation HR@10",
+                      "val_full_hr@10"),
+}
 DIVERGED = "diverged"  # the user attribute holding a diverged trial's reason
 SQLITE_TIMEOUT_S = 120.0  # how long a worker waits for the study file's lock
 
@@ -108,10 +131,11 @@ def load_tune_spec(path: str | Path) -> tuple[dict[str, Any], dict[str, dict[str
                         f"and [base]")
     tune = values.get("tune") or {}
     base = values.get("base") or {}
-    extra = set(tune) - {"trials", "seed", "space", "private"}
+    extra = set(tune) - {"trials", "seed", "space", "private", "objective"}
     if extra:
         raise UserError(f"[tune]: unknown key {sorted(extra)[0]!r}; known: trials, seed, "
-                        f"space, private")
+                        f"space, private, objective")
+    load_objective(path)
     trials, seed = tune.get("trials", 20), tune.get("seed", 0)
     for name, value in (("trials", trials), ("seed", seed)):
         if isinstance(value, bool) or not isinstance(value, int) or value < (name == "trials"):
@@ -127,6 +151,16 @@ def load_tune_spec(path: str | Path) -> tuple[dict[str, Any], dict[str, dict[str
     except KeyError as exc:
         raise UserError(f"[tune.space]: unknown config key {exc.args[0]!r}") from None
     return base, space, trials, seed
+
+
+def load_objective(path: str | Path) -> Objective:
+    """The checked ``[tune] objective`` of a tuning file ("sampled", the default, or
+    "full")."""
+    name = (read_toml(path, "tuning file").get("tune") or {}).get("objective", "sampled")
+    if name not in OBJECTIVES:
+        raise UserError(f"[tune] objective must be one of {', '.join(OBJECTIVES)}, "
+                        f"got {name!r}")
+    return OBJECTIVES[name]
 
 
 @dataclass(frozen=True)
@@ -273,6 +307,19 @@ def _open_study(optuna: Any, root: Path, sampler_seed: int, independent: bool = 
         load_if_exists=True)
 
 
+def _keep_objective(study: Any, spec: str | Path) -> None:
+    """Record the spec's objective in a new study; refuse to resume a study scored by
+    another one (a study written before the option existed was scored by "sampled")."""
+    goal = load_objective(spec)
+    name = next(k for k, v in OBJECTIVES.items() if v == goal)
+    had = study.user_attrs.get("objective", "sampled" if study.trials else None)
+    if had is None:
+        study.set_user_attr("objective", name)
+    elif had != name:
+        raise UserError(f"tune: the study in this folder was scored by the {had} objective, "
+                        f"the file asks for {name}; use another --out")
+
+
 _RESUME_STRIDE = 7919  # a prime: resumed samplers' seeds never meet a worker's start seed
 
 
@@ -300,6 +347,7 @@ def _work(spec: str, out: str, wanted: int, worker: int) -> int:
     optuna = _import_optuna()
     base, space, _, seed = load_tune_spec(spec)
     private = load_private(spec)
+    goal = load_objective(spec)
     independent = private is not None and private.mean_trials is not None
     root = Path(out)
     study = _open_study(optuna, root, seed + worker, independent)
@@ -311,7 +359,7 @@ def _work(spec: str, out: str, wanted: int, worker: int) -> int:
 
     def objective(trial: Any) -> float:
         params = _suggest(trial, space)
-        overrides = {**params, "train.select_round": "best-val"}
+        overrides = {**params, "train.select_round": goal.rule}
         cfg = with_overrides(from_dict(base), overrides).validate().resolved()
         path = root / "trials" / f"{trial.number:04d}"
         try:
@@ -321,12 +369,12 @@ def _work(spec: str, out: str, wanted: int, worker: int) -> int:
             trial.set_user_attr("run_dir", str(path))
             raise
         metrics = summary.get("metrics") or {}
-        value = (metrics.get(OBJECTIVE[0]) or {}).get(OBJECTIVE[1])
+        value = (metrics.get(goal.kind) or {}).get("hr@10")
         if value is None or not math.isfinite(value):
-            raise UserError(f"trial {trial.number}: the run reported no validation HR@10")
+            raise UserError(f"trial {trial.number}: the run reported no {goal.words}")
         trial.set_user_attr("run_dir", str(path))
         if private is not None:  # only the noisy count leaves the trial
-            return _released(metrics[OBJECTIVE[0]], private, seed, trial.number)
+            return _released(metrics[goal.kind], private, seed, trial.number)
         return float(value)
 
     done = 0
@@ -342,7 +390,7 @@ def _released(val: dict[str, Any], private: PrivateTuning, seed: int, number: in
     from fedem_private.privacy.tuning import noisy_score
 
     users = int(val["users"])
-    hits = round(float(val[OBJECTIVE[1]]) * users)
+    hits = round(float(val["hr@10"]) * users)
     return noisy_score(hits, private.score_noise, seed, number) / users
 
 
@@ -385,7 +433,8 @@ def run_tuning(spec: str | Path, out: str | Path, trials: int | None = None,
                             f"the draw is part of the mechanism, so nothing is chosen")
     root = Path(out)
     root.mkdir(parents=True, exist_ok=True)
-    _open_study(optuna, root, seed, count is not None)  # made once, before workers race
+    made = _open_study(optuna, root, seed, count is not None)  # once, before workers race
+    _keep_objective(made, spec)
     if ray is None:
         _work(str(spec), str(root), wanted, 0)
     else:
@@ -393,9 +442,10 @@ def run_tuning(spec: str | Path, out: str | Path, trials: int | None = None,
     study = _open_study(optuna, root, seed, count is not None)
     if _completed(study, optuna) == 0:
         raise UserError("tune: no trial completed")
-    _write_outputs(study, root, optuna, best_by, private is not None)
+    goal = load_objective(spec)
+    _write_outputs(study, root, optuna, best_by, private is not None, goal)
     best = study.best_trial
-    out = {"best_value": best.value, "best_params": best.params,
+    out = {"best_value": best.value, "best_params": best.params, "objective": goal.words,
            "completed": _completed(study, optuna),
            "diverged": sum(_diverged(t, optuna) for t in study.trials)}
     if private is not None:
@@ -456,7 +506,7 @@ def _work_on_ray(spec: str, out: str, wanted: int, workers: int, address: str) -
 
 
 def _write_outputs(study: Any, root: Path, optuna: Any, best_by: str | None = None,
-                   private: bool = False) -> None:
+                   private: bool = False, goal: Objective = OBJECTIVES["sampled"]) -> None:
     """trials.csv (every completed or diverged trial, in trial order), best.toml (the
     best one's resolved config) and, with ``best_by``, best-<value>.toml per value.
     ``private``: the scores are the released noisy ones, and the configs select their
@@ -467,13 +517,14 @@ def _write_outputs(study: Any, root: Path, optuna: Any, best_by: str | None = No
     keys = sorted({k for t in listed for k in t.params})
     with (root / "trials.csv").open("w", newline="") as fh:
         writer = csv.writer(fh)
-        score = "val_hr@10_noisy" if private else "val_hr@10"
+        score = f"{goal.column}_noisy" if private else goal.column
         writer.writerow(["trial", *keys, score, "run_dir", "status"])
         for t in listed:
             writer.writerow([t.number, *(t.params.get(k) for k in keys),
                              "" if t.value is None else t.value, t.user_attrs.get("run_dir"),
                              "complete" if t.state == complete else DIVERGED])
-    _write_best(root / "best.toml", study.best_trial, f"best of {len(done)} trials", private)
+    _write_best(root / "best.toml", study.best_trial, f"best of {len(done)} trials", private,
+                goal)
     if best_by is None:
         return
     for value in sorted({str(t.params[best_by]) for t in done if best_by in t.params}):
@@ -481,14 +532,15 @@ def _write_outputs(study: Any, root: Path, optuna: Any, best_by: str | None = No
         best = max(group, key=lambda t: t.value)  # ties: the earliest trial
         _write_best(root / f"best-{_slug(value)}.toml", best,
                     f"best of the {len(group)} trials with {best_by} = {value} "
-                    f"({len(done)} in all)", private)
+                    f"({len(done)} in all)", private, goal)
 
 
 def _slug(value: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in value)
 
 
-def _write_best(path: Path, trial: Any, what: str, private: bool = False) -> None:
+def _write_best(path: Path, trial: Any, what: str, private: bool = False,
+                goal: Objective = OBJECTIVES["sampled"]) -> None:
     """A trial's resolved run config, headed by what it is the best of; ``private``: with
     its round selected as ``last`` and its score labelled as the noisy one."""
     from dataclasses import replace
@@ -498,6 +550,6 @@ def _write_best(path: Path, trial: Any, what: str, private: bool = False) -> Non
     cfg = load_toml(Path(trial.user_attrs["run_dir"]) / "config.toml")
     if private:
         cfg = replace(cfg, train=replace(cfg.train, select_round="last"))
-    score = "noisy sampled validation HR@10" if private else "sampled validation HR@10"
+    score = f"noisy {goal.words}" if private else goal.words
     path.write_text(f"# {what} by {score} ({trial.value:.6g}); trial "
                     f"{trial.number}, {json.dumps(trial.params)}\n" + to_toml(to_dict(cfg)))

@@ -324,10 +324,11 @@ def wire_bytes(groups: dict[str, torch.Tensor] | tuple[object, ...]) -> int:
 def validation_kind(cfg: RunConfig) -> str | None:
     """Whether (and against which negatives) the validation item is ranked (docs/design.md 2a):
     ``"shared"`` with ``--shared-eval-negatives``, ``"separate"`` when the reported round is
-    chosen by validation HR@10 without it, else None (no validation metric)."""
+    chosen by validation HR@10 (sampled or full) without it, else None (no validation
+    metric)."""
     if cfg.data.shared_eval_negatives:
         return "shared"
-    return "separate" if cfg.train.select_round == "best-val" else None
+    return "separate" if cfg.train.select_round in ("best-val", "best-val-full") else None
 
 
 class Simulation:

@@ -150,6 +150,7 @@ def _parse_token(token: str, label: str) -> tuple[str, Any]:
              "sharedneg": ("data.shared_eval_negatives", True),
              "besttest": ("train.select_round", "best-test"),
              "bestval": ("train.select_round", "best-val"),
+             "bestvalfull": ("train.select_round", "best-val-full"),
              "bestauto": ("train.select_round", "auto"),
              "pcasim": ("federation.similarity", "pca"),
              "batchmerge": ("federation.merge_every_batch", True),

@@ -74,7 +74,7 @@ METHOD_DEFAULTS = {
     **{name: ("none", "sr") for name in BASELINE_METHODS},  # nothing is uploaded
 }
 # docs/design.md 2a: the authors' code's facts, each a named option of the `paper` protocol
-SELECT_ROUNDS = ("last", "best-test", "best-val", "auto")
+SELECT_ROUNDS = ("last", "best-test", "best-val", "best-val-full", "auto")
 # the similarity aggregation's rules (SIMILARITIES): server.options
 # datasets with timestamps: --first-seen-order does not apply to them
 TIMED_DATASETS = ("ml-100k", "ml-1m", "synthetic")
@@ -154,7 +154,8 @@ class TrainConfig:
     # docs/design.md 2a, option 4: which evaluated round summary.json / results.csv also report
     # (the last round stays the headline): "last" (off), "best-test" (best sampled test
     # HR@10: the FedEM and FedRAP code), "best-val" (best validation HR@10: PFedRec,
-    # GPFedRec), "auto" (the backbone's own code's rule)
+    # GPFedRec), "best-val-full" (best validation HR@10 in full ranking), "auto" (the
+    # backbone's own code's rule)
     select_round: str = "last"
     # docs/design.md 2a, option 8: a client stops local training when the relative change of its
     # epoch loss is below this (0: off; the authors' code: 1e-4)
