@@ -72,20 +72,15 @@ def test_validation_item_ranked_in_full_against_a_brute_force_count():
     order = np.random.default_rng(2).permutation(sp.n_users)
     for chunk in np.array_split(order, 3):  # chunked and out of order
         acc.add_scores(chunk, scores[torch.from_numpy(chunk)], sets)
-    want = []
-    for u in range(sp.n_users):
+    def brute(u: int, held: int) -> int:  # items outside train and both held-out, >= held's
         out = set(sp.train_of(u).tolist()) | {int(sp.test_items[u]), int(sp.val_items[u])}
-        s_val = scores[u, int(sp.val_items[u])]
-        want.append(sum(1 for j in range(sp.n_items) if j not in out and scores[u, j] >= s_val))
+        return sum(1 for j in range(sp.n_items) if j not in out and scores[u, j] >= scores[u, held])
+
+    want = [brute(u, int(sp.val_items[u])) for u in range(sp.n_users)]
     assert acc.val_full.tolist() == want
     res = acc.result()
     ranks = torch.tensor(want)
     assert res["val_full"]["hr@10"] == pytest.approx(float((ranks < 10).double().mean()))
     assert res["val_full"]["users"] == sp.n_users
     # the test's own full ranking is unchanged beside it: its held-out twin is left out
-    test_want = []
-    for u in range(sp.n_users):
-        out = set(sp.train_of(u).tolist()) | {int(sp.test_items[u]), int(sp.val_items[u])}
-        s_t = scores[u, int(sp.test_items[u])]
-        test_want.append(sum(1 for j in range(sp.n_items) if j not in out and scores[u, j] >= s_t))
-    assert acc.full.tolist() == test_want
+    assert acc.full.tolist() == [brute(u, int(sp.test_items[u])) for u in range(sp.n_users)]
