@@ -4,10 +4,12 @@
         --reference "MostPop (val)=0.4814" --out benchmarks/results/ladder/tuning
 
 For each study folder (its ``trials/<n>`` run directories): every completed trial's
-sampled validation HR@10 (the objective) beside its test HR@10, sampled and full, and
-the best validation so far. Writes ``<out>/tuning_curves.png`` (best validation so far
-against the trial number, and test full HR@10 against validation per trial: the
-validation-test gap) and ``<out>/tuning_curves.md`` (one table per study). The test
+validation HR@10 (the objective: sampled, or ranked in full for a study with
+``objective = "full"``, whose trials select their round by ``best-val-full``) beside
+its test HR@10, sampled and full, and the best validation so far. Writes
+``<out>/tuning_curves.png`` (best validation so far against the trial number, and test
+full HR@10 against validation per trial: the validation-test gap) and
+``<out>/tuning_curves.md`` (one table per study). The test
 figures are read after the study; the tuner never sees them.
 """
 
@@ -30,7 +32,8 @@ KEYS = ("train.lr", "train.local_epochs", "train.num_negatives", "train.dim", "t
 
 
 def trials(study: Path) -> list[dict]:
-    """(number, val, test sampled, test full, settings) of every finished trial."""
+    """(number, val, test sampled, test full, settings, objective) of every finished trial;
+    ``val`` is the objective the trial was scored by ("sampled" or "full")."""
     out = []
     for run in sorted((study / "trials").glob("[0-9]*")):
         summary = run / "summary.json"
@@ -45,7 +48,10 @@ def trials(study: Path) -> list[dict]:
             if value is not None and not (section == "privacy"
                                           and cfg["privacy"]["mode"] == "none"):
                 settings[name] = value
-        out.append({"n": int(run.name), "val": metrics["val"]["hr@10"],
+        full_goal = cfg.get("train", {}).get("select_round") == "best-val-full"
+        out.append({"n": int(run.name),
+                    "val": metrics["val_full" if full_goal else "val"]["hr@10"],
+                    "objective": "full" if full_goal else "sampled",
                     "sampled": metrics["sampled"]["hr@10"], "full": metrics["full"]["hr@10"],
                     "settings": settings})
     return out
@@ -67,8 +73,9 @@ def searched(rows: list[dict]) -> list[dict]:
 
 def table(name: str, rows: list[dict]) -> str:
     rows = searched(rows)
+    goal = "full ranking" if rows and rows[0].get("objective") == "full" else "sampled"
     lines = [f"### {name} ({len(rows)} trials)", "",
-             "| trial | val HR@10 (sampled; the objective) | best so far | test HR@10 sampled | "
+             f"| trial | val HR@10 ({goal}; the objective) | best so far | test HR@10 sampled | "
              "test HR@10 full | settings |", "|---|---|---|---|---|---|"]
     best = -1.0
     for r in rows:
