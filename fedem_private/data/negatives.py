@@ -6,6 +6,11 @@ import numpy as np
 import torch
 
 
+def row_positions(indptr: np.ndarray) -> np.ndarray:
+    """Each entry's position inside its CSR row: 0 .. len - 1 per row, concatenated."""
+    return np.arange(indptr[-1], dtype=np.int64) - np.repeat(indptr[:-1], np.diff(indptr))
+
+
 def sample_excluding(indptr: np.ndarray, excluded: np.ndarray, n_items: int,
                      users: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
     """For each (users[j], uniforms[j]) return an item not in that user's exclusion set.
@@ -22,7 +27,7 @@ def sample_excluding(indptr: np.ndarray, excluded: np.ndarray, n_items: int,
     if np.any(allowed <= 0):
         raise ValueError("a user has no item left to sample from")
     r = np.minimum((uniforms * allowed).astype(np.int64), allowed - 1)
-    within = np.arange(excluded.shape[0]) - np.repeat(indptr[:-1], counts)
+    within = row_positions(indptr)
     adjusted = excluded - within  # non-decreasing inside each user's block
     owner = np.repeat(np.arange(counts.shape[0]), counts)
     stride = n_items + 1

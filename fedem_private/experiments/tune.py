@@ -78,6 +78,7 @@ class Objective:
     """What a trial is scored by (``[tune] objective``): a validation HR@10 and the
     ``train.select_round`` rule forced on every trial, which picks the round by it."""
 
+    name: str  # the [tune] objective value: "sampled" or "full"
     kind: str  # the metrics kind holding it: "val" (sampled) or "val_full"
     rule: str  # the round rule forced on every trial
     words: str  # how outputs name it
@@ -86,9 +87,9 @@ class Objective:
 
 OBJECTIVES = {
     # the validation item against its own 99 sampled negatives (docs/design.md 2a)
-    "sampled": Objective("val", "best-val", "sampled validation HR@10", "val_hr@10"),
+    "sampled": Objective("sampled", "val", "best-val", "sampled validation HR@10", "val_hr@10"),
     # the validation item against every item but the training items and the test item
-    "full": Objective("val_full", "best-val-full", "full-ranking validation HR@10",
+    "full": Objective("full", "val_full", "best-val-full", "full-ranking validation HR@10",
                       "val_full_hr@10"),
 }
 DIVERGED = "diverged"  # the user attribute holding a diverged trial's reason
@@ -307,17 +308,15 @@ def _open_study(optuna: Any, root: Path, sampler_seed: int, independent: bool = 
         load_if_exists=True)
 
 
-def _keep_objective(study: Any, spec: str | Path) -> None:
-    """Record the spec's objective in a new study; refuse to resume a study scored by
-    another one (a study written before the option existed was scored by "sampled")."""
-    goal = load_objective(spec)
-    name = next(k for k, v in OBJECTIVES.items() if v == goal)
+def _keep_objective(study: Any, goal: Objective) -> None:
+    """Record ``goal`` in a new study; refuse to resume a study scored by another
+    objective (a study written before the option existed was scored by "sampled")."""
     had = study.user_attrs.get("objective", "sampled" if study.trials else None)
     if had is None:
-        study.set_user_attr("objective", name)
-    elif had != name:
+        study.set_user_attr("objective", goal.name)
+    elif had != goal.name:
         raise UserError(f"tune: the study in this folder was scored by the {had} objective, "
-                        f"the file asks for {name}; use another --out")
+                        f"the file asks for {goal.name}; use another --out")
 
 
 _RESUME_STRIDE = 7919  # a prime: resumed samplers' seeds never meet a worker's start seed
@@ -433,8 +432,9 @@ def run_tuning(spec: str | Path, out: str | Path, trials: int | None = None,
                             f"the draw is part of the mechanism, so nothing is chosen")
     root = Path(out)
     root.mkdir(parents=True, exist_ok=True)
+    goal = load_objective(spec)
     made = _open_study(optuna, root, seed, count is not None)  # once, before workers race
-    _keep_objective(made, spec)
+    _keep_objective(made, goal)
     if ray is None:
         _work(str(spec), str(root), wanted, 0)
     else:
@@ -442,7 +442,6 @@ def run_tuning(spec: str | Path, out: str | Path, trials: int | None = None,
     study = _open_study(optuna, root, seed, count is not None)
     if _completed(study, optuna) == 0:
         raise UserError("tune: no trial completed")
-    goal = load_objective(spec)
     _write_outputs(study, root, optuna, best_by, private is not None, goal)
     best = study.best_trial
     out = {"best_value": best.value, "best_params": best.params, "objective": goal.words,

@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from fedem_private import rng
-from fedem_private.data.negatives import sample_excluding, sample_excluding_t
+from fedem_private.data.negatives import row_positions, sample_excluding, sample_excluding_t
 from fedem_private.models.options import PartOptions
 
 SERVER = 1 << 40  # client id that keys the server's own random draws
@@ -210,7 +210,7 @@ def draw_samples(seed: int, round_: int, clients: np.ndarray, train_indptr: np.n
     else:
         owner = np.repeat(clients, nneg)
         u = rng.uniform(rng.key(seed, rng.Stream.NEGATIVES, round_, owner),
-                        _within(neg_indptr))
+                        row_positions(neg_indptr))
         negs = sample_excluding(excl_indptr, excl_items, n_items, owner, u)
     # client j's samples: its positives, then its negatives
     indptr = np.zeros(clients.shape[0] + 1, dtype=np.int64)
@@ -218,18 +218,12 @@ def draw_samples(seed: int, round_: int, clients: np.ndarray, train_indptr: np.n
     items = np.empty(indptr[-1], dtype=np.int64)
     labels = np.zeros(indptr[-1], dtype=np.float32)
     pos_ptr = np.concatenate([[0], np.cumsum(npos)])
-    at = _within(pos_ptr)
+    at = row_positions(pos_ptr)
     dest = np.repeat(indptr[:-1], npos) + at
     items[dest] = train_items[np.repeat(train_indptr[clients], npos) + at]
     labels[dest] = 1.0
-    items[np.repeat(indptr[:-1] + npos, nneg) + _within(neg_indptr)] = negs
+    items[np.repeat(indptr[:-1] + npos, nneg) + row_positions(neg_indptr)] = negs
     return ClientSamples(indptr, items, labels, neg_indptr, negs)
-
-
-def _within(indptr: np.ndarray) -> np.ndarray:
-    """Each entry's position inside its CSR row: 0 .. len - 1 per row, concatenated."""
-    counts = np.diff(indptr)
-    return np.arange(indptr[-1], dtype=np.int64) - np.repeat(indptr[:-1], counts)
 
 
 def negatives_t(seed: int, round_: int, clients: np.ndarray, nneg: np.ndarray,
