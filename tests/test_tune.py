@@ -196,3 +196,26 @@ def test_full_ranking_objective_scores_and_selects_by_the_validation_items_full_
     spec.write_text(SPEC.format(trials=1).replace("seed = 3", 'seed = 3\nobjective = "test"'))
     assert main(["tune", str(spec), "--out", str(tmp_path / "other")]) == 2
     assert "objective must be one of sampled, full" in capsys.readouterr().err
+
+
+def test_outputs_are_written_after_every_trial(tmp_path, monkeypatch):
+    """A study stopped part way keeps its trials.csv and best config: each trial rewrites
+    them, and what a stopped study left is what it had finished."""
+    from fedem_private.experiments import tune
+
+    spec = tmp_path / "t.toml"
+    spec.write_text(SPEC.format(trials=3))
+    out = tmp_path / "study"
+    seen: list[int] = []
+    real = tune._write_outputs
+
+    def spy(study, root, *args, **kwargs):
+        real(study, root, *args, **kwargs)
+        seen.append(len(_read(root / "trials.csv")))
+        assert load_toml(root / "best.toml").federation.method == "ease"
+        assert not list(root.glob(".*.part"))  # nothing half-written left behind
+
+    monkeypatch.setattr(tune, "_write_outputs", spy)
+    tune.run_tuning(spec, out)
+    assert seen[:3] == [1, 2, 3]  # one rewrite per trial, then the final one
+    assert seen[-1] == 3

@@ -30,11 +30,14 @@ stopped. A trial whose run diverges (NaN or Inf in a table:
 :class:`~fedem_private.errors.Diverged`) is kept as a failed trial with its reason and
 counts against the budget, so every method gets the same number of tries; the sampler
 ignores it. ``<out>/trials.csv`` lists every completed and diverged trial and
-``<out>/best.toml`` is the best trial's resolved config.
+``<out>/best.toml`` is the best trial's resolved config; both are rewritten after every
+trial (whole files, moved into place), so a study stopped part way keeps them.
 ``--ray [ADDRESS] --workers N`` runs N workers as Ray tasks that share the study file
 (SQLite's lock, waited on for up to two minutes), each adding trials until the study has
 enough; worker w samples with seed + w. One worker without Ray is reproducible from the
-seed; parallel workers are not (the trial order depends on timing).
+seed; parallel workers are not (the trial order depends on timing). A second ``tune``
+process on the same ``--out`` joins the study too: its sampler's seed counts the trials
+already in the file, so start it once the first has begun a trial.
 
 Tuning a private run on the same data leaks (Papernot and Steinke 2022): the chosen
 setting is itself a function of the data, which no run's epsilon accounts for. Report
@@ -62,12 +65,15 @@ inside a trial, as without privacy, but only the last one's noisy count leaves i
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import math
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from fedem_private.errors import Diverged, UserError
 from fedem_private.simulation.config import from_dict, read_toml, to_dict, to_toml, with_overrides
@@ -336,11 +342,13 @@ def _spent(study: Any, optuna: Any) -> int:
     return _completed(study, optuna) + sum(_diverged(t, optuna) for t in study.trials)
 
 
-def _work(spec: str, out: str, wanted: int, worker: int) -> int:
+def _work(spec: str, out: str, wanted: int, worker: int, best_by: str | None = None) -> int:
     """One worker: add trials to the shared study until it has ``wanted`` finished ones,
     completed or diverged (checked before each trial; workers racing for the last one may
     add one each). Worker ``w`` samples with seed ``seed + w``, so two workers never
-    propose the same first points. Returns the trials this worker completed."""
+    propose the same first points. After each trial it rewrites the study's outputs
+    (:func:`_write_outputs`), so a study stopped part way keeps its trials.csv and its best
+    config so far. Returns the trials this worker completed."""
     from fedem_private.experiments.runner import execute
 
     optuna = _import_optuna()
@@ -380,6 +388,8 @@ def _work(spec: str, out: str, wanted: int, worker: int) -> int:
     while _spent(study, optuna) < wanted:
         study.optimize(objective, n_trials=1, catch=(Diverged,))
         done += 1
+        if _completed(study, optuna):
+            _write_outputs(study, root, optuna, best_by, private is not None, goal)
     return done
 
 
@@ -436,9 +446,9 @@ def run_tuning(spec: str | Path, out: str | Path, trials: int | None = None,
     made = _open_study(optuna, root, seed, count is not None)  # once, before workers race
     _keep_objective(made, goal)
     if ray is None:
-        _work(str(spec), str(root), wanted, 0)
+        _work(str(spec), str(root), wanted, 0, best_by)
     else:
-        _work_on_ray(str(spec), str(root), wanted, workers, ray)
+        _work_on_ray(str(spec), str(root), wanted, workers, ray, best_by)
     study = _open_study(optuna, root, seed, count is not None)
     if _completed(study, optuna) == 0:
         raise UserError("tune: no trial completed")
@@ -486,7 +496,8 @@ def _account(study: Any, optuna: Any, root: Path, private: PrivateTuning, drawn:
     return result
 
 
-def _work_on_ray(spec: str, out: str, wanted: int, workers: int, address: str) -> None:
+def _work_on_ray(spec: str, out: str, wanted: int, workers: int, address: str,
+                 best_by: str | None = None) -> None:
     """``workers`` :func:`_work` calls as Ray tasks (1 CPU each); a failed task is raised."""
     from fedem_private.experiments import ray_tasks
 
@@ -498,7 +509,7 @@ def _work_on_ray(spec: str, out: str, wanted: int, workers: int, address: str) -
 
     with ray_tasks.ray_session(address, num_cpus=workers if address == ray_tasks.LOCAL
                                else None):
-        ray_tasks.run_tasks(_work, [(spec, out, wanted, w) for w in range(workers)],
+        ray_tasks.run_tasks(_work, [(spec, out, wanted, w, best_by) for w in range(workers)],
                             workers, on_result)
     if errors:
         raise UserError(f"tune --ray: a worker failed: {str(errors[0]).strip().splitlines()[-1]}")
@@ -514,7 +525,7 @@ def _write_outputs(study: Any, root: Path, optuna: Any, best_by: str | None = No
     done = [t for t in study.trials if t.state == complete]
     listed = [t for t in study.trials if t.state == complete or _diverged(t, optuna)]
     keys = sorted({k for t in listed for k in t.params})
-    with (root / "trials.csv").open("w", newline="") as fh:
+    with _replacing(root / "trials.csv") as fh:
         writer = csv.writer(fh)
         score = f"{goal.column}_noisy" if private else goal.column
         writer.writerow(["trial", *keys, score, "run_dir", "status"])
@@ -550,5 +561,19 @@ def _write_best(path: Path, trial: Any, what: str, private: bool = False,
     if private:
         cfg = replace(cfg, train=replace(cfg.train, select_round="last"))
     score = f"noisy {goal.words}" if private else goal.words
-    path.write_text(f"# {what} by {score} ({trial.value:.6g}); trial "
-                    f"{trial.number}, {json.dumps(trial.params)}\n" + to_toml(to_dict(cfg)))
+    with _replacing(path) as fh:
+        fh.write(f"# {what} by {score} ({trial.value:.6g}); trial "
+                 f"{trial.number}, {json.dumps(trial.params)}\n" + to_toml(to_dict(cfg)))
+
+
+@contextlib.contextmanager
+def _replacing(path: Path) -> Iterator[TextIO]:
+    """A text file written beside ``path`` and moved over it when complete, so a worker
+    reading it, or one writing it at the same time, never sees half a file."""
+    part = path.with_name(f".{path.name}.{os.getpid()}.part")
+    try:
+        with part.open("w", newline="") as fh:
+            yield fh
+        os.replace(part, path)
+    finally:
+        part.unlink(missing_ok=True)
