@@ -235,7 +235,6 @@ class ChunkWork:
     idx: torch.Tensor  # the same on the run's device
     samples: ClientSamples
     start: ClientParams  # the start of local training (the merge replaces its items)
-    own_items: torch.Tensor  # (k, m, d) each client's own table before the round
     sent: torch.Tensor  # (k, m, d) what the server sent (observers' view of it)
     dense_sent: dict[str, torch.Tensor]
     recv: torch.Tensor | None  # (k,) who got a table under the share rule; None: all
@@ -647,7 +646,6 @@ class Simulation:
         start = self._sent_params(idx)
         recv = self.aggregator.receives(idx)  # None: every client of the chunk gets a table
         work = ChunkWork(chunk, idx, samples, start,
-                         own_items=self.state.items(idx),
                          sent=start.items, dense_sent=start.dense, recv=recv)
         if not rnd.peft and self.aggregator.sends_table:
             rnd.down_bytes += work.n_recv * wire_bytes({"items": work.sent, **work.dense_sent})
@@ -663,7 +661,9 @@ class Simulation:
                                                         lc.epochs, lc.batch_size,
                                                         lc.num_negatives)
         work.start.items, rho = self.merger.start(
-            work.idx, work.own_items, work.sent, user_vecs, score, steps, merging=work.recv,
+            # each client's own table before the round (the state is first written by _train)
+            work.idx, self.state.items(work.idx), work.sent, user_vecs, score, steps,
+            merging=work.recv,
             trainer=self._adapter_trainer(work))
         rnd.rho_sum += float(rho.sum() if work.recv is None else rho[work.recv].sum())
         rnd.rho_n += work.n_recv
