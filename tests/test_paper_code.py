@@ -476,8 +476,7 @@ def test_cli_refusals_are_one_line(tmp_path, capsys, argv, needle):
 
 # ------------------------------------------------------------------ a round, end to end
 @pytest.mark.parametrize("method, merge", [("fedmf", "sr"), ("pfedrec", "em"),
-                                           ("fedrap", "em"), ("gpfedrec", "em"),
-                                           ("gpfedrec", "sr")])
+                                           ("gpfedrec", "em"), ("gpfedrec", "sr")])
 def test_sampled_share_of_other_aggregations_equals_per_client_reference(
         small_split, method, merge):
     """--agg-clients-ratio on the sums (FedAvg, FedRAP's uniform mean) and GPFedRec's graph:
@@ -485,6 +484,14 @@ def test_sampled_share_of_other_aggregations_equals_per_client_reference(
     over) the keyed 30% of the uploads and lets only their owners start from the server's
     table (and merge) next round."""
     _sampled_share_rounds(small_split, method, merge, tol=1e-4)
+
+
+def test_sampled_share_of_fedrap_equals_per_client_reference(small_split, float64):
+    """The same for FedRAP+EM, in float64: in float32 its round 2 moved the two paths
+    1.0e-4 apart on one machine (an Intel Xeon; 2026-11-27) and under that on another
+    (an AMD EPYC), a rounding difference amplified, not a disagreement: in float64 they
+    agree to 1e-12 over the three rounds."""
+    _sampled_share_rounds(small_split, "fedrap", "em", tol=1e-9)
 
 
 @pytest.mark.parametrize("merge", ["sr", "em"])

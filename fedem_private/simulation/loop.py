@@ -197,9 +197,13 @@ class SimState:
         """The user vectors p_u (n, d) of a backbone that has them."""
         return self.private["p"]
 
-    def params(self, idx: torch.Tensor) -> ClientParams:
-        """Clients idx's own current model."""
-        return ClientParams(self.items(idx),
+    def params(self, idx: torch.Tensor, items: bool = True) -> ClientParams:
+        """Clients idx's own current model; ``items`` False leaves out their item tables
+        (an empty (k, 0, d) stands in: reading them is a pass over (k, m, d))."""
+        table = (self.items(idx) if items else
+                 self.q_local.new_empty((idx.shape[0], 0, self.q_local.shape[2]),
+                                        dtype=self.dtype))
+        return ClientParams(table,
                             {n: t.index_select(0, idx) for n, t in self.dense_local.items()},
                             {n: t.index_select(0, idx).to(self.dtype)
                              for n, t in self.private.items()})
@@ -534,14 +538,14 @@ class Simulation:
 
         A client the aggregator sends nothing this round (:meth:`Aggregator.receives`
         False: FedEM code's ``agg_clients_ratio``, docs/design.md 2a) starts from its own model."""
-        own = self.state.params(idx)
         sent = self.aggregator.sent(idx)
         if sent is None:  # nothing from the server: the client continues from its own
-            return own
+            return self.state.params(idx)
+        own = self.state.params(idx, items=False)  # its own tables only where read below
         dense_sent = self.dense.sent(idx.shape[0]) if self.dense is not None else {}
         recv = self.aggregator.receives(idx)
         if recv is not None:
-            sent = torch.where(recv.view(-1, 1, 1), sent, own.items)
+            sent = torch.where(recv.view(-1, 1, 1), sent, self.state.items(idx))
             dense_sent = {name: torch.where(recv.view(-1, *[1] * (v.dim() - 1)), v,
                                             own.dense[name])
                           for name, v in dense_sent.items()}
