@@ -325,3 +325,72 @@ def test_projection_of_large_equal_entries_sums_to_one() -> None:
     assert_on_simplex(w)
     assert w[0, 0] == 0.0
     torch.testing.assert_close(w[0, 1:], torch.full((6,), 1 / 6, dtype=F64), rtol=0, atol=1e-15)
+
+
+# ------------------------------------------------------------------ the sums' sparse add
+def _sparse_uploads(q: torch.Tensor, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """k uploads equal to q outside random rows (k, m) bool, where they are changed."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = torch.rand((k, q.shape[0]), generator=gen) < 0.3
+    up = q.expand(k, -1, -1).clone()
+    up[rows] += torch.randn((int(rows.sum()), q.shape[1]), generator=gen) * 0.1
+    return up, rows
+
+
+@pytest.mark.parametrize("name, ratio", [("fedavg", 1.0), ("uniform", 1.0), ("fedavg", 0.5)])
+def test_the_sparse_add_gives_the_dense_adds_bits(name, ratio):
+    """add_rows over the trained rows and add over whole uploads give the same table,
+    bit for bit on the CPU, over two chunks; both are the weighted sum of the uploads to
+    float64 rounding (sum_v w_v U_v = W Q + sum_v w_v (U_v - Q))."""
+    from fedem_private.server import aggregators as agg_mod
+
+    cls = {"fedavg": agg_mod.FedAvgAggregator, "uniform": agg_mod.UniformAggregator}[name]
+    gen = torch.Generator().manual_seed(0)
+    n, m, d = 7, 40, 4
+    sizes = torch.randint(1, 30, (n,), generator=gen).double()
+    q0 = torch.randn((m, d), generator=gen)
+    part = torch.tensor([True, True, False, True, True, True, False])
+    idx = torch.nonzero(part).flatten()
+    up, rows = _sparse_uploads(q0, int(idx.shape[0]), seed=1)
+    tables = []
+    for sparse in (False, True):
+        agg = cls(sizes, n, q0, agg_ratio=ratio, seed=3)
+        for rnd in range(2):  # round 2 sends round 1's table
+            agg.begin_round(part)
+            q = agg.table
+            up_r = q.expand_as(up).clone()
+            up_r[rows] = up[rows] + rnd
+            for lo, hi in ((0, 2), (2, int(idx.shape[0]))):  # two chunks, as the loop adds
+                if sparse:
+                    agg.add_rows(idx[lo:hi], up_r[lo:hi], rows[lo:hi])
+                else:
+                    agg.add(idx[lo:hi], up_r[lo:hi])
+            weights = agg._weights[idx]  # the round's weights (0 off the aggregated share)
+            want = torch.einsum("k,kmd->md", weights, up_r.double())
+            agg.end_round()
+            assert torch.allclose(agg.table.double(), want, rtol=0, atol=1e-6)
+        tables.append(agg.table)
+    assert torch.equal(tables[0], tables[1])
+
+
+def test_a_subclass_add_rows_defaults_to_its_own_add():
+    """An aggregator that does not use the sparsity takes add_rows as add (the base's)."""
+    from fedem_private.server.aggregators import Aggregator
+
+    seen = []
+
+    class Dense(Aggregator):
+        name = "dense-test"
+
+        def sent(self, idx):
+            return None
+
+        def add(self, idx, uploads):
+            seen.append(uploads.shape)
+
+        def end_round(self):
+            pass
+
+    Dense(torch.ones(2, dtype=torch.float64), 2).add_rows(
+        torch.tensor([0]), torch.zeros(1, 3, 2), torch.ones(1, 3, dtype=torch.bool))
+    assert seen == [(1, 3, 2)]

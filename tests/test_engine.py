@@ -164,3 +164,60 @@ def test_second_round_equals_per_client_reference(small_split, method, merge):
     assert (sim.state.p - ref["p"]).abs().max() < 1e-4
     if ref["q_global"] is not None:
         assert (sim.state.q_global - ref["q_global"]).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("over", [
+    {"federation.method": "fedmf"},
+    {"federation.method": "pfedrec"},
+    {"federation.method": "fedncf"},  # a shared MLP beside the items (extra upload rows)
+    {"federation.method": "fedrap"},  # uniform sums; weight decay moves every row
+    {"federation.method": "fedem", "federation.aggregation": "fedavg"},  # merges from round 2
+    {"federation.method": "pfedrec", "train.client_fraction": 0.5, "train.optimizer": "sgd",
+     "train.lr": 0.5, "train.weight_decay": 0.01},  # decay moves every row
+    {"federation.method": "fedmf", "federation.agg_clients_ratio": 0.4},
+])
+def test_rounds_that_add_trained_rows_give_the_dense_sums_bits(small_split, over, monkeypatch):
+    """The loop hands a sum aggregator only each upload's trained rows where that is the
+    whole difference (Aggregator.add_rows); three rounds that way and three with every
+    upload added whole end in the same tables, bit for bit."""
+    from fedem_private.simulation import loop
+
+    cfg = with_overrides(RunConfig(), {"train.rounds": 3, "train.local_epochs": 2,
+                                       "train.dim": 8, "train.eval_every": 100, **over})
+    calls = {"rows": 0}
+    real = loop.ReleasedUploads._trained_rows
+
+    def counted(self, rnd, work, released):
+        rows = real(self, rnd, work, released)
+        calls["rows"] += rows is not None
+        return rows
+
+    monkeypatch.setattr(loop.ReleasedUploads, "_trained_rows", counted)
+    sparse = Simulation(cfg, small_split)
+    sparse.run()
+    monkeypatch.setattr(loop.ReleasedUploads, "_trained_rows", lambda *a: None)
+    dense = Simulation(cfg, small_split)
+    dense.run()
+    assert calls["rows"] > 0  # the sparse add was taken (round 1 at least)
+    assert torch.equal(sparse.state.q_local, dense.state.q_local)
+    assert sparse.state.q_global is not None
+    assert torch.equal(sparse.state.q_global, dense.state.q_global)
+    for name, value in sparse.state.private.items():
+        assert torch.equal(value, dense.state.private[name])
+
+
+def test_a_perturbed_or_merged_upload_is_added_whole(small_split, monkeypatch):
+    """Under a local mechanism (noise on every entry) no chunk's upload is added by its
+    trained rows."""
+    from fedem_private.simulation import loop
+
+    cfg = with_overrides(RunConfig(), {"train.rounds": 2, "train.local_epochs": 1,
+                                       "train.dim": 8, "train.eval_every": 100,
+                                       "privacy.mode": "ldp-laplace", "privacy.epsilon": 10.0,
+                                       "privacy.clip": 1.0})
+    taken = []
+    real = loop.ReleasedUploads._trained_rows
+    monkeypatch.setattr(loop.ReleasedUploads, "_trained_rows",
+                        lambda self, *a: taken.append(real(self, *a)))
+    Simulation(cfg, small_split).run()
+    assert taken and all(rows is None for rows in taken)

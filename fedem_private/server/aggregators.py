@@ -6,7 +6,8 @@ round loop, which never branches on their names:
 - :meth:`Aggregator.sent`: what item table the server sends each client of a
   chunk (``None``: nothing; the client continues from its own table);
 - :meth:`Aggregator.add`: take a chunk's (decoded, privatised) item-table
-  uploads;
+  uploads (:meth:`Aggregator.add_rows` when the loop knows each upload equals
+  the table it was sent outside the rows its client trained);
 - :meth:`Aggregator.end_round`: form the next round's table(s).
 
 ``fedavg`` (weights |D_v| / sum |D| over the round's participants),
@@ -199,6 +200,13 @@ class Aggregator(ABC):
     def add(self, idx: Tensor, uploads: Tensor) -> None:
         """Take the item-table uploads (k, m, d) of clients ``idx``."""
 
+    def add_rows(self, idx: Tensor, uploads: Tensor, rows: Tensor) -> None:
+        """:meth:`add` for uploads (k, m, d) that equal the table each client was sent,
+        :meth:`sent`, outside ``rows`` (k, m) bool, the rows it trained: the loop calls it
+        only when that holds (no merge, no perturbation, the whole table received). An
+        aggregator that can use the sparsity overrides it; by default, :meth:`add`."""
+        self.add(idx, uploads)
+
     @abstractmethod
     def end_round(self) -> None:
         """Form the tables sent next round."""
@@ -237,6 +245,14 @@ class Aggregator(ABC):
 class _SumAggregator(_Sampled, Aggregator):
     """A weighted sum of the uploads, accumulated chunk by chunk in float64.
 
+    With weights w_v over the uploads U_v and the table Q the round sent, the sum is
+    formed as sum_v w_v U_v = W Q + sum_v w_v (U_v - Q), W = sum_v w_v, in float64: the
+    second sum has no term where an upload equals Q, so :meth:`add_rows` adds only the
+    rows each client trained. On the CPU both :meth:`add` and :meth:`add_rows` add the
+    terms client by client in chunk order (``index_add_`` adds its rows in index
+    order), so the two give the same bits (tests/test_aggregation.py); on an
+    accelerator :meth:`add` is one product and :meth:`add_rows` calls it.
+
     With ``agg_ratio`` q < 1 (:class:`_Sampled`) the sum is over a random share of the
     round's uploads, weighted as if only they had taken part, and only their owners
     receive the new table next round.
@@ -262,7 +278,8 @@ class _SumAggregator(_Sampled, Aggregator):
         self._init_sampling(agg_ratio, seed)
         self.global_table = q0.clone()
         self.server_opt = ServerMomentum(server or ServerOptConfig())
-        self._acc: Tensor | None = None
+        self._acc: Tensor | None = None  # sum_v w_v (U_v - Q), float64
+        self._base: Tensor | None = None  # Q, the table this round sent, float64
         self._weights: Tensor | None = None
         self._aggregate: Tensor | None = None
 
@@ -280,10 +297,30 @@ class _SumAggregator(_Sampled, Aggregator):
         self._weights = (self._round_weights(chosen) if bool(chosen.any())
                          else torch.zeros(self.n, dtype=torch.float64, device=self.device))
         self._acc = torch.zeros_like(self.global_table, dtype=torch.float64)
+        self._base = self.global_table.double()
 
     def add(self, idx: Tensor, uploads: Tensor) -> None:
+        """sum_v w_v (U_v - Q) over the chunk, into the round's float64 accumulator."""
         assert self._acc is not None and self._weights is not None
-        self._acc += torch.einsum("k,kmd->md", self._weights[idx], uploads.double())
+        w = self._weights[idx]
+        if self.device.type != "cpu":
+            self._acc += torch.einsum("k,kmd->md", w, uploads.double() - self._base)
+            return
+        for j in range(uploads.shape[0]):  # client by client, as add_rows adds them
+            self._acc.add_((uploads[j].double() - self._base).mul_(w[j]))
+
+    def add_rows(self, idx: Tensor, uploads: Tensor, rows: Tensor) -> None:
+        """:meth:`add` over the trained rows only (``rows`` (k, m) bool); elsewhere
+        U_v - Q is zero. The (client, row) pairs come client-major, so ``index_add_``
+        adds each row's terms in the order :meth:`add` does."""
+        assert self._acc is not None and self._weights is not None
+        if self.device.type != "cpu":
+            self.add(idx, uploads)
+            return
+        who, row = rows.nonzero(as_tuple=True)
+        terms = uploads[who, row].double().sub_(self._base[row])
+        terms.mul_(self._weights[idx][who][:, None])
+        self._acc.index_add_(0, row, terms)
 
     def take_aggregate(self, table: Tensor) -> None:
         if tuple(table.shape) != tuple(self.global_table.shape):
@@ -303,10 +340,11 @@ class _SumAggregator(_Sampled, Aggregator):
         if self._aggregate is not None:
             aggregate = self._aggregate.to(self.global_table.dtype)
         else:
-            assert self._acc is not None
-            aggregate = self._acc.to(self.global_table.dtype)
+            assert self._acc is not None and self._weights is not None
+            total = self._weights.sum()  # W: zero weights off the aggregated uploads
+            aggregate = self._acc.add_(self._base.mul_(total)).to(self.global_table.dtype)
         self.global_table = self.server_opt.step(self.global_table, aggregate)
-        self._aggregate, self._acc = None, None
+        self._aggregate, self._acc, self._base = None, None, None
         self._received()
 
     @property

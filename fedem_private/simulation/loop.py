@@ -285,12 +285,29 @@ class ReleasedUploads:
             upload = sim.codec.table(theta_up)  # what the server decodes (E0 + f_theta)
         else:
             upload, dense_upload = decoded
-            sim.aggregator.add(work.idx, upload)
+            rows = self._trained_rows(rnd, work, released)
+            if rows is None:
+                sim.aggregator.add(work.idx, upload)
+            else:
+                sim.aggregator.add_rows(work.idx, upload, rows)
         if sim.dense is not None:
             sim.dense.add(work.idx, dense_upload)
         for observe in sim.observers:
             observe(ChunkView(rnd.t, work.chunk, work.sent, upload, work.samples, work.dense_sent,
                               work.theta_sent or {}, theta_up))
+
+    def _trained_rows(self, rnd: RoundWork, work: ChunkWork,
+                      released: torch.Tensor) -> torch.Tensor | None:
+        """The rows (k, m) outside which each upload of the chunk is the table the server
+        sent it (:meth:`Aggregator.add_rows`), or None where that is not known: the
+        release is the trained table itself (no perturbation), every client trained from
+        the table it was sent (received, not merged) through the table's own rows (no
+        codec or per-batch rows), and those rows are what local training reports as
+        moved."""
+        if (rnd.peft or released is not work.enc_new or self.sim.privacy.perturbs
+                or work.recv is not None or work.merged or work.rows is not None):
+            return None
+        return work.touched
 
     def finish(self, rnd: RoundWork) -> None:
         """Nothing to release at the end of the round."""
