@@ -7,7 +7,10 @@ models, on one split, protocol (``strict``) and evaluation.
 
 Every rung is a run directory under ``runs/ladder/<dataset>/`` written through the
 public API (:func:`fedem_private.run`), so it is resumable: a rung whose
-``summary.json`` exists is not run again. Writes ``<out>/<dataset>.md`` (the table),
+``summary.json`` exists is not run again. The run directories are not committed, but
+``<out>/<dataset>/results.csv`` is: a rung with no run directory here and a row there (a
+run finished in an earlier checkout) is read from its row and not run again, and a run
+directory here supersedes its row. Writes ``<out>/<dataset>.md`` (the table),
 ``<out>/<dataset>-tuning.md`` (the validation grids) and ``<out>/<dataset>/results.csv``
 (one row per run, as ``fedem-private report`` reads it).
 
@@ -103,6 +106,38 @@ def ensure(path: Path, cfg: dict[str, Any]) -> dict[str, Any]:
         print(f"ladder: {path}", file=sys.stderr, flush=True)
         fp.run(cfg, out=path, force=True)
     return json.loads((path / "summary.json").read_text())
+
+
+def recorded(out: Path, dataset: str) -> dict[str, dict[str, Any]]:
+    """The rows of ``<out>/<dataset>/results.csv`` by run name (empty without the file):
+    the rungs finished in an earlier checkout, whose run directories are gone."""
+    import pandas as pd
+
+    path = out / dataset / "results.csv"
+    if not path.is_file():
+        return {}
+    frame = pd.read_csv(path)
+    return {str(row["run"]): row for row in frame.to_dict("records")}
+
+
+def _finished(runs: Path, name: str, rows: dict[str, dict[str, Any]]
+              ) -> dict[str, Any] | None:
+    """A rung's figures, {METRICS..., "eps", "seconds"}: from its run directory here, else
+    from its recorded row; None if neither has it."""
+    path = runs / name / "summary.json"
+    if path.is_file():
+        s = json.loads(path.read_text())
+        out = {m: s["metrics"][m.split("_")[1]][m.split("_")[0].replace("10", "@10")]
+               for m in METRICS}
+        eps = ((s.get("privacy") or {}).get("epsilon") or {}).get("reported")
+        return {**out, "eps": eps, "seconds": s.get("seconds_total") or math.nan}
+    row = rows.get(name)
+    if row is None:
+        return None
+    eps = row.get("eps_reported")
+    return {**{m: float(row[m]) for m in METRICS},
+            "eps": None if eps is None or not np.isfinite(eps) else float(eps),
+            "seconds": float(row.get("seconds_total", math.nan))}
 
 
 def _label(setting: dict[str, Any]) -> str:
@@ -287,8 +322,10 @@ def _cell(values: list[float]) -> str:
 
 
 def table(dataset: str, data_dir: str, runs: Path, seeds: list[int],
-          plan: list[tuple[str, str, dict[str, Any]]]) -> str:
-    """The Markdown ladder: mean ± std over the seeds that finished, per rung."""
+          plan: list[tuple[str, str, dict[str, Any]]],
+          rows: dict[str, dict[str, Any]] | None = None) -> str:
+    """The Markdown ladder: mean ± std over the seeds that finished, per rung (``rows``:
+    :func:`recorded`, for rungs with no run directory here)."""
     labels = list(dict.fromkeys(label for label, _, _ in plan))
     lines = ["| rung | eps (reported) | seeds | sampled HR@10 | sampled NDCG@10 | "
              "full HR@10 | full NDCG@10 | seconds |", "|---|---|---|---|---|---|---|---|"]
@@ -296,17 +333,14 @@ def table(dataset: str, data_dir: str, runs: Path, seeds: list[int],
     lines.append("| chance (expected, random order) | - | " + str(len(seeds)) + " | "
                  + " | ".join(_cell([c[m] for c in ch]) for m in METRICS) + " | - |")
     for label in labels:
-        done = []
-        for lab, name, _ in plan:
-            if lab == label and (runs / name / "summary.json").is_file():
-                done.append(json.loads((runs / name / "summary.json").read_text()))
+        done = [f for lab, name, _ in plan if lab == label
+                for f in [_finished(runs, name, rows or {})] if f is not None]
         if not done:
             continue
-        vals = {m: [s["metrics"][m.split("_")[1]][m.split("_")[0].replace("10", "@10")]
-                    for s in done] for m in METRICS}
-        eps = [((s.get("privacy") or {}).get("epsilon") or {}).get("reported") for s in done]
+        vals = {m: [f[m] for f in done] for m in METRICS}
+        eps = [f["eps"] for f in done]
         eps_text = "inf" if all(e is None for e in eps) else f"{max(e for e in eps if e):.4g}"
-        secs = [s.get("seconds_total") or math.nan for s in done]
+        secs = [f["seconds"] for f in done]
         lines.append(f"| {label} | {eps_text} | {len(done)} | "
                      + " | ".join(_cell(vals[m]) for m in METRICS)
                      + f" | {np.nanmean(secs):.1f} |")
@@ -409,9 +443,12 @@ def main(argv: list[str] | None = None) -> int:
                             args.accounted, tuple(args.private_methods), tuple(args.epsilons))
     plan = rungs(args.dataset, data_dir, args.seeds, args.rounds, tuned,
                  tuple(args.federated), tuple(args.bfloat16_state)) + private
+    rows = recorded(out, args.dataset)
     if args.only != "table":
         private_names = {name for _, name, _ in private}
         for _, name, cfg in plan:
+            if name in rows and not (runs / name).is_dir():
+                continue  # finished in an earlier checkout: its recorded row stands
             federated = cfg["federation"]["method"] not in {*GRIDS, "mostpop", "dp-mostpop"}
             kind = "private" if name in private_names else (
                 "federated" if federated else "baselines")
@@ -420,15 +457,21 @@ def main(argv: list[str] | None = None) -> int:
             ensure(runs / name, cfg)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{args.dataset}.md").write_text(table(args.dataset, data_dir, runs, args.seeds,
-                                                  plan))
+                                                  plan, rows))
     if tuning_md:
         (out / f"{args.dataset}-tuning.md").write_text("\n".join(tuning_md))
     import fedem_private as fp
 
     finished = [runs / name for _, name, _ in plan if (runs / name / "summary.json").is_file()]
     if finished:
+        import pandas as pd
+
         frame = fp.load_results(runs)
         frame = frame[~frame["run"].str.startswith("tune/")]
+        kept = [r for name, r in rows.items() if name not in set(frame["run"])]
+        if kept:  # earlier checkouts' rows stay beside this one's runs
+            frame = pd.concat([pd.DataFrame(kept), frame], ignore_index=True)
+            frame = frame.sort_values("run", kind="stable").reset_index(drop=True)
         (out / args.dataset).mkdir(exist_ok=True)
         frame.to_csv(out / args.dataset / "results.csv", index=False)
     print((out / f"{args.dataset}.md").read_text())

@@ -223,6 +223,37 @@ def test_tuned_label_names_the_chosen_merge_and_a_narrow_state():
                         "train": {"state_dtype": "float32"}}) == ("FedMF", "fedmf")
 
 
+def test_ladder_reads_an_earlier_checkouts_rungs_from_its_results_csv(tmp_path):
+    """A rung whose run directory is gone (runs/ is not committed) is read from the
+    committed results.csv row; a run directory here supersedes that row."""
+    import json
+
+    import pandas as pd
+
+    from benchmarks.ladder import METRICS, _finished, recorded
+
+    out, runs = tmp_path / "out", tmp_path / "runs"
+    assert recorded(out, "d") == {}
+    (out / "d").mkdir(parents=True)
+    row = {"run": "mostpop-seed0", "eps_reported": float("nan"), "seconds_total": 2.0,
+           **{m: 0.1 * (i + 1) for i, m in enumerate(METRICS)}}
+    pd.DataFrame([row, {**row, "run": "dp-seed0", "eps_reported": 4.0}]).to_csv(
+        out / "d" / "results.csv", index=False)
+    rows = recorded(out, "d")
+    got = _finished(runs, "mostpop-seed0", rows)
+    assert got is not None and got["eps"] is None and got["seconds"] == 2.0
+    assert [got[m] for m in METRICS] == pytest.approx([0.1, 0.2, 0.3, 0.4])
+    assert _finished(runs, "dp-seed0", rows)["eps"] == 4.0
+    assert _finished(runs, "absent-seed0", rows) is None
+    (runs / "mostpop-seed0").mkdir(parents=True)  # a run here wins over the row
+    metrics = {"sampled": {"hr@10": 0.5, "ndcg@10": 0.6}, "full": {"hr@10": 0.7,
+                                                                    "ndcg@10": 0.8}}
+    (runs / "mostpop-seed0" / "summary.json").write_text(json.dumps(
+        {"metrics": metrics, "seconds_total": 3.0}))
+    here = _finished(runs, "mostpop-seed0", rows)
+    assert [here[m] for m in METRICS] == [0.5, 0.6, 0.7, 0.8] and here["seconds"] == 3.0
+
+
 def test_dp_mostpop_local_refuses_an_infinite_epsilon():
     with pytest.raises(UserError, match="finite epsilon"):
         from_dict(_cfg("dp-mostpop", baseline={"architecture": "local",
