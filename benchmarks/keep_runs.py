@@ -16,6 +16,13 @@ ledger, 0.2-1.5 MB a run; its totals are in ``summary.json``).
 
 A run already present at the destination is left as it is (never overwritten);
 a directory without ``summary.json`` (a run in flight) is not copied.
+
+A ``fedem-private tune`` folder works the same way: its trials are run directories, and
+its ``study.db`` (the study itself, which a resumed ``tune`` reads) is copied too, unless
+the destination holds one at least as new (a study file only grows):
+
+    python -m benchmarks.keep_runs runs/tune/fedmf-lastfm-2k \
+        benchmarks/results/ladder/tuning/fedmf-lastfm-2k
 """
 
 from __future__ import annotations
@@ -46,7 +53,25 @@ def keep(src: Path, dst: Path) -> tuple[int, int]:
                 shutil.copy2(run / name, tmp / name)
         tmp.rename(target)  # all of it or nothing, like the sweep's own run directories
         copied += 1
+    keep_study(src, dst)
     return copied, present
+
+
+STUDY = "study.db"  # fedem_private.experiments.tune's study file
+
+
+def keep_study(src: Path, dst: Path) -> bool:
+    """Copy ``src/study.db`` over ``dst/study.db`` unless that one is at least as new (by
+    modification time); whether it copied. Written beside and moved into place."""
+    study, target = src / STUDY, dst / STUDY
+    if not study.is_file() or (target.is_file()
+                               and target.stat().st_mtime_ns >= study.stat().st_mtime_ns):
+        return False
+    dst.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(STUDY + ".keep-tmp")
+    shutil.copy2(study, tmp)
+    tmp.replace(target)
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:

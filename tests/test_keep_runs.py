@@ -59,3 +59,30 @@ def test_kept_runs_count_as_done_on_a_fresh_machine(tmp_path, stub, monkeypatch,
 def test_missing_source_is_a_one_line_error(tmp_path, capsys):
     assert keep_runs.main([str(tmp_path / "nowhere"), str(tmp_path / "kept")]) == 2
     assert "is not a folder" in capsys.readouterr().err
+
+
+def test_a_kept_tune_study_resumes_on_a_fresh_machine(tmp_path):
+    """A tune folder's trials and study.db travel; the study resumes from the copy with its
+    finished trials (not rerun) and tops up; an older copy never replaces a newer file."""
+    pytest.importorskip("optuna")
+    from fedem_private.experiments.tune import run_tuning
+
+    spec = tmp_path / "t.toml"
+    spec.write_text('[tune]\ntrials = 2\nseed = 1\n[tune.space]\n'
+                    '"baseline.ease_lambda" = { low = 1.0, high = 1000.0, log = true }\n'
+                    '[base.data.synthetic]\nn_users = 30\nn_items = 40\nmean_activity = 8\n'
+                    '[base.federation]\nmethod = "ease"\n')
+    root, kept, fresh = tmp_path / "study", tmp_path / "kept", tmp_path / "fresh"
+    run_tuning(spec, root)
+    assert keep_runs.keep(root, kept) == (2, 0)
+    assert (kept / "study.db").is_file() and not (kept / "trials.csv").exists()
+    assert not keep_runs.keep_study(root, kept)  # as new already: nothing copied
+    assert keep_runs.main([str(kept), str(fresh)]) == 0
+    before = pd.read_csv(root / "trials.csv")
+    out = run_tuning(spec, fresh, trials=3)
+    assert out["completed"] == 3
+    after = pd.read_csv(fresh / "trials.csv")
+    pd.testing.assert_frame_equal(after.iloc[:2].drop(columns="run_dir"),
+                                  before.drop(columns="run_dir"))
+    assert (fresh / "best.toml").is_file()
+    assert not keep_runs.keep_study(kept, fresh)  # the fresh study is newer: kept as is

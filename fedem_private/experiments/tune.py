@@ -557,7 +557,11 @@ def _write_best(path: Path, trial: Any, what: str, private: bool = False,
 
     from fedem_private.simulation.config import load_toml
 
-    cfg = load_toml(Path(trial.user_attrs["run_dir"]) / "config.toml")
+    # the trial's run directory in this study folder (a study moved or restored from a
+    # copy keeps its layout), else where the trial recorded it
+    run = path.parent / "trials" / f"{trial.number:04d}"
+    cfg = load_toml((run if run.is_dir() else Path(trial.user_attrs["run_dir"]))
+                    / "config.toml")
     if private:
         cfg = replace(cfg, train=replace(cfg.train, select_round="last"))
     score = f"noisy {goal.words}" if private else goal.words
