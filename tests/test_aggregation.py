@@ -394,3 +394,30 @@ def test_a_subclass_add_rows_defaults_to_its_own_add():
     Dense(torch.ones(2, dtype=torch.float64), 2).add_rows(
         torch.tensor([0]), torch.zeros(1, 3, 2), torch.ones(1, 3, dtype=torch.bool))
     assert seen == [(1, 3, 2)]
+
+
+def test_the_accelerator_sum_is_the_cpu_sum_to_rounding():
+    """Off the CPU add is one product over the chunk and add_rows calls it (emulated here
+    by naming another device type on CPU tensors): the same table to float64 rounding."""
+    from fedem_private.server.aggregators import FedAvgAggregator
+
+    gen = torch.Generator().manual_seed(4)
+    n, m, d = 5, 30, 3
+    sizes = torch.randint(1, 20, (n,), generator=gen).double()
+    q0 = torch.randn((m, d), generator=gen)
+    part = torch.ones(n, dtype=torch.bool)
+    idx = torch.arange(n)
+    up, rows = _sparse_uploads(q0, n, seed=5)
+    given = up.clone()
+    tables = []
+    for device in ("cpu", "accelerator"):
+        agg = FedAvgAggregator(sizes, n, q0)
+        if device != "cpu":
+            agg.device = torch.device("meta")  # only its type is read
+        agg.begin_round(part)
+        agg.add_rows(idx[:2], up[:2], rows[:2])
+        agg.add(idx[2:], up[2:])
+        agg.end_round()
+        tables.append(agg.table)
+    assert torch.allclose(tables[0], tables[1], rtol=0, atol=1e-6)
+    assert torch.equal(up, given)  # the uploads themselves are never written

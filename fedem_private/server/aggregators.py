@@ -304,7 +304,8 @@ class _SumAggregator(_Sampled, Aggregator):
         assert self._acc is not None and self._weights is not None
         w = self._weights[idx]
         if self.device.type != "cpu":
-            self._acc += torch.einsum("k,kmd->md", w, uploads.double() - self._base)
+            delta = uploads.to(torch.float64, copy=True).sub_(self._base)  # one temporary
+            self._acc += torch.einsum("k,kmd->md", w, delta)
             return
         for j in range(uploads.shape[0]):  # client by client, as add_rows adds them
             self._acc.add_((uploads[j].double() - self._base).mul_(w[j]))
