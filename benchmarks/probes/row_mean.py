@@ -63,10 +63,6 @@ class RowMeanAggregator(FedAvgAggregator):
         self._count += torch.einsum("k,km->m", w, (d != 0).any(-1).double())
         self._delta += torch.einsum("k,kmd->md", w, d)
 
-    def add_rows(self, idx: Tensor, uploads: Tensor, rows: Tensor) -> None:
-        """The dense :meth:`add` (fedavg's sparse sum is not this rule's)."""
-        self.add(idx, uploads)
-
     def end_round(self) -> None:
         touched = self._count > 0
         mean = torch.zeros_like(self._delta)

@@ -251,7 +251,8 @@ class _SumAggregator(_Sampled, Aggregator):
     rows each client trained. On the CPU both :meth:`add` and :meth:`add_rows` add the
     terms client by client in chunk order (``index_add_`` adds its rows in index
     order), so the two give the same bits (tests/test_aggregation.py); on an
-    accelerator :meth:`add` is one product and :meth:`add_rows` calls it.
+    accelerator :meth:`add` is one product and :meth:`add_rows` calls it. A subclass
+    that redefines :meth:`add` gets every upload through it.
 
     With ``agg_ratio`` q < 1 (:class:`_Sampled`) the sum is over a random share of the
     round's uploads, weighted as if only they had taken part, and only their owners
@@ -315,8 +316,8 @@ class _SumAggregator(_Sampled, Aggregator):
         U_v - Q is zero. The (client, row) pairs come client-major, so ``index_add_``
         adds each row's terms in the order :meth:`add` does."""
         assert self._acc is not None and self._weights is not None
-        if self.device.type != "cpu":
-            self.add(idx, uploads)
+        if self.device.type != "cpu" or type(self).add is not _SumAggregator.add:
+            self.add(idx, uploads)  # off the CPU, or a subclass's own add: its rule
             return
         who, row = rows.nonzero(as_tuple=True)
         terms = uploads[who, row].double().sub_(self._base[row])
