@@ -468,7 +468,8 @@ def main(argv: list[str] | None = None) -> int:
 
         frame = fp.load_results(runs)
         frame = frame[~frame["run"].str.startswith("tune/")]
-        kept = [r for name, r in rows.items() if name not in set(frame["run"])]
+        here = set(frame["run"])
+        kept = [r for name, r in rows.items() if name not in here]
         if kept:  # earlier checkouts' rows stay beside this one's runs
             frame = pd.concat([pd.DataFrame(kept), frame], ignore_index=True)
             frame = frame.sort_values("run", kind="stable").reset_index(drop=True)
