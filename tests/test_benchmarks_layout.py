@@ -49,13 +49,12 @@ TUNES = sorted((BENCH / "tune").glob("*.toml"))
 @pytest.mark.parametrize("path", TUNES, ids=lambda p: p.name)
 def test_every_tuning_file_loads(path):
     """Each committed study file parses, its base validates and every searched key is a
-    config key (load_tune_spec checks a trial at each range's low end): a typo would
-    otherwise surface only when someone starts an hours-long study."""
-    from fedem_private.experiments.tune import load_objective, load_private, load_tune_spec
+    config key (load_tune_spec also checks [tune] objective and [tune.private], and a trial
+    at each range's low end): a typo would otherwise surface only when someone starts an
+    hours-long study."""
+    from fedem_private.experiments.tune import load_tune_spec
 
     base, space, trials, _ = load_tune_spec(path)
-    load_objective(path)
-    load_private(path)
     assert space and trials >= 1 and "federation" in base
 
 
