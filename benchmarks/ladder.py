@@ -218,7 +218,8 @@ def private_rungs(dataset: str, data_dir: str, seeds: list[int],
     (``tuned_files``: (``none`` or a mode, best.toml)), whatever its method: without
     privacy once, a private one at every eps; then the chosen config of every accounted
     private search (``accounted``: its output folder) at its own eps. ``epsilons``: the
-    fixed-in-advance rungs' budgets (a subset of PRIVATE_EPSILONS where a grid is long)."""
+    budgets of the fixed-in-advance and the tuned private rungs (a subset of
+    PRIVATE_EPSILONS where a grid is long, e.g. eps 4 first)."""
     from fedem_private.experiments.analysis import no_privacy
 
     out = []
@@ -240,7 +241,7 @@ def private_rungs(dataset: str, data_dir: str, seeds: list[int],
                 out.append((f"{name} (val-tuned, no privacy)", f"{stem}-tuned-seed{seed}", cfg))
                 continue
             tuned_at = cfg["privacy"]["epsilon"]
-            for eps in PRIVATE_EPSILONS:
+            for eps in epsilons:
                 out.append((f"{name} {mode} eps {eps:g} (val-tuned at eps {tuned_at:g})",
                             f"{stem}-{mode}-tuned-eps{eps:g}-seed{seed}",
                             _merge(cfg, {"privacy": {"epsilon": eps}})))
@@ -394,15 +395,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="the private modes of the fixed-in-advance rungs "
                         "(default: all)")
     parser.add_argument("--epsilons", nargs="+", type=float, default=list(PRIVATE_EPSILONS),
-                        help="the total eps of the fixed-in-advance private rungs (default: "
-                        "1 4 16 64)")
+                        help="the total eps of the private rungs, fixed in advance and tuned "
+                        "(default: 1 4 16 64; the table lists only these)")
     parser.add_argument("--private-methods", nargs="+", default=["fedmf"], choices=FEDERATED,
                         help="the federated methods run under each private mode with "
                         "settings fixed in advance (default: fedmf)")
     parser.add_argument("--tuned", nargs="*", default=[], metavar="MODE=FILE",
                         help="`fedem-private tune` best.toml files, each with its privacy mode "
                         "(`none` for no privacy), of any federated method; run on every seed "
-                        "(private ones at every eps of PRIVATE_EPSILONS)")
+                        "(private ones at every eps of --epsilons)")
     parser.add_argument("--accounted", nargs="*", default=[], metavar="DIR",
                         help="`fedem-private tune` outputs of private searches "
                         "([tune.private]): the chosen config, on every seed, at its own eps")

@@ -190,6 +190,26 @@ def test_ladder_plans_each_federated_method_and_its_private_rungs():
         assert ("PFedRec" in label) == (cfg["federation"]["method"] == "pfedrec")
 
 
+def test_ladder_runs_tuned_private_rungs_at_the_asked_epsilons_only(tmp_path):
+    """``--epsilons 4`` restricts the tuned private rungs as it does the fixed-in-advance
+    ones (so a long grid can run eps 4 first); each rung runs the tuned config at its own
+    eps and says which eps it was tuned at."""
+    from benchmarks.ladder import private_rungs
+
+    best = tmp_path / "best.toml"
+    best.write_text('[data]\ndataset = "synthetic"\n[federation]\nmethod = "pfedrec"\n'
+                    '[privacy]\nmode = "cdp-gaussian"\nepsilon = 4.0\n')
+    private = private_rungs("synthetic", "", [0, 1], [("cdp-gaussian", str(best))],
+                            ["cdp-gaussian"], None, (), (4.0,))
+    assert [name for _, name, _ in private] == [
+        f"pfedrec-cdp-gaussian-tuned-eps4-seed{s}" for s in (0, 1)]
+    assert all(cfg["privacy"]["epsilon"] == 4.0 for _, _, cfg in private)
+    assert all("val-tuned at eps 4" in label for label, _, _ in private)
+    wider = private_rungs("synthetic", "", [0], [("cdp-gaussian", str(best))],
+                          ["cdp-gaussian"], None, (), (1.0, 16.0))
+    assert [cfg["privacy"]["epsilon"] for _, _, cfg in wider] == [1.0, 16.0]
+
+
 def test_ladder_names_a_narrow_state_in_the_rung_and_its_run():
     """A bfloat16-state federated rung has its own label and run directory (never a float32
     run's), the setting reaches train.state_dtype, and the other methods keep their names."""
