@@ -71,9 +71,14 @@ def searched(rows: list[dict]) -> list[dict]:
             for r in rows]
 
 
+def objective_label(rows: list[dict]) -> str:
+    """How a study's trials were scored: "full ranking" or "sampled"."""
+    return "full ranking" if rows and rows[0].get("objective") == "full" else "sampled"
+
+
 def table(name: str, rows: list[dict]) -> str:
     rows = searched(rows)
-    goal = "full ranking" if rows and rows[0].get("objective") == "full" else "sampled"
+    goal = objective_label(rows)
     lines = [f"### {name} ({len(rows)} trials)", "",
              f"| trial | val HR@10 ({goal}; the objective) | best so far | test HR@10 sampled | "
              "test HR@10 full | settings |", "|---|---|---|---|---|---|"]
@@ -95,12 +100,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    md = []
+    md, goals = [], set()
     for i, study in enumerate(args.studies):
         rows = trials(study)
         if not rows:
             continue
         md.append(table(study.name, rows))
+        goals.add(objective_label(rows))
         best, curve = -1.0, []
         for r in rows:
             best = max(best, r["val"])
@@ -112,9 +118,10 @@ def main(argv: list[str] | None = None) -> int:
         label, value = ref.rsplit("=", 1)
         left.axhline(float(value), color="0.4", linestyle=("--", ":", "-.")[j % 3], label=label)
     left.set_xlabel("trial")
-    left.set_ylabel("best validation HR@10 so far (sampled)")
+    goal = goals.pop() if len(goals) == 1 else "each study's objective"
+    left.set_ylabel(f"best validation HR@10 so far ({goal})")
     left.set_title("what the tuner saw")
-    right.set_xlabel("validation HR@10 (sampled)")
+    right.set_xlabel(f"validation HR@10 ({goal})")
     right.set_ylabel("test HR@10 (full ranking)")
     right.set_title("validation against test, per trial")
     for ax in (left, right):

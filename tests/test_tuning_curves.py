@@ -27,3 +27,22 @@ def test_a_full_ranking_study_is_read_by_its_full_validation(tmp_path):
     assert [r["val"] for r in got] == [0.03, 0.04] and {r["objective"] for r in got} == {"full"}
     assert "val HR@10 (full ranking; the objective)" in table("f", got)
     assert "val HR@10 (sampled; the objective)" in table("s", trials(sampled))
+
+
+def test_the_plot_axes_name_the_studies_objective(tmp_path, monkeypatch):
+    """A full-ranking study's panels say "full ranking", a mix of studies says so; the
+    axes never claim "sampled" for a full-ranking objective."""
+    import matplotlib.axes
+
+    from benchmarks.tuning_curves import main
+
+    for n in (1, 2):
+        _trial(tmp_path / "s", n, "best-val", 0.6 + n / 100, 0.02)
+        _trial(tmp_path / "f", n, "best-val-full", 0.6, 0.02 + n / 100)
+    labels: list[str] = []
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_ylabel",
+                        lambda self, text, *a, **k: labels.append(text))
+    main([str(tmp_path / "f"), "--out", str(tmp_path / "out")])
+    assert labels[0] == "best validation HR@10 so far (full ranking)"
+    main([str(tmp_path / "f"), str(tmp_path / "s"), "--out", str(tmp_path / "out")])
+    assert labels[-2] == "best validation HR@10 so far (each study's objective)"
