@@ -169,3 +169,48 @@ def test_the_opt_out_is_read_at_each_entry(fake_glibc, monkeypatch):
     monkeypatch.delenv(hostmem.ENV)
     with hostmem.keep_freed_memory() as tuned:
         assert tuned is True
+
+
+def test_a_finished_run_frees_its_simulation_at_once(tmp_path):
+    """A run's Simulation sits in reference cycles (its privacy layer and view hold it);
+    ``execute`` frees it before it returns, so a process that runs trial after trial
+    (a tune worker, the ladder) does not keep every finished run's tables. The
+    collector is off here: nothing but ``execute`` itself may free the cycle."""
+    import gc
+    import weakref
+
+    from fedem_private.experiments.runner import execute
+    from fedem_private.simulation.config import RunConfig, with_overrides
+
+    cfg = with_overrides(RunConfig(), {"train.rounds": 2, "train.eval_every": 2,
+                                       "privacy.mode": "cdp-gaussian", "privacy.epsilon": 4.0,
+                                       "privacy.sample_rate": 0.5, "privacy.clip": 1.0})
+    seen: list[weakref.ref] = []
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        execute(cfg.validate().resolved(), tmp_path / "run",
+                on_start=lambda sim: seen.append(weakref.ref(sim)))
+        assert len(seen) == 1 and seen[0]() is None
+    finally:
+        if was_on:
+            gc.enable()
+
+
+def test_release_between_runs_collects_cycles_and_trims_only_on_glibc(monkeypatch):
+    import gc
+
+    class Cycle:
+        def __init__(self) -> None:
+            self.me = self
+
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        Cycle()
+        assert hostmem.release_between_runs() >= 1
+    finally:
+        if was_on:
+            gc.enable()
+    monkeypatch.setattr(hostmem, "is_glibc", lambda: False)
+    assert hostmem.release_between_runs() >= 0  # no malloc_trim looked up elsewhere

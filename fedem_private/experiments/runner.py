@@ -12,6 +12,7 @@ from fedem_private.data import leave_one_out, load_dataset
 from fedem_private.data.attributes import item_attributes
 from fedem_private.data.split import cold_share
 from fedem_private.experiments.rundir import RunDir
+from fedem_private.hostmem import release_between_runs
 from fedem_private.simulation.config import (
     BASELINE_METHODS,
     RunConfig,
@@ -248,4 +249,6 @@ def execute(cfg: RunConfig, out: str | Path,
         writer.write_json("summary.json", summary)
         writer.write_json("privacy_ledger.json", sim.view.privacy_ledger())
         writer.commit()
+    del sim  # it sits in reference cycles: collect it now, not some runs later
+    release_between_runs()
     return summary

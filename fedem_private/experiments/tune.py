@@ -76,6 +76,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from fedem_private.errors import Diverged, UserError
+from fedem_private.hostmem import release_between_runs
 from fedem_private.simulation.config import from_dict, read_toml, to_dict, to_toml, with_overrides
 
 
@@ -387,6 +388,7 @@ def _work(spec: str, out: str, wanted: int, worker: int, best_by: str | None = N
     done = 0
     while _spent(study, optuna) < wanted:
         study.optimize(objective, n_trials=1, catch=(Diverged,))
+        release_between_runs()  # a failed trial's run is freed here, not with the next one
         done += 1
         if _completed(study, optuna):
             _write_outputs(study, root, optuna, best_by, private is not None, goal)
