@@ -214,3 +214,23 @@ def test_release_between_runs_collects_cycles_and_trims_only_on_glibc(monkeypatc
             gc.enable()
     monkeypatch.setattr(hostmem, "is_glibc", lambda: False)
     assert hostmem.release_between_runs() >= 0  # no malloc_trim looked up elsewhere
+
+
+def test_the_between_runs_probe_reports_each_run(tmp_path, capsys):
+    """benchmarks.probes.between_runs runs each config in this process and reports its
+    resident memory and the peak so far after it; without ``--keep-cycles`` the runner's
+    release after each run stays in place."""
+    import json
+
+    from benchmarks.probes import between_runs
+    from fedem_private.experiments import runner
+    from fedem_private.simulation.config import RunConfig, to_dict, to_toml, with_overrides
+
+    cfg = with_overrides(RunConfig(), {"train.rounds": 1, "train.eval_every": 1})
+    path = tmp_path / "config.toml"
+    path.write_text(to_toml(to_dict(cfg.validate().resolved())))
+    assert between_runs.main([str(path), str(path)]) == 0
+    out = json.loads(capsys.readouterr().out.split("\n", 2)[2])
+    assert not out["keep_cycles"] and len(out["runs"]) == 2
+    assert all(r["rss_mib"] > 0 and r["peak_mib"] >= r["rss_mib"] for r in out["runs"])
+    assert runner.release_between_runs is hostmem.release_between_runs
