@@ -38,11 +38,10 @@ Between runs, :func:`release_between_runs` hands a finished run's memory back. A
 finished :class:`~fedem_private.simulation.loop.Simulation` sits in reference cycles
 (its privacy layer and its view hold it), so its tables outlive the run until the
 cyclic collector's next full pass, which counts Python objects, not bytes, and may not
-come for many runs: a `fedem-private tune` worker running LastFM-2K `cdp-gaussian`
-PFedRec trials one after another grew by about 1 GB a trial (1.7, 2.7, 3.9, 4.7 GB
-resident after four trials), and one was killed by the kernel at 16 GB. With a
-collection and ``malloc_trim`` after each, the same trial left 0.39 GB every time
-(docs/speed.md, "Memory between runs").
+come for many runs: a process running four LastFM-2K `cdp-gaussian` PFedRec trials one
+after another held 1.7, 2.8, 3.8 and 4.8 GB after them, and a `fedem-private tune`
+worker was killed by the kernel at 16 GB. With a collection and ``malloc_trim`` after
+each run, it held 386 MiB after every one (docs/speed.md, "Memory between runs").
 
 The context nests (only the outermost one changes settings). Set
 ``FEDEM_PRIVATE_MALLOC=system`` to leave the allocator alone. Only glibc
