@@ -204,6 +204,19 @@ def test_release_between_runs_collects_cycles_and_trims_only_on_glibc(monkeypatc
         def __init__(self) -> None:
             self.me = self
 
+    trims: list[int] = []
+
+    class Trim:  # stands in for the C function (ctypes sets argtypes/restype on it)
+        def __call__(self, pad: int) -> int:
+            trims.append(pad)
+            return 1
+
+    class Libc:
+        malloc_trim = Trim()
+
+    monkeypatch.setattr(hostmem.ctypes, "CDLL", lambda name: Libc())
+    monkeypatch.delenv(hostmem.ENV, raising=False)
+    monkeypatch.setattr(hostmem, "is_glibc", lambda: True)
     was_on = gc.isenabled()
     gc.disable()
     try:
@@ -212,8 +225,13 @@ def test_release_between_runs_collects_cycles_and_trims_only_on_glibc(monkeypatc
     finally:
         if was_on:
             gc.enable()
+    assert trims == [0]
+    monkeypatch.setenv(hostmem.ENV, "system")
+    hostmem.release_between_runs()
+    monkeypatch.delenv(hostmem.ENV)
     monkeypatch.setattr(hostmem, "is_glibc", lambda: False)
-    assert hostmem.release_between_runs() >= 0  # no malloc_trim looked up elsewhere
+    hostmem.release_between_runs()
+    assert trims == [0]  # neither with the opt-out nor off glibc
 
 
 def test_the_between_runs_probe_reports_each_run(tmp_path, capsys):
