@@ -60,6 +60,22 @@ def test_verdict_compares_only_the_same_relation_and_epsilon():
     assert floors.verdict(paper, fl) == "–"  # no guarantee, so no floor
 
 
+@pytest.mark.parametrize(("protocol", "judged"), [
+    ("strict+bestval", True), ("strict+bestvalfull", True),  # round chosen on validation
+    ("strict+besttest", False),  # chosen on the test: not comparable
+    ("strict+sharedneg", False),  # another evaluation
+])
+def test_a_run_whose_round_validation_chose_meets_its_protocols_floor(protocol, judged):
+    """A tuned run reports the round its validation item chose, sampled (+bestval) or
+    ranked in full (+bestvalfull); both meet the floors of the plain protocol."""
+    agg = _agg(("dp-mostpop", "central-gaussian", 4.0, 0.08, 0.001),
+               ("pfedrec", "cdp-gaussian", 4.0, 0.06, 0.001, 3, "d", protocol))
+    row = floors.part(agg, "models").iloc[0]
+    got = floors.verdict(row, floors.part(agg, "floors"))
+    assert got.startswith("below (central 0.080)") if judged else got.startswith("– (no")
+    assert floors.comparable("strict+bestvalfull+agg10") == "strict+agg10"
+
+
 def test_one_seed_is_not_judged_beyond_noise():
     agg = _agg(("dp-mostpop", "ldp-oue", 1.0, 0.01, math.nan, 1),
                ("fedmf", "ldp-laplace", 1.0, 0.05, math.nan, 1))

@@ -47,11 +47,18 @@ def floor_mode(mode: object) -> str | None:
     return DP_MOSTPOP_MODE[arch] if arch else None
 
 
+#: protocol options that choose the reported round on the validation item (sampled, or
+#: ranked in full); they change neither the split nor the test
+ROUND_BY_VALIDATION = frozenset({"bestval", "bestvalfull"})
+
+
 def comparable(protocol: object) -> str:
-    """A protocol label without ``+bestval``: choosing the reported round on the validation
-    item changes neither the split nor the test, so such a run meets the floors (which
-    have no rounds) of its protocol."""
-    return str(protocol).replace("+bestval", "")
+    """A protocol label without ``+bestval`` or ``+bestvalfull``: choosing the reported
+    round on the validation item changes neither the split nor the test, so such a run
+    meets the floors (which have no rounds) of its protocol. Other options stay (a round
+    chosen on the test, ``+besttest``, is not comparable)."""
+    base, *options = str(protocol).split("+")
+    return "+".join([base, *(o for o in options if o not in ROUND_BY_VALIDATION)])
 
 
 def method_of(variant: str) -> str:
