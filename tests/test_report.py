@@ -356,3 +356,21 @@ def test_paper_mode_shows_its_heuristic_eps_labelled_not_a_guarantee(tmp_path):
     report = write_report([str(tmp_path / "runs")], str(tmp_path / "rep"))
     text = next(p for p in report if str(p).endswith(".md")).read_text()
     assert f"{row['eps_paper_heuristic']:.3f} (paper's heuristic)" in text
+
+
+def test_a_variants_lines_under_two_protocols_do_not_draw_alike():
+    """PFedRec under ``strict`` (settings fixed in advance) and under
+    ``strict+bestvalfull`` (tuned, its round chosen on validation) share colour and
+    marker; the second protocol's markers are hollow, so the two lines can be told apart."""
+    import pandas as pd
+
+    from fedem_private.experiments import report_plots as rp
+
+    agg = pd.DataFrame([
+        {"protocol": p, "mode": "cdp-gaussian", "variant": "pfedrec", "x_key": 4.0}
+        for p in ("strict", "strict+bestvalfull")])
+    got = {line.label: line for line in rp.lines(agg)}
+    plain, tuned = got["pfedrec · strict"], got["pfedrec · strict+bestvalfull"]
+    assert (plain.color, plain.marker) == (tuned.color, tuned.marker)
+    assert (plain.hollow, plain.face) == (False, None)
+    assert (tuned.hollow, tuned.face) == (True, "none")

@@ -41,6 +41,12 @@ class Line:
     style: str
     marker: str
     points: pd.DataFrame  # rows of the seed-aggregated table, with column "x_key"
+    hollow: bool = False  # a variant's line under its second (third...) protocol
+
+    @property
+    def face(self) -> str | None:
+        """The marker's face colour: none for a hollow line, else the line's own."""
+        return "none" if self.hollow else None
 
 
 def _plain(mode: object) -> bool:
@@ -139,12 +145,16 @@ def lines(agg: pd.DataFrame, palette: Sequence[str] | None = None) -> list[Line]
             if len(protocols) > 1:
                 label += f" · {protocol}"
             style = STYLES[modes.index(mode) % len(STYLES)] if mode in modes else "-"
+            # the same variant under two protocols (a tuned run's round chosen on
+            # validation, say) would draw alike: the later protocols' markers are hollow
+            hollow = protocols.index(protocol) > 0
             if by_mode and mode in modes:
                 i = modes.index(mode)
-                out.append(Line(label, f"C{i % 10}", style, MARKERS[i % len(MARKERS)], pts))
+                out.append(Line(label, f"C{i % 10}", style, MARKERS[i % len(MARKERS)], pts,
+                                hollow))
                 continue
             out.append(Line(label, colors[v], style, MARKERS[order.index(v) % len(MARKERS)],
-                            pts))
+                            pts, hollow))
     return out
 
 
@@ -169,7 +179,7 @@ def _plot_vs_eps(ax: plt.Axes, all_lines: list[Line], axis: EpsAxis, column: str
             ax.plot(x[[last_finite, first_special]], y[[last_finite, first_special]],
                     color=line.color, linestyle=":", alpha=0.5)
         ax.errorbar(x, y, yerr=err, fmt=line.marker, color=line.color, capsize=3,
-                    label=line.label, markersize=6)
+                    label=line.label, markersize=6, markerfacecolor=line.face)
     axis.decorate(ax)
     ax.grid(alpha=0.3)
 
@@ -343,7 +353,8 @@ def _frontier_row(row: Sequence[plt.Axes], all_lines: list[Line], axis: EpsAxis,
             x = oriented_auc(raw)
             ax.plot(x, y, color=line.color, linestyle=line.style, alpha=0.7)
             ax.errorbar(x, y, xerr=pts[f"{col}_std"].fillna(0), yerr=pts["hr10_full_std"].fillna(
-                0), fmt=line.marker, color=line.color, capsize=3, label=line.label)
+                0), fmt=line.marker, color=line.color, capsize=3, label=line.label,
+                markerfacecolor=line.face)
             labels.append((i, line.color, x, y, [_eps_text(k) for k in pts["x_key"]]))
         ax.axvline(0.5, color="0.4", linestyle=":", linewidth=1, label="random guess (AUC 0.5)")
         ax.set_xlim(0.45, 1.06)
