@@ -70,6 +70,7 @@ _DEFAULT_TRIM = 128 * 1024  # DEFAULT_TRIM_THRESHOLD
 _DEFAULT_MMAP_MAX = 65536  # DEFAULT_MMAP_MAX
 
 _mallopt: Any = None  # the C function, once found; False: not available here
+_malloc_trim: Any = None  # likewise
 _depth = 0  # how many contexts are open
 _active = False  # whether the outermost open context changed the settings
 
@@ -84,17 +85,28 @@ def enabled() -> bool:
     return os.environ.get(ENV, "").strip().lower() != "system" and is_glibc()
 
 
+def _c_function(name: str, argtypes: list[Any]) -> Any:
+    """The C library's function ``name`` returning int, or False where there is none."""
+    try:
+        fn = getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), name)
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes, fn.restype = argtypes, ctypes.c_int
+    return fn
+
+
 def _find_mallopt() -> Any:
     global _mallopt
     if _mallopt is None:
-        try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            fn = libc.mallopt
-            fn.argtypes, fn.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-            _mallopt = fn
-        except (OSError, AttributeError):
-            _mallopt = False
+        _mallopt = _c_function("mallopt", [ctypes.c_int, ctypes.c_int])
     return _mallopt
+
+
+def _find_malloc_trim() -> Any:
+    global _malloc_trim
+    if _malloc_trim is None:
+        _malloc_trim = _c_function("malloc_trim", [ctypes.c_size_t])
+    return _malloc_trim
 
 
 def in_force() -> bool:
@@ -139,12 +151,7 @@ def release_between_runs() -> int:
     docstring). Returns the number of unreachable objects the collector found.
     """
     found = gc.collect()
-    if enabled():
-        try:
-            trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-        except (OSError, AttributeError):
-            return found
-        trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    if enabled() and (trim := _find_malloc_trim()):
         trim(0)
     return found
 

@@ -206,15 +206,11 @@ def test_release_between_runs_collects_cycles_and_trims_only_on_glibc(monkeypatc
 
     trims: list[int] = []
 
-    class Trim:  # stands in for the C function (ctypes sets argtypes/restype on it)
-        def __call__(self, pad: int) -> int:
-            trims.append(pad)
-            return 1
+    def trim(pad: int) -> int:  # stands in for the C function
+        trims.append(pad)
+        return 1
 
-    class Libc:
-        malloc_trim = Trim()
-
-    monkeypatch.setattr(hostmem.ctypes, "CDLL", lambda name: Libc())
+    monkeypatch.setattr(hostmem, "_malloc_trim", trim)
     monkeypatch.delenv(hostmem.ENV, raising=False)
     monkeypatch.setattr(hostmem, "is_glibc", lambda: True)
     was_on = gc.isenabled()

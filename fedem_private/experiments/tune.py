@@ -365,13 +365,16 @@ def _work(spec: str, out: str, wanted: int, worker: int, best_by: str | None = N
         study = _open_study(optuna, root, seed + worker + _RESUME_STRIDE * len(study.trials),
                             independent)
 
+    freed: list[int] = []  # trials whose run ``execute`` finished (and so freed)
+
     def objective(trial: Any) -> float:
         params = _suggest(trial, space)
         overrides = {**params, "train.select_round": goal.rule}
         cfg = with_overrides(from_dict(base), overrides).validate().resolved()
         path = root / "trials" / f"{trial.number:04d}"
         try:
-            summary = execute(cfg, path, force=True)
+            summary = execute(cfg, path, force=True)  # frees its run before returning
+            freed.append(trial.number)
         except Diverged as exc:  # recorded as a FAIL trial with its reason; the study goes on
             trial.set_user_attr(DIVERGED, str(exc))
             trial.set_user_attr("run_dir", str(path))
@@ -387,8 +390,10 @@ def _work(spec: str, out: str, wanted: int, worker: int, best_by: str | None = N
 
     done = 0
     while _spent(study, optuna) < wanted:
+        before = len(freed)
         study.optimize(objective, n_trials=1, catch=(Diverged,))
-        release_between_runs()  # a failed trial's run is freed here, not with the next one
+        if len(freed) == before:  # the run raised: free it here, not with the next one
+            release_between_runs()
         done += 1
         if _completed(study, optuna):
             _write_outputs(study, root, optuna, best_by, private is not None, goal)
