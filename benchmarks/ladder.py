@@ -358,7 +358,7 @@ def combined_report(out: Path, datasets: list[str], headline: Path) -> list[Path
 
     from fedem_private.experiments.report import write_report
 
-    frames = []
+    frames, described = [], []
     for d in datasets:  # run names repeat across datasets: keep them apart
         if (out / d / "results.csv").is_file():
             frame = pd.read_csv(out / d / "results.csv")
@@ -366,15 +366,17 @@ def combined_report(out: Path, datasets: list[str], headline: Path) -> list[Path
             # search and the run cost together; their table (<dataset>.md) gives both
             frame = frame[~frame["run"].astype(str).str.contains("-accounted-")]
             frames.append(frame.assign(run=d + "/" + frame["run"].astype(str)))
+            described.append(f"`{(out / d / 'results.csv').as_posix()}`")
     if headline.is_file():
         h = pd.read_csv(headline)
         frames.append(h[h["dataset"].isin(datasets) & (h["method"] != "fedmf")])
+        described.append(f"`{headline.as_posix()}` (its runs other than FedMF)")
     with tempfile.TemporaryDirectory() as tmp:
         paths = []
         for i, frame in enumerate(frames):
             paths.append(str(Path(tmp) / f"part{i}.csv"))
             frame.to_csv(paths[-1], index=False)
-        return write_report(paths, str(out / "report"), force=True)
+        return write_report(paths, str(out / "report"), force=True, described_as=described)
 
 
 def main(argv: list[str] | None = None) -> int:

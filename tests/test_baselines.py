@@ -153,6 +153,17 @@ def test_a_sweep_and_its_report_take_baselines_as_variants(tmp_path):
     assert table["hr10_sampled"].notna().all()
     write_report(str(tmp_path / "out"), str(tmp_path / "rep"))
     assert "mostpop" in (tmp_path / "rep" / "report.md").read_text()
+    # the ladder's combined report names the results.csv files it read, not the temporary
+    # copies it passes on (their names changed at every regeneration)
+    from benchmarks.ladder import combined_report
+
+    ladder = tmp_path / "ladder"
+    (ladder / "tiny").mkdir(parents=True)
+    (ladder / "tiny" / "results.csv").write_text((tmp_path / "rep" / "results.csv").read_text())
+    combined_report(ladder, ["tiny"], tmp_path / "no-headline.csv")
+    header = (ladder / "report" / "report.md").read_text().splitlines()[2]
+    assert header.startswith(f"3 runs from `{(ladder / 'tiny' / 'results.csv').as_posix()}`;")
+    assert "part0.csv" not in header
 
 
 def test_ladder_chance_is_the_mean_over_every_rank():

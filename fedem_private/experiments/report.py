@@ -366,7 +366,8 @@ def _check_out(out: Path, folders: list[Path], force: bool) -> None:
 
 
 def write_report(sources: str | Sequence[str], out_dir: str | None = None,
-                 variants: Sequence[str] | None = None, force: bool = False) -> list[Path]:
+                 variants: Sequence[str] | None = None, force: bool = False,
+                 described_as: Sequence[str] | None = None) -> list[Path]:
     """Write results.csv, report.md and the PNG plots; returns the paths written.
 
     ``sources`` is a folder of run directories, or several folders and
@@ -375,7 +376,9 @@ def write_report(sources: str | Sequence[str], out_dir: str | None = None,
     report in another folder is replaced only with ``force``. Files of the
     replaced report that the new one does not write (a dataset's plots) are
     removed. ``variants`` keeps only the runs of those method variants (e.g.
-    ``["fedmf", "fedem-em"]``).
+    ``["fedmf", "fedem-em"]``). ``described_as`` names the sources in
+    report.md's first line in place of their paths (a caller that combines
+    frames through temporary files names where the frames came from).
     """
     from fedem_private.experiments import report_plots as rp
 
@@ -409,8 +412,9 @@ def write_report(sources: str | Sequence[str], out_dir: str | None = None,
     attacks = attack_names(frame)
     seeds = frame.groupby(KEYS, dropna=False)["seed"].nunique()
     n_seeds = str(seeds.min()) if seeds.min() == seeds.max() else f"{seeds.min()}-{seeds.max()}"
+    shown = list(described_as) if described_as else [f"`{n}`" for n in names]
     md = ["# fedem-private report", "",
-          f"{plural(len(frame), 'run')} from {', '.join(f'`{n}`' for n in names)}; values are "
+          f"{plural(len(frame), 'run')} from {', '.join(shown)}; values are "
           "mean ± std over seeds "
           f"({n_seeds} per setting). HR@10 / NDCG@10 of each client's own model on its "
           "held-out item; *full* ranks it against every item the client did not train on, "
