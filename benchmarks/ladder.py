@@ -215,7 +215,9 @@ def private_rungs(dataset: str, data_dir: str, seeds: list[int],
                   ) -> list[tuple[str, str, dict[str, Any]]]:
     """Each of ``methods`` (FEDERATED_RUNGS names) under cdp-gaussian and ldp-dpsgd at
     PRIVATE_EPSILONS with settings fixed in advance, then every tuned config
-    (``tuned_files``: (``none`` or a mode, best.toml)), whatever its method: without
+    (``tuned_files``: (``none`` or a mode, best.toml); ``mode:tag`` names the rungs of a
+    second study of the same method and mode apart, e.g. ``cdp-gaussian:stage2``),
+    whatever its method: without
     privacy once, a private one at every eps; then the chosen config of every accounted
     private search (``accounted``: its output folder) at its own eps. ``epsilons``: the
     budgets of the fixed-in-advance and the tuned private rungs (a subset of
@@ -234,15 +236,18 @@ def private_rungs(dataset: str, data_dir: str, seeds: list[int],
                                  _merge(extra, {"privacy": {"epsilon": eps}}))
                     out.append((f"{name} {mode} eps {eps:g} (fixed in advance)",
                                 f"{method}-{mode}-eps{eps:g}-seed{seed}", cfg))
-        for mode, path in tuned_files:
+        for spec, path in tuned_files:
+            mode, _, tag = spec.partition(":")
             cfg = tuned_config(path, seed)
             name, stem = tuned_label(cfg)
+            by, stem = (f", {tag}", f"{stem}-{tag}") if tag else ("", stem)
             if no_privacy(mode):
-                out.append((f"{name} (val-tuned, no privacy)", f"{stem}-tuned-seed{seed}", cfg))
+                out.append((f"{name} (val-tuned{by}, no privacy)", f"{stem}-tuned-seed{seed}",
+                            cfg))
                 continue
             tuned_at = cfg["privacy"]["epsilon"]
             for eps in epsilons:
-                out.append((f"{name} {mode} eps {eps:g} (val-tuned at eps {tuned_at:g})",
+                out.append((f"{name} {mode} eps {eps:g} (val-tuned at eps {tuned_at:g}{by})",
                             f"{stem}-{mode}-tuned-eps{eps:g}-seed{seed}",
                             _merge(cfg, {"privacy": {"epsilon": eps}})))
         for study in accounted or []:
@@ -402,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--private-methods", nargs="+", default=["fedmf"], choices=FEDERATED,
                         help="the federated methods run under each private mode with "
                         "settings fixed in advance (default: fedmf)")
-    parser.add_argument("--tuned", nargs="*", default=[], metavar="MODE=FILE",
+    parser.add_argument("--tuned", nargs="*", default=[], metavar="MODE[:TAG]=FILE",
                         help="`fedem-private tune` best.toml files, each with its privacy mode "
                         "(`none` for no privacy), of any federated method; run on every seed "
                         "(private ones at every eps of --epsilons)")

@@ -219,6 +219,13 @@ def test_ladder_runs_tuned_private_rungs_at_the_asked_epsilons_only(tmp_path):
     wider = private_rungs("synthetic", "", [0], [("cdp-gaussian", str(best))],
                           ["cdp-gaussian"], None, (), (1.0, 16.0))
     assert [cfg["privacy"]["epsilon"] for _, _, cfg in wider] == [1.0, 16.0]
+    # a second study of the same method and mode gets rungs (and runs) of its own
+    both = private_rungs("synthetic", "", [0], [("cdp-gaussian", str(best)),
+                                                ("cdp-gaussian:stage2", str(best))],
+                         ["cdp-gaussian"], None, (), (4.0,))
+    assert [name for _, name, _ in both] == ["pfedrec-cdp-gaussian-tuned-eps4-seed0",
+                                             "pfedrec-stage2-cdp-gaussian-tuned-eps4-seed0"]
+    assert both[1][0] == "PFedRec cdp-gaussian eps 4 (val-tuned at eps 4, stage2)"
 
 
 def test_ladder_names_a_narrow_state_in_the_rung_and_its_run():
