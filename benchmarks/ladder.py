@@ -120,6 +120,31 @@ def recorded(out: Path, dataset: str) -> dict[str, dict[str, Any]]:
     return {str(row["run"]): row for row in frame.to_dict("records")}
 
 
+def recorded_tuning(rows: dict[str, dict[str, Any]], seed: int) -> dict[str, dict[str, Any]]:
+    """The baselines' validation choices (:func:`tune`'s settings) of an earlier checkout,
+    read back from its recorded ``<method>-tuned-seed<seed>`` rows, so that a table
+    written without the grids' run directories (``--no-tune``, or ``--only table`` on a
+    fresh checkout) keeps their rungs. A grid value equal to the config's default is not
+    a column of the row: it reads as the default."""
+    from fedem_private.simulation.config import RunConfig
+    from fedem_private.simulation.config_io import flatten, to_dict
+
+    defaults = flatten(to_dict(RunConfig()))
+    out = {}
+    for method, grid in GRIDS.items():
+        row = rows.get(f"{method}-tuned-seed{seed}")
+        if row is None:
+            continue
+        setting = {}
+        for key, values in grid.items():
+            value = row.get(f"cfg.{key}")
+            if value is None or (isinstance(value, float) and math.isnan(value)):
+                value = defaults[key]
+            setting[key] = next((v for v in values if v == value), value)
+        out[method] = setting
+    return out
+
+
 def _finished(runs: Path, name: str, rows: dict[str, dict[str, Any]]
               ) -> dict[str, Any] | None:
     """A rung's figures, {METRICS..., "eps", "seconds"}: from its run directory here, else
@@ -436,6 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     tuned: dict[str, dict[str, Any]] = {}
     tuning_md = []
+    rows = recorded(out, args.dataset)
     if not args.no_tune and args.only != "federated":
         for method in GRIDS:
             if args.only == "table" and not (runs / "tune").is_dir():
@@ -446,12 +472,13 @@ def main(argv: list[str] | None = None) -> int:
                              "\n\n| setting | val HR@10 (sampled) | val NDCG@10 (sampled) |\n"
                              "|---|---|---|\n" + "".join(
                                  f"| {lab} | {hr:.4f} | {nd:.4f} |\n" for lab, hr, nd in rows))
+    if not tuned:  # the grids did not run here: an earlier checkout's choices stand
+        tuned = recorded_tuning(rows, args.seeds[0])
     tuned_files = [tuple(t.split("=", 1)) for t in args.tuned]
     private = private_rungs(args.dataset, data_dir, args.seeds, tuned_files, args.modes,
                             args.accounted, tuple(args.private_methods), tuple(args.epsilons))
     plan = rungs(args.dataset, data_dir, args.seeds, args.rounds, tuned,
                  tuple(args.federated), tuple(args.bfloat16_state)) + private
-    rows = recorded(out, args.dataset)
     if args.only != "table":
         private_names = {name for _, name, _ in private}
         for _, name, cfg in plan:

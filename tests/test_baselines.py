@@ -292,6 +292,27 @@ def test_ladder_reads_an_earlier_checkouts_rungs_from_its_results_csv(tmp_path):
     assert [here[m] for m in METRICS] == [0.5, 0.6, 0.7, 0.8] and here["seconds"] == 3.0
 
 
+def test_ladder_reads_the_baselines_validation_choices_back_from_recorded_rows():
+    """Without the grids' run directories (--no-tune, or a fresh checkout) the tuned
+    baseline rungs keep the choice an earlier checkout recorded; a value left out of the
+    row (equal to the config default) reads as the default, typed as the grid's."""
+    from benchmarks.ladder import recorded_tuning
+
+    nan = float("nan")
+    rows = {"als-tuned-seed0": {"cfg.baseline.als_factors": 32.0,
+                                "cfg.baseline.als_regularization": 1.0,
+                                "cfg.baseline.als_alpha": 10.0},
+            "ease-tuned-seed0": {"cfg.baseline.ease_lambda": nan},
+            "centralised-tuned-seed1": {"cfg.train.lr": 0.001, "cfg.baseline.epochs": 50.0}}
+    got = recorded_tuning(rows, 0)
+    assert got == {"als": {"baseline.als_factors": 32, "baseline.als_regularization": 1.0,
+                           "baseline.als_alpha": 10.0},
+                   "ease": {"baseline.ease_lambda": 500.0}}
+    assert isinstance(got["als"]["baseline.als_factors"], int)
+    assert recorded_tuning(rows, 1) == {"centralised": {"train.lr": 0.001,
+                                                        "baseline.epochs": 50}}
+
+
 def test_dp_mostpop_local_refuses_an_infinite_epsilon():
     with pytest.raises(UserError, match="finite epsilon"):
         from_dict(_cfg("dp-mostpop", baseline={"architecture": "local",
