@@ -26,9 +26,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 KEYS = ("train.lr", "train.local_epochs", "train.num_negatives", "train.dim", "train.rounds",
-        "federation.server_lr", "federation.merge", "federation.aggregation",
-        "federation.adapter_lr", "privacy.sample_rate", "privacy.clip", "privacy.dpsgd_rate",
-        "privacy.dpsgd_steps", "privacy.dpsgd_lr")
+        "federation.server_lr", "federation.server_momentum", "federation.merge",
+        "federation.aggregation", "federation.adapter_lr", "privacy.sample_rate", "privacy.clip",
+        "privacy.dpsgd_rate", "privacy.dpsgd_steps", "privacy.dpsgd_lr")
 
 
 def trials(study: Path) -> list[dict]:
