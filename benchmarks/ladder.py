@@ -466,12 +466,13 @@ def main(argv: list[str] | None = None) -> int:
         for method in GRIDS:
             if args.only == "table" and not (runs / "tune").is_dir():
                 break
-            setting, rows = tune(runs, args.dataset, data_dir, method, args.seeds[0])
+            setting, grid_rows = tune(runs, args.dataset, data_dir, method, args.seeds[0])
             tuned[method] = setting
             tuning_md.append(f"### {method} (seed {args.seeds[0]}; chosen: {_label(setting)})"
                              "\n\n| setting | val HR@10 (sampled) | val NDCG@10 (sampled) |\n"
                              "|---|---|---|\n" + "".join(
-                                 f"| {lab} | {hr:.4f} | {nd:.4f} |\n" for lab, hr, nd in rows))
+                                 f"| {lab} | {hr:.4f} | {nd:.4f} |\n"
+                                 for lab, hr, nd in grid_rows))
     if not tuned:  # the grids did not run here: an earlier checkout's choices stand
         tuned = recorded_tuning(rows, args.seeds[0])
     tuned_files = [tuple(t.split("=", 1)) for t in args.tuned]

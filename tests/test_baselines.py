@@ -313,6 +313,36 @@ def test_ladder_reads_the_baselines_validation_choices_back_from_recorded_rows()
                                                         "baseline.epochs": 50}}
 
 
+def test_ladder_table_gets_the_recorded_rows_whether_or_not_the_grids_ran(tmp_path,
+                                                                           monkeypatch):
+    """The validation grids' own rows never stand in for the recorded results.csv rows the
+    table reads (they once shared a name); without the grids the recorded choices stand."""
+    import pandas as pd
+
+    import benchmarks.ladder as ladder
+
+    out, runs = tmp_path / "out", tmp_path / "runs"
+    (out / "d").mkdir(parents=True)
+    pd.DataFrame([{"run": "ease-tuned-seed0", "cfg.baseline.ease_lambda": 50.0,
+                   **{m: 0.1 for m in ladder.METRICS}}]).to_csv(out / "d" / "results.csv",
+                                                                 index=False)
+    (runs / "d" / "tune").mkdir(parents=True)
+    seen = []
+    monkeypatch.setattr(ladder, "tune", lambda *a: ({"baseline.ease_lambda": 10.0},
+                                                    [("ease_lambda=10", 0.5, 0.3)]))
+    monkeypatch.setattr(ladder, "table", lambda *a: seen.append((a[4], a[5])) or "table\n")
+    base = ["--dataset", "d", "--data-dir", str(tmp_path), "--runs", str(runs), "--out",
+            str(out), "--only", "table", "--seeds", "0"]
+    assert ladder.main(base) == 0
+    assert ladder.main([*base, "--no-tune"]) == 0
+    (with_grids, rows), (without, rows_again) = seen
+    assert set(rows) == set(rows_again) == {"ease-tuned-seed0"}
+    labels = {label for label, _, _ in with_grids}
+    assert "EASE (val-tuned: ease_lambda=10)" in labels  # the grid here ran and chose 10
+    assert "EASE (val-tuned: ease_lambda=50)" in {label for label, _, _ in without}
+    assert (out / "d-tuning.md").read_text().count("ease_lambda=10") >= 1
+
+
 def test_dp_mostpop_local_refuses_an_infinite_epsilon():
     with pytest.raises(UserError, match="finite epsilon"):
         from_dict(_cfg("dp-mostpop", baseline={"architecture": "local",
