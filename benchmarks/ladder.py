@@ -126,10 +126,13 @@ def recorded_tuning(rows: dict[str, dict[str, Any]], seed: int) -> dict[str, dic
     written without the grids' run directories (``--no-tune``, or ``--only table`` on a
     fresh checkout) keeps their rungs. A grid value equal to the config's default is not
     a column of the row: it reads as the default."""
-    from fedem_private.simulation.config import RunConfig
-    from fedem_private.simulation.config_io import flatten, to_dict
+    import dataclasses
 
-    defaults = flatten(to_dict(RunConfig()))
+    from fedem_private.api import resolve_config
+
+    sections = dataclasses.asdict(resolve_config())  # the defaults, section by section
+    defaults = {f"{name}.{key}": value for name, fields in sections.items()
+                if isinstance(fields, dict) for key, value in fields.items()}
     out = {}
     for method, grid in GRIDS.items():
         row = rows.get(f"{method}-tuned-seed{seed}")
