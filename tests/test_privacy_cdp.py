@@ -148,6 +148,26 @@ def test_without_noise_the_release_is_sent_plus_sum_of_clipped_deltas_over_q_n()
     assert torch.equal(secure.release(sent[:1]), sent[:1])
 
 
+def test_secure_sum_logs_the_clipped_sum_before_canaries_and_noise():
+    """The log's noise-to-signal reads the participants' clipped sum (sum |entry|, count of
+    non-zero entries), never the noisy release: a row nobody trained stays out of the count."""
+    gen = torch.Generator().manual_seed(4)
+    sent = torch.randn(3, 6, 4, generator=gen, dtype=torch.float64)
+    local = sent.clone()
+    local[:, :4] += torch.randn(3, 4, 4, generator=gen, dtype=torch.float64)  # rows 4, 5 idle
+    secure = SecureSum(clip=0.8, noise_multiplier=2.0, expected_count=3.0, seed=0)
+    secure.begin_round(1)
+    secure.add(sent, local)
+    secure.release(sent[:1])
+    clipped, _ = clipped_deltas(sent, local, 0.8)
+    exact = clipped.sum(0)
+    assert secure.stats.signal_entries == 16
+    assert secure.stats.signal_abs_sum == pytest.approx(float(exact.abs().sum()), rel=1e-12)
+    secure.begin_round(2)  # no participant: nothing to divide by
+    secure.release(sent[:1])
+    assert secure.stats.signal_entries == 0
+
+
 # ------------------------------------------------------------------------------ PLANTED BUG
 @pytest.mark.parametrize("planted", [False, True], ids=["sound", "PLANTED-half-noise"])
 def test_planted_bug_noise_at_half_the_accounted_scale_is_caught(monkeypatch, planted):
@@ -403,6 +423,9 @@ def test_end_to_end_cdp_run_records_both_guarantees(tmp_path):
     assert p["epsilon_aggregator"]["reported"] > p["epsilon"]["reported"]
     every = aggregator["epsilon_if_every_round"]["reported"]
     assert every >= p["epsilon_aggregator"]["reported"]
+    # the log's noise-to-signal: z C per entry over the clipped sum's mean |entry|
+    assert p["noise_to_signal"]["definition"].startswith("noise std per entry of the secure sum")
+    assert 0 < p["noise_to_signal"]["mean_over_rounds"] < math.inf
     # participation varies round to round (Poisson), logged with the expected count
     lines = (tmp_path / "run" / "metrics.csv").read_text().splitlines()
     header = lines[0].split(",")
@@ -412,6 +435,9 @@ def test_end_to_end_cdp_run_records_both_guarantees(tmp_path):
     assert counts == expected
     assert all(float(r["participants_expected"]) == pytest.approx(18.0) for r in rows)
     assert float(rows[-1]["eps_spent_observer"]) == pytest.approx(p["epsilon"]["reported"])
+    nsr = [float(r["noise_to_signal"]) for r in rows]
+    assert all(v > 0 for v in nsr)
+    assert p["noise_to_signal"]["mean_over_rounds"] == pytest.approx(sum(nsr) / len(nsr))
     # results.csv: eps_* are the observer's, eps_aggregator the aggregator's
     from fedem_private.experiments.results import collect
 

@@ -146,6 +146,10 @@ class CentralRoundStats:
     n_clients: int = 0
     n_clipped: float = 0.0
     norm_sum: float = 0.0
+    # a diagnostic for the run's log, never released to the server: the clients' clipped
+    # sum's sum of |entry| and its count of non-zero entries (before canaries and noise)
+    signal_abs_sum: float = 0.0
+    signal_entries: int = 0
 
 
 class SecureSum:
@@ -216,6 +220,9 @@ class SecureSum:
             base, dtype=torch.float64)
         if delta_sum.shape != base.shape:
             raise ValueError(f"sum {tuple(delta_sum.shape)} and base {tuple(base.shape)} differ")
+        if self._sum is not None:  # the log's noise-to-signal (CDP_NSR); not released
+            self.stats.signal_abs_sum = float(self._sum.abs().sum())
+            self.stats.signal_entries = int(torch.count_nonzero(self._sum))
         if self.canaries is not None:  # inserted canaries join the secure sum
             extra = self.canaries.contribution(self.round, delta_sum.shape)
             delta_sum = delta_sum + extra.to(delta_sum.device)

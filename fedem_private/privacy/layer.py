@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 
 
 LDP_NSR = "noise std per entry / mean |clipped delta| on the entries of trained rows"
+CDP_NSR = ("noise std per entry of the secure sum (z C) / mean |entry| of the participants' "
+           "clipped sum on its non-zero entries")
 DPSGD_NSR = ("noise std per entry of a local step's gradient sum (sigma C) / mean |entry| of a "
              "sampled positive's clipped gradient on its row")
 
@@ -72,7 +74,7 @@ class PrivacyLayer:
         self.auto_clip: dict[str, Any] | None = None
         self.n_clients = int(n_clients)
         self.rounds_released = 0
-        self._nsr: list[float] = []  # noise-to-signal per round (LDP modes with noise)
+        self._nsr: list[float] = []  # noise-to-signal per round (modes with noise)
         # the server-side hook: a secure sum noised once (central mechanisms), else None
         self.secure: SecureSum | None = self.mechanism.server_sum(
             self.params, cfg, self.seed, self.expected_count)
@@ -216,7 +218,11 @@ class PrivacyLayer:
         self._n, self._n_clipped, self._norm_sum = (stats.n_clients, stats.n_clipped,
                                                     stats.norm_sum)
         self._noised = 1.0 if self.params.noise_scale > 0 else 0.0
-        return self.secure.release(base)
+        out = self.secure.release(base)
+        # the log's noise-to-signal (CDP_NSR), read after the release: a diagnostic for the
+        # run's reader, which nothing in the round uses
+        self._signal_sum, self._signal_n = stats.signal_abs_sum, stats.signal_entries
+        return out
 
     def release(self, sent: torch.Tensor, local: torch.Tensor, clients: np.ndarray,
                 touched: torch.Tensor | None) -> torch.Tensor:
@@ -264,12 +270,12 @@ class PrivacyLayer:
             ad = self._dpsgd_adapter
             if ad.examples:
                 out["adapter_frac_clipped"] = ad.clipped / ad.examples
-        if self._signal_n and noise_std(self.params) > 0:
-            # LDP (docs/design.md section 5): noise std per entry over the mean |clipped delta| on
-            # the entries of the rows the clients trained; >> 1 explains a flat curve
+        per_entry = out["noise_scale"] if self.central else noise_std(self.params)
+        if self._signal_n and per_entry > 0:
+            # docs/design.md section 5: noise std per entry over the mean |entry| of what it
+            # covers (LDP_NSR, DPSGD_NSR, CDP_NSR); >> 1 explains a flat curve
             signal = self._signal_sum / self._signal_n
-            out["noise_to_signal"] = (noise_std(self.params) / signal if signal > 0
-                                      else math.inf)
+            out["noise_to_signal"] = per_entry / signal if signal > 0 else math.inf
             self._nsr.append(out["noise_to_signal"])
         self.rounds_released += 1
         if self.perturbs:
@@ -390,7 +396,8 @@ class PrivacyLayer:
         if self._nsr:
             out["noise_to_signal"] = {"mean_over_rounds": float(np.mean(self._nsr)),
                                       "last_round": self._nsr[-1],
-                                      "definition": DPSGD_NSR if self.dpsgd else LDP_NSR}
+                                      "definition": (DPSGD_NSR if self.dpsgd else
+                                                     CDP_NSR if self.central else LDP_NSR)}
         if self.auto_clip is not None:
             out["clip_auto"] = {k: (None if isinstance(v, float) and math.isinf(v) else v)
                                 for k, v in self.auto_clip.items()}
