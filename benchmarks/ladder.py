@@ -172,10 +172,15 @@ def _label(setting: dict[str, Any]) -> str:
     return ",".join(f"{k.split('.')[-1]}={v:g}" for k, v in setting.items())
 
 
-def tune(runs: Path, dataset: str, data_dir: str, method: str, seed: int
-         ) -> tuple[dict[str, Any], list[tuple[str, float, float]]]:
-    """The grid's setting with the best sampled validation HR@10 on ``seed`` (ties: the
-    first in grid order) and every (setting, validation HR@10, validation NDCG@10)."""
+SELECT_BY = {"sampled": "val", "full": "val_full"}  # --select-by: the summary's metrics key
+
+
+def tune(runs: Path, dataset: str, data_dir: str, method: str, seed: int,
+         by: str = "sampled") -> tuple[dict[str, Any], list[tuple[str, float, float, float]]]:
+    """The grid's setting with the best validation HR@10 on ``seed``, its validation item
+    ranked among 100 sampled candidates (``by="sampled"``) or among every item
+    (``"full"``); ties: the first in grid order. Also every (setting, sampled validation
+    HR@10, sampled validation NDCG@10, full validation HR@10)."""
     grid = GRIDS[method]
     rows, best, best_hr = [], {}, -1.0
     for values in itertools.product(*grid.values()):
@@ -183,11 +188,27 @@ def tune(runs: Path, dataset: str, data_dir: str, method: str, seed: int
         over = _nest({**setting, "train.select_round": "best-val"})  # ranks the val item
         cfg = _merge(base_config(dataset, data_dir, seed, method), over)
         s = ensure(runs / "tune" / f"{method}-{_label(setting)}-seed{seed}", cfg)
-        hr, ndcg = s["metrics"]["val"]["hr@10"], s["metrics"]["val"]["ndcg@10"]
-        rows.append((_label(setting), hr, ndcg))
+        val, full = s["metrics"]["val"], s["metrics"].get("val_full") or {}
+        rows.append((_label(setting), val["hr@10"], val["ndcg@10"],
+                     full.get("hr@10", math.nan)))
+        hr = s["metrics"][SELECT_BY[by]]["hr@10"]
         if hr > best_hr:
             best, best_hr = setting, hr
     return best, rows
+
+
+def write_tuning(path: Path, sections: list[str]) -> None:
+    """Write the grids' sections (each starting ``### <method> ``) into ``path``, keeping
+    the sections of the grids that did not run here (``--grids``), in :data:`GRIDS` order."""
+    def method(section: str) -> str:
+        return section.split(maxsplit=2)[1]
+
+    kept = {}
+    if path.is_file():
+        for part in path.read_text().split("### ")[1:]:
+            kept[method("### " + part)] = ("### " + part).rstrip("\n") + "\n"
+    kept.update({method(sec): sec for sec in sections})
+    path.write_text("\n".join(kept[m] for m in GRIDS if m in kept))
 
 
 def tuned_config(path: str, seed: int) -> dict[str, Any]:
@@ -450,6 +471,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="federated rungs whose per-client state is kept in bfloat16 "
                         "between rounds (their own rung and run; LastFM-2K's FedEM)")
     parser.add_argument("--no-tune", action="store_true", help="skip the validation grids")
+    parser.add_argument("--grids", nargs="+", default=list(GRIDS), choices=tuple(GRIDS),
+                        help="the baselines whose validation grids run (default: all); the "
+                        "others keep an earlier checkout's recorded choice, if any")
+    parser.add_argument("--select-by", choices=tuple(SELECT_BY), default="sampled",
+                        help="rank the validation item among 100 sampled candidates "
+                        "(default) or every item when choosing a grid's setting")
     parser.add_argument("--report", nargs="+", metavar="DATASET", default=None,
                         help="only write the combined report of these datasets' ladders "
                         "(and the headline grid's other methods) into <out>/report")
@@ -466,18 +493,20 @@ def main(argv: list[str] | None = None) -> int:
     tuning_md = []
     rows = recorded(out, args.dataset)
     if not args.no_tune and args.only != "federated":
-        for method in GRIDS:
+        for method in args.grids:
             if args.only == "table" and not (runs / "tune").is_dir():
                 break
-            setting, grid_rows = tune(runs, args.dataset, data_dir, method, args.seeds[0])
+            setting, grid_rows = tune(runs, args.dataset, data_dir, method, args.seeds[0],
+                                      args.select_by)
             tuned[method] = setting
-            tuning_md.append(f"### {method} (seed {args.seeds[0]}; chosen: {_label(setting)})"
-                             "\n\n| setting | val HR@10 (sampled) | val NDCG@10 (sampled) |\n"
-                             "|---|---|---|\n" + "".join(
-                                 f"| {lab} | {hr:.4f} | {nd:.4f} |\n"
-                                 for lab, hr, nd in grid_rows))
-    if not tuned:  # the grids did not run here: an earlier checkout's choices stand
-        tuned = recorded_tuning(rows, args.seeds[0])
+            tuning_md.append(
+                f"### {method} (seed {args.seeds[0]}; chosen by {args.select_by} validation "
+                f"HR@10: {_label(setting)})\n\n| setting | val HR@10 (sampled) | "
+                "val NDCG@10 (sampled) | val HR@10 (full) |\n|---|---|---|---|\n" + "".join(
+                    f"| {lab} | {hr:.4f} | {nd:.4f} | {full:.4f} |\n"
+                    for lab, hr, nd, full in grid_rows))
+    # the grids that did not run here: an earlier checkout's choices stand
+    tuned = {**recorded_tuning(rows, args.seeds[0]), **tuned}
     tuned_files = [tuple(t.split("=", 1)) for t in args.tuned]
     private = private_rungs(args.dataset, data_dir, args.seeds, tuned_files, args.modes,
                             args.accounted, tuple(args.private_methods), tuple(args.epsilons))
@@ -498,7 +527,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / f"{args.dataset}.md").write_text(table(args.dataset, data_dir, runs, args.seeds,
                                                   plan, rows))
     if tuning_md:
-        (out / f"{args.dataset}-tuning.md").write_text("\n".join(tuning_md))
+        write_tuning(out / f"{args.dataset}-tuning.md", tuning_md)
     import fedem_private as fp
 
     finished = [runs / name for _, name, _ in plan if (runs / name / "summary.json").is_file()]

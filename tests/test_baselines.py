@@ -329,7 +329,7 @@ def test_ladder_table_gets_the_recorded_rows_whether_or_not_the_grids_ran(tmp_pa
     (runs / "d" / "tune").mkdir(parents=True)
     seen = []
     monkeypatch.setattr(ladder, "tune", lambda *a: ({"baseline.ease_lambda": 10.0},
-                                                    [("ease_lambda=10", 0.5, 0.3)]))
+                                                    [("ease_lambda=10", 0.5, 0.3, 0.1)]))
     monkeypatch.setattr(ladder, "table", lambda *a: seen.append((a[4], a[5])) or "table\n")
     base = ["--dataset", "d", "--data-dir", str(tmp_path), "--runs", str(runs), "--out",
             str(out), "--only", "table", "--seeds", "0"]
@@ -341,6 +341,58 @@ def test_ladder_table_gets_the_recorded_rows_whether_or_not_the_grids_ran(tmp_pa
     assert "EASE (val-tuned: ease_lambda=10)" in labels  # the grid here ran and chose 10
     assert "EASE (val-tuned: ease_lambda=50)" in {label for label, _, _ in without}
     assert (out / "d-tuning.md").read_text().count("ease_lambda=10") >= 1
+
+
+def test_ladder_grid_chooses_by_sampled_or_full_validation(tmp_path, monkeypatch):
+    """--select-by full ranks the grid by the validation item ranked among every item:
+    the two objectives can choose different settings (as on LastFM-2K)."""
+    import benchmarks.ladder as ladder
+
+    monkeypatch.setitem(ladder.GRIDS, "ease", {"baseline.ease_lambda": (10.0, 50.0)})
+    val = {10.0: (0.9, 0.01), 50.0: (0.8, 0.05)}  # lambda: (sampled, full) val HR@10
+
+    def fake(path, cfg):
+        sampled, full = val[cfg["baseline"]["ease_lambda"]]
+        return {"metrics": {"val": {"hr@10": sampled, "ndcg@10": sampled / 2},
+                            "val_full": {"hr@10": full}}}
+
+    monkeypatch.setattr(ladder, "ensure", fake)
+    best, rows = ladder.tune(tmp_path, "d", "x", "ease", 0)
+    assert best == {"baseline.ease_lambda": 10.0}
+    assert rows == [("ease_lambda=10", 0.9, 0.45, 0.01), ("ease_lambda=50", 0.8, 0.4, 0.05)]
+    assert ladder.tune(tmp_path, "d", "x", "ease", 0, "full")[0] == {
+        "baseline.ease_lambda": 50.0}
+
+
+def test_ladder_runs_only_the_named_grids_and_keeps_the_others(tmp_path, monkeypatch):
+    """--grids centralised runs that grid alone: EASE keeps its recorded choice, and the
+    tuning file keeps EASE's earlier section beside centralised's new one."""
+    import pandas as pd
+
+    import benchmarks.ladder as ladder
+
+    out, runs = tmp_path / "out", tmp_path / "runs"
+    (out / "d").mkdir(parents=True)
+    pd.DataFrame([{"run": "ease-tuned-seed0", "cfg.baseline.ease_lambda": 50.0,
+                   **{m: 0.1 for m in ladder.METRICS}}]).to_csv(out / "d" / "results.csv",
+                                                                 index=False)
+    (out / "d-tuning.md").write_text("### ease (seed 0; chosen: ease_lambda=50)\n\nold\n")
+    (runs / "d" / "tune").mkdir(parents=True)
+    called, seen = [], []
+    monkeypatch.setattr(ladder, "tune", lambda runs, d, dd, method, seed, by: (
+        called.append((method, by)) or ({"train.lr": 0.01, "baseline.epochs": 5},
+                                         [("lr=0.01,epochs=5", 0.5, 0.3, 0.2)])))
+    monkeypatch.setattr(ladder, "table", lambda *a: seen.append(a[4]) or "table\n")
+    assert ladder.main(["--dataset", "d", "--data-dir", str(tmp_path), "--runs", str(runs),
+                        "--out", str(out), "--only", "table", "--seeds", "0",
+                        "--grids", "centralised", "--select-by", "full"]) == 0
+    assert called == [("centralised", "full")]
+    labels = {label for label, _, _ in seen[0]}
+    assert "EASE (val-tuned: ease_lambda=50)" in labels
+    assert "Centralised MF (val-tuned: lr=0.01,epochs=5)" in labels
+    text = (out / "d-tuning.md").read_text()
+    assert text.index("### ease") < text.index("### centralised")
+    assert "old" in text and "chosen by full validation HR@10" in text
 
 
 def test_dp_mostpop_local_refuses_an_infinite_epsilon():

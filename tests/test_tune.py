@@ -219,3 +219,81 @@ def test_outputs_are_written_after_every_trial(tmp_path, monkeypatch):
     tune.run_tuning(spec, out)
     assert seen[:3] == [1, 2, 3]  # one rewrite per trial, then the final one
     assert seen[-1] == 3
+
+
+def _study(out, optuna):
+    from fedem_private.experiments import tune
+
+    out.mkdir(parents=True, exist_ok=True)
+    return tune._open_study(optuna, out, 0)
+
+
+def test_a_running_trial_holds_its_place_so_workers_never_overrun_the_budget(tmp_path):
+    """A second worker that arrives while the first runs the last trial starts none: the
+    running trial holds its place in the budget (it once ran a sixteenth trial of 15)."""
+    import optuna
+
+    from fedem_private.experiments import tune
+
+    spec = tmp_path / "t.toml"
+    spec.write_text(SPEC.format(trials=2))
+    out = tmp_path / "study"
+    tune.run_tuning(spec, out, trials=1)
+    live = _study(out, optuna).ask()  # another worker's trial, still running
+    assert tune._work(str(spec), str(out), 2, 1) == 0
+    study = _study(out, optuna)
+    assert len(study.trials) == 2 and study.trials[live.number].state.name == "RUNNING"
+
+
+def test_of_two_workers_racing_for_the_last_place_the_later_trial_stands_down(
+        tmp_path, monkeypatch):
+    """Both workers saw a free place; the trial numbered later finds it claimed by the
+    earlier one, is failed as over budget without running, and its worker stops."""
+    import optuna
+
+    from fedem_private.experiments import tune
+
+    spec = tmp_path / "t.toml"
+    spec.write_text(SPEC.format(trials=2))
+    out = tmp_path / "study"
+    tune.run_tuning(spec, out, trials=1)
+    real, calls = tune._claims, []
+
+    def racing(trials, optuna):  # the loop's check ran before the other worker's ask
+        calls.append(1)
+        if len(calls) == 1:
+            _study(out, optuna).ask()
+            return 1
+        return real(trials, optuna)
+
+    monkeypatch.setattr(tune, "_claims", racing)
+    assert tune._work(str(spec), str(out), 2, 1) == 0  # it stood down, ran nothing
+    study = _study(out, optuna)
+    mine = study.trials[-1]
+    assert mine.state.name == "FAIL" and tune.OVER_BUDGET in mine.user_attrs
+    assert not mine.params  # nothing was suggested, nothing ran
+    assert not (out / "trials" / f"{mine.number:04d}").exists()
+    assert len(_read(out / "trials.csv")) == 1  # the stood-down trial is not listed
+
+
+def test_running_trials_left_before_heartbeats_are_failed_once_on_resume(tmp_path):
+    """A study whose worker was killed before workers recorded heartbeats keeps a trial
+    RUNNING forever; resuming fails it (listed as interrupted) and fills the budget."""
+    import optuna
+
+    from fedem_private.experiments import tune
+
+    spec = tmp_path / "t.toml"
+    spec.write_text(SPEC.format(trials=2))
+    out = tmp_path / "study"
+    study = _study(out, optuna)
+    study.set_user_attr("objective", "sampled")
+    stuck = study.ask()  # an old worker killed mid-trial: no heartbeat, no attribute
+    assert tune.run_tuning(spec, out)["completed"] == 2
+    study = _study(out, optuna)
+    assert study.trials[stuck.number].state.name == "FAIL"
+    assert study.user_attrs["interrupted"] == [stuck.number]
+    assert study.user_attrs["heartbeats"] is True
+    live = study.ask()  # from now on a running trial is a live worker's: it is kept
+    tune.run_tuning(spec, out, trials=3)
+    assert _study(out, optuna).trials[live.number].state.name == "RUNNING"

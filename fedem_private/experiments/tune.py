@@ -37,7 +37,9 @@ trial (whole files, moved into place), so a study stopped part way keeps them.
 enough; worker w samples with seed + w. One worker without Ray is reproducible from the
 seed; parallel workers are not (the trial order depends on timing). A second ``tune``
 process on the same ``--out`` joins the study too: its sampler's seed counts the trials
-already in the file, so start it once the first has begun a trial.
+already in the file, so start it once the first has begun a trial. A running trial holds
+its place in the budget, so workers never run more trials than it allows; a killed
+worker's trial is failed (and its place freed) once its heartbeat is five minutes old.
 
 Tuning a private run on the same data leaks (Papernot and Steinke 2022): the chosen
 setting is itself a function of the data, which no run's epsilon accounts for. Report
@@ -70,6 +72,7 @@ import csv
 import json
 import math
 import os
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,6 +104,11 @@ OBJECTIVES = {
 }
 DIVERGED = "diverged"  # the user attribute holding a diverged trial's reason
 SQLITE_TIMEOUT_S = 120.0  # how long a worker waits for the study file's lock
+# a running trial's worker records a heartbeat this often; a trial whose heartbeat is older
+# than the grace period (its worker was killed) is failed before the next trial starts
+HEARTBEAT_S = 60
+GRACE_S = 300
+OVER_BUDGET = "over_budget"  # user attr of a trial that found the budget claimed and stopped
 
 
 def _check_space(space: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -306,9 +314,12 @@ def _open_study(optuna: Any, root: Path, sampler_seed: int, independent: bool = 
     ``independent``: random search (every trial drawn without looking at the others)."""
     sampler = (optuna.samplers.RandomSampler(seed=sampler_seed) if independent
                else optuna.samplers.TPESampler(seed=sampler_seed))
-    storage = optuna.storages.RDBStorage(
-        f"sqlite:///{(root / 'study.db').resolve()}",
-        engine_kwargs={"connect_args": {"timeout": SQLITE_TIMEOUT_S}})
+    with warnings.catch_warnings():  # heartbeats are marked experimental in Optuna
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        storage = optuna.storages.RDBStorage(
+            f"sqlite:///{(root / 'study.db').resolve()}",
+            engine_kwargs={"connect_args": {"timeout": SQLITE_TIMEOUT_S}},
+            heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
     return optuna.create_study(
         study_name="fedem-private-tune", storage=storage,
         sampler=sampler, direction="maximize",
@@ -343,13 +354,45 @@ def _spent(study: Any, optuna: Any) -> int:
     return _completed(study, optuna) + sum(_diverged(t, optuna) for t in study.trials)
 
 
+def _claims(trials: Any, optuna: Any) -> int:
+    """Trials that hold a place in the budget: finished ones (:func:`_spent`'s) and running
+    ones (a live worker's: a killed worker's trial is failed once its heartbeat is
+    :data:`GRACE_S` old, and :func:`_fail_unwatched` fails those of workers that ran before
+    heartbeats were recorded)."""
+    complete, running = optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING
+    return sum(t.state in (complete, running) or _diverged(t, optuna) for t in trials)
+
+
+class _OverBudget(Exception):
+    """Raised by a trial that found every place in the budget claimed by an earlier one."""
+
+
+def _fail_unwatched(study: Any, optuna: Any) -> None:
+    """Fail the running trials of a study written before workers recorded heartbeats
+    (their workers are gone, and no heartbeat will ever mark them stale), once: the study
+    then carries the ``heartbeats`` attribute, and ``interrupted`` lists the trials failed
+    here. Start the first worker on such a study alone."""
+    if study.user_attrs.get("heartbeats"):
+        return
+    running = [t.number for t in study.get_trials(
+        deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))]
+    for number in running:
+        study.tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+    if running:
+        study.set_user_attr("interrupted", running)
+    study.set_user_attr("heartbeats", True)
+
+
 def _work(spec: str, out: str, wanted: int, worker: int, best_by: str | None = None) -> int:
     """One worker: add trials to the shared study until it has ``wanted`` finished ones,
-    completed or diverged (checked before each trial; workers racing for the last one may
-    add one each). Worker ``w`` samples with seed ``seed + w``, so two workers never
-    propose the same first points. After each trial it rewrites the study's outputs
-    (:func:`_write_outputs`), so a study stopped part way keeps its trials.csv and its best
-    config so far. Returns the trials this worker completed."""
+    completed or diverged. Running trials hold their place, and each trial first checks
+    its place in line: when the trials numbered before it already claim every place
+    (:func:`_claims`), it is failed as over budget (user attribute ``over_budget``) and the
+    worker stops, so racing workers never run more than ``wanted``. Worker ``w`` samples
+    with seed ``seed + w``, so two workers never propose the same first points. After
+    each trial it rewrites the study's outputs (:func:`_write_outputs`), so a study
+    stopped part way keeps its trials.csv and its best config so far. Returns the trials
+    this worker finished."""
     from fedem_private.experiments.runner import execute
 
     optuna = _import_optuna()
@@ -366,8 +409,16 @@ def _work(spec: str, out: str, wanted: int, worker: int, best_by: str | None = N
                             independent)
 
     freed: list[int] = []  # trials whose run ``execute`` finished (and so freed)
+    stood_down: list[int] = []  # this worker's trial that found the budget claimed
 
     def objective(trial: Any) -> float:
+        # trial numbers are handed out in order under the study file's lock, so of two
+        # workers racing for the last place the later-numbered one stands down
+        if _claims([t for t in study.get_trials(deepcopy=False)
+                    if t.number < trial.number], optuna) >= wanted:
+            trial.set_user_attr(OVER_BUDGET, f"the study's {wanted} places were claimed")
+            stood_down.append(trial.number)
+            raise _OverBudget
         params = _suggest(trial, space)
         overrides = {**params, "train.select_round": goal.rule}
         cfg = with_overrides(from_dict(base), overrides).validate().resolved()
@@ -389,9 +440,11 @@ def _work(spec: str, out: str, wanted: int, worker: int, best_by: str | None = N
         return float(value)
 
     done = 0
-    while _spent(study, optuna) < wanted:
+    while _claims(study.get_trials(deepcopy=False), optuna) < wanted:
         before = len(freed)
-        study.optimize(objective, n_trials=1, catch=(Diverged,))
+        study.optimize(objective, n_trials=1, catch=(Diverged, _OverBudget))
+        if stood_down:
+            break
         if len(freed) == before:  # the run raised: free it here, not with the next one
             release_between_runs()
         done += 1
@@ -441,8 +494,8 @@ def run_tuning(spec: str | Path, out: str | Path, trials: int | None = None,
         if trials is not None:
             raise UserError("--trials: [tune.private] mean_trials draws the number of trials")
         if ray is not None and workers > 1:
-            raise UserError("[tune.private] mean_trials: one worker only (parallel workers "
-                            "may run one trial more than the number drawn)")
+            raise UserError("[tune.private] mean_trials: one worker only (with one the "
+                            "search, and so its released choice, replays from the seed)")
         wanted = count.draw(seed)
         if wanted == 0:
             raise UserError(f"[tune.private]: the seed drew K = 0 trials ({count.label}); "
@@ -452,6 +505,7 @@ def run_tuning(spec: str | Path, out: str | Path, trials: int | None = None,
     goal = load_objective(spec)
     made = _open_study(optuna, root, seed, count is not None)  # once, before workers race
     _keep_objective(made, goal)
+    _fail_unwatched(made, optuna)
     if ray is None:
         _work(str(spec), str(root), wanted, 0, best_by)
     else:
