@@ -297,3 +297,28 @@ def test_running_trials_left_before_heartbeats_are_failed_once_on_resume(tmp_pat
     live = study.ask()  # from now on a running trial is a live worker's: it is kept
     tune.run_tuning(spec, out, trials=3)
     assert _study(out, optuna).trials[live.number].state.name == "RUNNING"
+
+
+def test_a_killed_workers_trial_frees_its_place_once_its_heartbeat_is_stale(tmp_path):
+    """A trial whose worker died (its heartbeat older than the grace period) holding the
+    last place is failed before the budget is counted, and the place is filled."""
+    import sqlite3
+
+    import optuna
+
+    from fedem_private.experiments import tune
+
+    spec = tmp_path / "t.toml"
+    spec.write_text(SPEC.format(trials=2))
+    out = tmp_path / "study"
+    tune.run_tuning(spec, out, trials=1)
+    dead = _study(out, optuna).ask()
+    with sqlite3.connect(out / "study.db") as db:  # its last heartbeat, an hour ago
+        (trial_id,) = db.execute("select trial_id from trials where number = ?",
+                                 (dead.number,)).fetchone()
+        db.execute("insert into trial_heartbeats (trial_id, heartbeat) values "
+                   "(?, datetime('now', '-1 hour'))", (trial_id,))
+    assert tune._work(str(spec), str(out), 2, 1) == 1
+    study = _study(out, optuna)
+    assert study.trials[dead.number].state.name == "FAIL"
+    assert [t.state.name for t in study.trials].count("COMPLETE") == 2
