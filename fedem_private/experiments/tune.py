@@ -363,13 +363,12 @@ def _claims(trials: Any, optuna: Any) -> int:
     return sum(t.state in (complete, running) or _diverged(t, optuna) for t in trials)
 
 
-def _fail_stale(study: Any, optuna: Any) -> bool:
+def _fail_stale(study: Any, optuna: Any) -> None:
     """Fail the running trials whose heartbeat is :data:`GRACE_S` old (their worker was
-    killed), freeing their places before the budget is counted; always False."""
+    killed), freeing their places before the budget is counted."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
-    return False
 
 
 class _OverBudget(Exception):
@@ -449,8 +448,10 @@ def _work(spec: str, out: str, wanted: int, worker: int, best_by: str | None = N
         return float(value)
 
     done = 0
-    while _fail_stale(study, optuna) or _claims(study.get_trials(deepcopy=False),
-                                                optuna) < wanted:
+    while True:
+        _fail_stale(study, optuna)  # a killed worker's place is free again
+        if _claims(study.get_trials(deepcopy=False), optuna) >= wanted:
+            break
         before = len(freed)
         study.optimize(objective, n_trials=1, catch=(Diverged, _OverBudget))
         if stood_down:
