@@ -148,6 +148,17 @@ def recorded_tuning(rows: dict[str, dict[str, Any]], seed: int) -> dict[str, dic
     return out
 
 
+def stale_tuned_rows_dropped(rows: dict[str, dict[str, Any]],
+                             recorded: dict[str, dict[str, Any]],
+                             chosen: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``rows`` without the recorded ``<method>-tuned-seed*`` rows of a baseline whose grid
+    ran here and chose another setting than the recorded one: those rows measured the old
+    choice, so its rungs run again rather than standing under the new label."""
+    changed = {m for m, setting in chosen.items() if m in recorded and recorded[m] != setting}
+    return {name: row for name, row in rows.items()
+            if not any(name.startswith(f"{m}-tuned-seed") for m in changed)}
+
+
 def _finished(runs: Path, name: str, rows: dict[str, dict[str, Any]]
               ) -> dict[str, Any] | None:
     """A rung's figures, {METRICS..., "eps", "seconds"}: from its run directory here, else
@@ -506,7 +517,9 @@ def main(argv: list[str] | None = None) -> int:
                     f"| {lab} | {hr:.4f} | {nd:.4f} | {full:.4f} |\n"
                     for lab, hr, nd, full in grid_rows))
     # the grids that did not run here: an earlier checkout's choices stand
-    tuned = {**recorded_tuning(rows, args.seeds[0]), **tuned}
+    before = recorded_tuning(rows, args.seeds[0])
+    rows = stale_tuned_rows_dropped(rows, before, tuned)
+    tuned = {**before, **tuned}
     tuned_files = [tuple(t.split("=", 1)) for t in args.tuned]
     private = private_rungs(args.dataset, data_dir, args.seeds, tuned_files, args.modes,
                             args.accounted, tuple(args.private_methods), tuple(args.epsilons))

@@ -328,7 +328,7 @@ def test_ladder_table_gets_the_recorded_rows_whether_or_not_the_grids_ran(tmp_pa
                                                                  index=False)
     (runs / "d" / "tune").mkdir(parents=True)
     seen = []
-    monkeypatch.setattr(ladder, "tune", lambda *a: ({"baseline.ease_lambda": 10.0},
+    monkeypatch.setattr(ladder, "tune", lambda *a: ({"baseline.ease_lambda": 50.0},
                                                     [("ease_lambda=10", 0.5, 0.3, 0.1)]))
     monkeypatch.setattr(ladder, "table", lambda *a: seen.append((a[4], a[5])) or "table\n")
     base = ["--dataset", "d", "--data-dir", str(tmp_path), "--runs", str(runs), "--out",
@@ -338,7 +338,7 @@ def test_ladder_table_gets_the_recorded_rows_whether_or_not_the_grids_ran(tmp_pa
     (with_grids, rows), (without, rows_again) = seen
     assert set(rows) == set(rows_again) == {"ease-tuned-seed0"}
     labels = {label for label, _, _ in with_grids}
-    assert "EASE (val-tuned: ease_lambda=10)" in labels  # the grid here ran and chose 10
+    assert "EASE (val-tuned: ease_lambda=50)" in labels  # the grid here ran and chose 50
     assert "EASE (val-tuned: ease_lambda=50)" in {label for label, _, _ in without}
     assert (out / "d-tuning.md").read_text().count("ease_lambda=10") >= 1
 
@@ -393,6 +393,20 @@ def test_ladder_runs_only_the_named_grids_and_keeps_the_others(tmp_path, monkeyp
     text = (out / "d-tuning.md").read_text()
     assert text.index("### ease") < text.index("### centralised")
     assert "old" in text and "chosen by full validation HR@10" in text
+
+
+def test_a_grid_that_chooses_anew_drops_the_recorded_rows_of_the_old_choice():
+    """A recorded tuned rung measured the old choice: when the grid here chooses another
+    setting its rows go (and the rungs run again); an unchanged choice keeps them."""
+    from benchmarks.ladder import stale_tuned_rows_dropped
+
+    rows = {f"{m}-tuned-seed{s}": {} for m in ("ease", "als") for s in (0, 1)}
+    rows["ease-seed0"] = {}
+    recorded = {"ease": {"baseline.ease_lambda": 500.0}, "als": {"baseline.als_alpha": 1.0}}
+    kept = stale_tuned_rows_dropped(rows, recorded, {"ease": {"baseline.ease_lambda": 50.0},
+                                                     "als": {"baseline.als_alpha": 1.0}})
+    assert set(kept) == {"als-tuned-seed0", "als-tuned-seed1", "ease-seed0"}
+    assert stale_tuned_rows_dropped(rows, recorded, {}) == rows
 
 
 def test_dp_mostpop_local_refuses_an_infinite_epsilon():
