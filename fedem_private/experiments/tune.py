@@ -348,15 +348,10 @@ def _diverged(trial: Any, optuna: Any) -> bool:
     return trial.state == optuna.trial.TrialState.FAIL and DIVERGED in trial.user_attrs
 
 
-def _spent(study: Any, optuna: Any) -> int:
-    """Trials that count against the budget: completed ones and diverged ones (a setting
-    that blows up is a finished, if useless, trial; the budget stays equal per method)."""
-    return _completed(study, optuna) + sum(_diverged(t, optuna) for t in study.trials)
-
-
 def _claims(trials: Any, optuna: Any) -> int:
-    """Trials that hold a place in the budget: finished ones (:func:`_spent`'s) and running
-    ones (a live worker's: a killed worker's trial is failed once its heartbeat is
+    """Trials that hold a place in the budget: completed ones, diverged ones (a setting
+    that blows up is a finished, if useless, trial; the budget stays equal per method) and
+    running ones (a live worker's: a killed worker's trial is failed once its heartbeat is
     :data:`GRACE_S` old, and :func:`_fail_unwatched` fails those of workers that ran before
     heartbeats were recorded)."""
     complete, running = optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING
