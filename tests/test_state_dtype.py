@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fedem_private.cli import main
-from fedem_private.server.aggregation import similarity_aggregate
+from fedem_private.server.aggregation import _split_bf16_mm, _widened_mm, similarity_aggregate
 from fedem_private.simulation.config import from_dict
 from fedem_private.simulation.loop import Simulation
 
@@ -96,3 +96,48 @@ def test_unknown_state_dtype_is_one_line(tmp_path, capsys):
                  str(tmp_path / "r")])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "float32, bfloat16" in err
+
+
+def _bf16_step(x: torch.Tensor) -> torch.Tensor:
+    """The gap between consecutive bfloat16 numbers at |x| (8 significant bits)."""
+    exp = torch.floor(torch.log2(x.abs().clamp_min(1e-30)))
+    return torch.pow(2.0, exp - 7)
+
+
+def test_split_bfloat16_product_is_the_widened_float32_one():
+    """The bfloat16 matrix-unit mix (weights split in two bfloat16 parts) is the float32
+    product rounded once: nearly every entry identical, none more than one bfloat16 step
+    away, and each within half a step of the float64 product (float32 slack)."""
+    gen = torch.Generator().manual_seed(3)
+    n, cols = 64, 5000
+    raw = torch.rand(n, n, generator=gen, dtype=torch.float64)
+    w = (raw / raw.sum(dim=1, keepdim=True)).to(torch.float32)
+    src = (torch.randn(1, cols, generator=gen) * 0.1
+           + torch.randn(n, cols, generator=gen) * 0.05).to(torch.bfloat16)
+    fast = torch.empty(n, cols, dtype=torch.bfloat16)
+    wide = torch.empty_like(fast)
+    _split_bf16_mm(w, src, fast, block_bytes=1 << 16)  # several column blocks
+    _widened_mm(w, src, wide)
+    a, b = fast.double(), wide.double()
+    # float32 sums of terms of size |w| |src| can cancel to near zero, where a bfloat16
+    # step is tiny: allow the float32 sum's error (and w's 2^-17 residual) absolutely
+    slack = 2.0 ** -16 * (w.double().abs() @ src.double().abs())
+    assert (a != b).double().mean().item() < 1e-3
+    assert bool(((a - b).abs() <= _bf16_step(torch.maximum(a.abs(), b.abs())) + slack).all())
+    exact = w.double() @ src.double()
+    assert bool(((a - exact).abs() <= 0.5 * _bf16_step(exact) + slack).all())
+
+
+def test_narrow_mix_uses_the_matrix_units_only_where_the_cpu_has_them(monkeypatch):
+    """The dispatch: bfloat16 on a CPU with bfloat16 matrix instructions takes the split
+    product, anything else the widened float32 one."""
+    from fedem_private.server import aggregation as agg
+    calls: list[str] = []
+    monkeypatch.setattr(agg, "_split_bf16_mm", lambda *a, **k: calls.append("split"))
+    monkeypatch.setattr(agg, "_widened_mm", lambda *a, **k: calls.append("wide"))
+    w = torch.ones(2, 2)
+    for has, dtype, want in ((True, torch.bfloat16, "split"), (False, torch.bfloat16, "wide"),
+                             (True, torch.float16, "wide")):
+        monkeypatch.setattr(agg, "cpu_bf16_matmul", lambda has=has: has)
+        agg._narrow_mm(w, torch.ones(2, 3, dtype=dtype), torch.empty(2, 3, dtype=dtype))
+        assert calls.pop() == want

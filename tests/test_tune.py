@@ -322,3 +322,49 @@ def test_a_killed_workers_trial_frees_its_place_once_its_heartbeat_is_stale(tmp_
     study = _study(out, optuna)
     assert study.trials[dead.number].state.name == "FAIL"
     assert [t.state.name for t in study.trials].count("COMPLETE") == 2
+
+
+ROUNDS_SPEC = """
+[tune]
+trials = 1
+seed = 1
+
+[tune.space]
+"train.lr" = { low = 0.01, high = 0.3, log = true }
+
+[base.data.synthetic]
+n_users = 30
+n_items = 40
+mean_activity = 6
+
+[base.train]
+rounds = 4
+local_epochs = 1
+eval_every = 2
+
+[base.federation]
+method = "fedmf"
+"""
+
+
+def test_a_trial_shows_its_progress_each_evaluated_round(tmp_path, capsys):
+    """A long trial is not silent: each evaluated round prints one line with its
+    validation HR@10, reported to Optuna as the trial's intermediate value, and the
+    study file records the rounds done."""
+    import optuna
+
+    spec = tmp_path / "t.toml"
+    spec.write_text(ROUNDS_SPEC)
+    out = tmp_path / "study"
+    assert main(["tune", str(spec), "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("tune: trial 0")]
+    assert [line.split(",")[1].strip() for line in lines] == ["round 2/4", "round 4/4"]
+    trial = optuna.load_study(study_name=None, storage=f"sqlite:///{out / 'study.db'}"
+                              ).trials[0]
+    assert trial.user_attrs["round"] == 4
+    rows = _read(Path(trial.user_attrs["run_dir"]) / "metrics.csv")
+    assert {int(r["round"]): pytest.approx(float(r["val_hr@10"])) for r in rows} == \
+        trial.intermediate_values
+    assert all(f"sampled validation HR@10 {float(r['val_hr@10']):.4f}" in line
+               for r, line in zip(rows, lines, strict=True))

@@ -185,8 +185,15 @@ def test_a_private_search_releases_only_noisy_scores_and_accounts_for_itself(tmp
     spec = _spec(tmp_path)
     out = tmp_path / "s"
     assert main(["tune", str(spec), "--out", str(out)]) == 0
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert "privacy of the search" in printed and "only the choice seen" in printed
+    # a trial's progress shows its rounds, never its (unreleased) validation score
+    progress = [line for line in captured.err.splitlines() if line.startswith("tune: trial")]
+    assert progress and all(line.endswith("round 3/3") for line in progress)
+    import optuna
+    study = optuna.load_study(study_name=None, storage=f"sqlite:///{out / 'study.db'}")
+    assert all(not t.intermediate_values for t in study.trials)
     assert "best noisy sampled validation HR@10" in printed
     drawn = load_private(spec).count().draw(2)
     with (out / "trials.csv").open() as fh:

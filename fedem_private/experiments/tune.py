@@ -40,6 +40,9 @@ process on the same ``--out`` joins the study too: its sampler's seed counts the
 already in the file, so start it once the first has begun a trial. A running trial holds
 its place in the budget, so workers never run more trials than it allows; a killed
 worker's trial is failed (and its place freed) once its heartbeat is five minutes old.
+A running trial prints one line on stderr per evaluated round (its validation HR@10, also
+the trial's Optuna intermediate value; the round alone under private tuning) and keeps
+the rounds it has done in its ``round`` user attribute.
 
 Tuning a private run on the same data leaks (Papernot and Steinke 2022): the chosen
 setting is itself a function of the data, which no run's epsilon accounts for. Report
@@ -72,8 +75,9 @@ import csv
 import json
 import math
 import os
+import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -426,8 +430,10 @@ def _work(spec: str, out: str, wanted: int, worker: int, best_by: str | None = N
         overrides = {**params, "train.select_round": goal.rule}
         cfg = with_overrides(from_dict(base), overrides).validate().resolved()
         path = root / "trials" / f"{trial.number:04d}"
-        try:
-            summary = execute(cfg, path, force=True)  # frees its run before returning
+        try:  # frees its run before returning
+            summary = execute(cfg, path, force=True,
+                              on_round=_progress(trial, goal, cfg.train.rounds,
+                                                 shown=private is None))
             freed.append(trial.number)
         except Diverged as exc:  # recorded as a FAIL trial with its reason; the study goes on
             trial.set_user_attr(DIVERGED, str(exc))
@@ -457,6 +463,29 @@ def _work(spec: str, out: str, wanted: int, worker: int, best_by: str | None = N
         if _completed(study, optuna):
             _write_outputs(study, root, optuna, best_by, private is not None, goal)
     return done
+
+
+def _progress(trial: Any, goal: Objective, rounds: int, shown: bool,
+              err: TextIO | None = None) -> Callable[[Any], None]:
+    """A trial's progress, called after each of its rounds: the user attribute ``round``
+    (the rounds done, for anyone reading the study file) and, on each evaluated round,
+    one line on stderr. Where ``shown`` (no private tuning) the line carries the
+    objective's validation HR@10 of that round, also reported to Optuna as the trial's
+    intermediate value; under private tuning only the round is shown, since a trial's
+    validation score leaves it only through the noisy count (:func:`_released`)."""
+
+    def on_round(stats: Any) -> None:
+        trial.set_user_attr("round", int(stats.round))
+        if stats.metrics is None:
+            return
+        line = f"tune: trial {trial.number}, round {stats.round}/{rounds}"
+        value = (stats.metrics.get(goal.kind) or {}).get("hr@10")
+        if shown and value is not None and math.isfinite(value):
+            trial.report(float(value), int(stats.round))
+            line += f", {goal.words} {value:.4f}"
+        print(line, file=err or sys.stderr, flush=True)
+
+    return on_round
 
 
 def _released(val: dict[str, Any], private: PrivateTuning, seed: int, number: int) -> float:
