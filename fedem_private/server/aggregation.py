@@ -17,8 +17,9 @@ Weights are float64 tensors; tables keep their own dtype and device.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor
@@ -457,9 +458,8 @@ def _widened_mm(w: Tensor, src: Tensor, out: Tensor, block_bytes: int = 1 << 26)
     source) widened at a time: a float32 copy of the whole (n, m d) source is what a narrow
     state dtype is there to avoid. The reference :func:`_split_bf16_mm` is tested against."""
     w32 = w.to(torch.float32)
-    cols = max(1, block_bytes // (4 * max(1, src.shape[0])))
-    for c in range(0, src.shape[1], cols):
-        out[:, c: c + cols] = torch.mm(w32, src[:, c: c + cols].to(torch.float32))
+    for cols in _column_blocks(src, block_bytes):
+        out[:, cols] = torch.mm(w32, src[:, cols].to(torch.float32))
 
 
 def _split_bf16_mm(w: Tensor, src: Tensor, out: Tensor, block_bytes: int = 1 << 26) -> None:
@@ -478,30 +478,32 @@ def _split_bf16_mm(w: Tensor, src: Tensor, out: Tensor, block_bytes: int = 1 << 
     hi = w32.to(torch.bfloat16)
     lo = (w32 - hi.to(torch.float32)).to(torch.bfloat16)
     both = torch.cat([hi, lo], dim=1)
-    cols = max(1, block_bytes // (4 * max(1, src.shape[0])))
-    for c in range(0, src.shape[1], cols):
-        block = src[:, c: c + cols]
-        out[:, c: c + cols] = torch.mm(both, torch.cat([block, block], dim=0))
+    for cols in _column_blocks(src, block_bytes):
+        block = src[:, cols]
+        out[:, cols] = torch.mm(both, torch.cat([block, block], dim=0))
 
 
-_CPU_BF16: list[bool] = []
+def _column_blocks(src: Tensor, block_bytes: int) -> Iterator[slice]:
+    """The column slices of the (n, c) ``src`` a narrow mix takes at a time: about
+    ``block_bytes`` of float32 source each."""
+    step = max(1, block_bytes // (4 * max(1, src.shape[0])))
+    for c in range(0, src.shape[1], step):
+        yield slice(c, c + step)
 
 
+@functools.cache
 def cpu_bf16_matmul() -> bool:
     """Whether this CPU multiplies bfloat16 matrices in hardware (the Linux flags
     ``amx_bf16`` or ``avx512_bf16``), read once. Elsewhere (no such flag, no
     ``/proc/cpuinfo``) bfloat16 products are emulated and slower than float32, so
     :func:`_narrow_mm` widens instead."""
-    if not _CPU_BF16:
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8") as f:
-                flags = next((line.split(":", 1)[1].split() for line in f
-                              if line.startswith("flags")), [])
-        except OSError:
-            flags = []
-        _CPU_BF16.append(bool({"amx_bf16", "avx512_bf16"} & set(flags))
-                         and torch.backends.mkldnn.is_available())
-    return _CPU_BF16[0]
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f
+                          if line.startswith("flags")), [])
+    except OSError:
+        flags = []
+    return bool({"amx_bf16", "avx512_bf16"} & set(flags)) and torch.backends.mkldnn.is_available()
 
 
 def _chunk_weights(p_part: Tensor, dists: Tensor, dist_rows: Tensor, fallback: Tensor,

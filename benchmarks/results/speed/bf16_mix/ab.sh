@@ -1,7 +1,7 @@
 #!/bin/bash
 cd /work/main
 for side in new old new old; do
-  if [ $side = old ]; then pre="import fedem_private.server.aggregation as a; a._CPU_BF16[:] = [False];"; else pre=""; fi
+  if [ $side = old ]; then pre="import fedem_private.server.aggregation as a; a.cpu_bf16_matmul = lambda: False;"; else pre=""; fi
   OMP_NUM_THREADS=1 /usr/bin/time -f "$side maxrss_kb=%M wall=%e" /work/venv/bin/python -c "
 $pre
 import runpy, sys
