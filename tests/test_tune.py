@@ -301,7 +301,8 @@ def test_running_trials_left_before_heartbeats_are_failed_once_on_resume(tmp_pat
 
 def test_a_killed_workers_trial_frees_its_place_once_its_heartbeat_is_stale(tmp_path):
     """A trial whose worker died (its heartbeat older than the grace period) holding the
-    last place is failed before the budget is counted, and the place is filled."""
+    last place is failed before the budget is counted, and the place is filled by a
+    trial of the same setting."""
     import sqlite3
 
     import optuna
@@ -312,7 +313,8 @@ def test_a_killed_workers_trial_frees_its_place_once_its_heartbeat_is_stale(tmp_
     spec.write_text(SPEC.format(trials=2))
     out = tmp_path / "study"
     tune.run_tuning(spec, out, trials=1)
-    dead = _study(out, optuna).ask()
+    dead = _study(out, optuna).ask(
+        {"baseline.ease_lambda": optuna.distributions.FloatDistribution(1.0, 1000.0, log=True)})
     with sqlite3.connect(out / "study.db") as db:  # its last heartbeat, an hour ago
         (trial_id,) = db.execute("select trial_id from trials where number = ?",
                                  (dead.number,)).fetchone()
@@ -322,6 +324,10 @@ def test_a_killed_workers_trial_frees_its_place_once_its_heartbeat_is_stale(tmp_
     study = _study(out, optuna)
     assert study.trials[dead.number].state.name == "FAIL"
     assert [t.state.name for t in study.trials].count("COMPLETE") == 2
+    # its setting was queued again and is the one that filled the place
+    (retry,) = [t for t in study.trials if t.system_attrs.get("failed_trial") == dead.number]
+    assert retry.state.name == "COMPLETE"
+    assert retry.params == dead.params
 
 
 ROUNDS_SPEC = """

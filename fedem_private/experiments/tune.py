@@ -39,7 +39,9 @@ seed; parallel workers are not (the trial order depends on timing). A second ``t
 process on the same ``--out`` joins the study too: its sampler's seed counts the trials
 already in the file, so start it once the first has begun a trial. A running trial holds
 its place in the budget, so workers never run more trials than it allows; a killed
-worker's trial is failed (and its place freed) once its heartbeat is five minutes old.
+worker's trial is failed (and its place freed) once its heartbeat is five minutes old,
+and its setting is queued again (up to :data:`RETRIES` times; the new trial's
+``failed_trial`` system attribute names the killed one), so a killed study loses no setting.
 A running trial prints one line on stderr per evaluated round (its validation HR@10, also
 the trial's Optuna intermediate value; the round alone under private tuning) and keeps
 the rounds it has done in its ``round`` user attribute.
@@ -112,6 +114,7 @@ SQLITE_TIMEOUT_S = 120.0  # how long a worker waits for the study file's lock
 # than the grace period (its worker was killed) is failed before the next trial starts
 HEARTBEAT_S = 60
 GRACE_S = 300
+RETRIES = 2  # how often a killed worker's setting is queued again
 OVER_BUDGET = "over_budget"  # user attr of a trial that found the budget claimed and stopped
 
 
@@ -323,7 +326,8 @@ def _open_study(optuna: Any, root: Path, sampler_seed: int, independent: bool = 
         storage = optuna.storages.RDBStorage(
             f"sqlite:///{(root / 'study.db').resolve()}",
             engine_kwargs={"connect_args": {"timeout": SQLITE_TIMEOUT_S}},
-            heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
+            heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+            failed_trial_callback=optuna.storages.RetryFailedTrialCallback(max_retry=RETRIES))
     return optuna.create_study(
         study_name="fedem-private-tune", storage=storage,
         sampler=sampler, direction="maximize",
@@ -364,7 +368,8 @@ def _claims(trials: Any, optuna: Any) -> int:
 
 def _fail_stale(study: Any, optuna: Any) -> None:
     """Fail the running trials whose heartbeat is :data:`GRACE_S` old (their worker was
-    killed), freeing their places before the budget is counted."""
+    killed), freeing their places before the budget is counted; the storage's callback
+    queues each one's setting again (:func:`_open_study`)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
