@@ -326,12 +326,21 @@ def _open_study(optuna: Any, root: Path, sampler_seed: int, independent: bool = 
         storage = optuna.storages.RDBStorage(
             f"sqlite:///{(root / 'study.db').resolve()}",
             engine_kwargs={"connect_args": {"timeout": SQLITE_TIMEOUT_S}},
-            heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
-            failed_trial_callback=optuna.storages.RetryFailedTrialCallback(max_retry=RETRIES))
+            heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S, **_retry(optuna))
     return optuna.create_study(
         study_name="fedem-private-tune", storage=storage,
         sampler=sampler, direction="maximize",
         load_if_exists=True)
+
+
+def _retry(optuna: Any) -> dict[str, Any]:
+    """The storage argument that queues a killed worker's setting again (Optuna 4.9
+    renamed it; older releases take the first form)."""
+    storages = optuna.storages
+    if hasattr(storages, "RetryHeartbeatStaleTrialCallback"):
+        return {"heartbeat_stale_trial_callback":
+                storages.RetryHeartbeatStaleTrialCallback(max_retry=RETRIES)}
+    return {"failed_trial_callback": storages.RetryFailedTrialCallback(max_retry=RETRIES)}
 
 
 def _keep_objective(study: Any, goal: Objective) -> None:
