@@ -114,7 +114,8 @@ def _progress_hooks(cfg: RunConfig) -> tuple[Callable, Callable, Callable]:
         nonlocal bar
         from tqdm import tqdm
 
-        bar = tqdm(total=cfg.train.rounds, desc=f"{cfg.federation.method} rounds",
+        bar = tqdm(total=cfg.train.rounds, initial=sim.state.round,  # resumed: not 0
+                   desc=f"{cfg.federation.method} rounds",
                    unit="round", file=sys.stderr, dynamic_ncols=True)
 
     def on_round(stats: Any) -> None:
@@ -141,7 +142,8 @@ def _progress_hooks(cfg: RunConfig) -> tuple[Callable, Callable, Callable]:
 
 def run(config: RunConfig | Mapping[str, Any] | str | Path | None = None,
         out: str | Path | None = None, *, overrides: Mapping[str, Any] | None = None,
-        force: bool = False, progress: bool = False, warn: bool = True) -> Result:
+        force: bool = False, progress: bool = False, warn: bool = True,
+        checkpoint_every: int | None = None) -> Result:
     """Train one configuration and write its run directory; returns the :class:`Result`.
 
     ``config``: see :func:`resolve_config` (``{"record": {"rounds": "last"}}``
@@ -149,7 +151,10 @@ def run(config: RunConfig | Mapping[str, Any] | str | Path | None = None,
     directory (default ``runs/<dataset>-<method>-<time>``, ``-2`` added when taken); an existing
     non-empty one is replaced only with ``force``. ``progress``: a bar on stderr.
     ``warn``: the run's warnings (mis-set clipping, many cold test items) are issued
-    as :class:`RunWarning` (the command prints them itself).
+    as :class:`RunWarning` (the command prints them itself). ``checkpoint_every``: save
+    the run's state every that many rounds to ``<out>.checkpoint``; calling again with the
+    same config and ``out`` resumes a killed run from it
+    (:mod:`fedem_private.experiments.checkpoint`; needs ``out``, not with recording).
     """
     cfg = resolve_config(config, overrides)
     if cfg.data.data_dir is not None and not Path(cfg.data.data_dir).expanduser().exists():
@@ -158,14 +163,25 @@ def run(config: RunConfig | Mapping[str, Any] | str | Path | None = None,
     from fedem_private.experiments.runner import execute, recording_hook
     from fedem_private.simulation.config import BASELINE_METHODS
 
-    path, made = (Path(out), []) if out is not None else reserve_default_out(cfg)
     baseline = cfg.federation.resolved_method in BASELINE_METHODS  # no rounds, no hooks
+    checkpoint = None
+    if checkpoint_every is not None and not baseline:
+        from fedem_private.experiments.checkpoint import Checkpointing
+
+        if out is None:
+            raise UserError("--checkpoint-every needs --out: a killed run resumes by its "
+                            "directory's name")
+        if cfg.record.parsed_rounds():
+            raise UserError("--checkpoint-every does not combine with --record-rounds (the "
+                            "recording would miss the rounds before a resumption)")
+        checkpoint = Checkpointing(checkpoint_path(out), checkpoint_every)
+    path, made = (Path(out), []) if out is not None else reserve_default_out(cfg)
     on_start, on_round, close = ((None, None, lambda: None) if baseline
                                  else _progress_hooks(cfg))
     try:
         execute(cfg, path, force=force, setup=None if baseline else recording_hook(cfg),
                 on_start=on_start if progress else None,
-                on_round=on_round if progress else None)
+                on_round=on_round if progress else None, checkpoint=checkpoint)
     except BaseException:
         if out is None:  # free the name reserved for this run (and runs/ if made for it)
             with contextlib.suppress(OSError):
@@ -181,6 +197,13 @@ def run(config: RunConfig | Mapping[str, Any] | str | Path | None = None,
             if text:
                 warnings.warn(f"{path}: {text}", RunWarning, stacklevel=2)
     return result
+
+
+def checkpoint_path(out: str | Path) -> Path:
+    """Where :func:`run` keeps the checkpoint of the run going into ``out``: beside it,
+    ``<out>.checkpoint``."""
+    out = Path(out).expanduser()
+    return out.with_name(out.name + ".checkpoint")
 
 
 def load_run(run_dir: str | Path) -> Result:

@@ -274,6 +274,10 @@ def _add_output_flags(group: Any) -> None:
     group.add_argument("--record-clients", metavar="N", type=_integer,
                        help="record the first N client ids (default 100; needs "
                             "--record-rounds)")
+    group.add_argument("--checkpoint-every", metavar="N", type=_integer,
+                       help="save the run's state every N rounds to <out>.checkpoint; run "
+                            "the same command again to resume a killed run from it (needs "
+                            "--out; not with --record-rounds)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -467,7 +471,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
         print(to_toml(to_dict(cfg)), end="")
         return 0
-    res = api.run(cfg, args.out, force=args.force, progress=not args.no_progress, warn=False)
+    res = api.run(cfg, args.out, force=args.force, progress=not args.no_progress, warn=False,
+                  checkpoint_every=args.checkpoint_every)
     summary = res.summary
     m = summary["metrics"] or {}
     print(f"wrote {args.out or res.run_dir}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -374,3 +375,70 @@ def test_a_trial_shows_its_progress_each_evaluated_round(tmp_path, capsys):
         trial.intermediate_values
     assert all(f"sampled validation HR@10 {float(r['val_hr@10']):.4f}" in line
                for r, line in zip(rows, lines, strict=True))
+
+
+CHECKPOINT_SPEC = """
+[tune]
+trials = 1
+seed = 1
+checkpoint_every = 2
+
+[tune.space]
+"train.lr" = { choices = [0.05] }
+
+[base.data.synthetic]
+n_users = 30
+n_items = 40
+mean_activity = 6
+
+[base.train]
+rounds = 4
+local_epochs = 1
+eval_every = 2
+
+[base.federation]
+method = "fedmf"
+"""
+
+
+def test_a_killed_trial_resumes_from_its_checkpoint(tmp_path, monkeypatch):
+    """With checkpoint_every, a trial's run saves its state keyed by its config; a trial
+    of the same setting (the retry of a killed one) resumes it, and the finished trial
+    removes it."""
+    from fedem_private.simulation.loop import Simulation
+
+    spec = tmp_path / "t.toml"
+    spec.write_text(CHECKPOINT_SPEC)
+    out = tmp_path / "study"
+    real_step = Simulation.step
+
+    class Killed(Exception):
+        pass
+
+    def step_then_die(self):
+        stats = real_step(self)
+        if stats.round == 3:
+            raise Killed
+        return stats
+
+    monkeypatch.setattr(Simulation, "step", step_then_die)
+    from fedem_private.experiments import tune
+
+    with pytest.raises(Killed):
+        tune.run_tuning(spec, out)
+    assert len(list((out / "checkpoints").iterdir())) == 1
+    monkeypatch.setattr(Simulation, "step", real_step)
+    assert tune.run_tuning(spec, out)["completed"] == 1
+    (done,) = [r for r in _read(out / "trials.csv")]
+    summary = json.loads((Path(done["run_dir"]) / "summary.json").read_text())
+    assert summary["checkpoint"]["resumed_at"] == [2]
+    assert list((out / "checkpoints").iterdir()) == []
+
+
+def test_checkpoint_every_is_checked(tmp_path):
+    from fedem_private.experiments import tune
+
+    spec = tmp_path / "t.toml"
+    spec.write_text(CHECKPOINT_SPEC.replace("checkpoint_every = 2", "checkpoint_every = 0"))
+    with pytest.raises(UserError, match="checkpoint_every must be a positive"):
+        tune.load_tune_spec(spec)

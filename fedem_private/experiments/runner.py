@@ -11,6 +11,9 @@ from fedem_private._version import __version__
 from fedem_private.data import leave_one_out, load_dataset
 from fedem_private.data.attributes import item_attributes
 from fedem_private.data.split import cold_share
+from fedem_private.errors import UserError
+from fedem_private.experiments import checkpoint as checkpoints
+from fedem_private.experiments.checkpoint import Checkpointing
 from fedem_private.experiments.rundir import RunDir
 from fedem_private.hostmem import release_between_runs
 from fedem_private.simulation.config import (
@@ -220,35 +223,76 @@ def execute(cfg: RunConfig, out: str | Path,
             force: bool = False,
             on_round: Callable[[RoundStats], None] | None = None,
             setup: Callable[[Simulation, Path], None] | None = None,
-            on_start: Callable[[Simulation], None] | None = None) -> dict[str, Any]:
+            on_start: Callable[[Simulation], None] | None = None,
+            checkpoint: Checkpointing | None = None) -> dict[str, Any]:
     """Run ``cfg`` and write ``out`` atomically; returns the summary.
 
     ``setup`` may attach observers (e.g. recording) and write into the run
     directory before the first round. A baseline method (docs/design.md section 14) has no
     rounds: it is fitted and evaluated by
     :func:`~fedem_private.experiments.baseline_run.execute_baseline` (the hooks do not
-    apply).
+    apply). ``checkpoint``: the run's state is saved every few rounds and, when a
+    checkpoint of this config is there already, the run resumes from it (``on_round`` then
+    sees the remaining rounds only; :mod:`fedem_private.experiments.checkpoint`); it is
+    removed once the run directory is written. Recording (``setup``) writes what the
+    server saw into the run directory as the run goes, so it does not combine with one.
     """
     if cfg.federation.resolved_method in BASELINE_METHODS:
         from fedem_private.experiments.baseline_run import execute_baseline
 
         return execute_baseline(cfg, out, force=force)
+    if checkpoint is not None and setup is not None:
+        raise UserError("a checkpointed run cannot record what the server saw (the "
+                        "recording would miss the rounds before a resumption)")
     with RunDir(out, force=force) as writer:  # the temporary folder is made by the with
-        sim = prepare(cfg)
+        config = to_toml(to_dict(cfg.validate().resolved()))
+        resumed = checkpoints.load(checkpoint, config) if checkpoint is not None else None
+        sim = resumed.sim if resumed is not None else prepare(cfg)
         if setup is not None:
             setup(sim, writer.path)
         writer.write_text("config.toml", to_toml(to_dict(sim.view.cfg)))
         if on_start is not None:
             on_start(sim)
-        t0 = time.perf_counter()
-        history = sim.run(on_round=on_round)
-        wall = time.perf_counter() - t0
+        history, wall, resumes = _rounds(sim, on_round, checkpoint, config, resumed)
         rows = [h.row() for h in history if h.metrics is not None]
         writer.write_csv("metrics.csv", rows)
         summary = summarise(sim.view, history, wall)
+        resumption = checkpoints.summary(resumes)
+        if resumption is not None:
+            summary["checkpoint"] = resumption
         writer.write_json("summary.json", summary)
         writer.write_json("privacy_ledger.json", sim.view.privacy_ledger())
         writer.commit()
-    del sim  # it sits in reference cycles: collect it now, not some runs later
+    if checkpoint is not None:
+        checkpoints.discard(checkpoint)
+    del sim, resumed  # they sit in reference cycles: collect them now, not some runs later
     release_between_runs()
     return summary
+
+
+def _rounds(sim: Simulation, on_round: Callable[[RoundStats], None] | None,
+            checkpoint: Checkpointing | None, config: str,
+            resumed: checkpoints.Resumed | None
+            ) -> tuple[list[RoundStats], float, list[dict[str, Any]]]:
+    """The run's remaining rounds: every round's stats (those before a resumption
+    included), the seconds they took (writing checkpoints not counted) and the
+    resumptions; a checkpoint written when due."""
+    history = [] if resumed is None else resumed.history
+    before = 0.0 if resumed is None else resumed.seconds
+    resumes = [] if resumed is None else resumed.resumes
+    rounds = sim.cfg.train.rounds
+    t0, saving = time.perf_counter(), 0.0  # the seconds spent writing checkpoints
+
+    def wall() -> float:
+        return before + time.perf_counter() - t0 - saving
+
+    while sim.state.round < rounds:
+        stats = sim.step()
+        history.append(stats)
+        if on_round is not None:
+            on_round(stats)
+        if checkpoint is not None and checkpoint.due(stats.round, rounds):
+            t_save = time.perf_counter()
+            checkpoints.save(checkpoint, config, sim, history, wall(), resumes)
+            saving += time.perf_counter() - t_save
+    return history, wall(), resumes

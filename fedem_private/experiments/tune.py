@@ -44,7 +44,10 @@ and its setting is queued again (up to :data:`RETRIES` times; the new trial's
 ``failed_trial`` system attribute names the killed one), so a killed study loses no setting.
 A running trial prints one line on stderr per evaluated round (its validation HR@10, also
 the trial's Optuna intermediate value; the round alone under private tuning) and keeps
-the rounds it has done in its ``round`` user attribute.
+the rounds it has done in its ``round`` user attribute. With ``[tune] checkpoint_every =
+N`` a trial saves its run's state every N rounds in ``<out>/checkpoints`` (keyed by its
+config), so the retry of a killed trial resumes the run where it stopped
+(:mod:`fedem_private.experiments.checkpoint`); use it where a trial takes hours.
 
 Tuning a private run on the same data leaks (Papernot and Steinke 2022): the chosen
 setting is itself a function of the data, which no run's epsilon accounts for. Report
@@ -74,6 +77,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import hashlib
 import json
 import math
 import os
@@ -154,11 +158,12 @@ def load_tune_spec(path: str | Path) -> tuple[dict[str, Any], dict[str, dict[str
                         f"and [base]")
     tune = values.get("tune") or {}
     base = values.get("base") or {}
-    extra = set(tune) - {"trials", "seed", "space", "private", "objective"}
+    extra = set(tune) - {"trials", "seed", "space", "private", "objective", "checkpoint_every"}
     if extra:
         raise UserError(f"[tune]: unknown key {sorted(extra)[0]!r}; known: trials, seed, "
-                        f"space, private, objective")
+                        f"space, private, objective, checkpoint_every")
     load_objective(path)
+    load_checkpoint_every(path)
     trials, seed = tune.get("trials", 20), tune.get("seed", 0)
     for name, value in (("trials", trials), ("seed", seed)):
         if isinstance(value, bool) or not isinstance(value, int) or value < (name == "trials"):
@@ -184,6 +189,29 @@ def load_objective(path: str | Path) -> Objective:
         raise UserError(f"[tune] objective must be one of {', '.join(OBJECTIVES)}, "
                         f"got {name!r}")
     return OBJECTIVES[name]
+
+
+def load_checkpoint_every(path: str | Path) -> int | None:
+    """The checked ``[tune] checkpoint_every`` of a tuning file: the rounds between a
+    trial's checkpoints (None: no checkpoints)."""
+    every = (read_toml(path, "tuning file").get("tune") or {}).get("checkpoint_every")
+    if every is not None and (isinstance(every, bool) or not isinstance(every, int)
+                              or every < 1):
+        raise UserError(f"[tune] checkpoint_every must be a positive number of rounds, "
+                        f"got {every!r}")
+    return every
+
+
+def _checkpoint(root: Path, cfg: Any, every: int | None) -> Any:
+    """A trial's :class:`~fedem_private.experiments.checkpoint.Checkpointing`, or None:
+    ``<out>/checkpoints/<key>``, the key a hash of the trial's resolved config, so the
+    retry of a killed trial (same setting, another number) resumes its run."""
+    if every is None:
+        return None
+    from fedem_private.experiments.checkpoint import Checkpointing
+
+    key = hashlib.sha256(to_toml(to_dict(cfg)).encode()).hexdigest()[:16]
+    return Checkpointing(root / "checkpoints" / f"{key}.checkpoint", every)
 
 
 @dataclass(frozen=True)
@@ -420,6 +448,7 @@ def _work(spec: str, out: str, wanted: int, worker: int, best_by: str | None = N
     base, space, _, seed = load_tune_spec(spec)
     private = load_private(spec)
     goal = load_objective(spec)
+    every = load_checkpoint_every(spec)
     independent = private is not None and private.mean_trials is not None
     root = Path(out)
     study = _open_study(optuna, root, seed + worker, independent)
@@ -444,14 +473,20 @@ def _work(spec: str, out: str, wanted: int, worker: int, best_by: str | None = N
         overrides = {**params, "train.select_round": goal.rule}
         cfg = with_overrides(from_dict(base), overrides).validate().resolved()
         path = root / "trials" / f"{trial.number:04d}"
+        checkpoint = _checkpoint(root, cfg, every)
         try:  # frees its run before returning
             summary = execute(cfg, path, force=True,
                               on_round=_progress(trial, goal, cfg.train.rounds,
-                                                 shown=private is None))
+                                                 shown=private is None),
+                              checkpoint=checkpoint)
             freed.append(trial.number)
         except Diverged as exc:  # recorded as a FAIL trial with its reason; the study goes on
             trial.set_user_attr(DIVERGED, str(exc))
             trial.set_user_attr("run_dir", str(path))
+            if checkpoint is not None:  # a retry would diverge again
+                from fedem_private.experiments.checkpoint import discard
+
+                discard(checkpoint)
             raise
         metrics = summary.get("metrics") or {}
         value = (metrics.get(goal.kind) or {}).get("hr@10")

@@ -402,6 +402,21 @@ class Simulation:
         #: what the harness (recording, summaries, benchmarks) reads of the run
         self.view = self._make_view()
 
+    # the harness's attachments, left out of a pickled simulation (checkpoints) and made
+    # afresh when it is read back: the view's accessors are closures over the live run
+    _UNPICKLED = ("view", "observers", "aggregate_observers")
+
+    def __getstate__(self) -> dict[str, object]:
+        """The run's state for a checkpoint (:mod:`fedem_private.experiments.checkpoint`):
+        every attribute but the view and the observers."""
+        return {k: v for k, v in self.__dict__.items() if k not in self._UNPICKLED}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self.observers = []
+        self.aggregate_observers = []
+        self.view = self._make_view()
+
     def _make_view(self) -> RunView:
         """The run's read-only :class:`~fedem_private.simulation.view.RunView`: its
         accessors read the live round, host allocator flag and privacy reports (after

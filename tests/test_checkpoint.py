@@ -1,0 +1,158 @@
+"""Checkpoints: a run killed part way resumes from its last checkpoint and ends with the
+numbers of a run that never stopped (fedem_private/experiments/checkpoint.py)."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import torch
+
+from fedem_private.errors import UserError
+from fedem_private.experiments import checkpoint as checkpoints
+from fedem_private.experiments.checkpoint import Checkpointing
+from fedem_private.experiments.runner import execute
+from fedem_private.simulation.config import from_dict, with_overrides
+from fedem_private.simulation.loop import Simulation
+
+BASE = {"data": {"dataset": "synthetic",
+                 "synthetic": {"n_users": 30, "n_items": 40, "mean_activity": 8}},
+        "train": {"rounds": 5, "eval_every": 1, "local_epochs": 1, "dim": 8}}
+
+# the parts that keep state between rounds: merge adapters, similarity weights, narrow
+# state, server momentum, a central and a local mechanism's accounting, a FedPEFT codec
+CASES = {
+    "fedem-dm-similarity-bf16": {"federation.method": "fedem", "federation.merge": "dm",
+                                 "federation.aggregation": "similarity",
+                                 "train.state_dtype": "bfloat16"},
+    "fedem-sm-momentum": {"federation.method": "fedem", "federation.merge": "sm",
+                          "federation.aggregation": "fedavg",
+                          "federation.server_momentum": 0.9},
+    "fedmf-cdp": {"federation.method": "fedmf", "privacy.mode": "cdp-gaussian",
+                  "privacy.epsilon": 4.0},
+    "fedmf-ldp-dpsgd": {"federation.method": "fedmf", "privacy.mode": "ldp-dpsgd",
+                        "privacy.epsilon": 4.0},
+    "fedmf-peft-c-lora": {"federation.method": "fedmf", "federation.codec": "c-lora",
+                     "federation.peft_warmup": 2},
+}
+
+
+class Killed(Exception):
+    """Stands in for a kill part way through a run."""
+
+
+def _cfg(over):
+    return with_overrides(from_dict(BASE), over).validate().resolved()
+
+
+def _rows(run):
+    with (run / "metrics.csv").open() as fh:
+        return [{k: v for k, v in row.items() if k != "seconds"} for row in csv.DictReader(fh)]
+
+
+def _kill_after(round_):
+    def on_round(stats):
+        if stats.round == round_:
+            raise Killed
+    return on_round
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_killed_run_resumes_with_the_numbers_of_one_that_never_stopped(tmp_path, case):
+    cfg = _cfg(CASES[case])
+    straight = execute(cfg, tmp_path / "straight")
+    ck = Checkpointing(tmp_path / "run.checkpoint", every=2)
+    with pytest.raises(Killed):  # killed after round 3: the checkpoint of round 2 is kept
+        execute(cfg, tmp_path / "resumed", checkpoint=ck, on_round=_kill_after(3))
+    assert ck.path.exists() and not (tmp_path / "resumed").exists()
+    seen = []
+    resumed = execute(cfg, tmp_path / "resumed", checkpoint=ck,
+                      on_round=lambda stats: seen.append(stats.round))
+    assert seen == [3, 4, 5]  # rounds 1 and 2 came from the checkpoint
+    assert _rows(tmp_path / "resumed") == _rows(tmp_path / "straight")
+    assert resumed["metrics"] == straight["metrics"]
+    assert resumed["privacy"] == straight["privacy"]
+    assert resumed.get("selected") == straight.get("selected")
+    assert resumed["checkpoint"] == {"resumed_at": [2], "code_changed": False}
+    assert "checkpoint" not in straight
+    assert not ck.path.exists()  # removed once the run directory is written
+    ledger = json.loads((tmp_path / "resumed" / "privacy_ledger.json").read_text())
+    assert ledger == json.loads((tmp_path / "straight" / "privacy_ledger.json").read_text())
+
+
+def test_the_state_read_back_is_the_state_saved(tmp_path):
+    """Every tensor of the simulation survives the round trip bit for bit, and the copy
+    gets a fresh view and no observers."""
+    from fedem_private.experiments.runner import prepare
+
+    sim = prepare(_cfg(CASES["fedem-dm-similarity-bf16"]))
+    sim.observe(on_chunk=lambda view: None)
+    sim.step()
+    ck = Checkpointing(tmp_path / "c", every=1)
+    checkpoints.save(ck, "cfg", sim, [], 1.5, [])
+    back = checkpoints.load(ck, "cfg")
+    assert back is not None and back.round == 1 and back.seconds == 1.5
+    assert isinstance(back.sim, Simulation) and back.sim.observers == []
+    assert back.sim.view.round == 1
+    assert torch.equal(back.sim.state.q_local, sim.state.q_local)
+    assert back.sim.state.q_local.dtype == torch.bfloat16
+    assert torch.equal(back.sim.aggregator.table, sim.aggregator.table)
+
+
+def test_a_checkpoint_of_another_config_or_a_broken_file_is_refused(tmp_path):
+    cfg = _cfg({"federation.method": "fedmf"})
+    ck = Checkpointing(tmp_path / "run.checkpoint", every=1)
+    with pytest.raises(Killed):
+        execute(cfg, tmp_path / "a", checkpoint=ck, on_round=_kill_after(2))
+    other = _cfg({"federation.method": "fedmf", "train.lr": 0.5})
+    with pytest.raises(UserError, match="another configuration"):
+        execute(other, tmp_path / "b", checkpoint=ck)
+    ck.path.write_bytes(b"not a checkpoint")
+    with pytest.raises(UserError, match="not a readable checkpoint"):
+        execute(cfg, tmp_path / "c", checkpoint=ck)
+    with pytest.raises(UserError, match="positive number of rounds"):
+        Checkpointing(tmp_path / "d", every=0)
+
+
+def test_a_resumption_after_the_code_changed_is_said_in_the_summary(tmp_path, monkeypatch):
+    cfg = _cfg({"federation.method": "fedmf"})
+    ck = Checkpointing(tmp_path / "run.checkpoint", every=1)
+    with pytest.raises(Killed):
+        execute(cfg, tmp_path / "run", checkpoint=ck, on_round=_kill_after(2))
+    monkeypatch.setattr(checkpoints, "source_fingerprint", lambda: "edited")
+    summary = execute(cfg, tmp_path / "run", checkpoint=ck)
+    # killed in round 2's on_round, before its checkpoint: round 1's is the last
+    assert summary["checkpoint"] == {"resumed_at": [1], "code_changed": True}
+
+
+def test_run_command_checkpoints_and_resumes(tmp_path, capsys, monkeypatch):
+    from fedem_private import api
+    from fedem_private.cli import main
+
+    out = tmp_path / "run"
+    args = ["run", "--dataset", "synthetic", "--method", "fedmf", "--rounds", "3",
+            "--no-progress", "--out", str(out)]
+    real_step = Simulation.step
+
+    def step_then_die(self):
+        stats = real_step(self)
+        if stats.round == 2:
+            raise Killed
+        return stats
+
+    monkeypatch.setattr(Simulation, "step", step_then_die)
+    with pytest.raises(Killed):
+        main([*args, "--checkpoint-every", "1"])
+    assert api.checkpoint_path(out).exists()
+    monkeypatch.setattr(Simulation, "step", real_step)
+    assert main([*args, "--checkpoint-every", "1"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["checkpoint"]["resumed_at"] == [1]
+    assert not api.checkpoint_path(out).exists()
+    capsys.readouterr()
+    assert main(args[:-2] + ["--checkpoint-every", "1"]) == 2
+    assert "needs --out" in capsys.readouterr().err
+    assert main([*args[:-1], str(tmp_path / "rec"), "--checkpoint-every", "1",
+                 "--record-rounds", "last"]) == 2
+    assert "--record-rounds" in capsys.readouterr().err
