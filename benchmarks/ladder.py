@@ -98,13 +98,18 @@ def base_config(dataset: str, data_dir: str, seed: int, method: str) -> dict[str
             "train": {"seed": seed}, "federation": {"method": method}}
 
 
+CHECKPOINT_EVERY = 10  # rounds between a rung's checkpoints (a killed ladder resumes)
+
+
 def ensure(path: Path, cfg: dict[str, Any]) -> dict[str, Any]:
-    """Run ``cfg`` into ``path`` unless it is finished there; its summary."""
+    """Run ``cfg`` into ``path`` unless it is finished there; its summary. A run killed
+    part way resumes from its checkpoint, ``<path>.checkpoint``, when the ladder is run
+    again."""
     import fedem_private as fp
 
     if not (path / "summary.json").is_file():
         print(f"ladder: {path}", file=sys.stderr, flush=True)
-        fp.run(cfg, out=path, force=True)
+        fp.run(cfg, out=path, force=True, checkpoint_every=CHECKPOINT_EVERY)
     return json.loads((path / "summary.json").read_text())
 
 

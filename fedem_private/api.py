@@ -202,8 +202,9 @@ def run(config: RunConfig | Mapping[str, Any] | str | Path | None = None,
 def checkpoint_path(out: str | Path) -> Path:
     """Where :func:`run` keeps the checkpoint of the run going into ``out``: beside it,
     ``<out>.checkpoint``."""
-    out = Path(out).expanduser()
-    return out.with_name(out.name + ".checkpoint")
+    from fedem_private.experiments.checkpoint import beside
+
+    return beside(out)
 
 
 def load_run(run_dir: str | Path) -> Result:

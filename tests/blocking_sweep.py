@@ -19,9 +19,10 @@ from fedem_private.experiments import runner, sweep
 _real_execute = runner.execute
 
 
-def _blocking_execute(cfg, out, force=False, on_round=None, setup=None, on_start=None):
+def _blocking_execute(cfg, out, force=False, on_round=None, setup=None, on_start=None,
+                      checkpoint=None):
     if Path(out).name == "seed0":
-        return _real_execute(cfg, out, force, on_round, setup, on_start)
+        return _real_execute(cfg, out, force, on_round, setup, on_start, checkpoint)
 
     def setup_then_wait(sim, path: Path) -> None:
         if setup is not None:

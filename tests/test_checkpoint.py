@@ -108,6 +108,8 @@ def test_a_checkpoint_of_another_config_or_a_broken_file_is_refused(tmp_path):
     other = _cfg({"federation.method": "fedmf", "train.lr": 0.5})
     with pytest.raises(UserError, match="another configuration"):
         execute(other, tmp_path / "b", checkpoint=ck)
+    fresh = execute(other, tmp_path / "b", checkpoint=ck, force=True)  # in the way: removed
+    assert "checkpoint" not in fresh and not ck.path.exists()
     ck.path.write_bytes(b"not a checkpoint")
     with pytest.raises(UserError, match="not a readable checkpoint"):
         execute(cfg, tmp_path / "c", checkpoint=ck)
@@ -156,3 +158,26 @@ def test_run_command_checkpoints_and_resumes(tmp_path, capsys, monkeypatch):
     assert main([*args[:-1], str(tmp_path / "rec"), "--checkpoint-every", "1",
                  "--record-rounds", "last"]) == 2
     assert "--record-rounds" in capsys.readouterr().err
+
+
+def test_a_setup_may_write_files_on_resumption_but_not_attach_observers(tmp_path):
+    """A sweep's setup writes its point file into each run directory, resumed or not; a
+    recording setup (observers) would miss the rounds before the checkpoint: refused."""
+    cfg = _cfg({"federation.method": "fedmf"})
+    ck = Checkpointing(tmp_path / "run.checkpoint", every=1)
+    with pytest.raises(Killed):
+        execute(cfg, tmp_path / "run", checkpoint=ck, on_round=_kill_after(2))
+
+    def records(sim, path):
+        sim.observe(on_chunk=lambda view: None)
+
+    with pytest.raises(UserError, match="cannot record"):
+        execute(cfg, tmp_path / "run", checkpoint=ck, setup=records)
+    assert ck.path.exists()  # refused before any round: the checkpoint is kept
+
+    def writes(sim, path):
+        (path / "point.json").write_text("{}")
+
+    summary = execute(cfg, tmp_path / "run", checkpoint=ck, setup=writes)
+    assert summary["checkpoint"]["resumed_at"] == [1]
+    assert (tmp_path / "run" / "point.json").is_file()

@@ -149,14 +149,16 @@ def test_interrupted_sweep_resumes_without_redoing_or_losing_runs(tmp_path, stub
     real_execute = runner.execute
     calls: list[str] = []
 
-    def interrupting(cfg, out, force=False, on_round=None, setup=None, on_start=None):
+    def interrupting(cfg, out, force=False, on_round=None, setup=None, on_start=None,
+                     checkpoint=None):
         calls.append(str(out))
         if len(calls) == 3:  # Ctrl-C in the middle of the third run, after setup wrote files
             def setup_then_stop(sim, path):
                 setup(sim, path)
                 raise KeyboardInterrupt
-            return real_execute(cfg, out, force, on_round, setup_then_stop, on_start)
-        return real_execute(cfg, out, force, on_round, setup, on_start)
+            return real_execute(cfg, out, force, on_round, setup_then_stop, on_start,
+                                checkpoint)
+        return real_execute(cfg, out, force, on_round, setup, on_start, checkpoint)
 
     monkeypatch.setattr(runner, "execute", interrupting)
     with pytest.raises(KeyboardInterrupt):
@@ -500,3 +502,42 @@ def test_a_run_directorys_clean_up_finishes_through_a_second_interrupt(tmp_path,
             writer.write_text("config.toml", "x")
             raise KeyboardInterrupt
     assert len(calls) == 2 and list(tmp_path.iterdir()) == []
+
+
+def test_a_point_killed_part_way_resumes_from_its_checkpoint(tmp_path, monkeypatch):
+    """[sweep] checkpoint_every: a point saves its state beside its run directory; the
+    sweep started again resumes it (summary.checkpoint) and removes the file; the same
+    point run unbroken reads the same."""
+    from fedem_private.simulation.loop import Simulation
+
+    base = TINY_BASE.replace("rounds = 2", "rounds = 4")
+    sweep = 'methods = ["fedmf"]\nprivacy = ["ldp-laplace"]\nepsilons = [8]\nseeds = [0]\n'
+    spec = write_spec(tmp_path / "ck.toml", sweep + "checkpoint_every = 2\n", base)
+    plain = write_spec(tmp_path / "plain.toml", sweep, base)
+    (name,) = [p.name for p in grid(load_spec(spec))]
+    real_step = Simulation.step
+
+    def step_then_die(self):
+        stats = real_step(self)
+        if stats.round == 3:
+            raise KeyboardInterrupt
+        return stats
+
+    monkeypatch.setattr(Simulation, "step", step_then_die)
+    root = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(str(spec), str(root), jobs=1, force=False, progress=False)
+    ck = root / (name + ".checkpoint")
+    assert ck.is_file() and not (root / name).exists()
+    monkeypatch.setattr(Simulation, "step", real_step)
+    assert run_sweep(str(spec), str(root), jobs=1, force=False, progress=False) == 0
+    assert not ck.exists()
+    resumed = pd.read_json(root / name / "summary.json", typ="series")
+    assert resumed["checkpoint"]["resumed_at"] == [2]
+    assert run_sweep(str(plain), str(tmp_path / "plain"), jobs=1, force=False,
+                     progress=False) == 0
+    unbroken = pd.read_json(tmp_path / "plain" / name / "summary.json", typ="series")
+    assert resumed["metrics"] == unbroken["metrics"]
+    assert "checkpoint" not in unbroken
+    with pytest.raises(UserError, match="checkpoint_every must be a positive"):
+        load_spec(write_spec(tmp_path / "bad.toml", sweep + "checkpoint_every = 0\n", base))

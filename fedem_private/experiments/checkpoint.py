@@ -77,6 +77,13 @@ def source_fingerprint() -> str:
     return digest.hexdigest()[:16]
 
 
+def beside(out: str | Path) -> Path:
+    """Where a run going into ``out`` keeps its checkpoint: ``<out>.checkpoint``, beside it
+    (the run directory itself appears only when the run is finished)."""
+    out = Path(out).expanduser()
+    return out.with_name(out.name + ".checkpoint")
+
+
 def save(ck: Checkpointing, config: str, sim: Any, history: list[Any], seconds: float,
          resumes: list[dict[str, Any]]) -> None:
     """Write the checkpoint of ``sim`` after its last round (atomically: a temporary file
@@ -89,9 +96,11 @@ def save(ck: Checkpointing, config: str, sim: Any, history: list[Any], seconds: 
     os.replace(tmp, ck.path)
 
 
-def load(ck: Checkpointing, config: str) -> Resumed | None:
+def load(ck: Checkpointing, config: str, force: bool = False) -> Resumed | None:
     """The run saved in ``ck.path``, or None when there is none. ``config`` is the resolved
-    config (TOML text) of the run asking: a checkpoint of another one is refused."""
+    config (TOML text) of the run asking: a checkpoint of another one is refused, or with
+    ``force`` removed (it is in the way of this run; one of the same config is this run's
+    progress, and ``force`` keeps it)."""
     if not ck.path.exists():
         return None
     try:
@@ -102,9 +111,12 @@ def load(ck: Checkpointing, config: str) -> Resumed | None:
     if not isinstance(blob, dict) or blob.get("format") != FORMAT:
         raise UserError(f"{ck.path}: a checkpoint of another format; remove it to start "
                         f"the run afresh")
+    if blob["config"] != config and force:
+        discard(ck)
+        return None
     if blob["config"] != config:
-        raise UserError(f"{ck.path}: a checkpoint of another configuration; remove it to "
-                        f"start the run afresh")
+        raise UserError(f"{ck.path}: a checkpoint of another configuration; remove it "
+                        f"(or pass --force) to start the run afresh")
     changed = blob["source"] != source_fingerprint()
     resumes = [*blob["resumes"], {"round": int(blob["sim"].state.round),
                                   "code_changed": changed}]

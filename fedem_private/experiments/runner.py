@@ -233,23 +233,26 @@ def execute(cfg: RunConfig, out: str | Path,
     :func:`~fedem_private.experiments.baseline_run.execute_baseline` (the hooks do not
     apply). ``checkpoint``: the run's state is saved every few rounds and, when a
     checkpoint of this config is there already, the run resumes from it (``on_round`` then
-    sees the remaining rounds only; :mod:`fedem_private.experiments.checkpoint`); it is
-    removed once the run directory is written. Recording (``setup``) writes what the
-    server saw into the run directory as the run goes, so it does not combine with one.
+    sees the remaining rounds only; one of another config is refused, or removed with
+    ``force``; :mod:`fedem_private.experiments.checkpoint`); it is
+    removed once the run directory is written. A ``setup`` that attaches observers
+    (recording what the server saw) cannot resume one: they would miss the rounds before.
     """
     if cfg.federation.resolved_method in BASELINE_METHODS:
         from fedem_private.experiments.baseline_run import execute_baseline
 
         return execute_baseline(cfg, out, force=force)
-    if checkpoint is not None and setup is not None:
-        raise UserError("a checkpointed run cannot record what the server saw (the "
-                        "recording would miss the rounds before a resumption)")
     with RunDir(out, force=force) as writer:  # the temporary folder is made by the with
         config = to_toml(to_dict(cfg.validate().resolved()))
-        resumed = checkpoints.load(checkpoint, config) if checkpoint is not None else None
+        resumed = (checkpoints.load(checkpoint, config, force) if checkpoint is not None
+                   else None)
         sim = resumed.sim if resumed is not None else prepare(cfg)
         if setup is not None:
             setup(sim, writer.path)
+        if resumed is not None and (sim.observers or sim.aggregate_observers):
+            raise UserError(f"{checkpoint.path}: a resumed run cannot record what the server "
+                            f"saw (the recording would miss rounds 1-{resumed.round}); "
+                            f"remove the checkpoint to run afresh")
         writer.write_text("config.toml", to_toml(to_dict(sim.view.cfg)))
         if on_start is not None:
             on_start(sim)

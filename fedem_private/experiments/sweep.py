@@ -42,6 +42,7 @@ from fedem_private.data import dataset_problem
 from fedem_private.errors import UserError
 from fedem_private.experiments import attack_step, ray_tasks, runner
 from fedem_private.experiments.attack_step import ATTACKS_FILE, AttackStep, read_records
+from fedem_private.experiments.checkpoint import Checkpointing, beside
 from fedem_private.experiments.naming import default_out, plural
 from fedem_private.experiments.rundir import json_safe, remove_stale, write_text_atomic
 from fedem_private.experiments.sweep_spec import QUICK_SPEC, GridPoint, grid, load_spec
@@ -165,9 +166,14 @@ def run_point(point: GridPoint, root: Path, step: AttackStep | None,
     if recording:  # the written config.toml says what was recorded, so it re-creates the run
         config = replace(config, record=RecordConfig(
             ",".join(str(r) for r in point.record_rounds), point.record_clients))
+    # a recording point is not checkpointed: its recording would miss the rounds before
+    checkpoint = (Checkpointing(beside(out), point.checkpoint_every)
+                  if point.checkpoint_every and not recording else None)
     try:
         if state != "attack":
-            runner.execute(config, out, force=state == "stale", setup=setup)
+            # --force also removes a checkpoint of another config in the point's way
+            runner.execute(config, out, force=force or state == "stale", setup=setup,
+                           checkpoint=checkpoint)
         if recording:
             assert step is not None
             step.attack(out, point.attacks)

@@ -108,7 +108,8 @@ def _takes_budget(mode: str) -> bool:
 
 AXES = ("datasets", "methods", "merges", "variants", "aggregations", "codecs", "privacy",
         "epsilons", "seeds", "protocols", "attacks")
-SPEC_KEYS = (*AXES, "data_dirs", "record_rounds", "record_clients", "references")
+SPEC_KEYS = (*AXES, "data_dirs", "record_rounds", "record_clients", "references",
+             "checkpoint_every")
 # the ladder's rungs a sweep may add (docs/design.md section 14): non-private references,
 # and dp-mostpop, the private floor of each private mode at each of its epsilons
 REFERENCES = ("mostpop", "dp-mostpop", "centralised", "ease", "als")
@@ -166,6 +167,8 @@ class SweepSpec:
     variants: tuple[tuple[str, str | None], ...] = ()  # (method, merge) pairs; () = product
     codecs: tuple[str, ...] = ("full",)  # upload codecs (docs/design.md section 11)
     references: tuple[str, ...] = ()  # the ladder's baselines run beside the grid
+    # rounds between a point's checkpoints (experiments/checkpoint.py); None: none
+    checkpoint_every: int | None = None
 
     def method_merges(self) -> list[tuple[str, str | None]]:
         """The (method, merge) pairs of the grid: ``variants``, else methods x merges."""
@@ -182,6 +185,8 @@ class GridPoint:
     variant: str  # method label with non-default merge / aggregation, e.g. fedem-em
     record_rounds: tuple[int | str, ...] = ("last",)
     record_clients: int = 100
+    # how the point runs, not what: outside its digest
+    checkpoint_every: int | None = None
 
     def digest(self, recording: bool) -> str:
         """SHA-256 over the resolved config and what is recorded (nothing, or which rounds)."""
@@ -289,6 +294,15 @@ def _record_rounds(value: Any) -> tuple[int | str, ...]:
     return tuple(out)
 
 
+def _checkpoint_every(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UserError(f"[sweep] checkpoint_every must be a positive number of rounds, "
+                        f"got {value!r}")
+    return value
+
+
 def _record_clients(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise UserError(f"[sweep] record_clients: {value!r} is not a positive integer")
@@ -360,6 +374,7 @@ def parse_spec(data: dict[str, Any], source: str) -> SweepSpec:
         codecs=_choice("codecs", axis("codecs", base.federation.codec), CODECS),
         references=_choice("references", _as_list("references", sweep["references"]),
                            REFERENCES) if "references" in sweep else (),
+        checkpoint_every=_checkpoint_every(sweep.get("checkpoint_every")),
     )
     _check_base_data_dir(spec)
     grid(spec)  # every point must be a valid config
@@ -513,7 +528,7 @@ def grid(spec: SweepSpec) -> list[GridPoint]:
             name = "/".join(_safe(part) for part in (
                 dataset, variant, privacy_label(cfg.privacy), protocol, f"seed{seed}"))
             point = GridPoint(name, cfg, spec.attacks, variant, spec.record_rounds,
-                              spec.record_clients)
+                              spec.record_clients, spec.checkpoint_every)
             if name in points and to_dict(points[name].config) != to_dict(cfg):
                 raise UserError(f"{spec.source}: two different configs map to {name}")
             points.setdefault(name, point)
