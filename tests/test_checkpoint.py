@@ -181,3 +181,22 @@ def test_a_setup_may_write_files_on_resumption_but_not_attach_observers(tmp_path
     summary = execute(cfg, tmp_path / "run", checkpoint=ck, setup=writes)
     assert summary["checkpoint"]["resumed_at"] == [1]
     assert (tmp_path / "run" / "point.json").is_file()
+
+
+def test_a_diverged_run_removes_its_checkpoint(tmp_path, monkeypatch):
+    """Resuming a run that diverged would diverge again: its checkpoint goes with it."""
+    from fedem_private.errors import Diverged
+
+    real_step = Simulation.step
+
+    def step_then_diverge(self):
+        stats = real_step(self)
+        if stats.round == 3:
+            raise Diverged("non-finite value")
+        return stats
+
+    monkeypatch.setattr(Simulation, "step", step_then_diverge)
+    ck = Checkpointing(tmp_path / "run.checkpoint", every=1)
+    with pytest.raises(Diverged):
+        execute(_cfg({"federation.method": "fedmf"}), tmp_path / "run", checkpoint=ck)
+    assert not ck.path.exists()

@@ -11,7 +11,7 @@ from fedem_private._version import __version__
 from fedem_private.data import leave_one_out, load_dataset
 from fedem_private.data.attributes import item_attributes
 from fedem_private.data.split import cold_share
-from fedem_private.errors import UserError
+from fedem_private.errors import Diverged, UserError
 from fedem_private.experiments import checkpoint as checkpoints
 from fedem_private.experiments.checkpoint import Checkpointing
 from fedem_private.experiments.rundir import RunDir
@@ -235,7 +235,8 @@ def execute(cfg: RunConfig, out: str | Path,
     checkpoint of this config is there already, the run resumes from it (``on_round`` then
     sees the remaining rounds only; one of another config is refused, or removed with
     ``force``; :mod:`fedem_private.experiments.checkpoint`); it is
-    removed once the run directory is written. A ``setup`` that attaches observers
+    removed once the run directory is written, or once the run diverges (a resumption
+    would diverge again). A ``setup`` that attaches observers
     (recording what the server saw) cannot resume one: they would miss the rounds before.
     """
     if cfg.federation.resolved_method in BASELINE_METHODS:
@@ -256,7 +257,12 @@ def execute(cfg: RunConfig, out: str | Path,
         writer.write_text("config.toml", to_toml(to_dict(sim.view.cfg)))
         if on_start is not None:
             on_start(sim)
-        history, wall, resumes = _rounds(sim, on_round, checkpoint, config, resumed)
+        try:
+            history, wall, resumes = _rounds(sim, on_round, checkpoint, config, resumed)
+        except Diverged:  # resuming would diverge again, round for round
+            if checkpoint is not None:
+                checkpoints.discard(checkpoint)
+            raise
         rows = [h.row() for h in history if h.metrics is not None]
         writer.write_csv("metrics.csv", rows)
         summary = summarise(sim.view, history, wall)

@@ -483,10 +483,6 @@ def _work(spec: str, out: str, wanted: int, worker: int, best_by: str | None = N
         except Diverged as exc:  # recorded as a FAIL trial with its reason; the study goes on
             trial.set_user_attr(DIVERGED, str(exc))
             trial.set_user_attr("run_dir", str(path))
-            if checkpoint is not None:  # a retry would diverge again
-                from fedem_private.experiments.checkpoint import discard
-
-                discard(checkpoint)
             raise
         metrics = summary.get("metrics") or {}
         value = (metrics.get(goal.kind) or {}).get("hr@10")
