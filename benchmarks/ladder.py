@@ -101,13 +101,31 @@ def base_config(dataset: str, data_dir: str, seed: int, method: str) -> dict[str
 CHECKPOINT_EVERY = 10  # rounds between a rung's checkpoints (a killed ladder resumes)
 
 
+def changed_keys(path: Path, cfg: dict[str, Any]) -> list[str]:
+    """The dotted keys where the finished run in ``path`` differs from ``cfg`` (resolved;
+    both as a run's identity, recording aside)."""
+    from fedem_private.api import resolve_config
+    from fedem_private.simulation.config import flatten, load_toml
+    from fedem_private.simulation.config_io import identity_dict
+
+    want = flatten(identity_dict(resolve_config(cfg)))
+    have = flatten(identity_dict(load_toml(path / "config.toml").validate().resolved()))
+    return sorted(k for k in {*want, *have} if want.get(k) != have.get(k))
+
+
 def ensure(path: Path, cfg: dict[str, Any]) -> dict[str, Any]:
     """Run ``cfg`` into ``path`` unless it is finished there; its summary. A run killed
     part way resumes from its checkpoint, ``<path>.checkpoint``, when the ladder is run
-    again."""
+    again. A finished run of another config (a tuned file that changed since) stops the
+    ladder with the keys that differ: neither reused nor silently replaced."""
     import fedem_private as fp
 
-    if not (path / "summary.json").is_file():
+    if (path / "summary.json").is_file():
+        changed = changed_keys(path, cfg)
+        if changed:
+            raise SystemExit(f"ladder: {path} was run with another config ({', '.join(changed[:5])}"
+                             f"); remove it to run this rung again")
+    else:
         print(f"ladder: {path}", file=sys.stderr, flush=True)
         fp.run(cfg, out=path, force=True, checkpoint_every=CHECKPOINT_EVERY)
     return json.loads((path / "summary.json").read_text())
