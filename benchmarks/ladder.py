@@ -7,7 +7,9 @@ models, on one split, protocol (``strict``) and evaluation.
 
 Every rung is a run directory under ``runs/ladder/<dataset>/`` written through the
 public API (:func:`fedem_private.run`), so it is resumable: a rung whose
-``summary.json`` exists is not run again. The run directories are not committed, but
+``summary.json`` exists is not run again (if its config differs from the rung's, say a
+tuned file changed since, the ladder stops and names the keys), and a rung killed part way
+resumes from its checkpoint (every 10 rounds). The run directories are not committed, but
 ``<out>/<dataset>/results.csv`` is: a rung with no run directory here and a row there (a
 run finished in an earlier checkout) is read from its row and not run again, and a run
 directory here supersedes its row. Writes ``<out>/<dataset>.md`` (the table),
