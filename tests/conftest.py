@@ -98,3 +98,28 @@ def pytest_terminal_summary(terminalreporter) -> None:
                       f"cache; `fedem-private datasets download {name}` fetches it:")
         for test in tests:
             tr.write_line(f"  {test}")
+
+
+class Killed(BaseException):
+    """Stands in for a kill part way through a run (a BaseException, as KeyboardInterrupt
+    is: nothing between the round and the test catches it)."""
+
+
+@pytest.fixture
+def kill_after(monkeypatch):
+    """``kill_after(r)``: every run's round ``r`` ends by raising :class:`Killed` (after the
+    round, before its checkpoint); ``kill_after(None)`` lets runs finish again."""
+    from fedem_private.simulation.loop import Simulation
+
+    real_step = Simulation.step
+
+    def arm(round_: int | None) -> None:
+        def step_then_die(self):
+            stats = real_step(self)
+            if stats.round == round_:
+                raise Killed
+            return stats
+
+        monkeypatch.setattr(Simulation, "step", real_step if round_ is None else step_then_die)
+
+    return arm

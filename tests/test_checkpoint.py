@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from conftest import Killed
 
 from fedem_private.errors import UserError
 from fedem_private.experiments import checkpoint as checkpoints
@@ -36,10 +37,6 @@ CASES = {
     "fedmf-peft-c-lora": {"federation.method": "fedmf", "federation.codec": "c-lora",
                      "federation.peft_warmup": 2},
 }
-
-
-class Killed(Exception):
-    """Stands in for a kill part way through a run."""
 
 
 def _cfg(over):
@@ -128,26 +125,18 @@ def test_a_resumption_after_the_code_changed_is_said_in_the_summary(tmp_path, mo
     assert summary["checkpoint"] == {"resumed_at": [1], "code_changed": True}
 
 
-def test_run_command_checkpoints_and_resumes(tmp_path, capsys, monkeypatch):
+def test_run_command_checkpoints_and_resumes(tmp_path, capsys, kill_after):
     from fedem_private import api
     from fedem_private.cli import main
 
     out = tmp_path / "run"
     args = ["run", "--dataset", "synthetic", "--method", "fedmf", "--rounds", "3",
             "--no-progress", "--out", str(out)]
-    real_step = Simulation.step
-
-    def step_then_die(self):
-        stats = real_step(self)
-        if stats.round == 2:
-            raise Killed
-        return stats
-
-    monkeypatch.setattr(Simulation, "step", step_then_die)
+    kill_after(2)
     with pytest.raises(Killed):
         main([*args, "--checkpoint-every", "1"])
     assert api.checkpoint_path(out).exists()
-    monkeypatch.setattr(Simulation, "step", real_step)
+    kill_after(None)
     assert main([*args, "--checkpoint-every", "1"]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["checkpoint"]["resumed_at"] == [1]

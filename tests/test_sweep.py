@@ -504,32 +504,24 @@ def test_a_run_directorys_clean_up_finishes_through_a_second_interrupt(tmp_path,
     assert len(calls) == 2 and list(tmp_path.iterdir()) == []
 
 
-def test_a_point_killed_part_way_resumes_from_its_checkpoint(tmp_path, monkeypatch):
+def test_a_point_killed_part_way_resumes_from_its_checkpoint(tmp_path, kill_after):
     """[sweep] checkpoint_every: a point saves its state beside its run directory; the
     sweep started again resumes it (summary.checkpoint) and removes the file; the same
     point run unbroken reads the same."""
-    from fedem_private.simulation.loop import Simulation
+    from conftest import Killed
 
     base = TINY_BASE.replace("rounds = 2", "rounds = 4")
     sweep = 'methods = ["fedmf"]\nprivacy = ["ldp-laplace"]\nepsilons = [8]\nseeds = [0]\n'
     spec = write_spec(tmp_path / "ck.toml", sweep + "checkpoint_every = 2\n", base)
     plain = write_spec(tmp_path / "plain.toml", sweep, base)
     (name,) = [p.name for p in grid(load_spec(spec))]
-    real_step = Simulation.step
-
-    def step_then_die(self):
-        stats = real_step(self)
-        if stats.round == 3:
-            raise KeyboardInterrupt
-        return stats
-
-    monkeypatch.setattr(Simulation, "step", step_then_die)
+    kill_after(3)
     root = tmp_path / "out"
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(Killed):
         run_sweep(str(spec), str(root), jobs=1, force=False, progress=False)
     ck = root / (name + ".checkpoint")
     assert ck.is_file() and not (root / name).exists()
-    monkeypatch.setattr(Simulation, "step", real_step)
+    kill_after(None)
     assert run_sweep(str(spec), str(root), jobs=1, force=False, progress=False) == 0
     assert not ck.exists()
     resumed = pd.read_json(root / name / "summary.json", typ="series")

@@ -377,59 +377,40 @@ def test_a_trial_shows_its_progress_each_evaluated_round(tmp_path, capsys):
                for r, line in zip(rows, lines, strict=True))
 
 
-CHECKPOINT_SPEC = """
-[tune]
-trials = 1
-seed = 1
-checkpoint_every = 2
-
-[tune.space]
-"train.lr" = { choices = [0.05] }
-
-[base.data.synthetic]
-n_users = 30
-n_items = 40
-mean_activity = 6
-
-[base.train]
-rounds = 4
-local_epochs = 1
-eval_every = 2
-
-[base.federation]
-method = "fedmf"
-"""
+# one setting only: every trial is the same run, so a later trial resumes a killed one's
+CHECKPOINT_SPEC = ROUNDS_SPEC.replace("seed = 1\n", "seed = 1\ncheckpoint_every = 2\n").replace(
+    '{ low = 0.01, high = 0.3, log = true }', '{ choices = [0.05] }')
 
 
-def test_a_killed_trial_resumes_from_its_checkpoint(tmp_path, monkeypatch):
-    """With checkpoint_every, a trial's run saves its state keyed by its config; a trial
-    of the same setting (the retry of a killed one) resumes it, and the finished trial
-    removes it."""
-    from fedem_private.simulation.loop import Simulation
+def test_a_killed_trial_resumes_from_its_checkpoint(tmp_path, kill_after):
+    """With checkpoint_every, a trial's run saves its state keyed by its config. A worker
+    killed mid-trial leaves it running; once its heartbeat is stale it is failed and its
+    setting queued again, and that retry resumes the run from the checkpoint, which the
+    finished trial removes."""
+    import sqlite3
+
+    import optuna
+    from conftest import Killed
+
+    from fedem_private.experiments import tune
 
     spec = tmp_path / "t.toml"
     spec.write_text(CHECKPOINT_SPEC)
     out = tmp_path / "study"
-    real_step = Simulation.step
-
-    class Killed(Exception):
-        pass
-
-    def step_then_die(self):
-        stats = real_step(self)
-        if stats.round == 3:
-            raise Killed
-        return stats
-
-    monkeypatch.setattr(Simulation, "step", step_then_die)
-    from fedem_private.experiments import tune
-
+    kill_after(3)
     with pytest.raises(Killed):
         tune.run_tuning(spec, out)
     assert len(list((out / "checkpoints").iterdir())) == 1
-    monkeypatch.setattr(Simulation, "step", real_step)
+    (killed,) = _study(out, optuna).trials
+    assert killed.state.name == "RUNNING"  # as after a SIGKILL: nothing failed it
+    with sqlite3.connect(out / "study.db") as db:  # its last heartbeat, an hour ago
+        db.execute("update trial_heartbeats set heartbeat = datetime('now', '-1 hour')")
+    kill_after(None)
     assert tune.run_tuning(spec, out)["completed"] == 1
+    retry = _study(out, optuna).trials[-1]
+    assert retry.system_attrs["failed_trial"] == killed.number
     (done,) = [r for r in _read(out / "trials.csv")]
+    assert int(done["trial"]) == retry.number
     summary = json.loads((Path(done["run_dir"]) / "summary.json").read_text())
     assert summary["checkpoint"]["resumed_at"] == [2]
     assert list((out / "checkpoints").iterdir()) == []
