@@ -489,6 +489,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
               f"{sm.get('hr@10', float('nan')):.4f}  NDCG@10 {sm.get('ndcg@10', float('nan')):.4f}"
               f"  (the headline above is the last round's)")
     print(privacy_text(summary.get("privacy")))
+    resumed = summary.get("checkpoint")
+    if resumed:  # a killed run finished from its checkpoint (experiments/checkpoint.py)
+        rounds = ", ".join(str(r) for r in resumed["resumed_at"])
+        changed = "; the package's code had changed since" if resumed["code_changed"] else ""
+        print(f"resumed from the checkpoint after round {rounds}{changed}")
     for part in ("clipping", "cold_items"):
         warning = (summary.get(part) or {}).get("warning")
         if warning:

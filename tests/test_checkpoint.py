@@ -137,7 +137,9 @@ def test_run_command_checkpoints_and_resumes(tmp_path, capsys, kill_after):
         main([*args, "--checkpoint-every", "1"])
     assert api.checkpoint_path(out).exists()
     kill_after(None)
+    capsys.readouterr()
     assert main([*args, "--checkpoint-every", "1"]) == 0
+    assert "resumed from the checkpoint after round 1\n" in capsys.readouterr().out
     summary = json.loads((out / "summary.json").read_text())
     assert summary["checkpoint"]["resumed_at"] == [1]
     assert not api.checkpoint_path(out).exists()
