@@ -34,6 +34,15 @@ CASES = {
                   "privacy.epsilon": 4.0},
     "fedmf-ldp-dpsgd": {"federation.method": "fedmf", "privacy.mode": "ldp-dpsgd",
                         "privacy.epsilon": 4.0},
+    # the clip from a DP warm-up (spent once, in the first process, not again on resuming)
+    "fedmf-ldp-laplace-clip-auto": {"federation.method": "fedmf",
+                                    "privacy.mode": "ldp-laplace", "privacy.epsilon": 8.0,
+                                    "privacy.clip": None, "privacy.clip_auto": True},
+    # Poisson sampling and adaptive clipping: the clip moves every round
+    "fedmf-cdp-sampled-adaptive": {"federation.method": "fedmf",
+                                   "privacy.mode": "cdp-gaussian", "privacy.epsilon": 4.0,
+                                   "privacy.sample_rate": 0.5, "privacy.clip_quantile": 0.5,
+                                   "privacy.clip_count_noise": 2.0},
     "fedmf-peft-c-lora": {"federation.method": "fedmf", "federation.codec": "c-lora",
                      "federation.peft_warmup": 2},
 }
