@@ -107,12 +107,12 @@ def changed_keys(path: Path, cfg: dict[str, Any]) -> list[str]:
     """The dotted keys where the finished run in ``path`` differs from ``cfg`` (resolved;
     both as a run's identity, recording aside)."""
     from fedem_private.api import resolve_config
-    from fedem_private.simulation.config import flatten, load_toml
-    from fedem_private.simulation.config_io import identity_dict
+    from fedem_private.experiments.results import config_columns
 
-    want = flatten(identity_dict(resolve_config(cfg)))
-    have = flatten(identity_dict(load_toml(path / "config.toml").validate().resolved()))
-    return sorted(k for k in {*want, *have} if want.get(k) != have.get(k))
+    want = config_columns(resolve_config(cfg))
+    have = config_columns(resolve_config(path / "config.toml"))
+    keys = {*want, *have} - {"config_id"}
+    return sorted(k.removeprefix("cfg.") for k in keys if want.get(k) != have.get(k))
 
 
 def ensure(path: Path, cfg: dict[str, Any]) -> dict[str, Any]:

@@ -474,6 +474,26 @@ def test_a_label_names_only_the_settings_its_variant_varies_in():
                                            "fedmf [rounds=10]", "fedmf [rounds=20]"]
 
 
+def test_a_setting_left_out_at_its_default_is_labelled_with_its_value():
+    """A run's identity leaves later fields out while they hold their default (ALS's alpha
+    of 1 here): the label shows that value, not "default"; a None setting stays
+    "default"."""
+    import pandas as pd
+
+    from fedem_private.experiments.report import split_settings
+
+    rows = []
+    for alpha, factors in [(None, None), (10.0, 32)]:
+        for seed in (0, 1):
+            rows.append({"dataset": "d", "protocol": "strict", "variant": "als",
+                         "mode": "none", "eps_target": None, "seed": seed,
+                         "config_id": f"als{alpha}", "cfg.baseline.als_alpha": alpha,
+                         "cfg.baseline.als_factors": factors})
+    out, _ = split_settings(pd.DataFrame(rows))
+    assert sorted(set(out["variant"])) == ["als [als_alpha=1, als_factors=64]",
+                                           "als [als_alpha=10, als_factors=32]"]
+
+
 # ------------------------------------------------------------- 10: list, and run --dry-run
 def test_list_names_every_preset_and_part_one_line_each(capsys):
     from fedem_private.models import BACKBONES

@@ -34,6 +34,7 @@ from fedem_private.experiments.results import (
 )
 from fedem_private.experiments.rundir import write_text_atomic
 from fedem_private.privacy.registry import capability, no_privacy
+from fedem_private.simulation.config_io import LATER_FIELDS
 
 ERRORS_FILE = "sweep_errors.log"  # written by fedem_private.experiments.sweep
 KEYS = ["dataset", "protocol", "variant", "mode", "eps_target"]
@@ -66,12 +67,21 @@ def _short(column: str) -> str:
     return column.removeprefix(CONFIG_PREFIX).rsplit(".", 1)[-1]
 
 
-def _setting_text(value: object) -> str:
+def _setting_text(value: object, column: str = "") -> str:
+    """A setting's value in a row label. A value missing from a known config is either a
+    field left out of the run's identity while at its default (``LATER_FIELDS``: its value
+    is that default) or None (shown as "default": the method or mechanism chooses)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "?"  # a row of an older results.csv, whose config is not known
     if value == NONE_MARK:
-        return "default"
+        value = _LATER_DEFAULTS.get(column.removeprefix(CONFIG_PREFIX))
+        if value is None:
+            return "default"
     return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+# the defaults of the fields a run's identity leaves out while they hold them
+_LATER_DEFAULTS = {".".join(path): default for path, default in LATER_FIELDS.items()}
 
 
 def split_settings(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
@@ -101,7 +111,7 @@ def split_settings(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
         # so that a variant's lines keep one label, its no-DP points included)
         by_variant = work.groupby(["dataset", "protocol", "variant"], dropna=False, sort=False)
         varies = by_variant[split].transform("nunique") > 1
-        labels = [" [" + ", ".join(f"{_short(c)}={_setting_text(v)}" for c, v, keep in
+        labels = [" [" + ", ".join(f"{_short(c)}={_setting_text(v, c)}" for c, v, keep in
                                    zip(split, values, flags, strict=True) if keep) + "]"
                   for values, flags in zip(work[split].itertuples(index=False),
                                            varies.itertuples(index=False), strict=True)]
