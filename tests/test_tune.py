@@ -410,7 +410,7 @@ def test_a_killed_trial_resumes_from_its_checkpoint(tmp_path, kill_after):
     retry = _study(out, optuna).trials[-1]
     assert retry.system_attrs["failed_trial"] == killed.number
     (done,) = [r for r in _read(out / "trials.csv")]
-    assert int(done["trial"]) == retry.number
+    assert int(done["trial"]) == retry.number and int(done["retry_of"]) == killed.number
     summary = json.loads((Path(done["run_dir"]) / "summary.json").read_text())
     assert summary["checkpoint"]["resumed_at"] == [2]
     assert list((out / "checkpoints").iterdir()) == []

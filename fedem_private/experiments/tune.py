@@ -658,7 +658,8 @@ def _work_on_ray(spec: str, out: str, wanted: int, workers: int, address: str,
 
 def _write_outputs(study: Any, root: Path, optuna: Any, best_by: str | None = None,
                    private: bool = False, goal: Objective = OBJECTIVES["sampled"]) -> None:
-    """trials.csv (every completed or diverged trial, in trial order), best.toml (the
+    """trials.csv (every completed or diverged trial, in trial order; ``retry_of``: the
+    killed trial whose setting it ran again, if any), best.toml (the
     best one's resolved config) and, with ``best_by``, best-<value>.toml per value.
     ``private``: the scores are the released noisy ones, and the configs select their
     round as ``last``."""
@@ -669,11 +670,12 @@ def _write_outputs(study: Any, root: Path, optuna: Any, best_by: str | None = No
     with _replacing(root / "trials.csv") as fh:
         writer = csv.writer(fh)
         score = f"{goal.column}_noisy" if private else goal.column
-        writer.writerow(["trial", *keys, score, "run_dir", "status"])
+        writer.writerow(["trial", *keys, score, "run_dir", "status", "retry_of"])
         for t in listed:
             writer.writerow([t.number, *(t.params.get(k) for k in keys),
                              "" if t.value is None else t.value, t.user_attrs.get("run_dir"),
-                             "complete" if t.state == complete else DIVERGED])
+                             "complete" if t.state == complete else DIVERGED,
+                             t.system_attrs.get("failed_trial", "")])
     _write_best(root / "best.toml", study.best_trial, f"best of {len(done)} trials", private,
                 goal)
     if best_by is None:
