@@ -26,11 +26,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from fedem_private.errors import UserError
 
 FORMAT = 1  # the layout of the saved dictionary
+
+
+def check_every(value: Any, name: str) -> int | None:
+    """``value`` as a number of rounds between checkpoints (None: no checkpoints); anything
+    but a positive integer is a user error naming ``name``, the option it came from."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or value < 1):
+        raise UserError(f"{name} must be a positive number of rounds, got {value!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -41,9 +48,9 @@ class Checkpointing:
     every: int
 
     def __post_init__(self) -> None:
-        if isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1:
-            raise UserError(f"checkpoints: every must be a positive number of rounds, "
-                            f"got {self.every!r}")
+        if self.every is None:
+            raise UserError("checkpoints: every must be a positive number of rounds, got None")
+        check_every(self.every, "checkpoints: every")
 
     def due(self, round_: int, rounds: int) -> bool:
         """Whether to write after ``round_``: every ``every`` rounds, never after the last
@@ -88,6 +95,8 @@ def save(ck: Checkpointing, config: str, sim: Any, history: list[Any], seconds: 
          resumes: list[dict[str, Any]]) -> None:
     """Write the checkpoint of ``sim`` after its last round (atomically: a temporary file
     moved into place)."""
+    import torch
+
     ck.path.parent.mkdir(parents=True, exist_ok=True)
     tmp = ck.path.with_name(ck.path.name + ".tmp")
     blob = {"format": FORMAT, "config": config, "source": source_fingerprint(),
@@ -101,6 +110,8 @@ def load(ck: Checkpointing, config: str, force: bool = False) -> Resumed | None:
     config (TOML text) of the run asking: a checkpoint of another one is refused, or with
     ``force`` removed (it is in the way of this run; one of the same config is this run's
     progress, and ``force`` keeps it)."""
+    import torch
+
     if not ck.path.exists():
         return None
     try:

@@ -80,6 +80,7 @@ from typing import Any
 from fedem_private.client.strategies import merge_class
 from fedem_private.data import DATASETS, PROTOCOLS
 from fedem_private.errors import UserError
+from fedem_private.experiments.checkpoint import check_every
 from fedem_private.privacy import registry
 from fedem_private.privacy.config import DPSGD_FIELDS, PrivacyConfig
 from fedem_private.simulation.config import (
@@ -294,15 +295,6 @@ def _record_rounds(value: Any) -> tuple[int | str, ...]:
     return tuple(out)
 
 
-def _checkpoint_every(value: Any) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise UserError(f"[sweep] checkpoint_every must be a positive number of rounds, "
-                        f"got {value!r}")
-    return value
-
-
 def _record_clients(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise UserError(f"[sweep] record_clients: {value!r} is not a positive integer")
@@ -374,7 +366,7 @@ def parse_spec(data: dict[str, Any], source: str) -> SweepSpec:
         codecs=_choice("codecs", axis("codecs", base.federation.codec), CODECS),
         references=_choice("references", _as_list("references", sweep["references"]),
                            REFERENCES) if "references" in sweep else (),
-        checkpoint_every=_checkpoint_every(sweep.get("checkpoint_every")),
+        checkpoint_every=check_every(sweep.get("checkpoint_every"), "[sweep] checkpoint_every"),
     )
     _check_base_data_dir(spec)
     grid(spec)  # every point must be a valid config

@@ -194,12 +194,10 @@ def load_objective(path: str | Path) -> Objective:
 def load_checkpoint_every(path: str | Path) -> int | None:
     """The checked ``[tune] checkpoint_every`` of a tuning file: the rounds between a
     trial's checkpoints (None: no checkpoints)."""
+    from fedem_private.experiments.checkpoint import check_every
+
     every = (read_toml(path, "tuning file").get("tune") or {}).get("checkpoint_every")
-    if every is not None and (isinstance(every, bool) or not isinstance(every, int)
-                              or every < 1):
-        raise UserError(f"[tune] checkpoint_every must be a positive number of rounds, "
-                        f"got {every!r}")
-    return every
+    return check_every(every, "[tune] checkpoint_every")
 
 
 def _checkpoint(root: Path, cfg: Any, every: int | None) -> Any:
