@@ -382,7 +382,7 @@ CHECKPOINT_SPEC = ROUNDS_SPEC.replace("seed = 1\n", "seed = 1\ncheckpoint_every 
     '{ low = 0.01, high = 0.3, log = true }', '{ choices = [0.05] }')
 
 
-def test_a_killed_trial_resumes_from_its_checkpoint(tmp_path, kill_after):
+def test_a_killed_trial_resumes_from_its_checkpoint(tmp_path, kill_after, capsys):
     """With checkpoint_every, a trial's run saves its state keyed by its config. A worker
     killed mid-trial leaves it running; once its heartbeat is stale it is failed and its
     setting queued again, and that retry resumes the run from the checkpoint, which the
@@ -406,7 +406,11 @@ def test_a_killed_trial_resumes_from_its_checkpoint(tmp_path, kill_after):
     with sqlite3.connect(out / "study.db") as db:  # its last heartbeat, an hour ago
         db.execute("update trial_heartbeats set heartbeat = datetime('now', '-1 hour')")
     kill_after(None)
+    capsys.readouterr()
     assert tune.run_tuning(spec, out)["completed"] == 1
+    assert (f"tune: resuming {out}: 0 of 1 trials finished (0 completed, 0 diverged), "
+            f"1 failed outside the budget (killed or stopped); the setting of killed trial "
+            f"{killed.number} is queued again") in capsys.readouterr().err
     retry = _study(out, optuna).trials[-1]
     assert retry.system_attrs["failed_trial"] == killed.number
     (done,) = [r for r in _read(out / "trials.csv")]

@@ -42,6 +42,8 @@ its place in the budget, so workers never run more trials than it allows; a kill
 worker's trial is failed (and its place freed) once its heartbeat is five minutes old,
 and its setting is queued again (up to :data:`RETRIES` times; the new trial's
 ``failed_trial`` system attribute names the killed one), so a killed study loses no setting.
+A resumed study first prints one line on stderr: its finished trials against the budget,
+those failed outside it, and the killed trials queued again.
 A running trial prints one line on stderr per evaluated round (its validation HR@10, also
 the trial's Optuna intermediate value; the round alone under private tuning) and keeps
 the rounds it has done in its ``round`` user attribute. With ``[tune] checkpoint_every =
@@ -491,6 +493,9 @@ def _work(spec: str, out: str, wanted: int, worker: int, best_by: str | None = N
             return _released(metrics[goal.kind], private, seed, trial.number)
         return float(value)
 
+    if study.trials:
+        _fail_stale(study, optuna)
+        print(_resume_line(study, optuna, wanted, root), file=sys.stderr, flush=True)
     done = 0
     while True:
         _fail_stale(study, optuna)  # a killed worker's place is free again
@@ -506,6 +511,30 @@ def _work(spec: str, out: str, wanted: int, worker: int, best_by: str | None = N
         if _completed(study, optuna):
             _write_outputs(study, root, optuna, best_by, private is not None, goal)
     return done
+
+
+def _resume_line(study: Any, optuna: Any, wanted: int, root: Path) -> str:
+    """One line on what a resumed study holds: its finished trials against the budget,
+    those running in other workers, those failed outside the budget (killed or stopped
+    workers' trials), and the killed trials whose settings are queued again."""
+    state = optuna.trial.TrialState
+    trials = study.get_trials(deepcopy=False)
+    completed = sum(t.state == state.COMPLETE for t in trials)
+    diverged = sum(_diverged(t, optuna) for t in trials)
+    running = sum(t.state == state.RUNNING for t in trials)
+    outside = sum(t.state == state.FAIL and not _diverged(t, optuna) for t in trials)
+    queued = [t.system_attrs["failed_trial"] for t in trials
+              if t.state == state.WAITING and "failed_trial" in t.system_attrs]
+    line = (f"tune: resuming {root}: {completed + diverged} of {wanted} trials finished "
+            f"({completed} completed, {diverged} diverged)")
+    if running:
+        line += f", {running} running in another worker"
+    if outside:
+        line += f", {outside} failed outside the budget (killed or stopped)"
+    if queued:
+        line += (f"; the setting of killed trial {', '.join(map(str, sorted(queued)))} is "
+                 f"queued again (it resumes from its checkpoint where one was kept)")
+    return line
 
 
 def _progress(trial: Any, goal: Objective, rounds: int, shown: bool,
