@@ -420,6 +420,37 @@ def test_a_killed_trial_resumes_from_its_checkpoint(tmp_path, kill_after, capsys
     assert list((out / "checkpoints").iterdir()) == []
 
 
+def test_a_setting_killed_twice_names_the_last_killed_trial(tmp_path, kill_after, capsys):
+    """A retry that is killed in turn is queued again; the third trial's ``retry_of`` (and
+    the resume line) name the second, the trial it replaces, not the first."""
+    import sqlite3
+
+    import optuna
+    from conftest import Killed
+
+    from fedem_private.experiments import tune
+
+    spec = tmp_path / "t.toml"
+    spec.write_text(CHECKPOINT_SPEC)
+    out = tmp_path / "study"
+    kill_after(3)
+    for _ in range(2):
+        with pytest.raises(Killed):
+            tune.run_tuning(spec, out)
+        with sqlite3.connect(out / "study.db") as db:  # its last heartbeat, an hour ago
+            db.execute("update trial_heartbeats set heartbeat = datetime('now', '-1 hour')")
+    first, second = _study(out, optuna).trials
+    assert second.system_attrs["failed_trial"] == first.number
+    kill_after(None)
+    capsys.readouterr()
+    assert tune.run_tuning(spec, out)["completed"] == 1
+    assert (f"2 failed outside the budget (killed or stopped); the setting of killed trial "
+            f"{second.number} is queued again") in capsys.readouterr().err
+    (done,) = _read(out / "trials.csv")
+    assert int(done["retry_of"]) == second.number
+    assert _study(out, optuna).trials[-1].system_attrs["failed_trial"] == first.number
+
+
 def test_checkpoint_every_is_checked(tmp_path):
     from fedem_private.experiments import tune
 

@@ -41,7 +41,8 @@ already in the file, so start it once the first has begun a trial. A running tri
 its place in the budget, so workers never run more trials than it allows; a killed
 worker's trial is failed (and its place freed) once its heartbeat is five minutes old,
 and its setting is queued again (up to :data:`RETRIES` times; the new trial's
-``failed_trial`` system attribute names the killed one), so a killed study loses no setting.
+``failed_trial`` system attribute names the first trial killed with that setting, and
+``retry_history`` every one), so a killed study loses no setting.
 A resumed study first prints one line on stderr: its finished trials against the budget,
 those failed outside it, and the killed trials queued again.
 A running trial prints one line on stderr per evaluated round (its validation HR@10, also
@@ -513,6 +514,13 @@ def _work(spec: str, out: str, wanted: int, worker: int, best_by: str | None = N
     return done
 
 
+def _retry_of(trial: Any) -> int | str:
+    """The killed trial whose setting ``trial`` runs again (the last of its retry
+    history: a setting killed twice names the second trial), or "" for a fresh setting."""
+    history = trial.system_attrs.get("retry_history") or []
+    return history[-1] if history else trial.system_attrs.get("failed_trial", "")
+
+
 def _resume_line(study: Any, optuna: Any, wanted: int, root: Path) -> str:
     """One line on what a resumed study holds: its finished trials against the budget,
     those running in other workers, those failed outside the budget (killed or stopped
@@ -523,7 +531,7 @@ def _resume_line(study: Any, optuna: Any, wanted: int, root: Path) -> str:
     diverged = sum(_diverged(t, optuna) for t in trials)
     running = sum(t.state == state.RUNNING for t in trials)
     outside = sum(t.state == state.FAIL and not _diverged(t, optuna) for t in trials)
-    queued = [t.system_attrs["failed_trial"] for t in trials
+    queued = [_retry_of(t) for t in trials
               if t.state == state.WAITING and "failed_trial" in t.system_attrs]
     line = (f"tune: resuming {root}: {completed + diverged} of {wanted} trials finished "
             f"({completed} completed, {diverged} diverged)")
@@ -702,7 +710,7 @@ def _write_outputs(study: Any, root: Path, optuna: Any, best_by: str | None = No
             writer.writerow([t.number, *(t.params.get(k) for k in keys),
                              "" if t.value is None else t.value, t.user_attrs.get("run_dir"),
                              "complete" if t.state == complete else DIVERGED,
-                             t.system_attrs.get("failed_trial", "")])
+                             _retry_of(t)])
     _write_best(root / "best.toml", study.best_trial, f"best of {len(done)} trials", private,
                 goal)
     if best_by is None:
