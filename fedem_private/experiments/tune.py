@@ -494,12 +494,13 @@ def _work(spec: str, out: str, wanted: int, worker: int, best_by: str | None = N
             return _released(metrics[goal.kind], private, seed, trial.number)
         return float(value)
 
-    if study.trials:
-        _fail_stale(study, optuna)
-        print(_resume_line(study, optuna, wanted, root), file=sys.stderr, flush=True)
+    resumed = bool(study.trials)
     done = 0
     while True:
         _fail_stale(study, optuna)  # a killed worker's place is free again
+        if resumed:  # once, with the killed workers' trials failed and queued again
+            print(_resume_line(study, optuna, wanted, root), file=sys.stderr, flush=True)
+            resumed = False
         if _claims(study.get_trials(deepcopy=False), optuna) >= wanted:
             break
         before = len(freed)
