@@ -11,8 +11,10 @@ public API (:func:`fedem_private.run`), so it is resumable: a rung whose
 tuned file changed since, the ladder stops and names the keys), and a rung killed part way
 resumes from its checkpoint (every 10 rounds). The run directories are not committed, but
 ``<out>/<dataset>/results.csv`` is: a rung with no run directory here and a row there (a
-run finished in an earlier checkout) is read from its row and not run again, and a run
-directory here supersedes its row. Writes ``<out>/<dataset>.md`` (the table),
+run finished in an earlier checkout) is read from its row and not run again, unless the
+row was run with another setting than the rung's (a tuned file that changed since: the row
+is dropped and the rung runs again), and a run directory here supersedes its row.
+Writes ``<out>/<dataset>.md`` (the table),
 ``<out>/<dataset>-tuning.md`` (the validation grids) and ``<out>/<dataset>/results.csv``
 (one row per run, as ``fedem-private report`` reads it).
 
@@ -182,6 +184,48 @@ def stale_tuned_rows_dropped(rows: dict[str, dict[str, Any]],
     changed = {m for m, setting in chosen.items() if m in recorded and recorded[m] != setting}
     return {name: row for name, row in rows.items()
             if not any(name.startswith(f"{m}-tuned-seed") for m in changed)}
+
+
+def recorded_changes(row: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
+    """The dotted keys where a recorded ``results.csv`` row was run with another setting
+    than its rung's ``cfg`` (resolved), say a tuned file that changed since the row was
+    written. Only the keys the row has a value for are compared: a column that did not
+    exist when the row was written (empty there) is not a difference."""
+    from fedem_private.api import resolve_config
+    from fedem_private.experiments.results import config_columns
+
+    out = []
+    for column, want in config_columns(resolve_config(cfg)).items():
+        have = row.get(column)
+        if column == "config_id" or have is None or (isinstance(have, float) and math.isnan(have)):
+            continue
+        if isinstance(want, bool) or isinstance(have, bool):
+            same = str(want).lower() == str(have).lower()
+        elif isinstance(want, (int, float)) and isinstance(have, (int, float)):
+            same = math.isclose(float(want), float(have), rel_tol=1e-12, abs_tol=0.0)
+        else:
+            same = str(want) == str(have)
+        if not same:
+            out.append(column.removeprefix("cfg."))
+    return out
+
+
+def stale_recorded_rows_dropped(rows: dict[str, dict[str, Any]],
+                                plan: list[tuple[str, str, dict[str, Any]]]
+                                ) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """``rows`` without the recorded rows of rungs whose setting changed since (see
+    :func:`recorded_changes`), and one ``name (keys)`` line per dropped row: a row
+    measured the old setting, so it never stands under the rung's label; the rung runs
+    again (or, under ``--only table``, is left out of the table until it does)."""
+    kept, stale = dict(rows), []
+    for _, name, cfg in plan:
+        if name not in rows:
+            continue
+        changed = recorded_changes(rows[name], cfg)
+        if changed:
+            del kept[name]
+            stale.append(f"{name} ({', '.join(changed[:5])})")
+    return kept, stale
 
 
 def _finished(runs: Path, name: str, rows: dict[str, dict[str, Any]]
@@ -550,6 +594,10 @@ def main(argv: list[str] | None = None) -> int:
                             args.accounted, tuple(args.private_methods), tuple(args.epsilons))
     plan = rungs(args.dataset, data_dir, args.seeds, args.rounds, tuned,
                  tuple(args.federated), tuple(args.bfloat16_state)) + private
+    rows, stale = stale_recorded_rows_dropped(rows, plan)
+    for line in stale:
+        print(f"ladder: the recorded row {line} was run with another setting; it does not "
+              "stand and its rung runs again", file=sys.stderr)
     if args.only != "table":
         private_names = {name for _, name, _ in private}
         for _, name, cfg in plan:

@@ -322,16 +322,16 @@ def test_ladder_table_gets_the_recorded_rows_whether_or_not_the_grids_ran(tmp_pa
     import benchmarks.ladder as ladder
 
     out, runs = tmp_path / "out", tmp_path / "runs"
-    (out / "d").mkdir(parents=True)
+    (out / "synthetic").mkdir(parents=True)
     pd.DataFrame([{"run": "ease-tuned-seed0", "cfg.baseline.ease_lambda": 50.0,
-                   **{m: 0.1 for m in ladder.METRICS}}]).to_csv(out / "d" / "results.csv",
+                   **{m: 0.1 for m in ladder.METRICS}}]).to_csv(out / "synthetic" / "results.csv",
                                                                  index=False)
-    (runs / "d" / "tune").mkdir(parents=True)
+    (runs / "synthetic" / "tune").mkdir(parents=True)
     seen = []
     monkeypatch.setattr(ladder, "tune", lambda *a: ({"baseline.ease_lambda": 50.0},
                                                     [("ease_lambda=10", 0.5, 0.3, 0.1)]))
     monkeypatch.setattr(ladder, "table", lambda *a: seen.append((a[4], a[5])) or "table\n")
-    base = ["--dataset", "d", "--data-dir", str(tmp_path), "--runs", str(runs), "--out",
+    base = ["--dataset", "synthetic", "--data-dir", str(tmp_path), "--runs", str(runs), "--out",
             str(out), "--only", "table", "--seeds", "0"]
     assert ladder.main(base) == 0
     assert ladder.main([*base, "--no-tune"]) == 0
@@ -340,7 +340,7 @@ def test_ladder_table_gets_the_recorded_rows_whether_or_not_the_grids_ran(tmp_pa
     labels = {label for label, _, _ in with_grids}
     assert "EASE (val-tuned: ease_lambda=50)" in labels  # the grid here ran and chose 50
     assert "EASE (val-tuned: ease_lambda=50)" in {label for label, _, _ in without}
-    assert (out / "d-tuning.md").read_text().count("ease_lambda=10") >= 1
+    assert (out / "synthetic-tuning.md").read_text().count("ease_lambda=10") >= 1
 
 
 def test_ladder_grid_chooses_by_sampled_or_full_validation(tmp_path, monkeypatch):
@@ -372,25 +372,25 @@ def test_ladder_runs_only_the_named_grids_and_keeps_the_others(tmp_path, monkeyp
     import benchmarks.ladder as ladder
 
     out, runs = tmp_path / "out", tmp_path / "runs"
-    (out / "d").mkdir(parents=True)
+    (out / "synthetic").mkdir(parents=True)
     pd.DataFrame([{"run": "ease-tuned-seed0", "cfg.baseline.ease_lambda": 50.0,
-                   **{m: 0.1 for m in ladder.METRICS}}]).to_csv(out / "d" / "results.csv",
+                   **{m: 0.1 for m in ladder.METRICS}}]).to_csv(out / "synthetic" / "results.csv",
                                                                  index=False)
-    (out / "d-tuning.md").write_text("### ease (seed 0; chosen: ease_lambda=50)\n\nold\n")
-    (runs / "d" / "tune").mkdir(parents=True)
+    (out / "synthetic-tuning.md").write_text("### ease (seed 0; chosen: ease_lambda=50)\n\nold\n")
+    (runs / "synthetic" / "tune").mkdir(parents=True)
     called, seen = [], []
     monkeypatch.setattr(ladder, "tune", lambda runs, d, dd, method, seed, by: (
         called.append((method, by)) or ({"train.lr": 0.01, "baseline.epochs": 5},
                                          [("lr=0.01,epochs=5", 0.5, 0.3, 0.2)])))
     monkeypatch.setattr(ladder, "table", lambda *a: seen.append(a[4]) or "table\n")
-    assert ladder.main(["--dataset", "d", "--data-dir", str(tmp_path), "--runs", str(runs),
+    assert ladder.main(["--dataset", "synthetic", "--data-dir", str(tmp_path), "--runs", str(runs),
                         "--out", str(out), "--only", "table", "--seeds", "0",
                         "--grids", "centralised", "--select-by", "full"]) == 0
     assert called == [("centralised", "full")]
     labels = {label for label, _, _ in seen[0]}
     assert "EASE (val-tuned: ease_lambda=50)" in labels
     assert "Centralised MF (val-tuned: lr=0.01,epochs=5)" in labels
-    text = (out / "d-tuning.md").read_text()
+    text = (out / "synthetic-tuning.md").read_text()
     assert text.index("### ease") < text.index("### centralised")
     assert "old" in text and "chosen by full validation HR@10" in text
 
@@ -407,6 +407,37 @@ def test_a_grid_that_chooses_anew_drops_the_recorded_rows_of_the_old_choice():
                                                      "als": {"baseline.als_alpha": 1.0}})
     assert set(kept) == {"als-tuned-seed0", "als-tuned-seed1", "ease-seed0"}
     assert stale_tuned_rows_dropped(rows, recorded, {}) == rows
+
+
+def test_a_recorded_row_of_another_setting_does_not_stand_for_its_rung(tmp_path):
+    """A tuned file changed since a rung's row was recorded (a study found a new best):
+    the row, read back from results.csv as a fresh checkout reads it, is dropped with the
+    keys that differ; the same setting keeps it, and a column the row was written without
+    (empty there) is no difference."""
+    import pandas as pd
+
+    from benchmarks.ladder import recorded, stale_recorded_rows_dropped
+    from fedem_private.api import resolve_config
+    from fedem_private.experiments.results import config_columns
+
+    cfg = {"data": {"dataset": "synthetic"}, "federation": {"method": "fedem", "merge": "sm"},
+           "train": {"lr": 0.0512837168758, "dim": 32, "seed": 0, "state_dtype": "bfloat16"}}
+    old = {"run": "fedem-tuned-seed0", **config_columns(resolve_config(cfg))}
+    older = {**old, "run": "fedem-tuned-seed1", "cfg.train.lr": None}  # column absent then
+    (tmp_path / "d").mkdir()
+    pd.DataFrame([old, older]).to_csv(tmp_path / "d" / "results.csv", index=False)
+    rows = recorded(tmp_path, "d")
+    seed1 = {**cfg, "train": {**cfg["train"], "seed": 1}}
+    plan = [("FedEM", "fedem-tuned-seed0", cfg), ("FedEM", "fedem-tuned-seed1", seed1)]
+    assert stale_recorded_rows_dropped(rows, plan) == (rows, [])
+    new = {**cfg, "train": {**cfg["train"], "lr": 0.064, "dim": 16}}
+    kept, stale = stale_recorded_rows_dropped(rows, [("FedEM", "fedem-tuned-seed0", new)])
+    assert set(kept) == {"fedem-tuned-seed1"}
+    assert stale == ["fedem-tuned-seed0 (train.dim, train.lr)"]
+    # the row without an lr column still differs on dim
+    new1 = {**new, "train": {**new["train"], "seed": 1}}
+    _, stale = stale_recorded_rows_dropped(rows, [("FedEM", "fedem-tuned-seed1", new1)])
+    assert stale == ["fedem-tuned-seed1 (train.dim)"]
 
 
 def test_dp_mostpop_local_refuses_an_infinite_epsilon():
