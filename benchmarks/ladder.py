@@ -186,6 +186,25 @@ def stale_tuned_rows_dropped(rows: dict[str, dict[str, Any]],
             if not any(name.startswith(f"{m}-tuned-seed") for m in changed)}
 
 
+def unrunnable(todo: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """One line per reason a rung in ``todo`` would be refused by the config's own checks
+    (say FedEM's preset, similarity aggregation, under a central mechanism), naming the
+    rungs it stops; empty when every rung resolves. Checked before any rung runs, so a
+    ladder never stops part way on a setting it could have refused at the start."""
+    from fedem_private.api import resolve_config
+    from fedem_private.errors import UserError
+
+    reasons: dict[str, list[str]] = {}
+    for name, cfg in todo:
+        try:
+            resolve_config(cfg)
+        except UserError as err:
+            reasons.setdefault(str(err), []).append(name)
+    return [f"{len(names)} rung(s) cannot run ({', '.join(names[:3])}"
+            f"{', ...' if len(names) > 3 else ''}): {reason}"
+            for reason, names in reasons.items()]
+
+
 def recorded_changes(row: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
     """The dotted keys where a recorded ``results.csv`` row was run with another setting
     than its rung's ``cfg`` (resolved), say a tuned file that changed since the row was
@@ -600,14 +619,21 @@ def main(argv: list[str] | None = None) -> int:
               "stand and its rung runs again", file=sys.stderr)
     if args.only != "table":
         private_names = {name for _, name, _ in private}
+        todo = []
         for _, name, cfg in plan:
             if name in rows and not (runs / name).is_dir():
                 continue  # finished in an earlier checkout: its recorded row stands
             federated = cfg["federation"]["method"] not in {*GRIDS, "mostpop", "dp-mostpop"}
             kind = "private" if name in private_names else (
                 "federated" if federated else "baselines")
-            if args.only is not None and args.only != kind:
-                continue
+            if args.only is None or args.only == kind:
+                todo.append((name, cfg))
+        refused = unrunnable(todo)
+        if refused:
+            for line in refused:
+                print(f"ladder: {line}", file=sys.stderr)
+            return 2
+        for name, cfg in todo:
             ensure(runs / name, cfg)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{args.dataset}.md").write_text(table(args.dataset, data_dir, runs, args.seeds,

@@ -461,3 +461,23 @@ def test_ladder_floor_and_ceiling_on_ml100k(ml100k_dir, tmp_path):
     assert out["mostpop"]["full"]["hr@10"] == pytest.approx(0.0774, abs=1e-4)
     assert out["ease"]["sampled"]["hr@10"] == pytest.approx(0.6501, abs=1e-4)
     assert out["ease"]["full"]["hr@10"] > 1.5 * out["mostpop"]["full"]["hr@10"]
+
+
+def test_ladder_refuses_unrunnable_rungs_before_running_any(tmp_path, capsys):
+    """FedEM's preset (similarity aggregation, learned merge) cannot run under
+    cdp-gaussian or, without adapter steps, ldp-dpsgd: the ladder says so in one line per
+    reason and exits 2 before any rung runs, instead of a traceback part way."""
+    import benchmarks.ladder as ladder
+
+    runs = tmp_path / "runs"
+    code = ladder.main(["--dataset", "synthetic", "--data-dir", str(tmp_path), "--runs",
+                        str(runs), "--out", str(tmp_path / "out"), "--only", "private",
+                        "--no-tune", "--seeds", "0", "--private-methods", "fedmf", "fedem"])
+    assert code == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "cannot run" in line]
+    assert len(lines) == 2
+    assert "aggregation 'similarity'" in lines[0] and "fedem-cdp-gaussian-eps1-seed0" in lines[0]
+    assert "--dpsgd-adapter-steps" in lines[1]
+    assert not runs.exists() or not any(runs.rglob("summary.json"))
+    assert ladder.unrunnable([("ok", {"data": {"dataset": "synthetic"}})]) == []
