@@ -191,8 +191,7 @@ def unrunnable(todo: list[tuple[str, dict[str, Any]]]) -> list[str]:
     (say FedEM's preset, similarity aggregation, under a central mechanism), naming the
     rungs it stops; empty when every rung resolves. Checked before any rung runs, so a
     ladder never stops part way on a setting it could have refused at the start."""
-    from fedem_private.api import resolve_config
-    from fedem_private.errors import UserError
+    from fedem_private.api import UserError, resolve_config
 
     reasons: dict[str, list[str]] = {}
     for name, cfg in todo:
