@@ -160,7 +160,10 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--num-negatives", "train.num_negatives", _integer, "negatives per positive"),
     ("--client-fraction", "train.client_fraction", _number, "fraction of clients per round"),
     ("--eval-every", "train.eval_every", _integer, "evaluate every N rounds"),
-    ("--seed", "train.seed", _integer, "random seed"),
+    ("--seed", "train.seed", _integer, "random seed, in [0, 2^62)"),
+    ("--nonce", "train.nonce", _integer,
+     "the run's own key for its training and noise streams (0, the default: the seed's); "
+     "the data and evaluation sets stay keyed by --seed"),
     ("--memory-budget-mb", "train.memory_budget_mb", _integer, "memory budget for chunks"),
     ("--device", "train.device", str,
      "where the heavy tensors live: cpu, cuda, or auto (cuda when one is available); the "

@@ -146,3 +146,19 @@ def test_a_private_searchs_validation_count_moves_by_one_user_at_most(combo: dic
     assert (ranks_a[others] == ranks_b[others]).all()
     hits_a, hits_others_b = (ranks_a < 10).sum(), (ranks_b[others] < 10).sum()
     assert abs(int(hits_a) - int(hits_others_b)) <= 1  # world B without TARGET
+
+
+# ------------------------------------------------- two trials of one search (issue 65)
+@pytest.mark.parametrize("mode", ["cdp-gaussian", "ldp-gaussian", "ldp-laplace"])
+def test_two_trials_of_a_search_draw_independent_noise(mode: str) -> None:
+    """Two runs at one setting on one dataset, told apart only by ``train.nonce`` as two
+    trials of a private search are: the difference of their releases (less the public
+    tables they are centred on) spreads like the difference of two independent noises,
+    sqrt(2) noise standard deviations. With one key for both (what a private search did
+    before each trial drew its own nonce) the noise cancels and the check fails."""
+    cfg = nb.make_config(mode)
+    own = nb.trials_pair(cfg, nonces=(1, 2))
+    assert own.sound, own.violations
+    assert all(1.0 < s < 2.0 for s in own.spreads), own.spreads
+    shared = nb.trials_pair(cfg, nonces=(5, 5))
+    assert not shared.sound and max(shared.spreads) == 0.0

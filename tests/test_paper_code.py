@@ -259,6 +259,22 @@ def test_run_reports_selected_and_last_rounds(tmp_path):
     assert row["selected_round"] == sel["round"]
     assert row["hr10_sampled_selected"] == pytest.approx(sel["metrics"]["sampled"]["hr@10"])
     assert row["hr10_sampled"] == pytest.approx(summary["metrics"]["sampled"]["hr@10"])
+    assert "private" not in sel  # no mechanism: nothing to label
+
+
+def test_a_round_selected_under_a_mechanism_is_labelled_not_private(tmp_path):
+    """Issue 65: best-val picks a round by exact validation metrics, which no mechanism
+    noised; under a mechanism the summary says the choice is not covered by the eps."""
+    from fedem_private.experiments.runner import execute
+    from fedem_private.privacy.config import PrivacyConfig
+
+    cfg = RunConfig(data=DataConfig(synthetic=SyntheticConfig(n_users=40, n_items=50)),
+                    train=TrainConfig(rounds=2, local_epochs=1, select_round="best-val"),
+                    federation=FederationConfig(method="fedmf"),
+                    privacy=PrivacyConfig(mode="cdp-gaussian", clip=1.0, sample_rate=0.5,
+                                          noise_multiplier=1.0))
+    sel = execute(cfg, tmp_path / "run")["selected"]
+    assert sel["private"] is False and sel["note"].startswith("not private")
 
 
 # ------------------------------------------------------------------ 6: the code's similarity

@@ -199,10 +199,16 @@ def test_a_private_search_releases_only_noisy_scores_and_accounts_for_itself(tmp
     with (out / "trials.csv").open() as fh:
         rows = list(csv.DictReader(fh))
     assert len(rows) == drawn  # exactly K trials, K drawn from the seed
+    assert all("val_hr@10" not in key for key in rows[0])  # the scores are kept apart
+    with (out / "noisy-scores.csv").open() as fh:
+        scores = {int(r["trial"]): r for r in csv.DictReader(fh)}
+    assert {int(r["trial"]) for r in rows} == set(scores)
     for row in rows:
         val = json.loads((Path(row["run_dir"]) / "summary.json").read_text())["metrics"]["val"]
         hits = round(val["hr@10"] * val["users"])
-        released = float(row["val_hr@10_noisy"])
+        score = scores[int(row["trial"])]
+        assert score["publishing_costs"].startswith("every-trial eps")
+        released = float(score["val_hr@10_noisy"])
         assert released == pytest.approx(
             noisy_score(hits, 2.0, seed=2, trial=int(row["trial"])) / val["users"])
         assert released != pytest.approx(val["hr@10"])  # the true score never left
@@ -283,3 +289,46 @@ def test_a_total_budget_sets_each_trials_noise_and_is_met(tmp_path):
                                              'mode = "cdp-gaussian"\nepsilon = 2.0'))
     with pytest.raises(UserError, match="total_epsilon sets each trial's noise"):
         run_tuning(spec, tmp_path / "t")
+
+
+@needs_optuna
+def test_each_trial_of_a_private_search_draws_its_own_randomness(tmp_path):
+    """Issue 65: every trial of a private search ran with the base seed, so two trials'
+    aggregates carried the same noise and their difference was noise-free. Each trial now
+    runs with its own nonce (its own noise, participation, initialisation, negatives),
+    the final run (best.toml) with nonce 0, never a trial's; the data and the validation
+    candidates stay the base seed's."""
+    from fedem_private.data import leave_one_out, load_dataset
+    from fedem_private.experiments import neighbours as nb
+    from fedem_private.experiments.tune import run_tuning, trial_nonce
+
+    out = tmp_path / "s"
+    run_tuning(_spec(tmp_path, trials="trials = 3", private=""), out)
+    with (out / "trials.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    cfgs = [load_toml(Path(r["run_dir"]) / "config.toml") for r in rows]
+    nonces = [c.train.nonce for c in cfgs]
+    assert nonces == [trial_nonce(2, int(r["trial"])) for r in rows]
+    assert 0 not in nonces and len(set(nonces)) == len(nonces)
+    seeds = {c.train.run_seed for c in cfgs}
+    final = load_toml(out / "best.toml")
+    assert final.train.nonce == 0 and final.train.run_seed == 0
+    assert len(seeds) == len(cfgs) and final.train.run_seed not in seeds
+    assert {c.train.seed for c in cfgs} == {0}  # one dataset, one split, one candidate set
+    # an observer who sees two trials' releases cannot cancel their noise: at one
+    # setting, the two trials' aggregates differ by independent noise
+    cfg = cfgs[0]
+    data = load_dataset(cfg.data.dataset, cfg.data.data_dir, seed=cfg.train.seed,
+                        synthetic=cfg.data.synthetic)
+    split = leave_one_out(data, cfg.train.seed, cfg.data.min_user_ratings)
+    pair = nb.trials_pair(cfg, nonces=(nonces[0], nonces[1]), split=split)
+    assert pair.sound, pair.violations
+
+
+def test_the_tuner_owns_the_nonce(tmp_path):
+    spec = _spec(tmp_path, trials="trials = 2", private="",
+                 extra_space='"train.nonce" = { low = 1, high = 9, int = true }')
+    from fedem_private.experiments.tune import load_tune_spec
+
+    with pytest.raises(UserError, match="train.nonce"):
+        load_tune_spec(spec)

@@ -33,6 +33,7 @@ public parameters, some other client's release in a later round differs.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -267,6 +268,95 @@ def _pair(cfg: RunConfig, split: Split | None) -> tuple[Findings, Simulation, Si
     _hook(world_a, _Record(), seen, findings, sensitivity(cfg), drop_target=False)
     world_a.run()
     return findings, world_a, world_b
+
+
+@dataclass
+class TrialsFindings:
+    """Two trials of one search on the same data (:func:`trials_pair`): per released value,
+    the standard deviation of the difference of their releases in units of one release's
+    noise (sqrt(2) for independent noise, 0 when the noise is shared and cancels)."""
+
+    spreads: list[float] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
+
+    @property
+    def sound(self) -> bool:
+        return not self.violations
+
+
+#: two trials' noise counts as independent when the difference of their releases spreads
+#: at least this many noise standard deviations (sqrt(2) expected; more where their
+#: signals differ too; 0 when the noise is shared)
+INDEPENDENT_SPREAD = 1.0
+
+
+def trials_pair(cfg: RunConfig, nonces: tuple[int, int] = (1, 2),
+                split: Split | None = None) -> TrialsFindings:
+    """Two trials of a private search (:mod:`fedem_private.experiments.tune`) at the same
+    setting on the same data, told apart only by ``train.nonce``: an observer who sees
+    both subtracts their releases, and if they shared their noise the difference would be
+    the noise-free difference of their clipped sums (it is exactly 0 here: same setting,
+    same data). Every released value the two runs share, less the public table it is
+    centred on (under a central mechanism the round's aggregate, under a local one each
+    upload of a client in both runs' round), must differ by noise of about sqrt(2) times
+    one release's scale: a spread below :data:`INDEPENDENT_SPREAD` is a violation. ``cfg`` must perturb with a
+    stated scale (``cdp-gaussian``, ``ldp-gaussian``, ``ldp-laplace``)."""
+    split = split or base_split()
+    records = []
+    for nonce in nonces:
+        sim = Simulation(replace(cfg, train=replace(cfg.train, nonce=nonce)), split)
+        record = _record_updates(sim)
+        sim.run()
+        records.append((sim, record))
+    (sim_a, rec_a), (_, rec_b) = records
+    findings = TrialsFindings()
+    p = sim_a.privacy.params
+    # one released entry's noise standard deviation (Laplace b has sd b sqrt(2))
+    scale = float(p.noise_scale) * (math.sqrt(2.0) if p.noise_kind == "laplace" else 1.0)
+    if sim_a.privacy.central:
+        scale /= sim_a.privacy.expected_count  # the sum's noise, divided by q n
+        pairs = [(t, "aggregate", rec_a.aggregates[t], rec_b.aggregates[t])
+                 for t in sorted(rec_a.aggregates)]
+    else:
+        pairs = [(t, f"client {c}", rel, rec_b.releases[t][c])
+                 for t, mine in sorted(rec_a.releases.items())
+                 for c, rel in sorted(mine.items()) if c in rec_b.releases.get(t, {})]
+    for t, what, a, b in pairs:
+        spread = float((a.double() - b.double()).std()) / scale
+        findings.spreads.append(spread)
+        if spread < INDEPENDENT_SPREAD:
+            findings.violations.append(
+                f"round {t}: {what}'s releases in two trials differ by {spread:.3g} noise "
+                f"standard deviations: their noise is shared")
+    if not pairs:
+        findings.violations.append("the two trials released nothing in common to compare")
+    return findings
+
+
+def _record_updates(sim: Simulation) -> _Record:
+    """Record each release minus the public table it is centred on (the sent table of a
+    local upload, the broadcast table of a central aggregate): the noisy clipped delta, or
+    the noisy mean of the clipped deltas, which is what two trials' noise must tell apart
+    (their public tables differ already, through their initialisations)."""
+    layer, record = sim.privacy, _Record()
+    release, release_aggregate = layer.release, layer.release_aggregate
+
+    def _release(sent: torch.Tensor, local: torch.Tensor, clients: np.ndarray,
+                 touched: torch.Tensor | None) -> torch.Tensor:
+        out = release(sent, local, clients, touched)
+        mine = record.releases.setdefault(layer.round, {})
+        for j, c in enumerate(np.asarray(clients).tolist()):
+            mine[c] = (out[j].double() - sent[j].double()).detach().clone()
+        return out
+
+    def _release_aggregate(base: torch.Tensor) -> torch.Tensor:
+        out = release_aggregate(base)
+        record.aggregates[layer.round] = (out.double() - base.double()).detach().clone()
+        return out
+
+    layer.release = _release  # type: ignore[method-assign]
+    layer.release_aggregate = _release_aggregate  # type: ignore[method-assign]
+    return record
 
 
 def describe(cfg: RunConfig) -> str:

@@ -171,6 +171,7 @@ def summarise(view: RunView, history: list[RoundStats], wall: float) -> dict[str
         "protocol": cfg.data.protocol,
         "rounds": view.round,
         "seed": cfg.train.seed,
+        "nonce": cfg.train.nonce,
         "n_users": view.n_users,
         "n_items": view.n_items,
         "dropped_users": view.split.dropped_users,
@@ -190,8 +191,17 @@ def summarise(view: RunView, history: list[RoundStats], wall: float) -> dict[str
         out["protocol_options"] = options
     selected = selected_round(history, cfg.train.select_round)
     if selected is not None:
+        if cfg.privacy.mechanism.perturbs:
+            selected.update(private=False, note=SELECTION_NOT_PRIVATE)
         out["selected"] = selected
     return out
+
+
+# what summary.json says beside a round selected under a mechanism (issue 65)
+SELECTION_NOT_PRIVATE = (
+    "not private: the round was chosen by exact (un-noised) validation or test metrics, a "
+    "function of every user's held-out item that no mechanism covers; this run's eps holds "
+    "for the last round's model, not for the choice of this one")
 
 
 def communication_summary(history: list[RoundStats]) -> dict[str, float]:

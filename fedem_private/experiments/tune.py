@@ -74,6 +74,19 @@ run under TPE and only the every-trial bound holds; with it, K is drawn from the
 before the search, trials are random search (independent repetitions), and the
 only-the-choice bound is added. The validation ranks are computed each evaluated round
 inside a trial, as without privacy, but only the last one's noisy count leaves it.
+
+Both bounds compose independent runs, so each trial of a private study draws its own
+randomness: its run gets ``train.nonce`` = :func:`trial_nonce` (hashed from the study's seed
+and the trial's number), which keys its noise, Poisson participation, initialisation,
+negatives and shuffles (:func:`~fedem_private.simulation.sections.run_seed`); the data, the
+split and the evaluation candidates stay keyed by ``train.seed``, so every trial is scored on
+the same validation items. The chosen setting's final run (``best.toml``) has nonce 0, whose
+key is never a trial's. An ordinary study keeps nonce 0 in every trial: its settings are
+compared under common random numbers, which lowers the variance of their differences, and it
+claims no privacy. A private study writes its released scores to ``noisy-scores.csv``, not
+to ``trials.csv``: the settings tried (drawn from the seed) and ``best.toml`` may be
+published with the only-the-choice bound; publishing the scores is the every-trial view. The
+trials' run directories hold exact metrics: they are the curator's, never published.
 """
 
 from __future__ import annotations
@@ -122,6 +135,10 @@ SQLITE_TIMEOUT_S = 120.0  # how long a worker waits for the study file's lock
 HEARTBEAT_S = 60
 GRACE_S = 300
 RETRIES = 2  # how often a killed worker's setting is queued again
+# a private study's released scores, apart from trials.csv: publishing them is the view
+# "every trial seen" of privacy.json, not "only the choice"
+NOISY_SCORES = "noisy-scores.csv"
+EVERY_TRIAL_VIEW = "every-trial eps (privacy.json: views.<observer>.every_trial)"
 OVER_BUDGET = "over_budget"  # user attr of a trial that found the budget claimed and stopped
 
 
@@ -132,6 +149,9 @@ def _check_space(space: dict[str, Any]) -> dict[str, dict[str, Any]]:
         raise UserError("[tune.space] must name at least one dotted config key")
     out = {}
     for key, spec in space.items():
+        if key == "train.nonce":
+            raise UserError("[tune.space] train.nonce: the tuner sets it (each trial of a "
+                            "private study draws its own)")
         if not isinstance(spec, dict):
             raise UserError(f"[tune.space] {key}: give {{low, high}} or {{choices}}")
         if "choices" in spec:
@@ -471,8 +491,11 @@ def _work(spec: str, out: str, wanted: int, worker: int, best_by: str | None = N
             stood_down.append(trial.number)
             raise _OverBudget
         params = _suggest(trial, space)
-        overrides = {**params, "train.select_round": goal.rule}
-        cfg = with_overrides(from_dict(base), overrides).validate().resolved()
+        nonce = (trial_nonce(seed, _first_of(_frozen(study, trial.number)))
+                 if private is not None else 0)
+        cfg = trial_config(base, params, goal, nonce)
+        if nonce:
+            trial.set_user_attr("nonce", nonce)
         path = root / "trials" / f"{trial.number:04d}"
         checkpoint = _checkpoint(root, cfg, every)
         try:  # frees its run before returning
@@ -513,6 +536,40 @@ def _work(spec: str, out: str, wanted: int, worker: int, best_by: str | None = N
         if _completed(study, optuna):
             _write_outputs(study, root, optuna, best_by, private is not None, goal)
     return done
+
+
+def trial_nonce(seed: int, number: int) -> int:
+    """Trial ``number``'s ``train.nonce`` in a private study seeded ``seed``: a non-zero
+    value below 2^62 hashed from (seed, number), so every trial's noise, participation,
+    initialisation and negatives are its own (:func:`~fedem_private.simulation.sections.
+    run_seed`), and none is the final run's (nonce 0). The retry of a killed trial keeps
+    the nonce of the trial it replaces (:func:`_first_of`): it continues the same run, the
+    same releases, rather than starting a second one."""
+    from fedem_private.simulation.sections import SEED_LIMIT
+
+    digest = hashlib.blake2b(f"fedem-private tune trial {int(seed)} {int(number)}".encode(),
+                             digest_size=8).digest()
+    return 1 + int.from_bytes(digest, "big") % (SEED_LIMIT - 1)
+
+
+def _frozen(study: Any, number: int) -> Any:
+    """The stored (frozen) record of a running trial: its system attributes."""
+    return next(t for t in study.get_trials(deepcopy=False) if t.number == number)
+
+
+def _first_of(trial: Any) -> int:
+    """The number of the first trial run with ``trial``'s setting: the trial itself, or
+    for the retry of a killed trial the first one killed with that setting."""
+    return int(trial.system_attrs.get("failed_trial", trial.number))
+
+
+def trial_config(base: dict[str, Any], params: dict[str, Any], goal: Objective,
+                 nonce: int = 0) -> Any:
+    """A trial's resolved run config: ``base`` with the sampled ``params``, the objective's
+    round rule and ``train.nonce`` (0 outside a private study, so every trial of an
+    ordinary study shares its randomness, a like-for-like comparison of settings)."""
+    overrides = {**params, "train.select_round": goal.rule, "train.nonce": nonce}
+    return with_overrides(from_dict(base), overrides).validate().resolved()
 
 
 def _retry_of(trial: Any) -> int | str:
@@ -703,15 +760,26 @@ def _write_outputs(study: Any, root: Path, optuna: Any, best_by: str | None = No
     done = [t for t in study.trials if t.state == complete]
     listed = [t for t in study.trials if t.state == complete or _diverged(t, optuna)]
     keys = sorted({k for t in listed for k in t.params})
+    # a private study's scores go to their own file: trials.csv (the settings tried,
+    # drawn from the seed) may be published beside the choice, the scores only under the
+    # every-trial view (module docstring)
+    scored = not private
     with _replacing(root / "trials.csv") as fh:
         writer = csv.writer(fh)
-        score = f"{goal.column}_noisy" if private else goal.column
-        writer.writerow(["trial", *keys, score, "run_dir", "status", "retry_of"])
+        writer.writerow(["trial", *keys, *([goal.column] if scored else []), "run_dir",
+                         "status", "retry_of"])
         for t in listed:
             writer.writerow([t.number, *(t.params.get(k) for k in keys),
-                             "" if t.value is None else t.value, t.user_attrs.get("run_dir"),
+                             *(["" if t.value is None else t.value] if scored else []),
+                             t.user_attrs.get("run_dir"),
                              "complete" if t.state == complete else DIVERGED,
                              _retry_of(t)])
+    if private:
+        with _replacing(root / NOISY_SCORES) as fh:
+            writer = csv.writer(fh)
+            writer.writerow(["trial", f"{goal.column}_noisy", "publishing_costs"])
+            for t in done:
+                writer.writerow([t.number, t.value, EVERY_TRIAL_VIEW])
     _write_best(root / "best.toml", study.best_trial, f"best of {len(done)} trials", private,
                 goal)
     if best_by is None:
@@ -741,8 +809,9 @@ def _write_best(path: Path, trial: Any, what: str, private: bool = False,
     run = path.parent / "trials" / f"{trial.number:04d}"
     cfg = load_toml((run if run.is_dir() else Path(trial.user_attrs["run_dir"]))
                     / "config.toml")
-    if private:
-        cfg = replace(cfg, train=replace(cfg.train, select_round="last"))
+    if private:  # the final run: its own randomness (nonce 0, never a trial's) and the
+        # last round (choosing one by validation would be one more release)
+        cfg = replace(cfg, train=replace(cfg.train, select_round="last", nonce=0))
     score = f"noisy {goal.words}" if private else goal.words
     with _replacing(path) as fh:
         fh.write(f"# {what} by {score} ({trial.value:.6g}); trial "

@@ -130,6 +130,8 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
     if "int" in text and "str" not in text:
         if isinstance(value, bool):
             raise UserError(f"{where} must be an integer, got {value!r}")
+        if isinstance(value, int):  # exact: a float holds only 53 bits (seeds, nonces)
+            return value
         try:
             f = float(value)
         except (TypeError, ValueError):

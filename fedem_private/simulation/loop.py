@@ -364,7 +364,10 @@ class Simulation:
         # (m, k_p) item attributes, row i = item i (FedPEFT's pre-training); None: none
         self.item_features = item_features
         tr, fed = self.cfg.train, self.cfg.federation
-        self.seed = tr.seed
+        # the training and mechanism streams' key (train.nonce); the data and the
+        # evaluation sets are keyed by the seed alone, so runs that differ only in their
+        # nonce are evaluated on the same candidates
+        self.seed = tr.run_seed
         self.device = torch_device(tr.device)  # of every heavy tensor (module docstring)
         self.aggregation = fed.resolved_aggregation
         self.merge_cfg = MergeConfig.from_config(fed)
@@ -378,7 +381,7 @@ class Simulation:
                                           optimizer=tr.optimizer,
                                           **{n: getattr(tr, n) for n in SGD_FIELDS})
         self.excl = exclusion_csr(split, self.cfg.data.protocol)
-        self.eval_sets: EvalSets = build_eval_sets(split, self.cfg.data.protocol, self.seed,
+        self.eval_sets: EvalSets = build_eval_sets(split, self.cfg.data.protocol, tr.seed,
                                                    validation=validation_kind(self.cfg))
         # the data sizes as the server may use them (docs/design.md section 5): |D_u| with no
         # mechanism or when declared public, else all ones (uniform weights)

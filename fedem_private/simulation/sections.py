@@ -9,6 +9,7 @@ what spans sections. Importing this module is light (no torch or pandas).
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -133,6 +134,27 @@ class DataConfig:
         self.synthetic.validate()
 
 
+#: seeds and nonces lie in [0, SEED_LIMIT); a run seed derived from a nonce lies in
+#: [SEED_LIMIT, 2 SEED_LIMIT), so it never equals a plain seed (and fits an int64 key)
+SEED_LIMIT = 1 << 62
+
+
+def run_seed(seed: int, nonce: int) -> int:
+    """The key of a run's training and mechanism streams (``train.nonce``).
+
+    nonce 0 gives ``seed`` (every run before nonces existed). Otherwise SEED_LIMIT plus the
+    low 62 bits of BLAKE2b-64 over (seed, nonce): distinct (seed, nonce) pairs give
+    distinct keys but for a 2^-62 chance per pair, and none equals a plain seed, so a
+    search's trials never share randomness with each other or with the final run at
+    nonce 0 (:mod:`fedem_private.experiments.tune`). Pure Python: validation never loads
+    torch. Not a cryptographic commitment: the key only separates random streams."""
+    if nonce == 0:
+        return int(seed)
+    digest = hashlib.blake2b(f"fedem-private run seed {int(seed)} {int(nonce)}".encode(),
+                             digest_size=8).digest()
+    return SEED_LIMIT | (int.from_bytes(digest, "big") & (SEED_LIMIT - 1))
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Local training and the round loop (paper defaults: d=16, E=10, B=256, T=100)."""
@@ -145,7 +167,15 @@ class TrainConfig:
     num_negatives: int = 4
     init_std: float = 0.1
     client_fraction: float = 1.0
+    # the data's and the evaluation sets' key (the synthetic draw, the split's tie-break,
+    # the evaluation candidates) and, with nonce 0, every other stream's (:attr:`run_seed`)
     seed: int = 0
+    # a run's own key, mixed into every training and mechanism stream (initialisation,
+    # participation, negatives, shuffles, noise) but not into the data's: two runs with one
+    # seed and different nonces see the same split and evaluation sets and independent
+    # randomness. 0 (the default): those streams are keyed by the seed alone. A private
+    # search gives each trial its own (experiments/tune.py, docs/design.md section 14).
+    nonce: int = 0
     eval_every: int = 1
     memory_budget_mb: int = 2048
     # where the heavy tensors live: cpu, cuda, or auto (cuda when available);
@@ -179,7 +209,19 @@ class TrainConfig:
     # and aggregates in float32, and the trained table is rounded to nearest on storing)
     state_dtype: str = "float32"
 
+    @property
+    def run_seed(self) -> int:
+        """The key of the run's training and mechanism streams: the seed itself under nonce
+        0, else :func:`run_seed` of (seed, nonce), which is never a plain seed."""
+        return run_seed(self.seed, self.nonce)
+
     def validate(self) -> None:
+        for name in ("seed", "nonce"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not (
+                    0 <= value < SEED_LIMIT):
+                raise UserError(f"--{name} (train.{name}) must be an integer in [0, 2^62), "
+                                f"got {value}")
         for name in ("rounds", "local_epochs", "batch_size", "dim", "num_negatives",
                      "eval_every", "memory_budget_mb"):
             if getattr(self, name) < 1:
