@@ -299,8 +299,9 @@ def trials_pair(cfg: RunConfig, nonces: tuple[int, int] = (1, 2),
     same data). Every released value the two runs share, less the public table it is
     centred on (under a central mechanism the round's aggregate, under a local one each
     upload of a client in both runs' round), must differ by noise of about sqrt(2) times
-    one release's scale: a spread below :data:`INDEPENDENT_SPREAD` is a violation. ``cfg`` must perturb with a
-    stated scale (``cdp-gaussian``, ``ldp-gaussian``, ``ldp-laplace``)."""
+    one release's scale: a spread below :data:`INDEPENDENT_SPREAD` is a violation.
+    ``cfg`` must perturb with a stated scale (``cdp-gaussian``, ``ldp-gaussian``,
+    ``ldp-laplace``)."""
     split = split or base_split()
     records = []
     for nonce in nonces:
