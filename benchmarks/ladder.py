@@ -40,6 +40,7 @@ validation item).
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import itertools
 import json
 import math
@@ -540,11 +541,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=100)
     parser.add_argument("--runs", default="runs/ladder")
     parser.add_argument("--out", default="benchmarks/results/ladder")
-    parser.add_argument("--only", choices=("federated", "baselines", "private", "table"),
+    parser.add_argument("--only", choices=("federated", "baselines", "private", "accounted",
+                                           "table"),
                         default=None,
                         help="run only the federated rungs, only the baselines (and their "
-                        "tuning), only the private FedMF rungs, or only write the table "
-                        "from finished runs")
+                        "tuning), only the private rungs, only the accounted searches' "
+                        "rungs (--accounted), or only write the table from finished runs")
+    parser.add_argument("--rerun", nargs="+", default=[], metavar="PATTERN",
+                        help="run the rungs whose names match these shell patterns even where "
+                        "a recorded row stands (a change the recorded settings do not show, "
+                        "e.g. the split's keys in issue 65)")
     parser.add_argument("--modes", nargs="+", default=None, choices=tuple(PRIVATE_FIXED),
                         help="the private modes of the fixed-in-advance rungs "
                         "(default: all)")
@@ -620,12 +626,17 @@ def main(argv: list[str] | None = None) -> int:
         private_names = {name for _, name, _ in private}
         todo = []
         for _, name, cfg in plan:
-            if name in rows and not (runs / name).is_dir():
+            rerun = any(fnmatch.fnmatch(name, pattern) for pattern in args.rerun)
+            if name in rows and not (runs / name).is_dir() and not rerun:
                 continue  # finished in an earlier checkout: its recorded row stands
             federated = cfg["federation"]["method"] not in {*GRIDS, "mostpop", "dp-mostpop"}
             kind = "private" if name in private_names else (
                 "federated" if federated else "baselines")
-            if args.only is None or args.only == kind:
+            if kind == "private" and name.endswith(
+                    tuple(f"-accounted-seed{seed}" for seed in args.seeds)):
+                kind = "accounted"
+            if args.only is None or args.only == kind or (
+                    args.only == "private" and kind == "accounted"):
                 todo.append((name, cfg))
         refused = unrunnable(todo)
         if refused:

@@ -159,3 +159,21 @@ def release_between_runs() -> int:
 def _restore(mallopt: Any) -> None:
     mallopt(_M_MMAP_MAX, _DEFAULT_MMAP_MAX)
     mallopt(_M_TRIM_THRESHOLD, _DEFAULT_TRIM)
+
+
+def available_bytes() -> int | None:
+    """Memory the kernel says a new allocation can still get without swapping
+    (``MemAvailable`` of /proc/meminfo), or None where that is not known (not Linux)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def gib(nbytes: float) -> str:
+    """A byte count as GiB with one decimal (``108.0 GiB``)."""
+    return f"{nbytes / 2**30:.1f} GiB"

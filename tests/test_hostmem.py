@@ -248,3 +248,22 @@ def test_the_between_runs_probe_reports_each_run(tmp_path, capsys):
     assert not out["keep_cycles"] and len(out["runs"]) == 2
     assert all(r["rss_mib"] > 0 and r["peak_mib"] >= r["rss_mib"] for r in out["runs"])
     assert runner.release_between_runs is hostmem.release_between_runs
+
+
+def test_a_population_whose_per_client_tables_cannot_fit_is_refused_in_one_line(
+        monkeypatch):
+    """Issue 66, item 2: every client keeps an (m, d) item table; where n m d entries
+    exceed the free memory the run stops before allocating, naming the size it needs."""
+    from fedem_private.data import SyntheticConfig
+    from fedem_private.errors import UserError
+    from fedem_private.experiments.runner import prepare
+    from fedem_private.simulation.config import DataConfig, RunConfig, TrainConfig
+
+    cfg = RunConfig(data=DataConfig(synthetic=SyntheticConfig(n_users=40, n_items=50)),
+                    train=TrainConfig(rounds=1, dim=8))
+    monkeypatch.setattr(hostmem, "available_bytes", lambda: 10_000)
+    with pytest.raises(UserError, match=r"keeps an item table per client: \d+ clients x 50 "
+                                        r"items x 8 x 4 B = .* GiB of state"):
+        prepare(cfg)
+    monkeypatch.setattr(hostmem, "available_bytes", lambda: None)  # unknown: no refusal
+    prepare(cfg)

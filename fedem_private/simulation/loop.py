@@ -65,7 +65,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from fedem_private import models, rng
+from fedem_private import hostmem, models, rng
 from fedem_private.client import codecs
 from fedem_private.client.merging import MergeConfig, Merger
 from fedem_private.data.split import Split, exclusion_csr
@@ -168,6 +168,29 @@ class RoundStats:
         out.update(self.server)
         out.update(self.comm)
         return out
+
+
+def _check_state_fits(cfg: RunConfig, n: int, q0: torch.Tensor, store: torch.dtype,
+                      device: torch.device) -> None:
+    """Refuse, in one line, a run whose per-client item tables cannot fit: every client
+    keeps its own (m, d) table between rounds (``SimState.q_local``), n m d entries of
+    ``store`` before anything else, so a population of 10^6 users on ML-100K's catalogue
+    (d 16, float32) would need 100 GiB. Where the memory free for it is known (the host's
+    ``MemAvailable``; a GPU's free memory) and smaller, the run stops before allocating,
+    with the size it would need, instead of being killed by the kernel part way."""
+    need = n * q0.numel() * torch.empty((), dtype=store).element_size()
+    if device.type == "cuda":
+        free = int(torch.cuda.mem_get_info(device)[0])
+    else:
+        free = hostmem.available_bytes()
+    if free is None or need <= free:
+        return
+    m, d = q0.shape[0], q0.shape[-1]
+    raise UserError(
+        f"{cfg.federation.resolved_method} keeps an item table per client: {n:,} clients x "
+        f"{m:,} items x {d} x {torch.empty((), dtype=store).element_size()} B = "
+        f"{hostmem.gib(need)} of state, and {hostmem.gib(free)} is free on {device.type}; "
+        f"use fewer users, --state-dtype bfloat16, or a smaller --dim")
 
 
 @dataclass
@@ -487,6 +510,7 @@ class Simulation:
         # run keeps float64
         store = getattr(torch, self.cfg.train.state_dtype) if q0.dtype == torch.float32 \
             else q0.dtype
+        _check_state_fits(self.cfg, n, q0, store, self.device)
         q_local = q0.to(store).expand(n, *q0.shape).clone()
         # Without noise an upload equals the client's new table, so the server's copy of
         # each last upload can share storage with q_local (it changes only on upload).
