@@ -67,7 +67,7 @@ def test_config_overrides_and_defaults():
     (["run", "--privacy", "ldp-laplace", "--epsilon", "1", "--delta", "2"], "delta"),
     (["run", "--lr", "abc"], "not a number"),
     (["run", "--config", "/no/such.toml"], "config file not found"),
-    (["datasets", "download", "ml-10m"], "unknown dataset"),
+    (["datasets", "download", "ml-99m"], "unknown dataset"),
 ])
 def test_user_errors_are_one_line_exit_2(tmp_path, capsys, argv, needle):
     out = tmp_path / "out"

@@ -87,7 +87,7 @@ def test_missing_things_are_user_errors(tmp_path):
     with pytest.raises(UserError, match="file not found"):
         load_dataset("ml-100k", tmp_path)
     with pytest.raises(UserError, match="unknown dataset"):
-        load_dataset("ml-10m", tmp_path)
+        load_dataset("ml-99m", tmp_path)
     with pytest.raises(UserError, match="no cached copy"):
         load_dataset("ml-1m", None, cache_dir=tmp_path)
 

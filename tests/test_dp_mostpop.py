@@ -154,7 +154,9 @@ def test_every_release_states_relation_trust_and_sensitivity(split):
 
 def test_removing_a_user_changes_no_other_users_subset(split):
     """Add/remove neighbours differ in one user's vector only: the other users' k-subsets
-    must not depend on who else is in the data."""
+    must not depend on who else is in the data. The smaller split keeps each user's source
+    key (``source_users``), as the loader's re-indexing does; its positions would move
+    (the loader-level check is tests/test_dp_mostpop_neighbours.py)."""
     import dataclasses
 
     k = 4
@@ -164,7 +166,8 @@ def test_removing_a_user_changes_no_other_users_subset(split):
     smaller = dataclasses.replace(
         split, n_users=split.n_users - 1, train_indptr=split.train_indptr[1:] - lo,
         train_items=split.train_items[lo:hi], val_items=split.val_items[keep],
-        test_items=split.test_items[keep], users=split.users[keep])
+        test_items=split.test_items[keep], users=split.users[keep],
+        source_users=split.source_users[keep])
     a_ptr, a_items = k_subsets(split, k, seed=7)
     b_ptr, b_items = k_subsets(smaller, k, seed=7)
     for u in range(1, split.n_users):

@@ -255,7 +255,7 @@ def test_validation_errors_import_no_heavy_library(tmp_path):
         (["attack", "notarun"], "not a run directory"),
         (["attack", "run", "--attacks", "telepathy"], "unknown attack 'telepathy'"),
         (["attack", "run", "--known-fraction", "2"], "--known-fraction"),
-        (["datasets", "download", "ml-10m"], "unknown dataset"),
+        (["datasets", "download", "ml-99m"], "unknown dataset"),
     ]
     for argv, needle in cases:
         rc, err, heavy = _heavy_after(argv, tmp_path)

@@ -32,8 +32,11 @@ class Fitted:
     """A fitted baseline: its scores and what its summary says about it.
 
     ``scores``: (m,) item scores shared by every user, or (n, m) per user.
-    ``privacy``: the summary's privacy block (mode ``none`` without a guarantee).
-    ``info``: settings and facts worth keeping (e.g. k, users clipped).
+    ``privacy``: the summary's privacy block (mode ``none`` without a guarantee): what
+    is released and how, never an un-noised figure of the data.
+    ``info``: settings worth keeping (e.g. the architecture, k).
+    ``clipping``: the summary's ``clipping`` block, simulator-only diagnostics of the
+    clip (dp-mostpop: the users clipped at k, labelled not released), or None.
     """
 
     scores: np.ndarray
@@ -41,6 +44,7 @@ class Fitted:
                                                               "guarantee": False})
     info: dict[str, Any] = field(default_factory=dict)
     model: str = "popularity"
+    clipping: dict[str, Any] | None = None
 
 
 FitFn = Callable[[RunConfig, Split], Fitted]

@@ -7,7 +7,7 @@ items. Integer counts tie often, and the metric counts a tie against the
 model, so ties are broken by a seeded random order of the items (a jitter in
 [0, 0.5), below the gap of 1 between distinct counts; it never reorders them).
 
-``dp-mostpop`` releases the count vector once under one of three privacy
+``dp-mostpop`` releases the count vector once under one of four privacy
 architectures; each function's docstring states its neighbouring relation,
 trust model and sensitivity, and the accountant its epsilon comes from:
 
@@ -20,17 +20,35 @@ trust model and sensitivity, and the accountant its epsilon comes from:
 
 The released (noisy) counts are the scores; ranking is post-processing, so
 the guarantee of the release covers every recommendation made from it.
+
+Every random draw that must depend on one user's data alone (its k-subset, its local
+report's noise) is keyed by the stable keys of the user's and the items' source ids
+(``Split.source_users``, ``Split.source_items``; :mod:`fedem_private.data.keys`), not by
+their re-indexed positions, which shift when another user is removed; the noise added
+once to a sum is keyed by the items' source keys, so two neighbouring datasets share it
+item by item (the neighbour-world check
+:func:`fedem_private.experiments.neighbours.dp_mostpop_pair` relies on both). Every
+relation is stated with the assumption that the item catalogue is public
+(:func:`fedem_private.privacy.mech.base.stated_relation`).
+
+What the releases do not hold: the number of users whose training set exceeds k
+(``users_clipped``) is a function of every user's data with no noise on it; it is a
+simulator-only diagnostic in :attr:`Release.diagnostics` (summary.json's ``clipping``
+block, where a federated run keeps its fraction clipped and pre-clip norms), never in
+the released privacy block.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from fedem_private import rng
 from fedem_private.data.split import Split
 from fedem_private.privacy.accounting import (
     RoundMechanism,
@@ -39,14 +57,36 @@ from fedem_private.privacy.accounting import (
     repeated,
 )
 from fedem_private.privacy.calibration import dpfedavg_noise_multiplier, noise_multiplier_for
+from fedem_private.privacy.mech.base import stated_relation
 
-# purposes of the seeded generators below (numpy SeedSequence entropy: (seed, purpose))
+# purposes of the draws below: the numpy SeedSequence entropy (seed, purpose) of MostPop's
+# jitter, and the stream of the keyed draws (rng.key(seed, purpose, round, client); the
+# purposes lie outside rng.Stream's values, so no draw of a simulation shares their keys)
 _TIEBREAK, _SUBSET, _CENTRAL, _LOCAL, _INTERACTION = 4201, 4202, 4203, 4204, 4205
 _LOCAL_INTERACTION = 4206
+
+# what a release's diagnostics are (summary.json's ``clipping`` block of a dp-mostpop run)
+DIAGNOSTIC_NOTE = ("simulator-only diagnostic, not released: an exact function of every "
+                   "user's data that the release's guarantee does not cover")
 
 
 def _generator(seed: int, purpose: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence([int(seed), purpose]))
+
+
+def _uniforms(seed: int, purpose: int, draw: int, owners: np.ndarray | int,
+              items: np.ndarray) -> np.ndarray:
+    """Uniforms in (0, 1), one per (owner, item): keyed by (seed, purpose, draw, the owner's
+    source key) at counter the item's source key (broadcasting ``owners`` (r, 1) against
+    ``items`` (m,) gives (r, m)). A value depends on those keys alone, not on positions."""
+    return rng.uniform(rng.key(seed, purpose, draw, owners), items)
+
+
+def _clip_diagnostics(split: Split, k: int) -> dict[str, Any]:
+    """The k-clip's diagnostics: how many users had more than k training items (exact,
+    un-noised: not part of the release)."""
+    return {"users_clipped": int((split.train_counts > k).sum()), "k": k,
+            "clipped": "users' training sets (at k items)", "note": DIAGNOSTIC_NOTE}
 
 
 def train_counts(split: Split) -> np.ndarray:
@@ -66,25 +106,28 @@ def mostpop_scores(split: Split, seed: int) -> np.ndarray:
 
 
 def k_subsets(split: Split, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Each user's contribution (CSR indptr, items): its training items, or, when it has
-    more than ``k``, a uniformly random k of them (k is public). The choice uses only the
-    user's own data and its own randomness, keyed by (seed, the user's id in the source
-    data), so it runs on the client and adding or removing another user changes no one
-    else's subset (the sensitivity argument of :func:`central_gaussian_counts` needs this)."""
+    """Each user's contribution (CSR indptr, items, sorted per user): its training items,
+    or, when it has more than ``k``, a uniformly random k of them (k is public).
+
+    User u's item i gets the uniform keyed by (seed, u's source key) at counter i's source
+    key (``Split.source_users``, ``Split.source_items``), and u keeps its k items of
+    smallest uniform: k of the user's items, each k-set equally likely. The choice is a
+    function of the seed, the user's source id and its own training items' source ids
+    alone, so it runs on the client, and adding or removing another user (which moves
+    the re-indexed positions of users and, with a catalogue derived from the data, of
+    items) changes no one else's subset: the sensitivity argument of
+    :func:`central_gaussian_counts` needs this."""
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
-    kept: list[np.ndarray] = []
-    for u in range(split.n_users):
-        items = split.train_of(u)
-        if items.shape[0] > k:
-            gen = np.random.default_rng(
-                np.random.SeedSequence([int(seed), _SUBSET, int(split.users[u])]))
-            items = np.sort(gen.choice(items, size=k, replace=False))
-        kept.append(items)
+    owner = np.repeat(np.arange(split.n_users), split.train_counts)
+    items = split.train_items
+    score = _uniforms(seed, _SUBSET, 0, split.source_users[owner], split.source_items[items])
+    order = np.lexsort((split.source_items[items], score, owner))  # per user, by its uniform
+    rank = np.arange(order.shape[0]) - split.train_indptr[owner[order]]
+    chosen = np.sort(order[rank < k])  # back to (user, item) order: sorted within each user
     indptr = np.zeros(split.n_users + 1, dtype=np.int64)
-    indptr[1:] = np.cumsum([a.shape[0] for a in kept])
-    items = np.concatenate(kept) if kept else np.zeros(0, dtype=np.int64)
-    return indptr, items.astype(np.int64)
+    indptr[1:] = np.cumsum(np.minimum(split.train_counts, k))
+    return indptr, items[chosen].astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -94,13 +137,18 @@ class Release:
     ``estimate``: (m,) unbiased estimate of the (clipped) counts; ``epsilon``:
     the accountant's bounds (JSON-ready, inf as None) with ``reported`` among
     them; ``noise_std``: the standard deviation of one count's noise (for the
-    local oracle, at a count of 0); ``privacy``: the run summary's privacy block.
+    local oracle, at a count of 0); ``privacy``: the run summary's privacy block,
+    what is released and how (public settings and the noisy release's parameters
+    only); ``diagnostics``: exact, un-noised figures of the data for the simulator's
+    reader (summary.json's ``clipping`` block, labelled :data:`DIAGNOSTIC_NOTE`), never
+    part of the release.
     """
 
     estimate: np.ndarray
     epsilon: dict[str, float | None]
     noise_std: float
     privacy: dict[str, Any] = field(default_factory=dict)
+    diagnostics: dict[str, Any] = field(default_factory=dict)
 
 
 def central_gaussian_counts(split: Split, k: int, epsilon: float, delta: float, seed: int,
@@ -113,12 +161,15 @@ def central_gaussian_counts(split: Split, k: int, epsilon: float, delta: float, 
     itself (z = 0: the k-clip without noise, no guarantee), to separate what the clip and
     what the noise do to the ranking.
 
-    - Neighbouring relation: add/remove one user (all of its interactions).
+    - Neighbouring relation: add/remove one user (all of its interactions); the item
+      catalogue is public (fixed before any user's data is seen).
     - Trust model: clients trust the secure aggregation and the party that adds
       the noise inside it (as ``cdp-gaussian``); the server and every observer see
       only the noisy sum.
     - Sensitivity: ||v_u||_2 <= sqrt(k) (at most k entries equal to 1), so the L2
-      sensitivity of S under add/remove is sqrt(k).
+      sensitivity of S under add/remove is sqrt(k): every other user's v_u is the same
+      in both worlds, its k-subset being keyed by source ids (:func:`k_subsets`). The
+      noise of item i is keyed by i's source id, so neighbouring datasets share it.
     - Accounting: S / sqrt(k) + N(0, z^2) is one Gaussian mechanism of multiplier z
       at sample rate 1, the same event ``cdp-gaussian`` composes per round
       (:func:`~fedem_private.privacy.accounting.dpfedavg_event` with q = 1, T = 1);
@@ -129,13 +180,14 @@ def central_gaussian_counts(split: Split, k: int, epsilon: float, delta: float, 
     sigma = z * math.sqrt(k)
     indptr, items = k_subsets(split, k, seed)
     counts = np.bincount(items, minlength=split.n_items).astype(np.float64)
-    noise = _generator(seed, _CENTRAL).normal(0.0, sigma, split.n_items)
+    noise = sigma * rng.normal_from_uniform(_uniforms(seed, _CENTRAL, 0, 0, split.source_items),
+                                            _uniforms(seed, _CENTRAL, 1, 0, split.source_items))
     bounds = dpfedavg_bounds(1.0, z, 1, delta)
     eps = bounds.as_dict()
     privacy = {
         "mode": "central-gaussian",
         "architecture": "central",
-        "neighbouring": "add/remove one user (all of its interactions)",
+        "neighbouring": stated_relation("add/remove one user (all of its interactions)"),
         "trust_model": ("secure aggregation of the clients' k-clipped one-hot vectors; the "
                         "server and observers see only the noisy sum"),
         "amplification": "none (every user contributes, one release)",
@@ -144,9 +196,8 @@ def central_gaussian_counts(split: Split, k: int, epsilon: float, delta: float, 
         "epsilon": eps, "guarantee": math.isfinite(epsilon),
         "accountant": f"dp-accounting {accountant} "
         "(DP-FedAvg event, q = 1, one round; reported = min(rdp, pld))",
-        "users_clipped": int((split.train_counts > k).sum()),
     }
-    return Release(counts + noise, eps, sigma, privacy)
+    return Release(counts + noise, eps, sigma, privacy, _clip_diagnostics(split, k))
 
 
 @functools.lru_cache(maxsize=64)
@@ -174,9 +225,12 @@ def local_oue_counts(split: Split, k: int, epsilon: float, seed: int,
         f_i = (sum_u y_ui - n q) / (p - q),   E[f_i] = sum_u x_ui.
 
     - Neighbouring relation: replace one user's data by any other (local DP: any two
-      inputs of one client), so any two k-subsets x, x'.
+      inputs of one client), so any two k-subsets x, x'; the item catalogue is public
+      (fixed before any user's data is seen).
     - Trust model: nobody is trusted; each client randomises on its own device and the
-      server (and anyone) sees every report y_u.
+      server (and anyone) sees every report y_u. Its coins for item i are keyed by (seed,
+      its source id) at i's source id, so a user's report does not depend on who else is
+      in the data.
     - Sensitivity: x and x' differ in at most 2k coordinates, k going 1 -> 0 and k going
       0 -> 1; a pair of such coordinates changes the likelihood of any y by at most
       p (1 - q) / ((1 - p) q) = e^eps_bit, so the report is (k eps_bit = epsilon)-LDP,
@@ -186,19 +240,11 @@ def local_oue_counts(split: Split, k: int, epsilon: float, seed: int,
         raise ValueError("the local oracle needs a finite epsilon (eps = inf is no oracle: "
                          "use mostpop, or the central architecture's k-clipped counts)")
     p, q = oue_probabilities(epsilon / k)
-    indptr, items = k_subsets(split, k, seed)
-    gen = _generator(seed, _LOCAL)
+    reports = oue_reports(split, k, epsilon, seed, chunk)
     reported = np.zeros(split.n_items, dtype=np.float64)
-    n = split.n_users
-    for start in range(0, n, chunk):
-        stop = min(n, start + chunk)
-        x = np.zeros((stop - start, split.n_items), dtype=bool)
-        lo, hi = indptr[start], indptr[stop]
-        rows = np.repeat(np.arange(stop - start), np.diff(indptr[start:stop + 1]))
-        x[rows, items[lo:hi]] = True
-        u = gen.random(x.shape)
-        y = np.where(x, u < p, u < q)
+    for y in reports:
         reported += y.sum(axis=0)
+    n = split.n_users
     estimate = (reported - n * q) / (p - q)
     eps_pure = k * math.log(p * (1 - q) / ((1 - p) * q))
     eps = {"basic": eps_pure, "reported": eps_pure}
@@ -206,7 +252,8 @@ def local_oue_counts(split: Split, k: int, epsilon: float, seed: int,
     privacy = {
         "mode": "ldp-oue",
         "architecture": "local",
-        "neighbouring": "replace one user's data (any two k-subsets of one client)",
+        "neighbouring": stated_relation(
+            "replace one user's data (any two k-subsets of one client)"),
         "trust_model": "none trusted: each client randomises its k-hot vector on its device",
         "amplification": "none",
         "sensitivity": "2k coordinates (k removed, k added), each pair a likelihood ratio "
@@ -214,9 +261,29 @@ def local_oue_counts(split: Split, k: int, epsilon: float, seed: int,
         "k": k, "p": p, "q": q, "epsilon_bit": epsilon / k, "noise_scale": std0,
         "delta": 0.0, "epsilon": eps, "guarantee": True,
         "accountant": "pure epsilon-LDP, k * ln(p (1 - q) / ((1 - p) q)) (Wang et al. 2017)",
-        "users_clipped": int((split.train_counts > k).sum()),
     }
-    return Release(estimate, eps, std0, privacy)
+    return Release(estimate, eps, std0, privacy, _clip_diagnostics(split, k))
+
+
+def oue_reports(split: Split, k: int, epsilon: float, seed: int, chunk: int = 256
+                ) -> Iterator[np.ndarray]:
+    """The users' optimal-unary-encoding reports y_u of :func:`local_oue_counts`, as boolean
+    blocks of up to ``chunk`` rows (users in split order) by n_items columns.
+
+    User u's coin for item i is the uniform keyed by (seed, u's source key) at i's source
+    key: a report is a function of the seed, the user's source id and its own k-subset
+    (:func:`k_subsets`) only."""
+    p, q = oue_probabilities(epsilon / k)
+    indptr, items = k_subsets(split, k, seed)
+    n = split.n_users
+    for start in range(0, n, chunk):
+        stop = min(n, start + chunk)
+        x = np.zeros((stop - start, split.n_items), dtype=bool)
+        lo, hi = indptr[start], indptr[stop]
+        rows = np.repeat(np.arange(stop - start), np.diff(indptr[start:stop + 1]))
+        x[rows, items[lo:hi]] = True
+        u = _uniforms(seed, _LOCAL, 0, split.source_users[start:stop, None], split.source_items)
+        yield np.where(x, u < p, u < q)
 
 
 def interaction_laplace_counts(split: Split, epsilon: float, delta: float,
@@ -225,26 +292,28 @@ def interaction_laplace_counts(split: Split, epsilon: float, delta: float,
 
     - Neighbouring relation: add/remove one (user, item) training interaction; a user's
       other interactions stay (a user with many interactions is protected per
-      interaction only, not as a whole).
+      interaction only, not as a whole); the item catalogue is public (fixed before any
+      user's data is seen).
     - Trust model: the counts are summed by secure aggregation (or a trusted curator)
       and the noise is added once to the released sum; the server and observers see
       only the noisy counts.
     - Sensitivity: one interaction moves one count by 1, so the L1 sensitivity of the
       count vector is 1 and Laplace noise of scale b = z * 1 gives eps = 1 / z
-      (``epsilon = inf``: z = 0, the plain counts, no guarantee).
+      (``epsilon = inf``: z = 0, the plain counts, no guarantee). The noise of item i is
+      keyed by i's source id, so neighbouring datasets share it.
     - Accounting: one round of :class:`~fedem_private.privacy.accounting.RoundMechanism`
       ("laplace", z), z calibrated by the basic (pure) accountant, and the bounds of
       :func:`~fedem_private.privacy.accounting.epsilon_bounds` (reported = their min).
     """
     z = noise_multiplier_for("laplace", epsilon, delta, 1, "basic")
     counts = train_counts(split)
-    noise = _generator(seed, _INTERACTION).laplace(0.0, z, split.n_items)
+    noise = rng.laplace_from_uniform(_uniforms(seed, _INTERACTION, 0, 0, split.source_items), z)
     bounds = epsilon_bounds(repeated(RoundMechanism("laplace", z), 1), float(delta))
     eps = bounds.as_dict()
     privacy = {
         "mode": "idp-laplace",
         "architecture": "interaction",
-        "neighbouring": "add/remove one (user, item) interaction",
+        "neighbouring": stated_relation("add/remove one (user, item) interaction"),
         "trust_model": ("secure aggregation (or a trusted curator) of the counts; the server "
                         "and observers see only the noisy counts"),
         "amplification": "none",
@@ -266,7 +335,8 @@ def local_interaction_laplace_counts(split: Split, epsilon: float, delta: float,
     estimate of the counts whose per-count noise has variance 2 n b^2.
 
     - Neighbouring relation: add/remove one (user, item) training interaction, the
-      relation of ``ldp-dpsgd`` (one positive added or removed).
+      relation of ``ldp-dpsgd`` (one positive added or removed); the item catalogue is
+      public (fixed before any user's data is seen).
     - Trust model: nobody is trusted; every client's report y_u is seen by the server
       (and anyone), as under ``ldp-dpsgd``, so this is the floor matched to it.
     - Sensitivity: one interaction moves one coordinate of x_u by 1, so the L1
@@ -274,27 +344,26 @@ def local_interaction_laplace_counts(split: Split, epsilon: float, delta: float,
       pure epsilon-DP; the sum is post-processing of the reports.
     - Accounting: one Laplace round of :mod:`fedem_private.privacy.accounting` (as
       :func:`interaction_laplace_counts`; the difference is n times the noise, the
-      price of trusting nobody). The noise of client u is drawn in user order from one
-      generator keyed by ``seed``, m values per user whatever its data, so two
-      neighbouring datasets get the same noise (the tests check the reports differ in
-      one coordinate by 1).
+      price of trusting nobody). The noise of client u on item i is keyed by (seed,
+      u's source id) at i's source id, whatever its data and whoever else is in the
+      data, so two neighbouring datasets get the same noise (the tests check the reports
+      differ in one coordinate by 1).
     """
     if not math.isfinite(epsilon):
         raise ValueError("the local interaction release needs a finite epsilon "
                          "(eps = inf is no noise: use mostpop)")
     z = noise_multiplier_for("laplace", epsilon, delta, 1, "basic")
-    gen = _generator(seed, _LOCAL_INTERACTION)
-    noise = np.zeros(split.n_items, dtype=np.float64)
+    total = np.zeros(split.n_items, dtype=np.float64)
+    for y in interaction_reports(split, z, seed, chunk):
+        total += y.sum(axis=0)
     n = split.n_users
-    for start in range(0, n, chunk):
-        noise += gen.laplace(0.0, z, (min(n, start + chunk) - start, split.n_items)).sum(axis=0)
     bounds = epsilon_bounds(repeated(RoundMechanism("laplace", z), 1), float(delta))
     eps = bounds.as_dict()
     std = z * math.sqrt(2.0 * n)
     privacy = {
         "mode": "ldp-interaction-laplace",
         "architecture": "interaction-local",
-        "neighbouring": "add/remove one (user, item) interaction",
+        "neighbouring": stated_relation("add/remove one (user, item) interaction"),
         "trust_model": ("none trusted: each client adds Laplace noise to its own count vector "
                         "on its device; the server sees every report"),
         "amplification": "none",
@@ -304,7 +373,26 @@ def local_interaction_laplace_counts(split: Split, epsilon: float, delta: float,
         "accountant": "fedem_private.privacy.accounting, one Laplace round per report "
                       "(reported = min)",
     }
-    return Release(train_counts(split) + noise, eps, std, privacy)
+    return Release(total, eps, std, privacy)
+
+
+def interaction_reports(split: Split, laplace_b: float, seed: int, chunk: int = 256
+                        ) -> Iterator[np.ndarray]:
+    """The users' reports y_u = x_u + Lap(b)^m of :func:`local_interaction_laplace_counts`,
+    as float64 blocks of up to ``chunk`` rows (users in split order) by n_items columns.
+
+    User u's noise on item i is keyed by (seed, u's source key) at i's source key: a report
+    is a function of the seed, the user's source id and its own training items only."""
+    n = split.n_users
+    for start in range(0, n, chunk):
+        stop = min(n, start + chunk)
+        lo, hi = split.train_indptr[start], split.train_indptr[stop]
+        rows = np.repeat(np.arange(stop - start), split.train_counts[start:stop])
+        u = _uniforms(seed, _LOCAL_INTERACTION, 0, split.source_users[start:stop, None],
+                      split.source_items)
+        y = rng.laplace_from_uniform(u, laplace_b)
+        y[rows, split.train_items[lo:hi]] += 1.0
+        yield y
 
 
 def dp_counts(split: Split, architecture: str, k: int, epsilon: float, delta: float,

@@ -22,7 +22,8 @@ def fit_dp_mostpop(cfg: RunConfig, split: Split) -> Fitted:
     release = dp_counts(split, b.architecture, b.k, b.epsilon, b.delta, cfg.train.run_seed)
     return Fitted(release.estimate, privacy=release.privacy,
                   info={"architecture": b.architecture, "epsilon_target": b.epsilon,
-                        "k": b.k if b.architecture in ("central", "local") else None})
+                        "k": b.k if b.architecture in ("central", "local") else None},
+                  clipping=release.diagnostics or None)
 
 
 @register("ease")

@@ -22,6 +22,16 @@ if TYPE_CHECKING:
     import pandas as pd
 
 
+def _nested_hint(directory: Path, filename: str) -> str:
+    """``; pass --data-dir SUB`` when a folder right under ``directory`` holds ``filename``
+    (an archive's own top folder, e.g. ml-10m.zip's ``ml-10M100K/``), else ``""``."""
+    try:
+        subs = sorted(d for d in directory.iterdir() if d.is_dir() and (d / filename).is_file())
+    except OSError:
+        return ""
+    return f"; it is in {subs[0]}: pass --data-dir {subs[0]}" if subs else ""
+
+
 def _require_file(directory: Path, filename: str, dataset: str) -> Path:
     if not directory.exists():
         raise UserError(f"dataset {dataset}: directory not found: {directory}")
@@ -29,7 +39,8 @@ def _require_file(directory: Path, filename: str, dataset: str) -> Path:
         raise UserError(f"dataset {dataset}: not a directory: {directory}")
     path = directory / filename
     if not path.is_file():
-        raise UserError(f"dataset {dataset}: file not found: {path}")
+        raise UserError(f"dataset {dataset}: file not found: {path}"
+                        f"{_nested_hint(directory, filename)}")
     if path.stat().st_size == 0:
         raise UserError(f"dataset {dataset}: file is empty: {path}")
     return path
@@ -96,25 +107,150 @@ def _positives(df: pd.DataFrame, min_rating: float | None, dataset: str, path: P
 
 
 def load_ml100k(directory: Path, min_rating: float | None = None) -> Interactions:
-    """MovieLens 100K: ``u.data`` (tab: user item rating timestamp), ``u.user`` (demographics)."""
+    """MovieLens 100K: ``u.data`` (tab: user item rating timestamp), ``u.user`` (demographics),
+    ``u.item`` (the public item catalogue, when present beside ``u.data``).
+
+    The catalogue is the item ids of ``u.item`` (1,682 items), public metadata fixed before
+    any user's rating is read, not the items ``u.data`` happens to name: removing a user
+    then never removes an item (docs/design.md section 5, "public catalogue"). Without
+    ``u.item`` the catalogue is the items ``u.data`` names, as for the other datasets.
+    """
     path = _require_file(directory, "u.data", "ml-100k")
     df = _read_table(path, "ml-100k", "\t", ["user", "item", "rating", "timestamp"],
                      ["user", "item", "rating", "timestamp"])
     df = _positives(df, min_rating, "ml-100k", path)
     demo = _read_gender(directory / "u.user", "ml-100k", "|", gender_col=2)
+    catalogue = _read_catalogue(directory / "u.item", "ml-100k", "|")
     return from_raw("ml-100k", df["user"].to_numpy(np.int64), df["item"].to_numpy(np.int64),
-                    df["timestamp"].to_numpy(np.float64), demo)
+                    df["timestamp"].to_numpy(np.float64), demo, catalogue)
+
+
+def _read_catalogue(path: Path, dataset: str, sep: str) -> np.ndarray | None:
+    """The integer item ids in the first ``sep``-separated field of each line of ``path``
+    (a public item metadata file); None when the file is absent."""
+    if not path.is_file():
+        return None
+    ids = []
+    for number, line in enumerate(path.read_text(encoding="latin-1").splitlines(), start=1):
+        if not line.strip():
+            continue
+        field = line.split(sep, 1)[0].strip()
+        try:
+            ids.append(int(field))
+        except ValueError:
+            raise UserError(f"dataset {dataset}: malformed file {path}: line {number}: the "
+                            f"item id is not an integer: {field!r}") from None
+    if not ids:
+        raise UserError(f"dataset {dataset}: file has no rows: {path}")
+    return np.array(ids, dtype=np.int64)
 
 
 def load_ml1m(directory: Path, min_rating: float | None = None) -> Interactions:
     """MovieLens 1M: ``ratings.dat`` (UserID::MovieID::Rating::Timestamp), ``users.dat``."""
     path = _require_file(directory, "ratings.dat", "ml-1m")
-    df = _read_table(path, "ml-1m", "::", ["user", "item", "rating", "timestamp"],
-                     ["user", "item", "rating", "timestamp"])
+    df = _read_ratings(path, "ml-1m", "::")
     df = _positives(df, min_rating, "ml-1m", path)
     demo = _read_gender(directory / "users.dat", "ml-1m", "::", gender_col=1)
     return from_raw("ml-1m", df["user"].to_numpy(np.int64), df["item"].to_numpy(np.int64),
                     df["timestamp"].to_numpy(np.float64), demo)
+
+
+def load_ml10m(directory: Path, min_rating: float | None = None) -> Interactions:
+    """MovieLens 10M (the folder ``ml-10M100K/`` of ``ml-10m.zip``): ``ratings.dat``
+    (UserID::MovieID::Rating::Timestamp, half-star ratings 0.5 to 5). No demographics."""
+    return _load_movielens(directory, "ml-10m", "ratings.dat", "::", min_rating)
+
+
+def load_ml20m(directory: Path, min_rating: float | None = None) -> Interactions:
+    """MovieLens 20M (the folder ``ml-20m/``): ``ratings.csv`` with the header
+    ``userId,movieId,rating,timestamp`` (half-star ratings 0.5 to 5). No demographics."""
+    return _load_movielens(directory, "ml-20m", "ratings.csv", ",", min_rating)
+
+
+def load_ml25m(directory: Path, min_rating: float | None = None) -> Interactions:
+    """MovieLens 25M (the folder ``ml-25m/``): ``ratings.csv`` with the header
+    ``userId,movieId,rating,timestamp`` (half-star ratings 0.5 to 5). No demographics."""
+    return _load_movielens(directory, "ml-25m", "ratings.csv", ",", min_rating)
+
+
+def _load_movielens(directory: Path, dataset: str, filename: str, sep: str,
+                    min_rating: float | None) -> Interactions:
+    """A MovieLens ratings file without user demographics, ratings and timestamps kept."""
+    path = _require_file(directory, filename, dataset)
+    df = _read_ratings(path, dataset, sep, header=_MOVIELENS_HEADER if sep == "," else None)
+    df = _positives(df, min_rating, dataset, path)
+    return from_raw(dataset, df["user"].to_numpy(np.int64), df["item"].to_numpy(np.int64),
+                    df["timestamp"].to_numpy(np.float64))
+
+
+_RATING_COLUMNS = ["user", "item", "rating", "timestamp"]
+# the first line of ML-20M's and ML-25M's ratings.csv
+_MOVIELENS_HEADER = "userId,movieId,rating,timestamp"
+
+
+def _read_ratings(path: Path, dataset: str, sep: str, header: str | None = None
+                  ) -> pd.DataFrame:
+    """A MovieLens ratings file as typed columns user, item (int64), rating, timestamp.
+
+    ``sep`` is ``"::"`` (ML-1M, ML-10M: no header) or ``","`` with ``header`` the line the
+    file must start with (ML-20M, ML-25M). Millions of rows are read by pandas' C parser
+    straight into typed columns; a file it cannot read so (a field that is not an integer id,
+    a missing or extra field, a rating that is not a finite number) is read again by
+    :func:`_read_table`, which accepts what it can and otherwise names the line.
+    """
+    if header is not None:
+        _check_header(path, dataset, header)
+    df = _read_ratings_fast(path, sep, header is not None)
+    if df is None:
+        return _read_table(path, dataset, sep, _RATING_COLUMNS, _RATING_COLUMNS,
+                           header=None if header is None else 0)
+    if df.shape[0] == 0:
+        raise UserError(f"dataset {dataset}: file has no rows: {path}")
+    return df
+
+
+def _read_ratings_fast(path: Path, sep: str, has_header: bool) -> pd.DataFrame | None:
+    """The C parser's typed read of a ratings file (see :func:`_read_ratings`); None when the
+    file is not regular enough for it."""
+    import pandas as pd
+
+    common = {"engine": "c", "quoting": csv.QUOTE_NONE, "encoding": "latin-1"}
+    try:
+        if sep == "::":
+            # "u::i::r::t" split at ':' is u, '', i, '', r, '', t: a one-character separator
+            # the C parser takes, the empty fields read as NaN and checked to be empty
+            empty = {1: np.float32, 3: np.float32, 5: np.float32}
+            raw = pd.read_csv(path, sep=":", header=None, names=list(range(7)),
+                              dtype={0: np.int64, 2: np.int64, 4: np.float64, 6: np.int64,
+                                     **empty},
+                              keep_default_na=False, na_values={c: [""] for c in empty},
+                              **common)
+            if not np.isnan(raw[list(empty)].to_numpy()).all():
+                return None
+            df = pd.DataFrame({name: raw[col].to_numpy()
+                               for name, col in zip(_RATING_COLUMNS, (0, 2, 4, 6), strict=True)})
+        else:
+            df = pd.read_csv(path, sep=sep, header=0 if has_header else None,
+                             names=_RATING_COLUMNS,
+                             dtype=dict(zip(_RATING_COLUMNS,
+                                            (np.int64, np.int64, np.float64, np.int64),
+                                            strict=True)),
+                             na_filter=False, **common)
+    except (ValueError, OverflowError, UnicodeDecodeError):  # pandas' parser errors included
+        return None
+    if not np.isfinite(df["rating"].to_numpy()).all():
+        return None
+    return df
+
+
+def _check_header(path: Path, dataset: str, header: str) -> None:
+    """Refuse a file whose first line is not ``header`` (compared without case or quotes)."""
+    with path.open("rb") as fh:
+        first = fh.readline().decode("utf-8-sig", errors="replace")
+    found = first.strip().replace('"', "").replace(" ", "")
+    if found.lower() != header.lower():
+        raise UserError(f"dataset {dataset}: malformed file {path}: line 1: expected the "
+                        f"header {header}, found {first.strip()[:80]!r}")
 
 
 def load_filmtrust(directory: Path, min_rating: float | None = None) -> Interactions:
@@ -274,7 +410,8 @@ def _read_gender(path: Path, dataset: str, sep: str, gender_col: int) -> dict[st
 
 # the file each loader reads from the directory it is given (csv: the file itself, or a
 # directory holding exactly one .csv)
-DATA_FILES = {"ml-100k": "u.data", "ml-1m": "ratings.dat", "filmtrust": "ratings.txt",
+DATA_FILES = {"ml-100k": "u.data", "ml-1m": "ratings.dat", "ml-10m": "ratings.dat",
+              "ml-20m": "ratings.csv", "ml-25m": "ratings.csv", "filmtrust": "ratings.txt",
               "lastfm-2k": "user_artists.dat"}
 
 
@@ -291,13 +428,17 @@ def files_problem(name: str, path: Path) -> str | None:
     if not path.is_dir():
         return f"dataset {name}: not a directory: {path}"
     if not (path / DATA_FILES[name]).is_file():
-        return f"dataset {name}: file not found: {path / DATA_FILES[name]}"
+        return (f"dataset {name}: file not found: {path / DATA_FILES[name]}"
+                f"{_nested_hint(path, DATA_FILES[name])}")
     return None
 
 
 LOADERS: dict[str, Callable[[Path], Interactions]] = {
     "ml-100k": load_ml100k,
     "ml-1m": load_ml1m,
+    "ml-10m": load_ml10m,
+    "ml-20m": load_ml20m,
+    "ml-25m": load_ml25m,
     "filmtrust": load_filmtrust,
     "lastfm-2k": load_lastfm2k,
     "csv": load_csv,

@@ -20,6 +20,13 @@ class Split:
     positives (sorted); ``val_items[u]`` is the second-latest and
     ``test_items[u]`` the latest interaction. ``users`` maps a split user to
     its index in the source :class:`Interactions`.
+
+    ``source_users`` (n_users,) and ``source_items`` (n_items,) are the stable 64-bit keys
+    of the users' and items' source ids (``Interactions.user_keys[users]`` and
+    ``Interactions.item_keys``; :mod:`fedem_private.data.keys`): unlike the indices, they
+    do not move when another user is removed from the data, so randomness that must
+    depend on one user's own data only (DP-MostPop's k-subsets) is keyed by them. A split
+    built without them gets the indices (``users`` and 0..n_items-1), which do move.
     """
 
     n_users: int
@@ -30,6 +37,20 @@ class Split:
     test_items: np.ndarray
     users: np.ndarray
     dropped_users: int
+    source_users: np.ndarray = None  # type: ignore[assignment]  # filled in __post_init__
+    source_items: np.ndarray = None  # type: ignore[assignment]  # filled in __post_init__
+
+    def __post_init__(self) -> None:
+        if self.source_users is None:
+            object.__setattr__(self, "source_users", np.asarray(self.users, dtype=np.int64))
+        if self.source_items is None:
+            object.__setattr__(self, "source_items", np.arange(self.n_items, dtype=np.int64))
+        if self.source_users.shape != (self.n_users,):
+            raise ValueError(f"source_users has shape {self.source_users.shape}, expected "
+                             f"({self.n_users},)")
+        if self.source_items.shape != (self.n_items,):
+            raise ValueError(f"source_items has shape {self.source_items.shape}, expected "
+                             f"({self.n_items},)")
 
     @property
     def train_counts(self) -> np.ndarray:
@@ -44,7 +65,11 @@ def leave_one_out(data: Interactions, seed: int, min_interactions: int = 3,
     """Latest interaction = test, second latest = validation, the rest = training.
 
     Order is by timestamp; ties, and datasets without timestamps, use a
-    seeded random order. Users with fewer than ``min_interactions``
+    seeded random order: row (u, i) is ranked by a uniform keyed by (seed, stream SPLIT,
+    u's source key) at counter i's source key (:mod:`fedem_private.data.keys`), so a
+    user's split is a function of the seed and its own rows only; removing another user
+    from the data changes no one else's validation or test item (the re-indexed positions
+    it used before shift). Users with fewer than ``min_interactions``
     interactions are dropped and counted in ``dropped_users`` (the authors'
     code drops users with fewer than 10: ``--min-user-ratings 10``, docs/design.md 2a).
 
@@ -56,7 +81,8 @@ def leave_one_out(data: Interactions, seed: int, min_interactions: int = 3,
     from .. import rng  # here, not at import: rng loads torch, and validation must not
 
     n = data.n_interactions
-    tie = rng.uniform(rng.key(seed, rng.Stream.SPLIT, 0, data.users), np.arange(n))
+    tie = rng.uniform(rng.key(seed, rng.Stream.SPLIT, 0, data.user_keys[data.users]),
+                      data.item_keys[data.items])
     if first_seen:
         if data.timestamps is not None:
             raise UserError(f"dataset {data.name} has timestamps; --first-seen-order orders "
@@ -92,7 +118,7 @@ def leave_one_out(data: Interactions, seed: int, min_interactions: int = 3,
     indptr = np.zeros(kept.shape[0] + 1, dtype=np.int64)
     indptr[1:] = np.cumsum(np.bincount(tu, minlength=kept.shape[0]))
     return Split(kept.shape[0], data.n_items, indptr, ti.astype(np.int64), val.astype(np.int64),
-                 test.astype(np.int64), kept, dropped)
+                 test.astype(np.int64), kept, dropped, data.user_keys[kept], data.item_keys)
 
 
 def _check_items_left(data: Interactions, counts: np.ndarray, keep_user: np.ndarray) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from fedem_private._version import __version__
-from fedem_private.data import leave_one_out, load_dataset
+from fedem_private.data import leave_one_out, load_dataset, population_record
 from fedem_private.data.split import Split, cold_share
 from fedem_private.experiments.rundir import RunDir
 from fedem_private.simulation.config import RunConfig, to_dict, to_toml
@@ -22,16 +22,20 @@ from fedem_private.simulation.config import RunConfig, to_dict, to_toml
 def load_split(cfg: RunConfig) -> tuple[str, Split]:
     """The dataset's name and the leave-one-out split a federated run of ``cfg`` uses."""
     data = load_dataset(cfg.data.dataset, cfg.data.data_dir, seed=cfg.train.seed,
-                        synthetic=cfg.data.synthetic, min_rating=cfg.data.min_rating)
+                        synthetic=cfg.data.synthetic, min_rating=cfg.data.min_rating,
+                        calibrate_to=cfg.data.calibrate_to, users=cfg.data.users)
     return data.name, leave_one_out(data, cfg.train.seed, cfg.data.min_user_ratings,
                                     first_seen=cfg.data.first_seen_order)
 
 
 def baseline_summary(cfg: RunConfig, dataset: str, split: Split, model: str,
                      metrics: dict[str, dict[str, float]], privacy: dict[str, Any],
-                     info: dict[str, Any], wall: float) -> dict[str, Any]:
+                     info: dict[str, Any], wall: float,
+                     clipping: dict[str, Any] | None = None) -> dict[str, Any]:
     """summary.json of a baseline, keyed as :func:`~fedem_private.experiments.runner.summarise`
-    (rounds 0, no communication, no clipping)."""
+    (rounds 0, no communication). ``clipping``: the clip's simulator-only diagnostics
+    (dp-mostpop's users clipped at k, labelled not released), kept out of the released
+    ``privacy`` block as a federated run keeps its pre-clip norms; None without a clip."""
     zero = {k: 0.0 for k in ("bytes_up_per_client_round", "bytes_down_per_client_round",
                              "bytes_up_last_round", "bytes_down_last_round", "bytes_up_total",
                              "bytes_down_total", "bytes_setup_total")}
@@ -42,7 +46,7 @@ def baseline_summary(cfg: RunConfig, dataset: str, split: Split, model: str,
         "seed": cfg.train.seed, "nonce": cfg.train.nonce, "n_users": split.n_users,
         "n_items": split.n_items,
         "dropped_users": split.dropped_users, "seconds_per_round": None,
-        "seconds_total": wall, "metrics": metrics, "privacy": privacy, "clipping": None,
+        "seconds_total": wall, "metrics": metrics, "privacy": privacy, "clipping": clipping,
         "communication": zero,
         "cold_items": {"test_share": cold_share(split),
                        "val_share": cold_share(split, split.val_items), "warning": None},
@@ -68,7 +72,10 @@ def execute_baseline(cfg: RunConfig, out: str | Path, force: bool = False) -> di
                 row[f"{kind}_{name}"] = value
         writer.write_csv("metrics.csv", [row])
         summary = baseline_summary(cfg, dataset, split, fitted.model, metrics,
-                                   fitted.privacy, fitted.info, wall)
+                                   fitted.privacy, fitted.info, wall, fitted.clipping)
+        if cfg.data.calibrate_to is not None:  # docs/design.md section 17
+            summary["population"] = population_record(cfg.data.calibrate_to,
+                                                      cfg.data.data_dir, cfg.data.users)
         writer.write_json("summary.json", summary)
         writer.commit()
     return summary

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 # directories written before they existed keep their identity (see identity_dict).
 LATER_FIELDS: dict[tuple[str, ...], Any] = {
     ("data", "min_rating"): None,
+    ("train", "nonce"): 0,
     ("privacy", "clip_auto"): False,
     ("privacy", "clip_auto_epsilon"): None,
     ("privacy", "clip_auto_min"): 0.1,
@@ -80,6 +81,8 @@ LATER_FIELDS: dict[tuple[str, ...], Any] = {
     ("train", "lr_batch_decay"): 1.0,
     ("train", "lr_round_decay"): 1.0,
     ("train", "state_dtype"): "float32",
+    ("data", "calibrate_to"): None,
+    ("data", "users"): None,
     **{("baseline", f.name): f.default for f in fields(BaselineConfig)},
 }
 

@@ -44,6 +44,27 @@ DpsgdStats: TypeAlias = Any
 # the clause every printed relation gains when the data sizes are declared public
 SIZES_PUBLIC_CLAUSE = ("; each client's number of training interactions is declared public "
                        "(--sizes public) and not protected")
+# the clause every stated relation carries (docs/design.md section 5, "public catalogue"):
+# the item table, the negatives and every count vector are indexed by the catalogue, so the
+# guarantees assume it does not depend on any user's data
+CATALOGUE_PUBLIC_CLAUSE = "; the item catalogue is public (fixed before any user's data is seen)"
+
+
+def stated_relation(neighbouring: str, *, guarantee: bool = True,
+                    sizes_public: bool = False) -> str:
+    """A neighbouring relation as printed: ``neighbouring``, plus
+    :data:`CATALOGUE_PUBLIC_CLAUSE` when it backs a guarantee (``guarantee``; a mechanism
+    without one states no relation to qualify), plus :data:`SIZES_PUBLIC_CLAUSE` when the
+    data sizes are declared public. The one place the assumptions are appended, for every
+    mechanism (:meth:`Mechanism.describe`) and DP-MostPop's four releases
+    (:mod:`fedem_private.baselines.popularity`)."""
+    out = neighbouring
+    if guarantee:
+        out += CATALOGUE_PUBLIC_CLAUSE
+    if sizes_public:
+        out += SIZES_PUBLIC_CLAUSE
+    return out
+
 
 # neighbouring relations (what two neighbouring datasets differ by)
 NO_RELATION = "none"
@@ -116,12 +137,14 @@ class Mechanism:
     def describe(cls, sizes_public: bool = False) -> dict[str, str]:
         """The printed threat model: neighbouring relation, trust model, amplification.
 
-        With the data sizes declared public under a mechanism that perturbs, the
-        relation gains :data:`SIZES_PUBLIC_CLAUSE` (the server then learns |D_u|).
+        A mechanism that claims a guarantee states its relation with the assumption that
+        the item catalogue is public (:data:`CATALOGUE_PUBLIC_CLAUSE`, via
+        :func:`stated_relation`); one without a guarantee states none to qualify. With the
+        data sizes declared public under a mechanism that perturbs, the relation gains
+        :data:`SIZES_PUBLIC_CLAUSE` (the server then learns |D_u|).
         """
-        neighbouring = cls.neighbouring
-        if cls.perturbs and sizes_public:
-            neighbouring += SIZES_PUBLIC_CLAUSE
+        neighbouring = stated_relation(cls.neighbouring, guarantee=cls.claims_guarantee,
+                                       sizes_public=cls.perturbs and sizes_public)
         return {"neighbouring": neighbouring, "trust_model": cls.trust_model,
                 "amplification": cls.amplification}
 
