@@ -432,3 +432,187 @@ def config_of(combo: dict[str, Any]) -> RunConfig:
                        aggregation=combo["aggregation"], merge=combo["merge"],
                        codec=combo["codec"], protocol=combo["protocol"],
                        agg_ratio=combo["agg_ratio"], sizes=combo["sizes"])
+
+
+
+# ----------------------------------------------------------------- DP-MostPop's releases
+# (imported here, with the part they serve: DP-MostPop's check needs the data room's
+# re-indexing and the baselines room, which the simulation harness above does not)
+from fedem_private.baselines import popularity  # noqa: E402
+from fedem_private.data.interactions import Interactions, from_raw, without_rows  # noqa: E402
+
+#: DP-MostPop's architectures (``baselines/popularity.py:dp_counts``) by the relation each
+#: states: user-level (one user's data removed) or interaction-level (one interaction removed)
+MOSTPOP_USER_LEVEL = ("central", "local")
+MOSTPOP_INTERACTION_LEVEL = ("interaction", "interaction-local")
+# float slack of the release check, relative to the largest released count: the noise is
+# shared, so it cancels up to rounding
+MOSTPOP_SLACK = 1e-9
+
+
+@dataclass
+class MostPopFindings:
+    """What :func:`dp_mostpop_pair` saw: the released estimates' gap (aligned by source item
+    id; ``local``: the largest deviation from the target's debiased report) and the bound
+    it must stay within, how many other users were compared, and every violation (empty:
+    sound)."""
+
+    architecture: str
+    gap: float = 0.0
+    bound: float = 0.0
+    others: int = 0
+    violations: list[str] = field(default_factory=list)
+
+    @property
+    def sound(self) -> bool:
+        return not self.violations
+
+
+def mostpop_data(seed: int = 3, coarse: float = 3.0) -> Interactions:
+    """A small synthetic dataset (40 users, 30 items) with a public catalogue (its 30 item
+    ids, whether or not anyone rated them) and timestamps coarsened to ``coarse`` steps, so
+    most users have ties among their latest interactions (the split's tie-break matters)."""
+    cfg = SyntheticConfig(n_users=40, n_items=30, n_clusters=2, mean_activity=9,
+                          activity_sigma=0.3)
+    data = generate(cfg, seed=seed)
+    assert data.timestamps is not None  # the generator always stamps its interactions
+    demo = {a: dict(zip(data.user_ids.tolist(), v.tolist(), strict=True))
+            for a, v in data.demographics.items()}
+    return from_raw(data.name, data.user_ids[data.users], data.item_ids[data.items],
+                    np.floor(data.timestamps / coarse), demo, catalogue=np.arange(cfg.n_items))
+
+
+def dp_mostpop_pair(architecture: str, data: Interactions | None = None, *, k: int = 4,
+                    epsilon: float = 1.0, delta: float = 1e-5, seed: int = 0,
+                    target: Any = None) -> MostPopFindings:
+    """DP-MostPop's ``architecture`` on two neighbouring datasets under one seed.
+
+    World A is ``data`` (default :func:`mostpop_data`). World B is the dataset the loader
+    would have built from the same source without every interaction of the user whose
+    source id is ``target`` (user-level: ``central``, ``local``), or without that user's
+    interaction with its first training item (interaction-level: ``interaction``,
+    ``interaction-local``). The re-indexing and
+    :func:`~fedem_private.data.split.leave_one_out` run again on B
+    (:func:`~fedem_private.data.interactions.without_rows`), so users' and items' positions
+    may move and only source ids align the worlds. ``target`` None picks the first user
+    with more than ``k`` training items (the k-clip binds for it).
+
+    Every random draw is shared (one seed), so the checks are exact:
+
+    1. every other user (by source id) has the same validation and test items, training
+       set, k-subset (user-level) and local report (``local``, ``interaction-local``),
+       items by source id;
+    2. the released estimates, aligned by source item id, differ as the stated
+       sensitivity allows: ``central`` by the target's k-clipped one-hot vector (L2 <=
+       sqrt(k); the noise cancels), ``local`` by the target's debiased report alone
+       (every other report being equal), ``interaction`` and ``interaction-local`` by at
+       most 1 in L1 (one count);
+    3. the item catalogue is the same (the relations assume a public catalogue).
+    """
+    world_a = data if data is not None else mostpop_data()
+    split_a = leave_one_out(world_a, seed)
+    if target is None:
+        over = np.flatnonzero(split_a.train_counts > k)
+        target = world_a.user_ids[split_a.users[over[0] if over.shape[0] else 0]].item()
+    t_index = int(np.flatnonzero(world_a.user_ids == target)[0])
+    t_split = int(np.flatnonzero(split_a.users == t_index)[0])
+    if architecture in MOSTPOP_USER_LEVEL:
+        drop = world_a.users == t_index
+    elif architecture in MOSTPOP_INTERACTION_LEVEL:
+        item = split_a.train_of(t_split)[0]
+        drop = (world_a.users == t_index) & (world_a.items == item)
+    else:
+        raise ValueError(f"unknown architecture {architecture!r}")
+    split_b = leave_one_out(without_rows(world_a, drop), seed)
+    found = MostPopFindings(architecture)
+    if not np.array_equal(split_a.source_items, split_b.source_items):
+        found.violations.append(
+            f"the catalogue changed ({split_a.n_items} items -> {split_b.n_items}): the "
+            f"relations assume a public catalogue")
+    key = int(split_a.source_users[t_split])
+    mine = _mostpop_contributions(architecture, split_a, k, epsilon, delta, seed)
+    theirs = _mostpop_contributions(architecture, split_b, k, epsilon, delta, seed)
+    for user, parts in mine.items():
+        if user == key:
+            continue
+        found.others += 1
+        other = theirs.get(user)
+        if other is None:
+            found.violations.append(f"user {user} is missing from world B")
+            continue
+        differ = [part for part, value in parts.items() if not _same(value, other[part])]
+        if differ:
+            found.violations.append(f"user {user}: its {', '.join(differ)} differ(s) "
+                                    f"between the worlds")
+    if set(theirs) - set(mine):
+        found.violations.append(f"users {sorted(set(theirs) - set(mine))} are in world B only")
+    release_a = popularity.dp_counts(split_a, architecture, k, epsilon, delta, seed)
+    release_b = popularity.dp_counts(split_b, architecture, k, epsilon, delta, seed)
+    _, at_a, at_b = np.intersect1d(split_a.source_items, split_b.source_items,
+                                   return_indices=True)
+    gap = release_a.estimate[at_a] - release_b.estimate[at_b]
+    slack = MOSTPOP_SLACK * (1.0 + float(np.abs(release_a.estimate).max()))
+    if architecture == "central":
+        found.gap, found.bound = float(np.linalg.norm(gap)), math.sqrt(k)
+    elif architecture == "local":
+        # the release is post-processing of the reports: A's estimate less B's must be the
+        # target's debiased report (y_t - q) / (p - q), whatever the other users hold
+        p, q = popularity.oue_probabilities(epsilon / k)
+        keys, y_t = mine[key]["report"]
+        expected = dict(zip(keys.tolist(), ((y_t - q) / (p - q)).tolist(), strict=True))
+        wanted = np.array([expected[i] for i in split_a.source_items[at_a].tolist()])
+        found.gap, found.bound = float(np.abs(gap - wanted).max(initial=0.0)), 0.0
+    else:
+        found.gap, found.bound = float(np.abs(gap).sum()), 1.0
+    if found.gap > found.bound + slack:
+        found.violations.append(
+            f"{architecture}: the released estimates differ by {found.gap:.6g}, beyond the "
+            f"stated {found.bound:.6g}")
+    return found
+
+
+def _mostpop_contributions(architecture: str, split: Split, k: int, epsilon: float,
+                           delta: float, seed: int) -> dict[int, dict[str, Any]]:
+    """Per user (by source key): its held-out items, training set and, by architecture, its
+    k-subset and local report, items as source keys (a report as (source item keys, its
+    values over them))."""
+    out: dict[int, dict[str, Any]] = {}
+    owners = split.source_users.tolist()
+    for u, user in enumerate(owners):
+        out[user] = {"validation item": int(split.source_items[split.val_items[u]]),
+                     "test item": int(split.source_items[split.test_items[u]]),
+                     "training set": np.sort(split.source_items[split.train_of(u)])}
+    if architecture in MOSTPOP_USER_LEVEL:
+        indptr, items = popularity.k_subsets(split, k, seed)
+        for u, user in enumerate(owners):
+            out[user]["k-subset"] = np.sort(split.source_items[items[indptr[u]:indptr[u + 1]]])
+    if architecture == "local":
+        blocks = popularity.oue_reports(split, k, epsilon, seed)
+    elif architecture == "interaction-local":
+        b = popularity.noise_multiplier_for("laplace", epsilon, delta, 1, "basic")
+        blocks = popularity.interaction_reports(split, b, seed)
+    else:
+        return out
+    rows = (row for block in blocks for row in block)
+    for user, row in zip(owners, rows, strict=True):
+        out[user]["report"] = (split.source_items, row.astype(np.float64))
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Two contributions are equal: numbers, arrays, or (source item keys, values) reports
+    compared on the keys both hold (a catalogue change is reported on its own)."""
+    if isinstance(a, tuple):
+        _, ia, ib = np.intersect1d(a[0], b[0], return_indices=True)
+        return bool(np.array_equal(a[1][ia], b[1][ib]))
+    return bool(np.array_equal(a, b))
+
+
+# ---------------------------------------------------------- dp-ftrl (issue 66, item 3)
+# central DP-FTRL (add/remove one client, like cdp-gaussian: TARGET never takes part in
+# world B): two cyclic cohorts of the ten users take turns, so TARGET takes part within the
+# three rounds; each round's released increment is checked against C (the tree's noise is
+# keyed by (seed, node), shared by the worlds, and cancels). Added here, after the table
+# above, and the axes recomputed so that the cover meets it.
+MODE_SETTINGS["dp-ftrl"] = {"clip": 0.05, "noise_multiplier": 1.0, "sample_rate": 0.5}
+AXES = _axes()

@@ -456,3 +456,33 @@ def dpfedavg_bounds(sample_rate: float, noise_multiplier: float, rounds: int,
 
 # DP-FedAvg's bound functions by name (the dpfedavg-rdp / dpfedavg-pld accountants wrap them)
 CENTRAL_BOUND_FUNCTIONS = {"rdp": dpfedavg_rdp_epsilon, "pld": dpfedavg_pld_epsilon}
+
+
+# ---------------------------------------------------------------------------------------------
+# DP-FTRL (dp-ftrl, docs/design.md section 5; fedem_private.privacy.ftrl): the whole tree
+# release is ONE Gaussian mechanism, of multiplier z = sigma / sensitivity
+
+
+def zcdp_epsilon(rho: float, delta: float) -> float:
+    """eps = rho + 2 sqrt(rho ln(1/delta)): rho-zCDP implies (eps, delta)-DP (Bun and
+    Steinke 2016, Proposition 1.3). A closed-form upper bound, looser than the exact curve;
+    the Gaussian mechanism of multiplier z is rho = 1 / (2 z^2)-zCDP (their Prop. 1.6)."""
+    if rho < 0:
+        raise ValueError(f"rho must be >= 0, got {rho}")
+    if rho == 0:
+        return 0.0
+    if delta <= 0 or math.isinf(rho):
+        return math.inf
+    return rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
+
+
+def gaussian_release_bounds(noise_multiplier: float, delta: float) -> dict[str, float | None]:
+    """One Gaussian mechanism of multiplier z at ``delta``, JSON-ready (inf as None): every
+    bound of :func:`compose` for one release (dp-accounting's RDP and PLD of
+    ``GaussianDpEvent(z)``, the exact curve) and the closed-form zCDP figure
+    (:func:`zcdp_epsilon`, rho = 1 / (2 z^2)); ``reported`` is the minimum of the first."""
+    z = float(noise_multiplier)
+    out = compose(RoundMechanism("gaussian", z), 1, delta).as_dict()
+    rho = math.inf if z == 0 else 1.0 / (2.0 * z * z)
+    out["zcdp"] = _json_eps(zcdp_epsilon(rho, delta))
+    return out

@@ -91,6 +91,13 @@ class PrivacyLayer:
         return self.params.central
 
     @property
+    def _own_sampler(self) -> Any:
+        """A central mechanism's own participation sampler (dp-ftrl: ``participants(params,
+        seed, round, n_clients)``), or None: Poisson sampling at q, whose amplification
+        cdp-gaussian's observer view claims (:meth:`_observer_bounds`)."""
+        return getattr(self.mechanism, "participants", None)
+
+    @property
     def expected_count(self) -> float:
         """q n, the divisor of the central mean (cdp-gaussian); n without sampling."""
         q = self.params.sample_rate if self.params.sample_rate is not None else 1.0
@@ -196,9 +203,14 @@ class PrivacyLayer:
 
     def participants(self, round_: int) -> np.ndarray | None:
         """cdp-gaussian: the round's clients by Poisson sampling at q (see :mod:`.central`);
+        a central mechanism with a sampler of its own (a class method ``participants``:
+        dp-ftrl's cyclic cohorts, which its accounting assumes) decides them itself;
         None for the other modes (the loop picks the participants itself)."""
         if not self.central:
             return None
+        sampler = self._own_sampler
+        if sampler is not None:
+            return sampler(self.params, self.seed, round_, self.n_clients)
         assert self.params.sample_rate is not None
         return poisson_participants(self.seed, round_, self.n_clients, self.params.sample_rate)
 
@@ -280,10 +292,16 @@ class PrivacyLayer:
         self.rounds_released += 1
         if self.perturbs:
             reported = entry["epsilon"]["reported"]
+            # a mechanism accounted as one release over the rounds (dp-ftrl's tree) states
+            # the eps of that release so far instead of the per-client composition
+            whole = getattr(self.mechanism, "release_epsilon", None)
+            if whole is not None:
+                reported = whole(self.params, self.round)["reported"]
             out["eps_spent"] = math.inf if reported is None else float(reported)
         if self.central:
             out["participants_expected"] = self.expected_count
-            out["eps_spent_observer"] = self._observer_bounds().reported
+            if self._own_sampler is None:  # Poisson: the amplified observer view too
+                out["eps_spent_observer"] = self._observer_bounds().reported
         if heuristic is not None:
             out["paper_heuristic_eps_max"] = float(heuristic.max()) if heuristic.size else 0.0
         return out
@@ -378,7 +396,9 @@ class PrivacyLayer:
                 "uniform over the aggregated uploads: data sizes are private (the server "
                 "uses only released values)")
         if self.central:
-            out = self._central_summary(out)
+            # a central mechanism may state its own guarantees (dp-ftrl: one, no amplification)
+            own = getattr(self.mechanism, "central_summary", None)
+            out = own(self, out) if own is not None else self._central_summary(out)
         if self.dpsgd:
             p = self.params
             out["dpsgd"] = {

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -21,6 +22,9 @@ from fedem_private.privacy.calibration import (
 from fedem_private.privacy.config import PrivacyConfig
 from fedem_private.privacy.mech.base import Mechanism
 from fedem_private.privacy.registry import mechanism_for
+
+if TYPE_CHECKING:
+    from fedem_private.privacy.ftrl import FtrlPlan
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,10 @@ class MechanismParams:
     dpsgd_negatives: int | None = None
     dpsgd_lr: float | None = None
     dpsgd_adapter_steps: int | None = None
+    # dp-ftrl (privacy/ftrl.py): the tree and cyclic-cohort pattern it is accounted for;
+    # ``noise_scale`` is then every node's std sigma, ``noise_multiplier`` the whole
+    # release's accounted z = sigma / (C sqrt(r k_max)) and ``sample_rate`` 1/G
+    ftrl: FtrlPlan | None = None
 
     @property
     def adaptive_clip(self) -> bool:
@@ -126,7 +134,7 @@ class MechanismParams:
         def num(x: float | None) -> float | None:
             return None if x is None or math.isinf(x) else float(x)
 
-        return {
+        out: dict[str, object] = {
             "mode": self.mode,
             "description": self.description,
             "delta": self.delta,
@@ -150,6 +158,9 @@ class MechanismParams:
             "dpsgd_lr": self.dpsgd_lr,
             "dpsgd_adapter_steps": self.dpsgd_adapter_steps,
         }
+        if self.ftrl is not None:  # dp-ftrl only: the tree it is accounted for
+            out["ftrl"] = self.ftrl.as_log()
+        return out
 
 
 def _laplace_epsilon_round(cfg: PrivacyConfig, rounds: int) -> float:

@@ -26,6 +26,11 @@ BUILTIN: dict[str, str] = {
     "cdp-gaussian": "cdp_gaussian",
     "ldp-dpsgd": "ldp_dpsgd",
 }
+# mechanisms added after the first seven, loaded with them and listed after them in this
+# fixed order (kept apart so that BUILTIN stays the original seven): name -> module
+ADDED: dict[str, str] = {
+    "dp-ftrl": "dp_ftrl",
+}
 
 _REGISTRY: dict[str, type[Mechanism]] = {}
 _loaded = False
@@ -50,7 +55,7 @@ def register(cls: M) -> M:
 
 def unregister(name: str) -> None:
     """Forget the mechanism ``name`` (tests' toy mechanisms); built-ins stay."""
-    if name not in BUILTIN:
+    if name not in BUILTIN and name not in ADDED:
         _REGISTRY.pop(name, None)
 
 
@@ -58,15 +63,16 @@ def _load_builtins() -> None:
     global _loaded
     if not _loaded:
         _loaded = True
-        for module in BUILTIN.values():
+        for module in (*BUILTIN.values(), *ADDED.values()):
             importlib.import_module(f"fedem_private.privacy.mech.{module}")
 
 
 def names() -> tuple[str, ...]:
-    """Every registered mechanism's name: the built-ins in order, then the others."""
+    """Every registered mechanism's name: the built-ins in order, the added ones in order,
+    then the others."""
     _load_builtins()
-    extra = tuple(n for n in _REGISTRY if n not in BUILTIN)
-    return tuple(BUILTIN) + extra
+    extra = tuple(n for n in _REGISTRY if n not in BUILTIN and n not in ADDED)
+    return tuple(BUILTIN) + tuple(ADDED) + extra
 
 
 def lookup(name: object) -> type[Mechanism] | None:

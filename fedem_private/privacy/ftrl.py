@@ -1,0 +1,377 @@
+"""DP-FTRL by tree aggregation: the math of ``--privacy dp-ftrl`` (docs/design.md section 5).
+
+Kairouz, McMahan, Song, Thakkar, Thakurta and Xu, "Practical and Private (Deep)
+Learning without Sampling or Shuffling" (ICML 2021), Algorithm 1 (DP-FTRL) with
+the binary-tree mechanism for prefix sums (Dwork, Naor, Pitassi and Rothblum
+2010; Chan, Shi and Song 2011), implemented here as follows.
+
+**Participation: cyclic cohorts.** The clients are split once, by a keyed
+permutation of their ids (:class:`CyclicCohorts`), into G = ceil(1/q) groups of
+sizes floor(n/G) or ceil(n/G) (q = ``--sample-rate``, the cohort fraction); group
+(t - 1) mod G takes part in round t. A client therefore takes part in at most
+k = ceil(T/G) of T rounds, exactly G rounds apart. The schedule is a public
+function of the run seed and the public client ids; it never depends on data.
+
+**The tree.** Round t's leaf x_t is the sum of the round's clipped deltas (each
+L2 <= C). The tree's node e (e = 1, 2, ..., one per round) is the dyadic interval
+[e - lowbit(e) + 1, e], lowbit(e) = e & -e (a Fenwick tree, eq. (1) below); its
+noisy value is the sum of its leaves plus xi_e ~ N(0, sigma^2 I), a fresh draw keyed
+by (run seed, node) (:func:`node_noise`). The prefix [1, t] is covered by the nodes of
+the chain c(t) = t, t - lowbit(t), ... > 0 (popcount(t) <= floor(log2 t) + 1 nodes),
+so the released noisy prefix sum is
+
+    P~_t = sum_{s <= t} x_s + N_t,   N_t = sum_{e in c(t)} xi_e.          (2)
+
+Node e is first used at round e, so releasing P~_1..P~_T is a bijective linear
+map of releasing the T noisy nodes: the release IS the Gaussian mechanism on the
+vector of node sums with i.i.d. noise sigma per entry.
+
+**FTRL.** The model after round t is theta_t = theta_0 + P~_t / m with m = n / G the
+expected cohort (a public constant) and server learning rate 1: with no noise this is
+FedAvg with uniform weights and server rate 1. The server is handed the increment
+theta_t = theta_{t-1} + (x_t + N_t - N_{t-1}) / m (:class:`TreeSecureSum`), which
+equals theta_0 + P~_t / m whenever theta_{t-1} is the previous release, and is
+post-processing of P~ in any case. The noise increment N_t - N_{t-1} is data-free,
+so the aggregator needs no private state between rounds beyond the secret node
+noise (regenerated from its key). Variant: the plain online tree, **no** restarts
+and no Honaker variance reduction. Should the released table change shape
+(a FedPEFT codec's warm-up ending), the new shape gets its own tree over the same
+round indices (noise keyed by (seed, phase, node)), whose leaves before the switch are
+zero: every node is still released in exactly one phase with at most the counts
+below, so the bound holds unchanged.
+
+**Sensitivity** (add/remove one client's whole data; the other clients' deltas
+are unchanged because every release is shared public state). A client in group g
+changes node e by the sum of its <= n_e(g) clipped deltas in e, where n_e(g) counts
+the rounds of [e - lowbit(e) + 1, e] that are group g's. Its L2 change of the whole
+node vector is at most C sqrt(s2_T(g)), s2_t(g) = sum_{e <= t} n_e(g)^2, with equality
+when all its deltas are one vector of norm C (:func:`tree_squared_sensitivity`). For one
+participation (G >= T) s2 = floor(log2 T) + 1 <= ceil(log2 T) + 1 (the paper's depth).
+For k > 1 participations the tempting sqrt(k (log2 T + 1)) C is NOT a bound: two
+leaves share ancestors (T = 2, both rounds: nodes (x1, x1 + x2) give 1 + 4 = 5 > 4);
+the triangle inequality gives k sqrt(log2 T + 1) C, and the exact s2_T(g) above lies
+between. :func:`tree_squared_sensitivity` computes it exactly in O(T G).
+
+**Accounting.** The release up to round t is ONE Gaussian mechanism of multiplier
+z_t = sigma / (C sqrt(S_t)), S_t = max_g s2_t(g) (rho = 1 / (2 z_t^2) zCDP); it is
+reported at every round (:func:`release_multiplier`) and calibrated at t = T: sigma =
+z C sqrt(S_T) with z the multiplier of one Gaussian release at the target (eps, delta)
+(:func:`ftrl_params`). The per-client ledger (privacy_ledger.json) charges each
+participation a Gaussian of multiplier z_p = sigma / (C sqrt(r)), with
+r = max over prefixes t <= T and groups g of s2_t(g) / k_t(g) (k_t(g): g's participations
+up to t): a client's k_t participations compose to z_p / sqrt(k_t) <= sigma / (C
+sqrt(s2_t(g))), so its figure is a valid, more conservative upper bound at every round
+(r k_max exceeds S_T by 10 to 25% at T = 100). No amplification by sampling or
+shuffling is claimed.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from fedem_private import rng
+from fedem_private.privacy.central import AGGREGATE_KEY, SecureSum
+
+if TYPE_CHECKING:
+    from fedem_private.privacy.config import PrivacyConfig
+    from fedem_private.privacy.params import MechanismParams
+
+# the client-id key of the tree's node noise, phase p at FTRL_NODE_KEY + p (no real client,
+# nor cdp-gaussian's AGGREGATE_KEY and COUNT_KEY, has it); the round slot of the key is the
+# node e
+FTRL_NODE_KEY = AGGREGATE_KEY << 1
+# the round slot that keys the cohort permutation (no real round has it)
+COHORT_ROUND = 1 << 40
+
+
+# ------------------------------------------------------------------------------ the tree
+def lowbit(t: int) -> int:
+    """The lowest set bit of t >= 1: node t covers ``lowbit(t)`` rounds."""
+    if t < 1:
+        raise ValueError(f"rounds are numbered from 1, got {t}")
+    return t & -t
+
+
+def node_start(node: int) -> int:
+    """The first round of node ``node``'s dyadic interval [e - lowbit(e) + 1, e] (eq. (1))."""
+    return node - lowbit(node) + 1
+
+
+def covering_nodes(t: int) -> tuple[int, ...]:
+    """The nodes whose intervals partition the prefix [1, t]: t, t - lowbit(t), ... > 0
+    (the chain c(t) of eq. (2)), latest first."""
+    out = []
+    while t > 0:
+        out.append(t)
+        t -= lowbit(t)
+    return tuple(out)
+
+
+def groups_for(sample_rate: float) -> int:
+    """G = ceil(1/q): the number of cyclic cohorts for the cohort fraction q."""
+    q = float(sample_rate)
+    if not 0 < q <= 1:
+        raise ValueError(f"the cohort fraction must be in (0, 1], got {q}")
+    return max(1, math.ceil(1.0 / q - 1e-9))
+
+
+def node_counts(rounds: int, groups: int) -> np.ndarray:
+    """n_e(g): how many rounds of node e's interval belong to group g, an int64 (T, G)
+    array (row e - 1). Round t belongs to group (t - 1) mod G."""
+    T, G = int(rounds), int(groups)
+    out = np.zeros((T, G), dtype=np.int64)
+    g = np.arange(G)
+    for e in range(1, T + 1):
+        a, length = node_start(e), lowbit(e)
+        # rounds a .. e: offsets (t - 1) mod G run from (a - 1) mod G for ``length`` steps
+        full, rest = divmod(length, G)
+        out[e - 1] = full + (((g - (a - 1)) % G) < rest)
+    return out
+
+
+@functools.lru_cache(maxsize=16)
+def _curves(rounds: int, groups: int) -> tuple[np.ndarray, float, int]:
+    """(S_1..S_T with S_t = max_g s2_t(g), r, k_max): see :func:`tree_squared_sensitivity`."""
+    T, G = int(rounds), int(groups)
+    if T < 1 or G < 1:
+        raise ValueError(f"need rounds >= 1 and groups >= 1, got {T}, {G}")
+    s2 = np.zeros(G, dtype=np.float64)
+    k = np.zeros(G, dtype=np.int64)
+    g = np.arange(G)
+    curve = np.empty(T, dtype=np.float64)
+    ratio = 0.0
+    for e in range(1, T + 1):
+        a, length = node_start(e), lowbit(e)
+        full, rest = divmod(length, G)
+        n = full + (((g - (a - 1)) % G) < rest)
+        s2 += n.astype(np.float64) ** 2  # node e is released from round e on
+        k[(e - 1) % G] += 1
+        seen = k > 0
+        ratio = max(ratio, float((s2[seen] / k[seen]).max()))
+        curve[e - 1] = s2.max()
+    curve.setflags(write=False)
+    return curve, ratio, int(k.max())
+
+
+def tree_squared_sensitivity(rounds: int, groups: int) -> tuple[float, float, int]:
+    """(S_T, r, k_max) for cyclic cohorts (module docstring), in units of C^2.
+
+    s2_t(g) = sum_{e <= t} n_e(g)^2 is the squared L2 change of the node vector released
+    up to round t when a client of group g, with all its clipped deltas equal to one
+    vector of norm C, is added (the worst case: |sum of its deltas in e| <= n_e(g) C);
+    S_t = max_g s2_t(g) is the release's squared sensitivity up to t;
+    r = max_{t <= T, g: k_t(g) > 0} s2_t(g) / k_t(g) is the ledger's per-participation
+    charge and k_max = ceil(T / G) the most participations. Exact; O(T G) time, O(G + T)
+    memory (cached per (T, G)).
+    """
+    curve, ratio, k_max = _curves(int(rounds), int(groups))
+    return float(curve[-1]), ratio, k_max
+
+
+def node_noise(shape: tuple[int, ...] | torch.Size, sigma: float, *, seed: int, node: int,
+               phase: int = 0) -> torch.Tensor:
+    """xi_e ~ N(0, sigma^2 I) of node ``node`` (float64, CPU), a function of (seed, phase,
+    node) alone (keyed through :func:`fedem_private.rng.client_noise`): the same numbers
+    whatever the chunking, the device or the round it is drawn in."""
+    n = math.prod(shape)
+    noise = rng.client_noise(seed, int(node), np.array([FTRL_NODE_KEY + int(phase)]), n,
+                             "gaussian", float(sigma), stream=rng.Stream.CENTRAL_NOISE)
+    return noise.reshape(tuple(shape))
+
+
+def prefix_noise(shape: tuple[int, ...] | torch.Size, sigma: float, *, seed: int, round_: int,
+                 phase: int = 0) -> torch.Tensor:
+    """N_t = sum of the noise of the nodes covering [1, t] (eq. (2)); zeros for t = 0."""
+    out = torch.zeros(tuple(shape), dtype=torch.float64)
+    if sigma > 0:
+        for e in covering_nodes(int(round_)):
+            out += node_noise(shape, sigma, seed=seed, node=e, phase=phase)
+    return out
+
+
+# ------------------------------------------------------------------- participation
+@dataclass(frozen=True)
+class CyclicCohorts:
+    """The fixed cohorts of DP-FTRL's participation pattern (module docstring).
+
+    Clients are ordered by a keyed permutation of their ids (key (seed, PARTICIPATION,
+    COHORT_ROUND, id)) and cut into ``groups`` consecutive blocks of sizes floor(n/G) or
+    ceil(n/G); group (t - 1) mod G takes part in round t. Each client takes part every
+    G rounds, at most ceil(T/G) times in T rounds. Public: a function of the seed and
+    the ids only.
+    """
+
+    n_clients: int
+    groups: int
+    seed: int
+
+    def group_of(self) -> np.ndarray:
+        """Each client's group, an int64 array (n,)."""
+        ids = np.arange(int(self.n_clients))
+        u = rng.uniform(rng.key(self.seed, rng.Stream.PARTICIPATION, COHORT_ROUND, ids), 0)
+        order = np.argsort(u, kind="stable")
+        out = np.empty(ids.shape[0], dtype=np.int64)
+        for g, block in enumerate(np.array_split(order, int(self.groups))):
+            out[block] = g
+        return out
+
+    def participants(self, round_: int) -> np.ndarray:
+        """The sorted ids of round ``round_``'s cohort, group (round - 1) mod G."""
+        if round_ < 1:
+            raise ValueError(f"rounds are numbered from 1, got {round_}")
+        return np.flatnonzero(self.group_of() == (int(round_) - 1) % int(self.groups))
+
+    @property
+    def expected_count(self) -> float:
+        """m = n / G, the public divisor of the FTRL update."""
+        return int(self.n_clients) / int(self.groups)
+
+
+# ------------------------------------------------------------------------- the plan
+@dataclass(frozen=True)
+class FtrlPlan:
+    """The tree and participation pattern a run is accounted for (module docstring).
+
+    ``tree_sq`` = S_T = max_g s2_T(g) and ``participation_sq`` = r are in units of C^2;
+    ``max_participations`` = ceil(T/G). The whole release's L2 sensitivity is
+    C sqrt(tree_sq) (what is reported); the per-client ledger's bound at T is that of
+    C sqrt(r k_max) >= it (conservative, valid at every round).
+    """
+
+    rounds: int
+    groups: int
+    tree_sq: float
+    participation_sq: float
+    max_participations: int
+
+    @classmethod
+    def for_run(cls, rounds: int, groups: int) -> FtrlPlan:
+        tree_sq, ratio, k_max = tree_squared_sensitivity(rounds, groups)
+        return cls(int(rounds), int(groups), tree_sq, ratio, k_max)
+
+    def squared_at(self, round_: int) -> float:
+        """S_t = max_g s2_t(g): the squared sensitivity (units of C^2) of the release up to
+        round ``round_`` <= T (it does not depend on the rounds after it)."""
+        if not 1 <= round_ <= self.rounds:
+            raise ValueError(f"round {round_} outside the planned 1..{self.rounds}")
+        return float(_curves(self.rounds, self.groups)[0][int(round_) - 1])
+
+    def as_log(self) -> dict[str, float | int]:
+        return {"rounds": self.rounds, "groups": self.groups, "tree_sq": self.tree_sq,
+                "participation_sq": self.participation_sq,
+                "max_participations": self.max_participations}
+
+
+# ------------------------------------------------------------------- the secure sum
+class TreeSecureSum(SecureSum):
+    """One run's DP-FTRL aggregation: each round's clipped sum plus the tree's noise
+    increment, released as theta_{t-1} + (x_t + N_t - N_{t-1}) / m (module docstring).
+
+    Mechanism dp-ftrl. Neighbouring relation: user-level add/remove of one client's
+    whole data. Trust model: the clipped deltas are summed under secure aggregation (or
+    by a trusted server) and the aggregator adds the data-free noise increment; the node
+    noise stays secret. Sensitivity: one round's sum moves by at most C (what the
+    neighbour-world harness checks); the whole tree release by C sqrt(max_g s2_T(g))
+    (:func:`tree_squared_sensitivity`). ``sigma`` is the noise std of every node.
+    """
+
+    def __init__(self, clip: float, sigma: float, expected_count: float, seed: int,
+                 rounds: int) -> None:
+        super().__init__(clip, sigma / clip if clip > 0 else 0.0, expected_count, seed)
+        self.sigma = float(sigma)
+        self.rounds = int(rounds)
+        # per released shape (a phase): its index and the last round it released (N_prev)
+        self._phases: dict[tuple[int, ...], tuple[int, int]] = {}
+
+    def prefix_noise(self, shape: tuple[int, ...], round_: int) -> torch.Tensor:
+        """N_t of the phase of ``shape`` (0 before its first release)."""
+        phase = self._phases.get(shape, (len(self._phases), 0))[0]
+        return prefix_noise(shape, self.sigma, seed=self.seed, round_=round_, phase=phase)
+
+    def release(self, base: torch.Tensor) -> torch.Tensor:
+        """The new encoded global: ``base`` + (x_t + N_t - N_prev) / m, in ``base``'s dtype.
+
+        x_t is the round's sum of clipped deltas (zero with no participant); N_prev is the
+        phase's prefix noise at the round it last released (0 for its first)."""
+        t = self.round
+        if not 1 <= t <= self.rounds:
+            raise RuntimeError(f"dp-ftrl was accounted for rounds 1..{self.rounds}, not {t}")
+        delta_sum = self._sum if self._sum is not None else torch.zeros_like(
+            base, dtype=torch.float64)
+        if delta_sum.shape != base.shape:
+            raise ValueError(f"sum {tuple(delta_sum.shape)} and base {tuple(base.shape)} differ")
+        if self._sum is not None:  # the log's noise-to-signal; not released
+            self.stats.signal_abs_sum = float(self._sum.abs().sum())
+            self.stats.signal_entries = int(torch.count_nonzero(self._sum))
+        shape = tuple(delta_sum.shape)
+        phase, last = self._phases.get(shape, (len(self._phases), 0))
+        increment = delta_sum.detach().to(torch.float64, copy=True)
+        if self.sigma > 0:
+            noise = prefix_noise(shape, self.sigma, seed=self.seed, round_=t, phase=phase)
+            if last:
+                noise -= prefix_noise(shape, self.sigma, seed=self.seed, round_=last,
+                                      phase=phase)
+            increment.add_(noise.to(increment.device))
+        self._phases[shape] = (phase, t)
+        self._sum = None
+        increment.div_(self.expected_count)
+        return (base.detach().to(torch.float64) + increment).to(base.dtype)
+
+
+# ---------------------------------------------------------------------- calibration
+def ftrl_params(cfg: PrivacyConfig, rounds: int) -> MechanismParams:
+    """dp-ftrl's parameters for ``rounds`` planned rounds (module docstring, "Accounting").
+
+    G = ceil(1/q) cohorts (q = ``cfg.sample_rate``); the plan's S_T gives the whole
+    release's sensitivity C sqrt(S_T). Its multiplier z is ``cfg.noise_multiplier``, or the
+    smallest z for which ONE Gaussian release is (``cfg.epsilon``, ``cfg.delta``)-DP by
+    ``cfg.accountant`` (no composition over rounds: the tree is one mechanism; no
+    amplification). Every node's std is sigma = z C sqrt(S_T). ``epsilon_round`` is one
+    participation's eps as the ledger charges it (:func:`participation_multiplier`), and
+    ``sample_rate`` becomes 1/G, so that the layer's expected count q n is the FTRL
+    divisor m = n / G.
+    """
+    from fedem_private.privacy.accounting import gaussian_epsilon
+    from fedem_private.privacy.calibration import gaussian_noise_multiplier
+    from fedem_private.privacy.params import MechanismParams
+
+    plan = FtrlPlan.for_run(rounds, groups_for(cfg.sample_rate))
+    clip = float(cfg.clip)
+    if cfg.noise_multiplier is not None:
+        z = float(cfg.noise_multiplier)
+    else:
+        assert cfg.epsilon is not None
+        z = gaussian_noise_multiplier(cfg.epsilon, cfg.delta, 1, cfg.accountant)
+    sensitivity = clip * math.sqrt(plan.tree_sq)
+    z_part = z * math.sqrt(plan.tree_sq / plan.participation_sq)
+    eps_round = math.inf if z == 0 else gaussian_epsilon(1.0 / z_part, cfg.delta)
+    return MechanismParams(
+        mode=cfg.mode, delta=cfg.delta, norm="l2", clip=clip, sensitivity=sensitivity,
+        noise_kind="gaussian", noise_scale=z * sensitivity, noise_multiplier=z,
+        epsilon_round=eps_round, sample_rate=1.0 / plan.groups, ftrl=plan,
+    )
+
+
+def participation_multiplier(params: MechanismParams) -> float:
+    """z_p = sigma / (C sqrt(r)): what the per-client ledger charges one participation (k
+    of them compose to z_p / sqrt(k), a valid bound at every round, module docstring)."""
+    assert params.ftrl is not None and params.noise_multiplier is not None
+    plan = params.ftrl
+    return params.noise_multiplier * math.sqrt(plan.tree_sq / plan.participation_sq)
+
+
+def release_multiplier(params: MechanismParams, round_: int) -> float:
+    """z_t = sigma / (C sqrt(S_t)): the multiplier of the whole release up to ``round_`` as
+    ONE Gaussian mechanism (inf before round 1: nothing released; 0 without noise)."""
+    assert params.ftrl is not None and params.clip is not None
+    if round_ < 1:
+        return math.inf
+    if params.noise_scale == 0:
+        return 0.0
+    return params.noise_scale / (params.clip * math.sqrt(params.ftrl.squared_at(round_)))

@@ -1,0 +1,194 @@
+"""``dp-ftrl``: user-level central DP without sampling amplification (docs/design.md section 5).
+
+DP-FTRL with tree aggregation (Kairouz, McMahan, Song, Thakkar, Thakurta and Xu,
+ICML 2021); the math is in :mod:`fedem_private.privacy.ftrl`. Participation: fixed
+cyclic cohorts, G = ceil(1/q) groups by a keyed permutation of the client ids, group
+(t - 1) mod G in round t (each client at most ceil(T/G) times, G rounds apart). Each
+participant's encoded delta is L2-clipped to C and summed under secure aggregation;
+the server releases theta_0 + (noisy prefix sum of the sums) / (n / G), the prefix sums
+noised by the binary tree (every node N(0, sigma^2)). Neighbouring relation: user-level
+add/remove of one client's whole data. Trust model: central, as cdp-gaussian (secure
+aggregation or a trusted server adds the noise). Sensitivity: C per round's sum;
+C sqrt(max_g s2_T(g)) for the whole release (exact, ``ftrl.tree_squared_sensitivity``).
+The release is accounted as ONE Gaussian mechanism; no amplification is claimed.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from fedem_private.privacy.mech.base import (
+    ADD_REMOVE_CLIENT,
+    SAMPLED_BUDGET,
+    SHARED_OPTIONS,
+    Mechanism,
+)
+from fedem_private.privacy.registry import register
+
+if TYPE_CHECKING:
+    from fedem_private.privacy.accounting import RoundMechanism
+    from fedem_private.privacy.central import SecureSum
+    from fedem_private.privacy.config import PrivacyConfig
+    from fedem_private.privacy.layer import PrivacyLayer
+    from fedem_private.privacy.params import MechanismParams
+
+PARTICIPATION = ("cyclic cohorts: the clients are split once by a keyed permutation of their ids "
+                 "into G = ceil(1/q) groups of sizes floor(n/G) or ceil(n/G); group (t - 1) mod G "
+                 "takes part in round t, so each client takes part at most ceil(T/G) times, "
+                 "exactly G rounds apart (a public schedule, independent of the data)")
+VARIANT = ("online binary tree (Fenwick: node e covers rounds e - lowbit(e) + 1 .. e), "
+           "no restarts, no Honaker variance reduction; model = initial + noisy prefix sum / "
+           "(n / G), server learning rate 1")
+ACCOUNTING = ("the tree release up to round t is one Gaussian mechanism on the node sums "
+              "(each node N(0, sigma^2)) of L2 sensitivity C sqrt(max_g sum_{e <= t} "
+              "n_e(g)^2), computed exactly for the cyclic pattern; converted with "
+              "dp-accounting (PLD, RDP) and the exact Gaussian curve, reported = min (zCDP's "
+              "closed form beside it); calibrated at the planned last round. The per-client "
+              "ledger (epsilon_ledger) charges each participation a Gaussian of multiplier "
+              "sigma / (C sqrt(r)), r the largest squared sensitivity per participation over "
+              "every prefix: valid at every round, more conservative. No amplification by "
+              "sampling or shuffling")
+
+
+@functools.lru_cache(maxsize=8)
+def _cohorts(n_clients: int, groups: int, seed: int) -> np.ndarray:
+    """Each client's group (cached: the permutation is drawn once per run)."""
+    from fedem_private.privacy.ftrl import CyclicCohorts
+
+    out = CyclicCohorts(n_clients, groups, seed).group_of()
+    out.setflags(write=False)
+    return out
+
+
+@register
+class DpFtrl(Mechanism):
+    """DP-FTRL: tree-aggregated noisy prefix sums of the cohorts' clipped deltas."""
+
+    name = "dp-ftrl"
+    description = (
+        "user-level central DP-FTRL (Kairouz et al. 2021, add/remove one client's data): fixed "
+        "cyclic cohorts (G = ceil(1/q) groups, each client every G rounds), L2-clip each delta "
+        "to C, noisy prefix sums of the cohorts' sums by a binary tree (N(0, sigma^2) per "
+        "node) under secure aggregation; no sampling amplification"
+    )
+    neighbouring = "user-level: add/remove one client's whole data"
+    trust_model = ("central: clipped deltas summed under secure aggregation (or by a trusted "
+                   "server); the aggregator adds the tree's noise increment, the node noise "
+                   "stays secret")
+    amplification = ("none: participation is a fixed public schedule of cyclic cohorts; "
+                     "every observer, the aggregator included, gets the same guarantee")
+    relation = ADD_REMOVE_CLIENT
+    cli_clause = (" (user-level central DP-FTRL, tree aggregation, cyclic cohorts; no "
+                  "amplification claimed)")
+    floor = "central"
+    central = True
+    claims_guarantee = True
+    takes_budget = True
+    noise_kind = "gaussian"
+    norm = "l2"
+    # no adaptive clipping nor canary audit: both are built for cdp-gaussian's round-by-round
+    # noise and Poisson sampling
+    options = SHARED_OPTIONS + SAMPLED_BUDGET + ("clip", "sample_rate")
+
+    @classmethod
+    def calibrate(cls, cfg: PrivacyConfig, rounds: int,
+                  n_clients: int | None = None) -> MechanismParams:
+        """sigma per node from z and the tree's sensitivity
+        (:func:`~fedem_private.privacy.ftrl.ftrl_params`)."""
+        from fedem_private.privacy.ftrl import ftrl_params
+
+        return ftrl_params(cfg, rounds)
+
+    @classmethod
+    def claimed_gap(cls, cfg: PrivacyConfig) -> tuple[int, float] | None:
+        """Add/remove one client: one round's sum (hence, with the tree's noise shared, one
+        round's released increment times m) moves by at most C in L2."""
+        return 2, cfg.clip
+
+    @classmethod
+    def server_sum(cls, params: MechanismParams, cfg: PrivacyConfig, seed: int,
+                   expected_count: float) -> SecureSum | None:
+        """The run's tree aggregation (:class:`~fedem_private.privacy.ftrl.TreeSecureSum`)."""
+        from fedem_private.privacy.ftrl import TreeSecureSum
+
+        assert params.clip is not None and params.ftrl is not None
+        return TreeSecureSum(params.clip, params.noise_scale, expected_count, seed,
+                             params.ftrl.rounds)
+
+    @classmethod
+    def guaranteed_event(cls, params: MechanismParams) -> RoundMechanism:
+        """One participation: the Gaussian of multiplier sigma / (C sqrt(r)) (privacy/ftrl.py,
+        "Accounting"); k of them compose to a valid bound on the tree release."""
+        from fedem_private.privacy.accounting import RoundMechanism
+        from fedem_private.privacy.ftrl import participation_multiplier
+
+        return RoundMechanism("gaussian", participation_multiplier(params))
+
+    # -- the layer's hooks for a central mechanism with its own participation -----------------
+    @classmethod
+    def participants(cls, params: MechanismParams, seed: int, round_: int,
+                     n_clients: int) -> np.ndarray:
+        """Round ``round_``'s cohort: group (round - 1) mod G of the cyclic cohorts
+        (:class:`~fedem_private.privacy.ftrl.CyclicCohorts`), sorted ids."""
+        assert params.ftrl is not None
+        if round_ < 1:
+            raise ValueError(f"rounds are numbered from 1, got {round_}")
+        groups = params.ftrl.groups
+        return np.flatnonzero(_cohorts(int(n_clients), groups, int(seed))
+                              == (int(round_) - 1) % groups)
+
+    @classmethod
+    def release_epsilon(cls, params: MechanismParams, round_: int) -> dict[str, float | None]:
+        """The eps of the whole release up to ``round_`` as ONE Gaussian mechanism of
+        multiplier sigma / (C sqrt(S_t)) (:func:`~fedem_private.privacy.ftrl.release_multiplier`),
+        every bound at the run's delta, JSON-ready (inf as None)."""
+        from fedem_private.privacy.accounting import gaussian_release_bounds
+        from fedem_private.privacy.ftrl import release_multiplier
+
+        z = release_multiplier(params, round_)
+        if math.isinf(z):  # nothing released yet
+            return dict.fromkeys(("basic", "advanced", "rdp", "pld", "gaussian_exact",
+                                  "reported", "zcdp"), 0.0)
+        if z == 0 or not params.guarantee:
+            return dict.fromkeys(("basic", "advanced", "rdp", "pld", "gaussian_exact",
+                                  "reported", "zcdp"), None)
+        return gaussian_release_bounds(z, params.delta)
+
+    @classmethod
+    def central_summary(cls, layer: PrivacyLayer, out: dict[str, Any]) -> dict[str, Any]:
+        """The run's guarantee (one, for every observer: the tree release up to the last
+        round, :meth:`release_epsilon`) and what it assumes; the per-client ledger's more
+        conservative figure is kept as ``epsilon_ledger``."""
+        p = layer.params
+        plan, clip, sigma = p.ftrl, p.clip, p.noise_scale
+        assert plan is not None and clip is not None and p.noise_multiplier is not None
+        out.update({
+            "epsilon": cls.release_epsilon(p, layer.round),
+            "epsilon_ledger": out["epsilon"],
+            "epsilon_view": "every observer, the aggregator included (no amplification)",
+            "sample_rate": layer.cfg.sample_rate,
+            "expected_participants": layer.expected_count,
+            "aggregation_weights": ("uniform: sum of clipped deltas over the expected cohort "
+                                    "n / G (FedAvg's data-size weights are not used: they "
+                                    "would raise the sensitivity)"),
+            "participation": {"pattern": PARTICIPATION, "groups": plan.groups,
+                              "max_participations": plan.max_participations,
+                              "min_separation": plan.groups},
+            "dp_ftrl": {
+                "variant": VARIANT,
+                "rounds_planned": plan.rounds,
+                "rounds_released": layer.round,
+                "noise_std_per_node": sigma,
+                "sensitivity": p.sensitivity,
+                "noise_multiplier": p.noise_multiplier,
+                "participation_noise_multiplier": (
+                    p.noise_multiplier * math.sqrt(plan.tree_sq / plan.participation_sq)),
+                "epsilon_planned": cls.release_epsilon(p, plan.rounds),
+                "accounting": ACCOUNTING,
+            },
+        })
+        return out
