@@ -50,6 +50,12 @@ def _integer(text: str) -> int:
 RUN_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--dataset", "data.dataset", str, "synthetic, ml-100k, ml-1m, filmtrust, lastfm-2k, csv"),
     ("--data-dir", "data.data_dir", str, "directory (or CSV file) holding the dataset"),
+    ("--calibrate-to", "data.calibrate_to", str,
+     "dataset synthetic: draw the users from a population fitted to this real dataset, whose "
+     "files --data-dir names (or the download cache); fitted once and cached "
+     "(docs/design.md section 17)"),
+    ("--users", "data.users", _integer,
+     "--calibrate-to: how many users to draw (default: as many as the source has)"),
     ("--protocol", "data.protocol", str,
      "strict, paper, or paper-code (paper with every option of the authors' code below that "
      "applies to the dataset and method; docs/design.md section 2a)"),
@@ -161,6 +167,15 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--client-fraction", "train.client_fraction", _number, "fraction of clients per round"),
     ("--eval-every", "train.eval_every", _integer, "evaluate every N rounds"),
     ("--seed", "train.seed", _integer, "random seed, in [0, 2^62)"),
+    ("--cohort-size", "train.cohort_size", _integer,
+     "a fixed expected cohort of K clients a round (0: off): the Poisson rate K / n under "
+     "cdp-gaussian (dp-ftrl: its cohort fraction), else exactly K clients"),
+    ("--eval-users", "train.eval_users", _integer,
+     "evaluate a fixed keyed sample of M users (0: all), each metric with its standard error"),
+    ("--client-tables", "train.client_tables", str,
+     "kept (each client keeps its trained item table and is evaluated with it) or global (no "
+     "client keeps one: memory grows with the cohort, not the population; merge sr, one "
+     "shared table)"),
     ("--nonce", "train.nonce", _integer,
      "the run's own key for its training and noise streams (0, the default: the seed's); "
      "the data and evaluation sets stay keyed by --seed"),
@@ -175,9 +190,10 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--privacy", "privacy.mode", str,
      "none, ldp-laplace, ldp-gaussian, paper, ldp-touched-rows (INSECURE), cdp-gaussian "
      "(central DP-FedAvg under secure aggregation), ldp-dpsgd (interaction-level local "
-     "DP-SGD)"),
+     "DP-SGD), dp-ftrl (central DP-FTRL: tree aggregation, cyclic cohorts, no amplification)"),
     ("--sample-rate", "privacy.sample_rate", _number,
-     "cdp-gaussian: each client takes part in a round with this probability (Poisson)"),
+     "cdp-gaussian: each client takes part in a round with this probability (Poisson); "
+     "dp-ftrl: the cohort fraction q, clients in G = ceil(1/q) fixed groups taking turns"),
     ("--clip-quantile", "privacy.clip_quantile", _number,
      "cdp-gaussian: adaptive clipping to this quantile of the delta norms (Andrew et al. "
      "2021); --clip is then the first round's clip"),
@@ -392,6 +408,13 @@ def _check_clip_given(args: argparse.Namespace, cfg: Any) -> None:
                     f"--clip auto")
 
 
+def _with_se(metrics: dict[str, Any], name: str, label: str) -> str:
+    """``HR@10 0.1234``, or with a sample of users ``HR@10 0.1234 ± 0.0056`` (its SE)."""
+    text = f"{label} {metrics[name]:.4f}"
+    se = metrics.get(f"{name}_se")
+    return text if se is None else f"{text} ± {se:.4f}"
+
+
 def privacy_text(privacy: dict[str, Any] | None) -> str:
     """One line on the privacy a run spent, for people: rounded, and honest about no DP."""
     from fedem_private.privacy.registry import lookup, no_privacy
@@ -415,7 +438,7 @@ def privacy_text(privacy: dict[str, Any] | None) -> str:
         clip = privacy.get("clip")
         return (f"privacy: {mode}  eps spent ∞ (no noise: no privacy guarantee)"
                 + (f"; clip {clip:.4g}" if clip is not None else ""))
-    if mech is not None and mech.central:
+    if mech is not None and mech.central and not mech.cli_clause:  # cdp-gaussian's two views
         return _central_text(privacy, eps)
     clause, warning = (mech.cli_clause, mech.cli_warning) if mech is not None else ("", "")
     text = f"privacy: {mode}{clause}  eps spent (worst client) {eps:.4g}"
@@ -481,7 +504,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     print(f"wrote {args.out or res.run_dir}")
     for kind in ("full", "sampled"):
         if kind in m:
-            print(f"{kind:>7}: HR@10 {m[kind]['hr@10']:.4f}  NDCG@10 {m[kind]['ndcg@10']:.4f}")
+            print(f"{kind:>7}: " + "  ".join(_with_se(m[kind], name, label) for name, label in
+                                               (("hr@10", "HR@10"), ("ndcg@10", "NDCG@10")))
+                  + (f"  ({m[kind]['users']:,} users sampled)" if "users" in m[kind] else ""))
     if summary.get("protocol_options"):  # docs/design.md 2a: the authors' code's options
         opts = ", ".join(f"{k}={v}" for k, v in summary["protocol_options"].items())
         print(f"protocol: {summary['protocol_label']} ({opts})")

@@ -59,6 +59,7 @@ class Stream(IntEnum):
     CANARY = 22  # cdp-gaussian's one-shot canary audit: the canaries' random directions
     TUNE_SCORE = 23  # tune's private mode: the Gaussian noise on a trial's validation hit count
     TUNE_TRIALS = 24  # tune's private mode: the number of trials, drawn before the search
+    SYNTHETIC_POP = 25  # a calibrated population: user u's factor, activity, items, order
 
 
 def _mix(x: np.ndarray) -> np.ndarray:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from fedem_private._version import __version__
-from fedem_private.data import leave_one_out, load_dataset
+from fedem_private.data import leave_one_out, load_dataset, population_record
 from fedem_private.data.attributes import item_attributes
 from fedem_private.data.split import cold_share
 from fedem_private.errors import Diverged, UserError
@@ -32,7 +32,8 @@ def prepare(cfg: RunConfig) -> Simulation:
     """Validate the config, load and split the data, build the simulation."""
     cfg = cfg.validate().resolved()
     data = load_dataset(cfg.data.dataset, cfg.data.data_dir, seed=cfg.train.seed,
-                        synthetic=cfg.data.synthetic, min_rating=cfg.data.min_rating)
+                        synthetic=cfg.data.synthetic, min_rating=cfg.data.min_rating,
+                        calibrate_to=cfg.data.calibrate_to, users=cfg.data.users)
     split = leave_one_out(data, cfg.train.seed, cfg.data.min_user_ratings,
                           first_seen=cfg.data.first_seen_order)
     demographics = {k: v[split.users] for k, v in data.demographics.items()}
@@ -185,6 +186,9 @@ def summarise(view: RunView, history: list[RoundStats], wall: float) -> dict[str
         "cold_items": cold_items_summary(view),
         "version": __version__,
     }
+    if cfg.data.calibrate_to is not None:
+        out["population"] = population_record(cfg.data.calibrate_to, cfg.data.data_dir,
+                                              cfg.data.users)
     options = protocol_options(cfg)
     if options:  # docs/design.md 2a: the authors' code's options this run used
         out["protocol_label"] = protocol_label(cfg)

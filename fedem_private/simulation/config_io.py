@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 LATER_FIELDS: dict[tuple[str, ...], Any] = {
     ("data", "min_rating"): None,
     ("train", "nonce"): 0,
+    ("train", "cohort_size"): 0,
+    ("train", "eval_users"): 0,
+    ("train", "client_tables"): "kept",
     ("privacy", "clip_auto"): False,
     ("privacy", "clip_auto_epsilon"): None,
     ("privacy", "clip_auto_min"): 0.1,

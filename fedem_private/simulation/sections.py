@@ -26,7 +26,13 @@ from fedem_private.client.merges import (  # noqa: F401  (names re-exported)
 )
 from fedem_private.client.strategies import REGISTRY as MERGE_REGISTRY
 from fedem_private.client.strategies import merge_class, strategies_where
-from fedem_private.data import DATASETS, PROTOCOLS, RATED_DATASETS, SyntheticConfig
+from fedem_private.data import (
+    DATASETS,
+    PROTOCOLS,
+    RATED_DATASETS,
+    SyntheticConfig,
+    source_problem,
+)
 from fedem_private.device import check_name as check_device
 from fedem_private.errors import UserError
 from fedem_private.models import REGISTRY, backbone_class, backbones_where
@@ -78,7 +84,7 @@ METHOD_DEFAULTS = {
 SELECT_ROUNDS = ("last", "best-test", "best-val", "best-val-full", "auto")
 # the similarity aggregation's rules (SIMILARITIES): server.options
 # datasets with timestamps: --first-seen-order does not apply to them
-TIMED_DATASETS = ("ml-100k", "ml-1m", "synthetic")
+TIMED_DATASETS = ("ml-100k", "ml-1m", "ml-10m", "ml-20m", "ml-25m", "synthetic")
 PROTOCOL_PRESETS = ("paper-code",)
 PROTOCOLS_ALL = (*PROTOCOLS, *PROTOCOL_PRESETS)
 # method -> its backbone (docs/design.md section 10)
@@ -89,6 +95,9 @@ METHOD_BACKBONE = {"fedmf": "mf", "fedsim": "mf", "fedem": "mf", "local": "mf",
 # backbone -> the preset named after it, used when --backbone is given without --method
 BACKBONE_METHOD = {"mf": "fedmf", "ncf": "fedncf", "pfedrec": "pfedrec",
                    "gpfedrec": "gpfedrec", "fedrap": "fedrap"}
+
+
+MIN_POPULATION = 10  # the fewest users a calibrated population may have (--users)
 
 
 @dataclass(frozen=True)
@@ -109,6 +118,11 @@ class DataConfig:
     # docs/design.md 2a, option 3: ONE set of 99 sampled negatives ranks both the validation and the
     # test item (instead of a separate draw for validation)
     shared_eval_negatives: bool = False
+    # docs/design.md section 17: dataset synthetic drawn from the population fitted to this real
+    # dataset (its files in data_dir or the download cache), ``users`` users (default: as
+    # many as the source has)
+    calibrate_to: str | None = None
+    users: int | None = None
 
     def validate(self) -> None:
         if self.dataset not in DATASETS:
@@ -132,7 +146,31 @@ class DataConfig:
             raise UserError(f"--first-seen-order orders datasets without timestamps; dataset "
                             f"{self.dataset} has timestamps")
         self.synthetic.validate()
+        self._check_population()
 
+    def _check_population(self) -> None:
+        """``calibrate_to`` names a real dataset whose files can be found, with dataset
+        synthetic; ``users`` is at least :data:`MIN_POPULATION` and needs ``calibrate_to``."""
+        if self.calibrate_to is None:
+            if self.users is not None:
+                raise UserError("--users (data.users) sizes a calibrated population; give "
+                                "--calibrate-to too (the default generator's size is "
+                                "data.synthetic.n_users)")
+            return
+        if self.dataset != "synthetic":
+            raise UserError(f"--calibrate-to (data.calibrate_to) calibrates the synthetic "
+                            f"generator; use it with --dataset synthetic, not {self.dataset}")
+        problem = source_problem(self.calibrate_to, self.data_dir)
+        if problem is not None:
+            raise UserError(problem)
+        if self.users is not None and (isinstance(self.users, bool)
+                                       or self.users < MIN_POPULATION):
+            raise UserError(f"--users (data.users) must be an integer >= {MIN_POPULATION}, "
+                            f"got {self.users}")
+
+
+#: train.client_tables: what a client keeps of its item table between rounds
+CLIENT_TABLES = ("kept", "global")
 
 #: seeds and nonces lie in [0, SEED_LIMIT); a run seed derived from a nonce lies in
 #: [SEED_LIMIT, 2 SEED_LIMIT), so it never equals a plain seed (and fits an int64 key)
@@ -203,6 +241,18 @@ class TrainConfig:
     weight_decay: float = 0.0
     lr_batch_decay: float = 1.0
     lr_round_decay: float = 1.0
+    # issue 66 (populations): a fixed expected cohort of K clients per round (0: off): the
+    # Poisson rate q = K / n under a mechanism that samples (cdp-gaussian's sample_rate,
+    # dp-ftrl's cohort fraction), else exactly K clients a round (client_fraction K / n)
+    cohort_size: int = 0
+    # evaluate a keyed random sample of this many users (0: every user); each metric is
+    # reported with its standard error over them
+    eval_users: int = 0
+    # "kept": every client keeps its trained item table between rounds and is evaluated
+    # with it; "global": clients keep no item table (memory grows with the cohort, not n):
+    # each starts a round from, and is evaluated with, the server's current table plus its
+    # own private groups (p_u, a head); merge sr with one shared table only
+    client_tables: str = "kept"
     # issue 43, item 4: the dtype the per-client item tables are kept in between rounds
     # (each client's Q_l, and the server's per-client copies: last uploads, personalised
     # tables): "float32", or "bfloat16" (half the memory; every round still trains, merges
@@ -222,6 +272,14 @@ class TrainConfig:
                     0 <= value < SEED_LIMIT):
                 raise UserError(f"--{name} (train.{name}) must be an integer in [0, 2^62), "
                                 f"got {value}")
+        for name in ("cohort_size", "eval_users"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise UserError(f"--{name.replace('_', '-')} (train.{name}) must be a "
+                                f"non-negative integer (0: off), got {value!r}")
+        if self.client_tables not in CLIENT_TABLES:
+            raise UserError(f"unknown --client-tables (train.client_tables) "
+                            f"{self.client_tables!r}; choose one of {', '.join(CLIENT_TABLES)}")
         for name in ("rounds", "local_epochs", "batch_size", "dim", "num_negatives",
                      "eval_every", "memory_budget_mb"):
             if getattr(self, name) < 1:
