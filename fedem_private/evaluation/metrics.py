@@ -104,6 +104,21 @@ def hr_ndcg(ranks: torch.Tensor, ks: tuple[int, ...] = KS) -> dict[str, float]:
     return out
 
 
+def hr_ndcg_se(ranks: torch.Tensor, ks: tuple[int, ...] = KS) -> dict[str, float]:
+    """The standard error of each :func:`hr_ndcg` mean over a sample of users: the sample
+    standard deviation of the per-user terms ([rank < K], [rank < K] / log2(rank + 2))
+    over sqrt(users); keys ``<metric>_se``. One user or none: nan."""
+    r = ranks.double()
+    out: dict[str, float] = {}
+    n = int(r.numel())
+    for k in ks:
+        hit = (r < k).double()
+        for name, terms in ((f"hr@{k}", hit), (f"ndcg@{k}", hit / torch.log2(r + 2.0))):
+            out[f"{name}_se"] = (float(terms.std(unbiased=True)) / n ** 0.5 if n > 1
+                                 else float("nan"))
+    return out
+
+
 class RankAccumulator:
     """Collects per-user ranks chunk by chunk, then averages.
 
@@ -111,7 +126,10 @@ class RankAccumulator:
     they (one integer per user) come back to the CPU, where they are kept.
     """
 
-    def __init__(self, n_users: int) -> None:
+    def __init__(self, n_users: int, standard_errors: bool = False) -> None:
+        # standard_errors: each metric also reported with its standard error over the users
+        # ranked (``<metric>_se``) and their count (``users``): a sample of users
+        self.standard_errors = standard_errors
         self.sampled = torch.full((n_users,), -1, dtype=torch.long)
         self.full = torch.full((n_users,), -1, dtype=torch.long)
         self.val = torch.full((n_users,), -1, dtype=torch.long)
@@ -149,13 +167,19 @@ class RankAccumulator:
 
     def result(self) -> dict[str, dict[str, float]]:
         done = self.sampled >= 0
-        out = {"sampled": hr_ndcg(self.sampled[done]), "full": hr_ndcg(self.full[done])}
+        out = {"sampled": self._metrics(self.sampled[done]),
+               "full": self._metrics(self.full[done])}
         if bool((self.val >= 0).any()):  # validation item vs its 99 sampled (docs/design.md 2a)
             ranked = self.val[self.val >= 0]  # "users": how many ranked a validation item
-            out["val"] = {**hr_ndcg(ranked), "users": int(ranked.numel())}
+            out["val"] = {**self._metrics(ranked), "users": int(ranked.numel())}
             ranked = self.val_full[self.val_full >= 0]
-            out["val_full"] = {**hr_ndcg(ranked), "users": int(ranked.numel())}
+            out["val_full"] = {**self._metrics(ranked), "users": int(ranked.numel())}
         return out
+
+    def _metrics(self, ranks: torch.Tensor) -> dict[str, float]:
+        if not self.standard_errors:
+            return hr_ndcg(ranks)
+        return {**hr_ndcg(ranks), **hr_ndcg_se(ranks), "users": int(ranks.numel())}
 
 
 def _full_ranks(scores: torch.Tensor, s_held: torch.Tensor, rows: torch.Tensor,

@@ -28,6 +28,7 @@ from fedem_private.device import resolve as resolve_device
 from fedem_private.errors import UserError
 from fedem_private.models import backbone_class, backbones_where
 from fedem_private.privacy.config import PrivacyConfig
+from fedem_private.server.registry import aggregator_class
 from fedem_private.simulation.presets import (  # noqa: F401  (re-exported)
     PAPER_CODE_OPTIONS,
     UNBUILT_OPTIONS,
@@ -153,7 +154,33 @@ class RunConfig:
                 raise UserError(f"privacy {self.privacy.mode!r} samples clients itself (Poisson, "
                                 f"--sample-rate); leave --client-fraction at 1, got "
                                 f"{self.train.client_fraction:g}")
+        self._check_cohort()
         return self
+
+    def _check_cohort(self) -> None:
+        """``train.cohort_size`` sets the round's rate from the population's size; it
+        stands in for ``--sample-rate`` or ``--client-fraction``, never beside them.
+        ``train.client_tables = "global"`` needs a merge and an aggregator that read no
+        client's own table (merge sr, one shared table, every upload's owner receives it)."""
+        tr, fed = self.train, self.federation
+        if tr.cohort_size:
+            if tr.client_fraction != 1:
+                raise UserError("--cohort-size sets the round's share of clients; drop "
+                                "--client-fraction")
+            if self.privacy.sample_rate != 1 and "sample_rate" in self.privacy.mechanism.options:
+                raise UserError("--cohort-size K sets the sampling rate K / n; drop "
+                                "--sample-rate")
+        if tr.client_tables == "global":
+            agg = aggregator_class(fed.resolved_aggregation)
+            if fed.resolved_merge != "sr" or not agg.one_table or fed.agg_clients_ratio != 1:
+                raise UserError(
+                    f"--client-tables global: clients keep no item table, so they need merge "
+                    f"sr and an aggregation that sends every client one shared table (got "
+                    f"merge {fed.resolved_merge!r}, aggregation {fed.resolved_aggregation!r}, "
+                    f"--agg-clients-ratio {fed.agg_clients_ratio:g})")
+            if fed.codec != "full":
+                raise UserError(f"--client-tables global keeps full item tables on the server "
+                                f"only; codec {fed.codec!r} is not built for it")
 
     def _check_baseline(self) -> None:
         """A baseline (docs/design.md §14) trains no federation: the parts that shape uploads,
@@ -253,6 +280,26 @@ _CHECKED = "_resolved_and_checked"
 
 def _is_checked(cfg: RunConfig) -> bool:
     return bool(getattr(cfg, _CHECKED, False))
+
+
+def with_cohort(cfg: RunConfig, n: int) -> RunConfig:
+    """A resolved, checked ``cfg`` with ``train.cohort_size`` K turned into the rate the
+    round's sampler uses over ``n`` clients: the Poisson rate (or cohort fraction)
+    q = K / n of a mechanism that samples its own participants (its options include
+    ``sample_rate``), else exactly K clients a round (``client_fraction`` K / n; the loop
+    takes K itself). K 0: ``cfg`` itself. The result stays checked: the rate is derived,
+    not a second setting beside the cohort."""
+    k = cfg.train.cohort_size
+    if not k:
+        return cfg
+    if k > n:
+        raise UserError(f"--cohort-size {k} is more than the {n} clients")
+    if "sample_rate" in cfg.privacy.mechanism.options:
+        out = replace(cfg, privacy=replace(cfg.privacy, sample_rate=k / n))
+    else:
+        out = replace(cfg, train=replace(cfg.train, client_fraction=k / n))
+    object.__setattr__(out, _CHECKED, True)
+    return out
 
 
 

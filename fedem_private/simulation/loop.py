@@ -89,7 +89,7 @@ from fedem_private.server.options import (
     SimilarityOptions,
 )
 from fedem_private.server.pretrain import pretrain_items
-from fedem_private.simulation.config import SGD_FIELDS, RunConfig
+from fedem_private.simulation.config import SGD_FIELDS, RunConfig, with_cohort
 from fedem_private.simulation.view import RunView, read_only
 
 SERVER = 1 << 40  # client id used to key the server's own random draws
@@ -198,22 +198,31 @@ class SimState:
     """All client state, as batched tensors on the run's device (the server's lives in its
     aggregators)."""
 
-    q_local: torch.Tensor  # (n, m, d) each client's table after its last training, kept
-    # in train.state_dtype (read through params / items, which return the compute dtype)
+    q_local: torch.Tensor | None  # (n, m, d) each client's table after its last training,
+    # kept in train.state_dtype (read through params / items, which return the compute
+    # dtype); None under train.client_tables "global": no client keeps one (``shared``)
     private: dict[str, torch.Tensor]  # (n, ...) groups that never leave a client (p_u, heads);
     # per-client tables among them (n, m, d: FedRAP's personal table) in train.state_dtype
     dense_local: dict[str, torch.Tensor]  # (n, ...) each client's own shared dense groups
     q_global: torch.Tensor | None  # (m, d) shared, or (n, m, d) personalised, or None
     round: int = 0
     dtype: torch.dtype = torch.float32  # the compute dtype tables are read in
+    # without q_local: the server's current table for clients idx (the aggregator's sent)
+    shared: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def items(self, idx: torch.Tensor) -> torch.Tensor:
-        """Clients idx's own item tables Q_l (k, m, d), in the compute dtype."""
+        """Clients idx's own item tables Q_l (k, m, d), in the compute dtype; without kept
+        tables, the server's current one."""
+        if self.q_local is None:
+            assert self.shared is not None
+            return self.shared(idx).to(self.dtype)
         return self.q_local.index_select(0, idx).to(self.dtype)
 
     def keep_items(self, idx: torch.Tensor, tables: torch.Tensor) -> None:
-        """Store clients idx's newly trained tables (rounded to the state dtype)."""
-        self.q_local[idx] = tables.to(self.q_local.dtype)
+        """Store clients idx's newly trained tables (rounded to the state dtype); without
+        kept tables, nothing (the trained table leaves only as its upload)."""
+        if self.q_local is not None:
+            self.q_local[idx] = tables.to(self.q_local.dtype)
 
     @property
     def p(self) -> torch.Tensor:
@@ -224,12 +233,18 @@ class SimState:
         """Clients idx's own current model; ``items`` False leaves out their item tables
         (an empty (k, 0, d) stands in: reading them is a pass over (k, m, d))."""
         table = (self.items(idx) if items else
-                 self.q_local.new_empty((idx.shape[0], 0, self.q_local.shape[2]),
-                                        dtype=self.dtype))
+                 torch.empty((idx.shape[0], 0, self._dim()), dtype=self.dtype,
+                             device=idx.device))
         return ClientParams(table,
                             {n: t.index_select(0, idx) for n, t in self.dense_local.items()},
                             {n: t.index_select(0, idx).to(self.dtype)
                              for n, t in self.private.items()})
+
+    def _dim(self) -> int:
+        if self.q_local is not None:
+            return int(self.q_local.shape[2])
+        assert self.shared is not None
+        return int(self.shared(torch.zeros(0, dtype=torch.long)).shape[2])
 
     def keep_private(self, idx: torch.Tensor, name: str, value: torch.Tensor) -> None:
         """Store clients idx's newly trained private group ``name`` (in its stored dtype)."""
@@ -380,7 +395,7 @@ class Simulation:
     def __init__(self, cfg: RunConfig, split: Split, *, dataset_name: str | None = None,
                  demographics: dict[str, np.ndarray] | None = None,
                  item_features: np.ndarray | None = None) -> None:
-        self.cfg = cfg.validate().resolved()
+        self.cfg = with_cohort(cfg.validate().resolved(), split.n_users)
         self.split = split
         self.dataset_name = dataset_name or self.cfg.data.dataset
         self.demographics = demographics or {}
@@ -510,8 +525,10 @@ class Simulation:
         # run keeps float64
         store = getattr(torch, self.cfg.train.state_dtype) if q0.dtype == torch.float32 \
             else q0.dtype
-        _check_state_fits(self.cfg, n, q0, store, self.device)
-        q_local = q0.to(store).expand(n, *q0.shape).clone()
+        kept = self.cfg.train.client_tables == "kept"
+        if kept:
+            _check_state_fits(self.cfg, n, q0, store, self.device)
+        q_local = q0.to(store).expand(n, *q0.shape).clone() if kept else None
         # Without noise an upload equals the client's new table, so the server's copy of
         # each last upload can share storage with q_local (it changes only on upload).
         alias = q_local if not self.privacy.perturbs else None
@@ -541,8 +558,11 @@ class Simulation:
         private = {k: v.to(dev, store if v.dim() >= 3 and v.dtype == torch.float32
                             else v.dtype)
                    for k, v in self.backbone.init_private(np.arange(n)).items()}
+        if not kept and any(v.dim() >= 3 for v in private.values()):
+            raise UserError(f"--client-tables global: backbone {self.backbone.name!r} keeps a "
+                            f"private item table per client; use --client-tables kept")
         self.state = SimState(q_local, private, dense_local, self.aggregator.table,
-                              dtype=q0.dtype)
+                              dtype=q0.dtype, shared=None if kept else self.aggregator.sent)
         # under a perturbing mechanism with the share rule, the last encoded table the
         # server sent each client: the public centre of its release (_release_base)
         self._public_sent: torch.Tensor | None = None
@@ -619,7 +639,7 @@ class Simulation:
         n, q = self.split.n_users, self.cfg.train.client_fraction
         if q >= 1.0:
             return np.arange(n)
-        k = max(1, int(np.ceil(q * n)))
+        k = self.cfg.train.cohort_size or max(1, int(np.ceil(q * n)))
         u = rng.uniform(rng.key(self.seed, rng.Stream.PARTICIPATION, round_, np.arange(n)), 0)
         return np.sort(np.argsort(u, kind="stable")[:k])
 
@@ -877,13 +897,16 @@ class Simulation:
         return self.ranks().result()
 
     def ranks(self) -> RankAccumulator:
-        """Every user's ranks under its own current model (:meth:`evaluate`, per user)."""
-        acc = RankAccumulator(self.split.n_users)
+        """Every user's ranks under its own current model (:meth:`evaluate`, per user);
+        with ``train.eval_users`` M, those of :meth:`eval_sample`'s M users only (the
+        others stay unranked, and the metrics carry their standard error)."""
         n = self.split.n_users
+        acc = RankAccumulator(n, standard_errors=bool(self.cfg.train.eval_users))
+        chosen = self.eval_sample()
         size = max(1, self._chunk_size() * 4)
         with torch.no_grad():
-            for start in range(0, n, size):
-                users = np.arange(start, min(n, start + size))
+            for start in range(0, chosen.shape[0], size):
+                users = chosen[start:start + size]
                 idx = self._index(users)
                 params = self.state.params(idx)
                 if self.merger.every_batch:
@@ -892,6 +915,17 @@ class Simulation:
                                                          self.aggregator.receives(idx))
                 acc.add_scores(users, self.backbone.scores(params), self.eval_sets)
         return acc
+
+    def eval_sample(self) -> np.ndarray:
+        """The users evaluated, sorted: every user, or with ``train.eval_users`` M < n the M
+        with the smallest uniforms keyed by (seed, EVAL, round 2, user), a fixed simple random
+        sample without replacement, the same in every round and keyed by the data's seed
+        (so runs that differ by their nonce are evaluated on the same users)."""
+        n, m = self.split.n_users, self.cfg.train.eval_users
+        if not m or m >= n:
+            return np.arange(n)
+        u = rng.uniform(rng.key(self.cfg.train.seed, rng.Stream.EVAL, 2, np.arange(n)), 0)
+        return np.sort(np.argpartition(u, m - 1)[:m])
 
     def run(self, on_round: Callable[[RoundStats], None] | None = None) -> list[RoundStats]:
         """All configured rounds."""

@@ -1,0 +1,108 @@
+"""Cohorts, sampled evaluation and clients without kept item tables (issue 66, item 2;
+docs/design.md section 17)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fedem_private.data import SyntheticConfig, generate, leave_one_out
+from fedem_private.errors import UserError
+from fedem_private.privacy.config import PrivacyConfig
+from fedem_private.simulation.config import (
+    DataConfig,
+    FederationConfig,
+    RunConfig,
+    TrainConfig,
+)
+from fedem_private.simulation.loop import Simulation
+
+SYN = SyntheticConfig(n_users=60, n_items=40, mean_activity=8)
+
+
+@pytest.fixture(scope="module")
+def split():
+    return leave_one_out(generate(SYN, 0), 0)
+
+
+def _cfg(**train) -> RunConfig:
+    return RunConfig(data=DataConfig(synthetic=SYN),
+                     train=TrainConfig(rounds=2, local_epochs=1, dim=4, **train),
+                     federation=FederationConfig(method="fedmf"))
+
+
+def test_a_cohort_is_exactly_k_clients_without_a_sampling_mechanism(split):
+    sim = Simulation(_cfg(cohort_size=7), split)
+    for t in (1, 2, 3):
+        assert sim.participants(t).shape == (7,)
+    assert sim.cfg.train.client_fraction == pytest.approx(7 / split.n_users)
+
+
+def test_a_cohort_sets_the_poisson_rate_of_a_sampling_mechanism(split):
+    cfg = _cfg(cohort_size=12)
+    cfg = RunConfig(data=cfg.data, train=cfg.train, federation=cfg.federation,
+                    privacy=PrivacyConfig(mode="cdp-gaussian", noise_multiplier=1.0,
+                                          clip=1.0))
+    sim = Simulation(cfg, split)
+    assert sim.cfg.privacy.sample_rate == pytest.approx(12 / split.n_users)
+    sizes = [sim.participants(t).shape[0] for t in range(1, 200)]
+    assert abs(np.mean(sizes) - 12) < 4 * np.sqrt(12 / len(sizes))  # Poisson, mean K
+    with pytest.raises(UserError, match="drop --sample-rate"):
+        RunConfig(data=cfg.data, train=cfg.train, federation=cfg.federation,
+                  privacy=PrivacyConfig(mode="cdp-gaussian", noise_multiplier=1.0, clip=1.0,
+                                        sample_rate=0.3)).validate()
+    with pytest.raises(UserError, match="more than the"):
+        Simulation(_cfg(cohort_size=61), split)
+
+
+def test_a_sample_of_users_is_evaluated_with_standard_errors(split):
+    sim = Simulation(_cfg(eval_users=25), split)
+    chosen = sim.eval_sample()
+    assert chosen.shape == (25,) and np.array_equal(chosen, np.unique(chosen))
+    assert np.array_equal(chosen, Simulation(_cfg(eval_users=25, nonce=9), split).eval_sample())
+    sim.run()
+    acc = sim.ranks()
+    assert int((acc.full >= 0).sum()) == 25
+    full = sim.evaluate()["full"]
+    assert full["users"] == 25
+    hit = (acc.full[chosen] < 10).double()
+    assert full["hr@10"] == pytest.approx(float(hit.mean()))
+    assert full["hr@10_se"] == pytest.approx(float(hit.std()) / 5)
+    every = Simulation(_cfg(), split)
+    every.run()
+    assert "hr@10_se" not in every.evaluate()["full"]  # every user: nothing sampled
+    # the sampled users' ranks are the full run's own (same seed, same training)
+    assert torch.equal(every.ranks().full[chosen], acc.full[chosen])
+
+
+def test_global_tables_train_the_same_and_evaluate_on_the_servers_table(split):
+    """Merge sr starts every client from the sent table either way, so the server's table
+    is the same; without kept tables a client is evaluated with that table and its own
+    p_u, and no (n, m, d) state exists."""
+    kept = Simulation(_cfg(), split)
+    kept.run()
+    free = Simulation(_cfg(client_tables="global"), split)
+    free.run()
+    assert free.state.q_local is None
+    assert torch.equal(kept.aggregator.table, free.aggregator.table)
+    assert torch.equal(kept.state.p, free.state.p)
+    q, p = free.aggregator.table, free.state.p
+    scores = p @ q.T  # (n, m): the shared table, each client's own vector
+    from fedem_private.evaluation.metrics import RankAccumulator
+
+    ref = RankAccumulator(split.n_users)
+    ref.add_scores(np.arange(split.n_users), scores, free.eval_sets)
+    assert torch.equal(ref.full, free.ranks().full)
+
+
+@pytest.mark.parametrize("fed, words", [
+    ({"method": "fedem"}, "merge sr"),
+    ({"method": "fedmf", "aggregation": "similarity"}, "one shared table"),
+    ({"method": "fedmf", "codec": "lora"}, "codec"),
+])
+def test_global_tables_refuse_what_reads_a_clients_own_table(fed, words):
+    cfg = RunConfig(data=DataConfig(synthetic=SYN), train=TrainConfig(client_tables="global"),
+                    federation=FederationConfig(**fed))
+    with pytest.raises(UserError, match=words):
+        cfg.validate()
