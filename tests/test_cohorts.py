@@ -106,3 +106,18 @@ def test_global_tables_refuse_what_reads_a_clients_own_table(fed, words):
                     federation=FederationConfig(**fed))
     with pytest.raises(UserError, match=words):
         cfg.validate()
+
+
+def test_finetuned_evaluation_trains_from_the_servers_table_and_changes_no_state(split):
+    sim = Simulation(_cfg(client_tables="global", eval_finetune=2, eval_users=30), split)
+    sim.run()
+    table, p = sim.aggregator.table.clone(), sim.state.p.clone()
+    first = sim.evaluate()
+    assert torch.equal(sim.aggregator.table, table) and torch.equal(sim.state.p, p)
+    assert sim.evaluate() == first  # keyed: the same fine-tuning every time
+    plain = Simulation(_cfg(client_tables="global", eval_users=30), split)
+    plain.run()
+    assert torch.equal(plain.aggregator.table, table)  # training is the same either way
+    assert plain.evaluate() != first  # only the evaluated models differ
+    with pytest.raises(UserError, match="--client-tables global"):
+        _cfg(eval_finetune=1).validate()

@@ -30,6 +30,7 @@ LATER_FIELDS: dict[tuple[str, ...], Any] = {
     ("train", "cohort_size"): 0,
     ("train", "eval_users"): 0,
     ("train", "client_tables"): "kept",
+    ("train", "eval_finetune"): 0,
     ("privacy", "clip_auto"): False,
     ("privacy", "clip_auto_epsilon"): None,
     ("privacy", "clip_auto_min"): 0.1,

@@ -60,7 +60,7 @@ import contextlib
 import functools
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -168,6 +168,11 @@ class RoundStats:
         out.update(self.server)
         out.update(self.comm)
         return out
+
+
+#: the round number keying evaluation's fine-tuning draws (plus the rounds done): far from
+#: every training round, so its negatives and orders are never a round's
+FINETUNE_ROUND = 1 << 40
 
 
 def _check_state_fits(cfg: RunConfig, n: int, q0: torch.Tensor, store: torch.dtype,
@@ -903,18 +908,37 @@ class Simulation:
         n = self.split.n_users
         acc = RankAccumulator(n, standard_errors=bool(self.cfg.train.eval_users))
         chosen = self.eval_sample()
-        size = max(1, self._chunk_size() * 4)
+        if self.cfg.train.eval_finetune:  # training chunks run longest first (make_plan)
+            chosen = chosen[np.argsort(-self._workload[chosen], kind="stable")]
+        size = max(1, self._chunk_size() * (1 if self.cfg.train.eval_finetune else 4))
         with torch.no_grad():
             for start in range(0, chosen.shape[0], size):
                 users = chosen[start:start + size]
                 idx = self._index(users)
-                params = self.state.params(idx)
+                params = (self._finetuned(users, idx) if self.cfg.train.eval_finetune
+                          else self.state.params(idx))
                 if self.merger.every_batch:
                     params.items = self.merger.evaluated(idx, params.items,
                                                          self.aggregator.sent(idx),
                                                          self.aggregator.receives(idx))
                 acc.add_scores(users, self.backbone.scores(params), self.eval_sets)
         return acc
+
+    def _finetuned(self, users: np.ndarray, idx: torch.Tensor) -> ClientParams:
+        """Users' models for evaluation under ``train.eval_finetune`` E: each starts from
+        what the server would send it now (its table, its own private groups) and trains
+        E local epochs on its own training data, as in a round but keyed by round
+        :data:`FINETUNE_ROUND` + t and uploading nothing; the state is left as it was.
+        Under any mechanism this is client-local computation: nothing leaves the client."""
+        local = replace(self.local_cfg, epochs=self.cfg.train.eval_finetune)
+        key = FINETUNE_ROUND + self.state.round
+        samples = draw_samples(self.seed, key, users, self.split.train_indptr,
+                               self.split.train_items, *self.excl, self.split.n_items,
+                               local.num_negatives, device=self.device)
+        with torch.enable_grad():
+            new, _ = self.backbone.train_chunk(self._sent_params(idx), users, samples, local,
+                                               key)
+        return new
 
     def eval_sample(self) -> np.ndarray:
         """The users evaluated, sorted: every user, or with ``train.eval_users`` M < n the M

@@ -253,6 +253,10 @@ class TrainConfig:
     # each starts a round from, and is evaluated with, the server's current table plus its
     # own private groups (p_u, a head); merge sr with one shared table only
     client_tables: str = "kept"
+    # with client_tables "global": each evaluated user first trains this many local epochs
+    # from the server's table on its own training data (nothing uploaded) and is evaluated
+    # with what it trained (0: with the server's table and its kept private groups)
+    eval_finetune: int = 0
     # issue 43, item 4: the dtype the per-client item tables are kept in between rounds
     # (each client's Q_l, and the server's per-client copies: last uploads, personalised
     # tables): "float32", or "bfloat16" (half the memory; every round still trains, merges
@@ -272,7 +276,7 @@ class TrainConfig:
                     0 <= value < SEED_LIMIT):
                 raise UserError(f"--{name} (train.{name}) must be an integer in [0, 2^62), "
                                 f"got {value}")
-        for name in ("cohort_size", "eval_users"):
+        for name in ("cohort_size", "eval_users", "eval_finetune"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise UserError(f"--{name.replace('_', '-')} (train.{name}) must be a "
