@@ -121,3 +121,14 @@ def test_finetuned_evaluation_trains_from_the_servers_table_and_changes_no_state
     assert plain.evaluate() != first  # only the evaluated models differ
     with pytest.raises(UserError, match="--client-tables global"):
         _cfg(eval_finetune=1).validate()
+
+
+def test_a_baseline_ranks_the_same_sample_of_users(split):
+    from fedem_private.baselines import evaluate, fit
+
+    cfg = RunConfig(data=DataConfig(synthetic=SYN), train=TrainConfig(eval_users=25),
+                    federation=FederationConfig(method="mostpop")).validate()
+    out = evaluate(cfg, split, fit(cfg, split).scores)
+    assert out["full"]["users"] == 25 and "hr@10_se" in out["full"]
+    sim = Simulation(_cfg(eval_users=25), split)
+    assert np.array_equal(sim.eval_sample(), np.sort(sim.eval_sample()))

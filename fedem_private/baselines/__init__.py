@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from fedem_private.data.split import Split
-from fedem_private.evaluation.metrics import RankAccumulator, build_eval_sets
+from fedem_private.evaluation.metrics import RankAccumulator, build_eval_sets, eval_sample
 from fedem_private.simulation.config import RunConfig
 from fedem_private.simulation.loop import validation_kind
 
@@ -76,10 +76,11 @@ def evaluate(cfg: RunConfig, split: Split, scores: np.ndarray,
     run with this config and seed."""
     sets = build_eval_sets(split, cfg.data.protocol, cfg.train.seed,
                            validation=validation_kind(cfg))
-    acc = RankAccumulator(split.n_users)
+    acc = RankAccumulator(split.n_users, standard_errors=bool(cfg.train.eval_users))
     s = torch.from_numpy(np.asarray(scores, dtype=np.float64))
-    for start in range(0, split.n_users, chunk):
-        users = np.arange(start, min(split.n_users, start + chunk))
+    chosen = eval_sample(split.n_users, cfg.train.eval_users, cfg.train.seed)
+    for start in range(0, chosen.shape[0], chunk):
+        users = chosen[start:start + chunk]
         block = s.expand(users.shape[0], -1) if s.dim() == 1 else s[users]
         acc.add_scores(users, block.clone(), sets)
     return acc.result()

@@ -104,6 +104,17 @@ def hr_ndcg(ranks: torch.Tensor, ks: tuple[int, ...] = KS) -> dict[str, float]:
     return out
 
 
+def eval_sample(n_users: int, eval_users: int, seed: int) -> np.ndarray:
+    """The users a run evaluates, sorted: every user, or with ``eval_users`` M < n the M
+    with the smallest uniforms keyed by (seed, EVAL, round 2, user): a fixed simple random
+    sample without replacement, the same in every round, for federated runs and baselines
+    alike (``train.eval_users``; keyed by the data's seed, not the run's nonce)."""
+    if not eval_users or eval_users >= n_users:
+        return np.arange(n_users)
+    u = rng.uniform(rng.key(seed, rng.Stream.EVAL, 2, np.arange(n_users)), 0)
+    return np.sort(np.argpartition(u, eval_users - 1)[:eval_users])
+
+
 def hr_ndcg_se(ranks: torch.Tensor, ks: tuple[int, ...] = KS) -> dict[str, float]:
     """The standard error of each :func:`hr_ndcg` mean over a sample of users: the sample
     standard deviation of the per-user terms ([rank < K], [rank < K] / log2(rank + 2))

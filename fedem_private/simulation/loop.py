@@ -71,7 +71,12 @@ from fedem_private.client.merging import MergeConfig, Merger
 from fedem_private.data.split import Split, exclusion_csr
 from fedem_private.device import torch_device
 from fedem_private.errors import UserError
-from fedem_private.evaluation.metrics import EvalSets, RankAccumulator, build_eval_sets
+from fedem_private.evaluation.metrics import (
+    EvalSets,
+    RankAccumulator,
+    build_eval_sets,
+    eval_sample,
+)
 from fedem_private.hostmem import keep_freed_memory
 from fedem_private.models.base import (
     ClientParams,
@@ -941,15 +946,9 @@ class Simulation:
         return new
 
     def eval_sample(self) -> np.ndarray:
-        """The users evaluated, sorted: every user, or with ``train.eval_users`` M < n the M
-        with the smallest uniforms keyed by (seed, EVAL, round 2, user), a fixed simple random
-        sample without replacement, the same in every round and keyed by the data's seed
-        (so runs that differ by their nonce are evaluated on the same users)."""
-        n, m = self.split.n_users, self.cfg.train.eval_users
-        if not m or m >= n:
-            return np.arange(n)
-        u = rng.uniform(rng.key(self.cfg.train.seed, rng.Stream.EVAL, 2, np.arange(n)), 0)
-        return np.sort(np.argpartition(u, m - 1)[:m])
+        """The users evaluated (:func:`~fedem_private.evaluation.metrics.eval_sample`)."""
+        return eval_sample(self.split.n_users, self.cfg.train.eval_users,
+                           self.cfg.train.seed)
 
     def run(self, on_round: Callable[[RoundStats], None] | None = None) -> list[RoundStats]:
         """All configured rounds."""
