@@ -132,3 +132,22 @@ def test_a_baseline_ranks_the_same_sample_of_users(split):
     assert out["full"]["users"] == 25 and "hr@10_se" in out["full"]
     sim = Simulation(_cfg(eval_users=25), split)
     assert np.array_equal(sim.eval_sample(), np.sort(sim.eval_sample()))
+
+
+def test_negatives_read_only_the_rows_of_the_users_drawn_for():
+    """sample_excluding gives the same items whether the exclusion table holds the drawn
+    users alone or a whole population beside them (its cost follows the cohort)."""
+    from fedem_private.data.negatives import sample_excluding
+
+    g = np.random.default_rng(1)
+    m = 30
+    rows = [np.sort(g.choice(m, size=int(g.integers(0, m - 1)), replace=False))
+            for _ in range(40)]
+    indptr = np.concatenate([[0], np.cumsum([len(r) for r in rows])])
+    excluded = np.concatenate(rows).astype(np.int64)
+    users = np.array([3, 3, 17, 5, 39, 3])
+    u = g.uniform(size=users.shape)
+    got = sample_excluding(indptr, excluded, m, users, u)
+    for j, (user, draw) in enumerate(zip(users, u, strict=True)):
+        allowed = np.setdiff1d(np.arange(m), rows[user])
+        assert got[j] == allowed[min(int(draw * allowed.shape[0]), allowed.shape[0] - 1)]

@@ -22,18 +22,25 @@ def sample_excluding(indptr: np.ndarray, excluded: np.ndarray, n_items: int,
     where j* = #{k : e_k - k <= r} (the excluded items at or below it).
     """
     users = np.asarray(users, dtype=np.int64)
-    counts = np.diff(indptr)
-    allowed = n_items - counts[users]
+    # only the rows of the users drawn for are read, so a round's cost follows its
+    # cohort, not the population (issue 66): rows[inv] == users
+    rows, inv = np.unique(users, return_inverse=True)
+    inv = inv.reshape(-1)
+    counts = indptr[rows + 1] - indptr[rows]
+    allowed = n_items - counts[inv]
     if np.any(allowed <= 0):
         raise ValueError("a user has no item left to sample from")
     r = np.minimum((uniforms * allowed).astype(np.int64), allowed - 1)
-    within = row_positions(indptr)
-    adjusted = excluded - within  # non-decreasing inside each user's block
-    owner = np.repeat(np.arange(counts.shape[0]), counts)
+    sub_indptr = np.zeros(rows.shape[0] + 1, dtype=np.int64)
+    sub_indptr[1:] = np.cumsum(counts)
+    within = row_positions(sub_indptr)
+    sub = excluded[np.repeat(indptr[rows], counts) + within]
+    adjusted = sub - within  # non-decreasing inside each user's block
+    owner = np.repeat(np.arange(rows.shape[0]), counts)
     stride = n_items + 1
     keys = owner * stride + adjusted
-    pos = np.searchsorted(keys, users * stride + r, side="right")
-    return r + (pos - indptr[users])
+    pos = np.searchsorted(keys, inv * stride + r, side="right")
+    return r + (pos - sub_indptr[inv])
 
 
 def sample_excluding_t(indptr: np.ndarray, excluded: np.ndarray, n_items: int,
