@@ -143,7 +143,8 @@ def _progress_hooks(cfg: RunConfig) -> tuple[Callable, Callable, Callable]:
 def run(config: RunConfig | Mapping[str, Any] | str | Path | None = None,
         out: str | Path | None = None, *, overrides: Mapping[str, Any] | None = None,
         force: bool = False, progress: bool = False, warn: bool = True,
-        checkpoint_every: int | None = None) -> Result:
+        checkpoint_every: int | None = None, ray: str | None = None,
+        ray_shards: int | None = None) -> Result:
     """Train one configuration and write its run directory; returns the :class:`Result`.
 
     ``config``: see :func:`resolve_config` (``{"record": {"rounds": "last"}}``
@@ -155,13 +156,20 @@ def run(config: RunConfig | Mapping[str, Any] | str | Path | None = None,
     the run's state every that many rounds to ``<out>.checkpoint``; calling again with the
     same config and ``out`` resumes a killed run from it
     (:mod:`fedem_private.experiments.checkpoint`; needs ``out``, not with recording).
+    ``ray_shards`` K: each round's clients are computed in K shards on Ray, a local Ray
+    with K CPUs or the running cluster at ``ray`` (``auto``, ``HOST:6379``); central
+    mechanisms with ``--client-tables global`` only, the same results bit for bit
+    (:mod:`fedem_private.experiments.ray_shards`).
     """
     cfg = resolve_config(config, overrides)
     if cfg.data.data_dir is not None and not Path(cfg.data.data_dir).expanduser().exists():
         what = "file" if cfg.data.dataset == "csv" else "directory"
         raise UserError(f"dataset {cfg.data.dataset}: {what} not found: {cfg.data.data_dir}")
+    from fedem_private.experiments.ray_shards import shard_options
     from fedem_private.experiments.runner import execute, recording_hook
     from fedem_private.simulation.config import BASELINE_METHODS
+
+    shards = shard_options(ray, ray_shards)
 
     baseline = cfg.federation.resolved_method in BASELINE_METHODS  # no rounds, no hooks
     checkpoint = None
@@ -181,7 +189,8 @@ def run(config: RunConfig | Mapping[str, Any] | str | Path | None = None,
     try:
         execute(cfg, path, force=force, setup=None if baseline else recording_hook(cfg),
                 on_start=on_start if progress else None,
-                on_round=on_round if progress else None, checkpoint=checkpoint)
+                on_round=on_round if progress else None, checkpoint=checkpoint,
+                shards=shards)
     except BaseException:
         if out is None:  # free the name reserved for this run (and runs/ if made for it)
             with contextlib.suppress(OSError):

@@ -296,6 +296,14 @@ def _add_output_flags(group: Any) -> None:
     group.add_argument("--record-clients", metavar="N", type=_integer,
                        help="record the first N client ids (default 100; needs "
                             "--record-rounds)")
+    group.add_argument("--ray-shards", metavar="K", type=_integer,
+                       help="compute each round's clients in K shards on Ray (a local Ray "
+                            "with K CPUs, or the cluster of --ray); central mechanisms "
+                            "(cdp-gaussian, dp-ftrl) with --client-tables global only; the "
+                            "same results bit for bit; needs pip install 'fedem-private[ray]'")
+    group.add_argument("--ray", metavar="ADDRESS",
+                       help="with --ray-shards: the running Ray cluster to shard on "
+                            "(`ray start --head` there, then HOST:6379, or auto)")
     group.add_argument("--checkpoint-every", metavar="N", type=_integer,
                        help="save the run's state every N rounds to <out>.checkpoint; run "
                             "the same command again to resume a killed run from it (needs "
@@ -501,7 +509,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(to_toml(to_dict(cfg)), end="")
         return 0
     res = api.run(cfg, args.out, force=args.force, progress=not args.no_progress, warn=False,
-                  checkpoint_every=args.checkpoint_every)
+                  checkpoint_every=args.checkpoint_every, ray=args.ray,
+                  ray_shards=args.ray_shards)
     summary = res.summary
     m = summary["metrics"] or {}
     print(f"wrote {args.out or res.run_dir}")

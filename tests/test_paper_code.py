@@ -273,8 +273,12 @@ def test_a_round_selected_under_a_mechanism_is_labelled_not_private(tmp_path):
                     federation=FederationConfig(method="fedmf"),
                     privacy=PrivacyConfig(mode="cdp-gaussian", clip=1.0, sample_rate=0.5,
                                           noise_multiplier=1.0))
-    sel = execute(cfg, tmp_path / "run")["selected"]
+    summary = execute(cfg, tmp_path / "run")
+    sel = summary["selected"]
     assert sel["private"] is False and sel["note"].startswith("not private")
+    # the summary says which of its figures are releases and which measurements
+    assert summary["not_private"].startswith("not private") and "privacy block" in \
+        summary["not_private"]
 
 
 # ------------------------------------------------------------------ 6: the code's similarity

@@ -27,6 +27,14 @@ from typing import Any
 
 from fedem_private.errors import UserError
 
+# what summary.json says of its own figures (issue 65): the privacy block describes the
+# release; everything else is the simulator's measurement of the private data
+NOT_PRIVATE = (
+    "not private: every figure in this summary but the privacy block (metrics, selected, "
+    "clipping, cold_items, merge_rho_mean, server_stats, dropped_users, communication) is the "
+    "simulator's exact measurement over the users' data, not a release of the mechanism; "
+    "the eps covers the released models, not publishing these")
+
 
 def json_safe(value: Any) -> Any:
     """Replace inf/NaN floats (not valid JSON) by strings "inf", "-inf", "nan"."""

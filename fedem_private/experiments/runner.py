@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -14,7 +15,7 @@ from fedem_private.data.split import cold_share
 from fedem_private.errors import Diverged, UserError
 from fedem_private.experiments import checkpoint as checkpoints
 from fedem_private.experiments.checkpoint import Checkpointing
-from fedem_private.experiments.rundir import RunDir
+from fedem_private.experiments.rundir import NOT_PRIVATE, RunDir
 from fedem_private.hostmem import release_between_runs
 from fedem_private.simulation.config import (
     BASELINE_METHODS,
@@ -185,6 +186,7 @@ def summarise(view: RunView, history: list[RoundStats], wall: float) -> dict[str
         "communication": communication_summary(history),
         "cold_items": cold_items_summary(view),
         "version": __version__,
+        "not_private": NOT_PRIVATE,
     }
     if cfg.data.calibrate_to is not None:
         out["population"] = population_record(cfg.data.calibrate_to, cfg.data.data_dir,
@@ -238,7 +240,8 @@ def execute(cfg: RunConfig, out: str | Path,
             on_round: Callable[[RoundStats], None] | None = None,
             setup: Callable[[Simulation, Path], None] | None = None,
             on_start: Callable[[Simulation], None] | None = None,
-            checkpoint: Checkpointing | None = None) -> dict[str, Any]:
+            checkpoint: Checkpointing | None = None,
+            shards: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run ``cfg`` and write ``out`` atomically; returns the summary.
 
     ``setup`` may attach observers (e.g. recording) and write into the run
@@ -252,8 +255,13 @@ def execute(cfg: RunConfig, out: str | Path,
     removed once the run directory is written, or once the run diverges (a resumption
     would diverge again). A ``setup`` that attaches observers
     (recording what the server saw) cannot resume one: they would miss the rounds before.
+    ``shards``: compute each round's clients in shards on Ray
+    (:func:`~fedem_private.experiments.ray_shards.ray_shards`'s keyword arguments,
+    ``shards`` and ``address``); the results are the same bits.
     """
     if cfg.federation.resolved_method in BASELINE_METHODS:
+        if shards is not None:
+            raise UserError("--ray-shards shards a federated run's rounds; a baseline has none")
         from fedem_private.experiments.baseline_run import execute_baseline
 
         return execute_baseline(cfg, out, force=force)
@@ -272,7 +280,8 @@ def execute(cfg: RunConfig, out: str | Path,
         if on_start is not None:
             on_start(sim)
         try:
-            history, wall, resumes = _rounds(sim, on_round, checkpoint, config, resumed)
+            with _sharded(sim, shards):
+                history, wall, resumes = _rounds(sim, on_round, checkpoint, config, resumed)
         except Diverged:  # resuming would diverge again, round for round
             if checkpoint is not None:
                 checkpoints.discard(checkpoint)
@@ -291,6 +300,17 @@ def execute(cfg: RunConfig, out: str | Path,
     del sim, resumed  # they sit in reference cycles: collect them now, not some runs later
     release_between_runs()
     return summary
+
+
+def _sharded(sim: Simulation, shards: dict[str, Any] | None
+             ) -> contextlib.AbstractContextManager[object]:
+    """The context the rounds run in: Ray shards computing the rounds' clients
+    (:mod:`fedem_private.experiments.ray_shards`), or nothing."""
+    if shards is None:
+        return contextlib.nullcontext()
+    from fedem_private.experiments.ray_shards import ray_shards
+
+    return ray_shards(sim, **shards)
 
 
 def _rounds(sim: Simulation, on_round: Callable[[RoundStats], None] | None,

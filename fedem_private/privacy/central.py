@@ -140,6 +140,35 @@ def noisy_mean_delta(delta_sum: torch.Tensor, *, clip: float, noise_multiplier: 
 
 
 @dataclass
+class SumPart:
+    """One chunk's share of a round's secure sum: its clients' clipped deltas summed in
+    float64 (``total``, (1, ...), shaped like one upload), the clipping figures
+    (``stats``, with each client's pre-clip norm) and the clip C they were clipped at.
+
+    It is what a shard of a round (:mod:`fedem_private.simulation.shards`) hands back
+    for each of its chunks; :meth:`SecureSum.add_part` adds it. Like the secure sum
+    itself it is never released: only the noisy sum of all parts leaves the server.
+    """
+
+    total: torch.Tensor
+    stats: ClipStats
+    clip: float
+
+    @property
+    def k(self) -> int:
+        """How many clients the part sums."""
+        return int(self.stats.norms.shape[0])
+
+
+def sum_part(sent: torch.Tensor, local: torch.Tensor, clip: float) -> SumPart:
+    """k clients' share of the secure sum (encoded tables (k, ...)): sum_u clip_2(local_u -
+    sent_u, C) in float64, summed over the client axis by one ``sum`` (as
+    :meth:`SecureSum.add` always has)."""
+    clipped, stats = clipped_deltas(sent, local, clip)
+    return SumPart(clipped.sum(dim=0, keepdim=True), stats, float(clip))
+
+
+@dataclass
 class CentralRoundStats:
     """Clipping figures of one round's contributions (for the per-round log)."""
 
@@ -196,19 +225,32 @@ class SecureSum:
         self.round_clip = self.clip
 
     def add(self, sent: torch.Tensor, local: torch.Tensor) -> ClipStats:
-        """Add the clipped deltas of k clients ((k, ...) encoded tables) to the round's sum."""
-        clipped, stats = clipped_deltas(sent, local, self.clip)
+        """Add the clipped deltas of k clients ((k, ...) encoded tables) to the round's sum:
+        :func:`sum_part` of the chunk at the round's clip, then :meth:`add_part`."""
+        part = sum_part(sent, local, self.clip)
+        self.add_part(part)
+        return part.stats
+
+    def add_part(self, part: SumPart) -> None:
+        """Add one chunk's :class:`SumPart` (formed here by :meth:`add`, or by a shard of
+        the round elsewhere at this round's clip, :attr:`clip`) to the round's sum and
+        figures. The float64 sum and the float figures are accumulated chunk by chunk in
+        the order the parts arrive, so parts added in the round's chunk order give the
+        same bits wherever each was formed (docs/guide.md, "One run across a Ray
+        cluster")."""
+        if part.clip != self.clip:
+            raise ValueError(f"a part clipped at {part.clip} added to a round clipping at "
+                             f"{self.clip}")
+        stats = part.stats
         if self.adaptive is not None:
             self._centred_count += float((stats.norms <= self.clip).sum()) - 0.5 * len(
                 stats.norms)
-        part = clipped.sum(dim=0, keepdim=True)  # (1, ...): shaped like one upload
-        self._sum = part if self._sum is None else self._sum.add_(part)
-        k = int(clipped.shape[0])
+        self._sum = part.total if self._sum is None else self._sum.add_(part.total)
+        k = part.k
         self.stats.n_clients += k
         self.stats.n_clipped += stats.fraction_clipped * k
         if k:
             self.stats.norm_sum += stats.mean_norm * k
-        return stats
 
     def release(self, base: torch.Tensor) -> torch.Tensor:
         """The new encoded global: ``base`` (what every client was sent) + noisy mean delta.

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from .accounting import CentralBounds, RoundMechanism, compose, dpfedavg_bounds
-from .central import SecureSum, poisson_participants
+from .central import SecureSum, SumPart, poisson_participants
 from .config import PrivacyConfig
 from .ledger import PrivacyLedger
 from .mech.base import Mechanism
@@ -221,6 +221,22 @@ class PrivacyLayer:
         if np.asarray(clients).shape != (local.shape[0],):
             raise ValueError("clients must align with the tables' leading axis")
         self.secure.add(sent, local)
+
+    def contribute_part(self, part: SumPart, clients: np.ndarray) -> None:
+        """A central mechanism: add one chunk's share of the secure sum formed elsewhere (a
+        shard of the round, :mod:`fedem_private.simulation.shards`) at :attr:`sum_clip`;
+        parts added in the round's chunk order give the sum :meth:`contribute` would."""
+        assert self.secure is not None, "contribute_part() is for central mechanisms"
+        if np.asarray(clients).shape != (part.k,):
+            raise ValueError("clients must align with the part's clients")
+        self.secure.add_part(part)
+
+    @property
+    def sum_clip(self) -> float:
+        """A central mechanism: the clip C this round's contributions are clipped at (it
+        moves between rounds under adaptive clipping)."""
+        assert self.secure is not None, "sum_clip is for central mechanisms"
+        return self.secure.clip
 
     def release_aggregate(self, base: torch.Tensor) -> torch.Tensor:
         """cdp-gaussian: the round's new encoded global, ``base`` (the encoded table every

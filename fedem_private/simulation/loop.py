@@ -95,6 +95,7 @@ from fedem_private.server.options import (
 )
 from fedem_private.server.pretrain import pretrain_items
 from fedem_private.simulation.config import SGD_FIELDS, RunConfig, with_cohort
+from fedem_private.simulation.shards import ShardExecutor, check_shardable, run_sharded
 from fedem_private.simulation.view import RunView, read_only
 
 SERVER = 1 << 40  # client id used to key the server's own random draws
@@ -448,6 +449,9 @@ class Simulation:
         self.observers: list[Callable[[ChunkView], None]] = []
         # under a central mechanism, called once per round with the released aggregate
         self.aggregate_observers: list[Callable[[AggregateView], None]] = []
+        # issue 66 item 4: where the round's clients are computed in shards (shard()); None:
+        # here, chunk by chunk
+        self.shards: ShardExecutor | None = None
         if self.cfg.privacy.clip_auto:
             self._auto_clip()
         #: what the harness (recording, summaries, benchmarks) reads of the run
@@ -455,7 +459,7 @@ class Simulation:
 
     # the harness's attachments, left out of a pickled simulation (checkpoints) and made
     # afresh when it is read back: the view's accessors are closures over the live run
-    _UNPICKLED = ("view", "observers", "aggregate_observers")
+    _UNPICKLED = ("view", "observers", "aggregate_observers", "shards")
 
     def __getstate__(self) -> dict[str, object]:
         """The run's state for a checkpoint (:mod:`fedem_private.experiments.checkpoint`):
@@ -466,6 +470,7 @@ class Simulation:
         self.__dict__.update(state)
         self.observers = []
         self.aggregate_observers = []
+        self.shards = None  # an executor is the harness's, attached afresh (shard())
         self.view = self._make_view()
 
     def _make_view(self) -> RunView:
@@ -490,6 +495,14 @@ class Simulation:
             self.observers.append(on_chunk)
         if on_aggregate is not None:
             self.aggregate_observers.append(on_aggregate)
+
+    def shard(self, executor: ShardExecutor | None) -> None:
+        """Compute each round's clients in shards through ``executor`` (None: here again);
+        the results are the same bits (:mod:`fedem_private.simulation.shards`). Refused, in
+        one line, where a round cannot be sharded exactly (``shards.check_shardable``)."""
+        if executor is not None:
+            check_shardable(self)
+        self.shards = executor
 
     def _auto_clip(self) -> None:
         """``--clip auto``: the DP warm-up of :mod:`fedem_private.privacy.clip_auto`.
@@ -699,12 +712,17 @@ class Simulation:
         the round's clients send -> merge -> train -> encode -> upload (privatise,
         aggregate, observe; :attr:`uploads`), then the server's end of the round."""
         rnd = self._begin_round()
-        for chunk in self._chunks(rnd.clients, rnd.t):
-            work = self._send(rnd, chunk)
-            self._merge(rnd, work)
-            self._train(rnd, work)
-            self._encode(rnd, work)
-            self.uploads.upload(rnd, work)
+        if self.shards is not None:
+            # sharded (central mechanisms only): the same chunks computed by the shards,
+            # their secure-sum parts added here in this loop's chunk order (shards.py)
+            run_sharded(self, rnd, self.shards)
+        else:
+            for chunk in self._chunks(rnd.clients, rnd.t):
+                work = self._send(rnd, chunk)
+                self._merge(rnd, work)
+                self._train(rnd, work)
+                self._encode(rnd, work)
+                self.uploads.upload(rnd, work)
         self.uploads.finish(rnd)
         self._end_round(rnd)
         return self._round_stats(rnd)
