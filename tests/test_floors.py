@@ -120,6 +120,12 @@ def test_sweep_references_run_the_matched_floor_at_each_epsilon_and_report_it(tm
     text = (tmp_path / "rep" / "report.md").read_text()
     assert "vs DP-MostPop" in text and "The ladder without privacy" in text
     assert "interaction-local 0." in text and "central 0." in text  # both judged
+    # issue 67: the second pass resumes every point, the references included
+    assert run_sweep(str(spec), str(tmp_path / "out"), jobs=1) == 0
+    from fedem_private.experiments.sweep import point_state
+
+    for p in grid(load_spec(str(spec))):
+        assert point_state(tmp_path / "out" / p.name, p.digest(False), ()) == "done", p.name
 
 
 def test_beating_a_floor_at_chance_is_not_a_finding():

@@ -151,13 +151,17 @@ def run_point(point: GridPoint, root: Path, step: AttackStep | None,
                        "in the way; --force replaces it")
     t0 = time.perf_counter()
 
-    def setup(sim: Any, path: Path) -> None:
+    def mark(path: Path) -> None:
+        """The point's sweep_point.json: what a later pass compares (its digest)."""
         info = {"name": point.name, "variant": point.variant, "digest": digest,
                 "recording": recording, "attacks": list(point.attacks)}
         if recording:
             info.update(record_rounds=list(point.record_rounds),
                         record_clients=point.record_clients)
         (path / POINT_FILE).write_text(json.dumps(json_safe(info), indent=2) + "\n")
+
+    def setup(sim: Any, path: Path) -> None:
+        mark(path)
         if recording:
             assert step is not None
             step.record(sim, path, point.record_rounds, point.record_clients)
@@ -174,6 +178,8 @@ def run_point(point: GridPoint, root: Path, step: AttackStep | None,
             # --force also removes a checkpoint of another config in the point's way
             runner.execute(config, out, force=force or state == "stale", setup=setup,
                            checkpoint=checkpoint)
+            if not (out / POINT_FILE).is_file():  # a baseline runs no setup hook: the
+                mark(out)  # reference points were written unmarked and never resumed
         if recording:
             assert step is not None
             step.attack(out, point.attacks)
