@@ -151,3 +151,25 @@ def test_negatives_read_only_the_rows_of_the_users_drawn_for():
     for j, (user, draw) in enumerate(zip(users, u, strict=True)):
         allowed = np.setdiff1d(np.arange(m), rows[user])
         assert got[j] == allowed[min(int(draw * allowed.shape[0]), allowed.shape[0] - 1)]
+
+
+def test_a_csv_with_a_byte_order_mark_loads_and_what_is_set_aside_is_said(tmp_path, capsys):
+    """Issue 67: a UTF-8 byte-order mark (as spreadsheet programs write it) is not part of
+    the first column's name, and merged duplicates and dropped users are said, with counts."""
+    import json
+    import random
+
+    from fedem_private.cli import main
+
+    rnd = random.Random(0)
+    lines = ["\ufeffuser,item"] + [f"u{u},i{i}" for u in range(30)
+                                   for i in rnd.sample(range(40), 6)]
+    lines += [lines[1], lines[2], "solo,i1"]  # two repeated rows, a user with one row
+    path = tmp_path / "bom.csv"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert main(["run", "--dataset", "csv", "--data-dir", str(path), "--rounds", "1",
+                 "--out", str(tmp_path / "run")]) == 0
+    err = capsys.readouterr().err
+    assert "2 repeated (user, item) rows merged" in err and "1 users with fewer than 3" in err
+    data = json.loads((tmp_path / "run" / "summary.json").read_text())["data"]
+    assert data["duplicates_merged"] == 2 and data["users_dropped"] == 1

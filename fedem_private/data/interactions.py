@@ -38,6 +38,8 @@ class Interactions:
     user_ids: np.ndarray
     item_ids: np.ndarray
     demographics: dict[str, np.ndarray] = field(default_factory=dict)
+    # repeated (user, item) rows the loader merged (the latest kept), said on the console
+    duplicates: int = 0
     public_catalogue: bool = False
 
     @property
@@ -89,7 +91,8 @@ def from_raw(name: str, raw_users: np.ndarray, raw_items: np.ndarray,
     for attr, mapping in (demographics or {}).items():
         demo[attr] = np.array([mapping.get(u, -1) for u in user_ids.tolist()], dtype=np.int64)
     return Interactions(name, users, items, ts, len(user_ids), len(item_ids), user_ids, item_ids,
-                        demo, public_catalogue=catalogue is not None)
+                        demo, duplicates=int(len(pair) - len(keep)),
+                        public_catalogue=catalogue is not None)
 
 
 def _in_catalogue(name: str, raw_items: np.ndarray, catalogue: np.ndarray

@@ -46,6 +46,12 @@ def _require_file(directory: Path, filename: str, dataset: str) -> Path:
     return path
 
 
+def _has_bom(path: Path) -> bool:
+    """Whether the file starts with UTF-8's byte-order mark (then it is UTF-8)."""
+    with path.open("rb") as fh:
+        return fh.read(3) == b"\xef\xbb\xbf"
+
+
 def _read_table(path: Path, dataset: str, sep: str, names: list[str], numeric: list[str],
                 header: int | None = None, usecols: list[int] | None = None,
                 min_cols: int | None = None) -> pd.DataFrame:
@@ -56,7 +62,7 @@ def _read_table(path: Path, dataset: str, sep: str, names: list[str], numeric: l
         engine = "c" if len(sep) == 1 else "python"
         df = pd.read_csv(path, sep=sep, header=header, names=None, engine=engine,
                          dtype=str, keep_default_na=False, skip_blank_lines=True,
-                         encoding="latin-1",
+                         encoding="utf-8-sig" if _has_bom(path) else "latin-1",
                          quoting=csv.QUOTE_NONE)
     except pd.errors.EmptyDataError as exc:
         raise UserError(f"dataset {dataset}: file is empty: {path}") from exc
@@ -349,7 +355,9 @@ def load_csv(path: Path, min_rating: float | None = None) -> Interactions:
     rating, when present, must be a number on every row; so must the timestamp.
     """
     path = _csv_path(Path(path))
-    with path.open(encoding="utf-8", errors="replace") as fh:
+    # utf-8-sig: a byte-order mark, as spreadsheet programs write it, is not part of the
+    # first column's name (issue 67)
+    with path.open(encoding="utf-8-sig", errors="replace") as fh:
         lines = [line for line in (fh.readline(), fh.readline()) if line.strip()]
     first = lines[0].strip().split(",") if lines else []
     second = lines[1].strip().split(",") if len(lines) > 1 else None

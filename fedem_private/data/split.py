@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -39,6 +40,7 @@ class Split:
     dropped_users: int
     source_users: np.ndarray = None  # type: ignore[assignment]  # filled in __post_init__
     source_items: np.ndarray = None  # type: ignore[assignment]  # filled in __post_init__
+    duplicates: int = 0  # repeated (user, item) rows the loader merged before the split
 
     def __post_init__(self) -> None:
         if self.source_users is None:
@@ -118,7 +120,8 @@ def leave_one_out(data: Interactions, seed: int, min_interactions: int = 3,
     indptr = np.zeros(kept.shape[0] + 1, dtype=np.int64)
     indptr[1:] = np.cumsum(np.bincount(tu, minlength=kept.shape[0]))
     return Split(kept.shape[0], data.n_items, indptr, ti.astype(np.int64), val.astype(np.int64),
-                 test.astype(np.int64), kept, dropped, data.user_keys[kept], data.item_keys)
+                 test.astype(np.int64), kept, dropped, data.user_keys[kept], data.item_keys,
+                 duplicates=data.duplicates)
 
 
 def _check_items_left(data: Interactions, counts: np.ndarray, keep_user: np.ndarray) -> None:
@@ -187,3 +190,18 @@ def evaluation_exclusion_csr(split: Split) -> tuple[np.ndarray, np.ndarray]:
     full ranking and by the strict protocol's sampled candidates.
     """
     return _union_csr(split, [split.val_items])
+
+
+def set_aside(split: Split, min_interactions: int) -> dict[str, Any]:
+    """What the loader and the split set aside (issue 67): repeated (user, item) rows
+    merged (the latest kept) and users dropped for having fewer than ``min_interactions``
+    interactions, with a one-line warning when either happened."""
+    merged, dropped = int(split.duplicates), int(split.dropped_users)
+    said = []
+    if merged:
+        said.append(f"{merged:,} repeated (user, item) rows merged (the latest kept)")
+    if dropped:
+        said.append(f"{dropped:,} users with fewer than {min_interactions} interactions "
+                    f"dropped (--min-user-ratings)")
+    return {"duplicates_merged": merged, "users_dropped": dropped,
+            "warning": "; ".join(said) + f"; {split.n_users:,} users kept" if said else None}
