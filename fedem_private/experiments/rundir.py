@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import json
+import errno
 import math
 import os
 import re
@@ -145,6 +146,9 @@ class RunDir:
         if self.final.is_dir() and any(self.final.iterdir()) and not force:
             raise UserError(f"output directory {self.final} already exists and is not empty; "
                             f"pass --force to replace it")
+        # what stood there when the run began: only that may be replaced (with force); a
+        # run that finished into the same folder meanwhile is never overwritten
+        self.replaces = self.final.is_dir() and any(self.final.iterdir())
         self.parent = self.final.parent
         try:
             self.parent.mkdir(parents=True, exist_ok=True)
@@ -192,6 +196,8 @@ class RunDir:
     def commit(self) -> Path:
         """Move the finished directory into place (replacing an old one last); an interrupt
         part way puts the old one back."""
+        if not self.replaces:
+            return self._commit_new()
         old = None
         try:
             if self.final.exists():
@@ -208,3 +214,25 @@ class RunDir:
             if old is not None and self.committed:
                 shutil.rmtree(old, ignore_errors=True)
         return self.final
+
+    def _commit_new(self) -> Path:
+        """Move the finished directory to a path that held nothing when the run began, by
+        one atomic rename: if another run finished into it meanwhile (two runs started
+        together with one ``--out``), this run's results go to the first free ``-2``,
+        ``-3``, ... beside it and the run stops with one line saying where (issue 67)."""
+        target = self.final
+        for n in range(2, 1000):
+            try:
+                os.rename(self.path, target)
+                self.committed = True
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise
+                target = self.final.with_name(f"{self.final.name}-{n}")
+        else:  # pragma: no cover - a thousand runs into one folder at once
+            raise UserError(f"output directory {self.final} and its -2 to -999 are taken")
+        if target != self.final:
+            raise UserError(f"another run finished into {self.final} while this one ran; "
+                            f"this run's results are in {target}")
+        return target
