@@ -96,12 +96,15 @@ def test_a_secure_sum_of_parts_is_the_sum_of_chunks() -> None:
         other.add_part(sum_part(*chunks[0], 2.0))
 
 
-@pytest.mark.parametrize("method", ["fedmf", "fedncf"])  # fedncf: dense groups (an MLP)
-def test_in_process_shards_give_the_one_process_run(split, method: str) -> None:
-    a = Simulation(_cfg(method), split)
+# fedncf: dense groups (an MLP); clip_quantile: adaptive clipping moves C between rounds
+@pytest.mark.parametrize(("method", "privacy"), [("fedmf", {}), ("fedncf", {}),
+                                                 ("fedmf", {"clip_quantile": 0.5})])
+def test_in_process_shards_give_the_one_process_run(split, method: str,
+                                                    privacy: dict[str, float]) -> None:
+    a = Simulation(_cfg(method, **privacy), split)
     assert len(list(a._chunks(a.participants(1), 1))) >= 4  # several chunks per shard
     ha = a.run()
-    b = Simulation(_cfg(method), split)
+    b = Simulation(_cfg(method, **privacy), split)
     b.shard(InProcessShards(b, 3))
     hb = b.run()
     _assert_same_run(a, ha, b, hb)
@@ -123,6 +126,12 @@ def test_what_cannot_be_sharded_exactly_is_refused(split) -> None:
     with pytest.raises(UserError, match="client-tables global"):
         sim = Simulation(_cfg(tables="kept"), split)
         sim.shard(InProcessShards(sim, 2))
+    from fedem_private.experiments.ray_shards import shard_options
+
+    assert shard_options(None, None) is None
+    assert shard_options("auto", 3) == {"shards": 3, "address": "auto"}
+    with pytest.raises(UserError, match="give --ray-shards"):
+        shard_options("auto", None)
 
 
 @needs_ray
