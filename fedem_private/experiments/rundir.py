@@ -14,8 +14,8 @@ run of the same directory).
 from __future__ import annotations
 
 import csv
-import json
 import errno
+import json
 import math
 import os
 import re
