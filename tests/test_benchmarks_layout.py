@@ -8,7 +8,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
-TOPICS = {"utility", "privacy", "attacks", "reproduction", "speed"}
+TOPICS = {"utility", "privacy", "attacks", "reproduction", "speed", "population"}
 SPECS = sorted((BENCH / "specs").rglob("*.toml"))
 
 
