@@ -44,11 +44,16 @@ NAMES = {"fedmf": "FedMF", "pfedrec": "PFedRec", "cdp-gaussian": "DP-FedAvg",
          "dp-ftrl": "DP-FTRL"}
 
 
-def tuned(method: str) -> dict[str, Any]:
-    """The kept keys of ``method``'s eps-4 ML-100K settings (:data:`TUNED`)."""
-    values = tomllib.loads(Path(TUNED.format(method=method)).read_text())
+def tuned(method: str, path: str | None = None) -> dict[str, Any]:
+    """The kept keys of ``method``'s settings: its eps-4 ML-100K ones (:data:`TUNED`), or
+    those of ``path`` (``--settings``: e.g. a tuning on a calibrated population's validation
+    item), whose cohort and fine-tune epochs then replace ``--cohort`` and ``--finetune``."""
+    values = tomllib.loads(Path(path or TUNED.format(method=method)).read_text())
+    keep = dict(KEPT)
+    if path is not None:
+        keep["train"] = (*KEPT["train"], "cohort_size", "eval_finetune")
     return {section: {k: values[section][k] for k in keys if k in values.get(section, {})}
-            for section, keys in KEPT.items()}
+            for section, keys in keep.items()}
 
 
 def rungs(n: int, seed: int, args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
@@ -64,10 +69,10 @@ def rungs(n: int, seed: int, args: argparse.Namespace) -> list[tuple[str, dict[s
             "data": data, "train": common, "federation": {"method": "dp-mostpop"},
             "baseline": {"architecture": "central", "epsilon": eps, "k": 50}}))
     for method in args.methods:
-        base = tuned(method)
-        train = {**base["train"], **common, "eval_every": base["train"]["rounds"],
-                 "cohort_size": min(args.cohort, n), "client_tables": "global",
-                 "eval_finetune": args.finetune}
+        base = tuned(method, args.settings.get(method))
+        train = {"cohort_size": args.cohort, "eval_finetune": args.finetune, **base["train"],
+                 **common, "eval_every": base["train"]["rounds"], "client_tables": "global"}
+        train["cohort_size"] = min(train["cohort_size"], n)
         fed = base["federation"]
         out.append((f"{method}-none-seed{seed}", {"data": data, "train": train,
                                                    "federation": fed}))
@@ -195,9 +200,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", default="../shared/datasets/ml-100k")
     parser.add_argument("--runs", default="runs/population")
     parser.add_argument("--out", default="benchmarks/results/population")
+    parser.add_argument("--settings", nargs="+", default=[], metavar="METHOD=FILE",
+                        help="a method's settings from FILE (a tune's best.toml) instead of "
+                        "its eps-4 ML-100K ones; its cohort and fine-tune epochs too")
     parser.add_argument("--only-table", action="store_true",
                         help="write study.csv, .md and .png from the finished runs")
     args = parser.parse_args(argv)
+    args.settings = dict(spec.split("=", 1) for spec in args.settings)
     import pandas as pd
 
     rows = []
