@@ -87,11 +87,26 @@ def float64():
     torch.set_default_dtype(old)
 
 
+def _skip_reason(report) -> str:
+    """A skipped test's reason, without pytest's "Skipped: " prefix."""
+    longrepr = report.longrepr
+    text = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    return text.removeprefix("Skipped: ")
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
-    """Once per run: which real-data tests were skipped, and why."""
+    """Once per run: every skip counted by its reason (a GPU, an optional package, a
+    dataset), then which real-data tests were skipped, and why."""
+    from collections import Counter
+
+    tr = terminalreporter
+    reasons = Counter(_skip_reason(r) for r in tr.stats.get("skipped", []))
+    if reasons:
+        tr.section("skipped, by reason")
+        for reason, count in reasons.most_common():
+            tr.write_line(f"{count:3d} skipped: {reason}")
     if not SKIPPED:
         return
-    tr = terminalreporter
     tr.section("real-data tests skipped")
     for name, tests in sorted(SKIPPED.items()):
         tr.write_line(f"{len(tests)} skipped: dataset {name} is not in {SHARED} nor in the "
