@@ -173,3 +173,19 @@ def test_a_csv_with_a_byte_order_mark_loads_and_what_is_set_aside_is_said(tmp_pa
     assert "2 repeated (user, item) rows merged" in err and "1 users with fewer than 3" in err
     data = json.loads((tmp_path / "run" / "summary.json").read_text())["data"]
     assert data["duplicates_merged"] == 2 and data["users_dropped"] == 1
+
+
+def test_a_cohort_runs_config_toml_repeats_the_run(tmp_path):
+    """config.toml records the cohort as given, not the rate derived from it, so the run
+    directory's config runs again (it had recorded both, which the config refuses)."""
+    from fedem_private.experiments.runner import execute
+    from fedem_private.simulation.config import load_toml
+
+    cfg = RunConfig(data=DataConfig(synthetic=SYN),
+                    train=TrainConfig(rounds=1, local_epochs=1, dim=4, cohort_size=9),
+                    federation=FederationConfig(method="fedmf"),
+                    privacy=PrivacyConfig(mode="cdp-gaussian", noise_multiplier=1.0, clip=1.0))
+    first = execute(cfg, tmp_path / "a")
+    again = load_toml(tmp_path / "a" / "config.toml")
+    assert again.privacy.sample_rate == 1.0 and again.train.cohort_size == 9
+    assert execute(again, tmp_path / "b")["metrics"] == first["metrics"]

@@ -277,7 +277,7 @@ def execute(cfg: RunConfig, out: str | Path,
             raise UserError(f"{checkpoint.path}: a resumed run cannot record what the server "
                             f"saw (the recording would miss rounds 1-{resumed.round}); "
                             f"remove the checkpoint to run afresh")
-        writer.write_text("config.toml", to_toml(to_dict(sim.view.cfg)))
+        writer.write_text("config.toml", to_toml(to_dict(sim.config)))
         if on_start is not None:
             on_start(sim)
         try:

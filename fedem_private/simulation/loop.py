@@ -406,7 +406,10 @@ class Simulation:
     def __init__(self, cfg: RunConfig, split: Split, *, dataset_name: str | None = None,
                  demographics: dict[str, np.ndarray] | None = None,
                  item_features: np.ndarray | None = None) -> None:
-        self.cfg = with_cohort(cfg.validate().resolved(), split.n_users)
+        #: the configuration as given (what a run directory's config.toml records, so the
+        #: run can be repeated); ``cfg`` adds what it derives, the cohort's rate
+        self.config = cfg.validate().resolved()
+        self.cfg = with_cohort(self.config, split.n_users)
         self.split = split
         self.dataset_name = dataset_name or self.cfg.data.dataset
         self.demographics = demographics or {}
