@@ -78,7 +78,8 @@ def rungs(n: int, seed: int, args: argparse.Namespace) -> list[tuple[str, dict[s
                                                    "federation": fed}))
         for mech in args.mechanisms:
             for eps in args.epsilons:
-                privacy = {"mode": mech, "epsilon": eps, "delta": 1e-5, **base["privacy"]}
+                privacy = {"mode": mech, "epsilon": eps, "delta": 1e-5, **base["privacy"],
+                           **({"clip": args.clip} if args.clip else {})}
                 out.append((f"{method}-{mech}-eps{eps:g}-seed{seed}", {
                     "data": data, "train": train, "federation": fed, "privacy": privacy}))
     return out
@@ -203,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settings", nargs="+", default=[], metavar="METHOD=FILE",
                         help="a method's settings from FILE (a tune's best.toml) instead of "
                         "its eps-4 ML-100K ones; its cohort and fine-tune epochs too")
+    parser.add_argument("--clip", type=float, default=None,
+                        help="every private rung's clip (default: the settings file's)")
     parser.add_argument("--only-table", action="store_true",
                         help="write study.csv, .md and .png from the finished runs")
     args = parser.parse_args(argv)
