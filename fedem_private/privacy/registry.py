@@ -25,10 +25,6 @@ BUILTIN: dict[str, str] = {
     "ldp-touched-rows": "touched_rows",
     "cdp-gaussian": "cdp_gaussian",
     "ldp-dpsgd": "ldp_dpsgd",
-}
-# mechanisms added after the first seven, loaded with them and listed after them in this
-# fixed order (kept apart so that BUILTIN stays the original seven): name -> module
-ADDED: dict[str, str] = {
     "dp-ftrl": "dp_ftrl",
 }
 
@@ -55,7 +51,7 @@ def register(cls: M) -> M:
 
 def unregister(name: str) -> None:
     """Forget the mechanism ``name`` (tests' toy mechanisms); built-ins stay."""
-    if name not in BUILTIN and name not in ADDED:
+    if name not in BUILTIN:
         _REGISTRY.pop(name, None)
 
 
@@ -63,16 +59,15 @@ def _load_builtins() -> None:
     global _loaded
     if not _loaded:
         _loaded = True
-        for module in (*BUILTIN.values(), *ADDED.values()):
+        for module in BUILTIN.values():
             importlib.import_module(f"fedem_private.privacy.mech.{module}")
 
 
 def names() -> tuple[str, ...]:
-    """Every registered mechanism's name: the built-ins in order, the added ones in order,
-    then the others."""
+    """Every registered mechanism's name: the built-ins in order, then the others."""
     _load_builtins()
-    extra = tuple(n for n in _REGISTRY if n not in BUILTIN and n not in ADDED)
-    return tuple(BUILTIN) + tuple(ADDED) + extra
+    extra = tuple(n for n in _REGISTRY if n not in BUILTIN)
+    return tuple(BUILTIN) + extra
 
 
 def lookup(name: object) -> type[Mechanism] | None:
