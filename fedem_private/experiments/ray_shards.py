@@ -25,6 +25,7 @@ from fedem_private.simulation.config import RunConfig
 from fedem_private.simulation.loop import Simulation
 from fedem_private.simulation.shards import (
     ChunkResult,
+    ShardRunner,
     ShardTask,
     check_shardable,
     run_shard,
@@ -45,7 +46,7 @@ class ShardWorker:
         return run_shard(self.sim, task)
 
 
-class RayShards:
+class RayShards(ShardRunner):
     """A :class:`~fedem_private.simulation.shards.ShardExecutor` over ``shards`` Ray actors
     (1 CPU each, never restarted: a lost actor fails the run). Needs an open
     :func:`~fedem_private.experiments.ray_tasks.ray_session`."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
@@ -23,8 +23,12 @@ from fedem_private.privacy.config import PrivacyConfig
 from fedem_private.privacy.mech.base import Mechanism
 from fedem_private.privacy.registry import mechanism_for
 
-if TYPE_CHECKING:
-    from fedem_private.privacy.ftrl import FtrlPlan
+
+class LoggedPlan(Protocol):
+    """What params needs of a mechanism's own plan (dp-ftrl's ``ftrl.FtrlPlan``): its log
+    entry. A protocol, so that params imports no mechanism's module back."""
+
+    def as_log(self) -> dict[str, float | int]: ...
 
 
 @dataclass(frozen=True)
@@ -83,7 +87,7 @@ class MechanismParams:
     # dp-ftrl (privacy/ftrl.py): the tree and cyclic-cohort pattern it is accounted for;
     # ``noise_scale`` is then every node's std sigma, ``noise_multiplier`` the whole
     # release's accounted z = sigma / (C sqrt(r k_max)) and ``sample_rate`` 1/G
-    ftrl: FtrlPlan | None = None
+    ftrl: LoggedPlan | None = None
 
     @property
     def adaptive_clip(self) -> bool:

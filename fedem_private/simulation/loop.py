@@ -61,6 +61,7 @@ import functools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -95,7 +96,6 @@ from fedem_private.server.options import (
 )
 from fedem_private.server.pretrain import pretrain_items
 from fedem_private.simulation.config import SGD_FIELDS, RunConfig, with_cohort
-from fedem_private.simulation.shards import ShardExecutor, check_shardable, run_sharded
 from fedem_private.simulation.view import RunView, read_only
 
 SERVER = 1 << 40  # client id used to key the server's own random draws
@@ -202,6 +202,17 @@ def _check_state_fits(cfg: RunConfig, n: int, q0: torch.Tensor, store: torch.dty
         f"{m:,} items x {d} x {torch.empty((), dtype=store).element_size()} B = "
         f"{hostmem.gib(need)} of state, and {hostmem.gib(free)} is free on {device.type}; "
         f"use fewer users, --state-dtype bfloat16, or a smaller --dim")
+
+
+class RoundSharding(Protocol):
+    """How a run computes its rounds' clients elsewhere (:meth:`Simulation.shard`):
+    ``simulation/shards.py``'s executors, which use this module, never the reverse."""
+
+    def check(self, sim: Simulation) -> None:
+        """Refuse, in one line, a run whose rounds cannot be sharded exactly."""
+
+    def run(self, sim: Simulation, rnd: RoundWork) -> None:
+        """Round ``rnd``'s clients: their secure-sum parts added here in chunk order."""
 
 
 @dataclass
@@ -454,7 +465,7 @@ class Simulation:
         self.aggregate_observers: list[Callable[[AggregateView], None]] = []
         # issue 66 item 4: where the round's clients are computed in shards (shard()); None:
         # here, chunk by chunk
-        self.shards: ShardExecutor | None = None
+        self.shards: RoundSharding | None = None
         if self.cfg.privacy.clip_auto:
             self._auto_clip()
         #: what the harness (recording, summaries, benchmarks) reads of the run
@@ -499,12 +510,12 @@ class Simulation:
         if on_aggregate is not None:
             self.aggregate_observers.append(on_aggregate)
 
-    def shard(self, executor: ShardExecutor | None) -> None:
+    def shard(self, executor: RoundSharding | None) -> None:
         """Compute each round's clients in shards through ``executor`` (None: here again);
         the results are the same bits (:mod:`fedem_private.simulation.shards`). Refused, in
         one line, where a round cannot be sharded exactly (``shards.check_shardable``)."""
         if executor is not None:
-            check_shardable(self)
+            executor.check(self)
         self.shards = executor
 
     def _auto_clip(self) -> None:
@@ -718,7 +729,7 @@ class Simulation:
         if self.shards is not None:
             # sharded (central mechanisms only): the same chunks computed by the shards,
             # their secure-sum parts added here in this loop's chunk order (shards.py)
-            run_sharded(self, rnd, self.shards)
+            self.shards.run(self, rnd)
         else:
             for chunk in self._chunks(rnd.clients, rnd.t):
                 work = self._send(rnd, chunk)

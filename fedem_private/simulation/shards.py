@@ -207,7 +207,20 @@ def run_sharded(sim: Simulation, rnd: RoundWork, executor: ShardExecutor) -> Non
     apply_results(sim, rnd, [r for shard in results for r in shard])
 
 
-class InProcessShards:
+class ShardRunner:
+    """What every executor adds to its :class:`ShardExecutor` side, and all a
+    :class:`~fedem_private.simulation.loop.Simulation` calls (its ``RoundSharding``): the
+    run checked once (:func:`check_shardable`) and each round's clients run in shards
+    (:func:`run_sharded`). The loop imports nothing of this module: doors open one way."""
+
+    def check(self, sim: Simulation) -> None:
+        check_shardable(sim)
+
+    def run(self, sim: Simulation, rnd: RoundWork) -> None:
+        run_sharded(sim, rnd, self)  # type: ignore[arg-type]  # an executor with this mixin
+
+
+class InProcessShards(ShardRunner):
     """A :class:`ShardExecutor` running the shards one after another in this process, each
     on its own worker simulation of the run's config and split (the reference for the
     Ray executor, and for tests without Ray)."""
