@@ -21,7 +21,7 @@ MostPop's and EASE's full HR@10 are the fit's calibration targets (on other seed
 draws its own); chance, the sampled metrics and the federated rungs are out of sample::
 
     python -m benchmarks.probes.calibration --source ml-100k \\
-        --data-dir /work/shared/datasets/ml-100k --seeds 0 1 2
+        --data-dir ../shared/datasets/ml-100k --seeds 0 1 2
 
 Prints the model's hash, a markdown table and a final JSON line.
 """

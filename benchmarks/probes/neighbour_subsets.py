@@ -1,6 +1,6 @@
 """How far apart DP-MostPop's k-clipped counts are on two neighbouring real datasets.
 
-    python -m benchmarks.probes.neighbour_subsets [--data-dir /work/shared/datasets/ml-100k]
+    python -m benchmarks.probes.neighbour_subsets [--data-dir ../shared/datasets/ml-100k]
         [--removals 30] [--k 50] [--seed 0] [--derived-catalogue]
 
 DP-MostPop's ``central`` architecture (``fedem_private/baselines/popularity.py``) claims an
@@ -118,7 +118,7 @@ def measure(data_dir: Path, removals: int, k: int, seed: int,
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", type=Path, default=Path("/work/shared/datasets/ml-100k"))
+    parser.add_argument("--data-dir", type=Path, default=Path("../shared/datasets/ml-100k"))
     parser.add_argument("--removals", type=int, default=30)
     parser.add_argument("--k", type=int, default=50)
     parser.add_argument("--seed", type=int, default=0)
