@@ -84,9 +84,13 @@ def scored(split: Split, seed: int, method: str, scores: np.ndarray | None = Non
 
 def federated(path: Path, label: str, world: str, seed: int, overrides: dict[str, Any],
               out: Path) -> dict[str, float]:
-    """Full and sampled HR@10 of the config in ``path`` run on ``world`` with ``seed``."""
-    result = run(path, out / f"{label}-{world}-seed{seed}", overrides=overrides, force=True,
-                 warn=False)
+    """Full and sampled HR@10 of the config in ``path`` run on ``world`` with ``seed`` (a
+    run that finished in ``out`` is read back, not run again)."""
+    where = out / f"{label}-{world}-seed{seed}"
+    if (where / "summary.json").is_file():
+        metrics = json.loads((where / "summary.json").read_text())["metrics"]
+        return {kind: metrics[kind]["hr@10"] for kind in KINDS}
+    result = run(path, where, overrides=overrides, force=True, warn=False)
     metrics = result.summary["metrics"]
     return {kind: metrics[kind]["hr@10"] for kind in KINDS}
 
