@@ -121,16 +121,35 @@ def verdict(point: tuple[float, float], floor: tuple[float, float]) -> str:
     return "below" if gap < -2 * se else "within noise"
 
 
+def seed_means(frame: Any) -> Any:
+    """One row per (N, rung): the mean full HR@10 over seeds, its standard error and the
+    number of seeds. The standard error is the larger of the evaluation samples' (their
+    root-sum-square over the seeds, divided by the count) and the seeds' spread (standard
+    deviation, ddof 1, over sqrt(count)): with one seed only the first exists; each seed
+    draws its own population, training and evaluation users, so the spread holds every
+    source of noise, but three seeds estimate it loosely, hence the larger of the two."""
+    import pandas as pd
+
+    def one(d: Any) -> Any:
+        n = len(d)
+        se = float(math.sqrt((d.hr10_full_se ** 2).sum())) / n
+        if n > 1:
+            se = max(se, float(d.hr10_full.std(ddof=1)) / math.sqrt(n))
+        return pd.Series({"hr": float(d.hr10_full.mean()), "se": se, "seeds": n})
+
+    return frame.groupby(["users", "rung"])[["hr10_full", "hr10_full_se"]].apply(
+        one).reset_index()
+
+
 def table(frame: Any, epsilons: list[float]) -> str:
     """study.md's table: one row per (N, eps), the floor and every method's point."""
-    g = frame.groupby(["users", "rung"]).agg(
-        hr=("hr10_full", "mean"),
-        se=("hr10_full_se", lambda s: float(math.sqrt((s ** 2).sum())) / len(s))).reset_index()
+    g = seed_means(frame)
     cell = {(r.users, r.rung): (r.hr, r.se) for r in g.itertuples()}
+    seeds = {(r.users, r.rung): int(r.seeds) for r in g.itertuples()}
     federated = sorted({r for r in g.rung if r.split("-")[0] in NAMES and "-eps" in r}
                        - {r for r in g.rung if r.startswith("dp-mostpop")})
-    lines = ["| N | eps | MostPop | DP-MostPop central | rung | full HR@10 | verdict |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| N | eps | MostPop | DP-MostPop central | rung | seeds | full HR@10 | verdict |",
+             "|---|---|---|---|---|---|---|---|"]
     for n in sorted(g.users.unique()):
         for eps in epsilons:
             floor = cell.get((n, f"dp-mostpop-central-eps{eps:g}"))
@@ -140,13 +159,15 @@ def table(frame: Any, epsilons: list[float]) -> str:
                 if point is None or floor is None:
                     continue
                 lines.append(f"| {n:,} | {eps:g} | {pop[0]:.4f} ± {pop[1]:.4f} | "
-                             f"{floor[0]:.4f} ± {floor[1]:.4f} | {rung} | {point[0]:.4f} ± "
+                             f"{floor[0]:.4f} ± {floor[1]:.4f} | {rung} | "
+                             f"{seeds[(n, rung)]} | {point[0]:.4f} ± "
                              f"{point[1]:.4f} | {verdict(point, floor)} |")
         for rung in sorted({r for r in g.rung if r.endswith("-none")}):
             if (n, rung) not in cell:
                 continue
             point = cell[(n, rung)]
-            lines.append(f"| {n:,} | none | | | {rung} | {point[0]:.4f} ± {point[1]:.4f} | |")
+            lines.append(f"| {n:,} | none | | | {rung} | {seeds[(n, rung)]} | "
+                         f"{point[0]:.4f} ± {point[1]:.4f} | |")
     return "\n".join(lines) + "\n"
 
 
@@ -159,8 +180,7 @@ def plot(frame: Any, epsilons: list[float], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    g = frame.groupby(["users", "rung"]).agg(hr=("hr10_full", "mean"),
-                                             se=("hr10_full_se", "mean")).reset_index()
+    g = seed_means(frame)
     fig, axes = plt.subplots(1, len(epsilons), figsize=(4.2 * len(epsilons), 3.6),
                              sharey=True, squeeze=False)
     for ax, eps in zip(axes[0], epsilons, strict=True):
