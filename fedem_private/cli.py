@@ -353,6 +353,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_sweep_arguments(sub.add_parser("sweep", help=SWEEP_HELP, description=SWEEP_DESCRIPTION))
     add_report_arguments(sub.add_parser("report", help=REPORT_HELP,
                                         description=REPORT_DESCRIPTION))
+    from fedem_private.experiments.ladder_cli import (
+        LADDER_DESCRIPTION,
+        LADDER_HELP,
+        add_ladder_arguments,
+    )
+
+    add_ladder_arguments(sub.add_parser("ladder", help=LADDER_HELP,
+                                        description=LADDER_DESCRIPTION))
     sub.add_parser("list", help="the method presets and the parts they compose (backbones, "
                    "aggregations, merges, codecs, privacy modes, datasets, protocols, attacks), "
                    "one line each")
@@ -691,6 +699,10 @@ def _main(argv: Sequence[str] | None) -> int:
             from fedem_private.experiments.sweep_cli import run_report_from_args
 
             return run_report_from_args(args)
+        if args.command == "ladder":
+            from fedem_private.experiments.ladder_cli import run_ladder_from_args
+
+            return run_ladder_from_args(args)
         raise UserError(f"unknown command {args.command!r}")
     except UserError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
