@@ -1,0 +1,186 @@
+"""Why does elastic merging fall under ``strict``? Round-by-round diagnostics (issue 69).
+
+A run of a merging config (``--config``, e.g. a tuned FedEM file) is stepped round by round;
+every ``--every`` rounds each evaluated client is scored three ways, on its validation item
+and its test item (full ranking, the run's own candidates):
+
+- ``own``: its current model, what the run reports (Q_l after the round's local training;
+  the client's p_u and private groups);
+- ``global``: the same client's p_u with the table the server would send it next (Q_g);
+- ``start``: the table it would start the next round from, Q_l + rho (.) (Q_g - Q_l)
+  (equation 10) with its adapter as it is now (for SR this is Q_g).
+
+and the drift of Q_l from Q_g is measured per client, relative to Q_g's norm, over all items
+and over the client's own training items (the rows its local training moves). One CSV row
+per (seed, round, view)::
+
+    python -m benchmarks.probes.em_diagnostics \\
+        --config benchmarks/results/ladder/tuning/fedem-filmtrust-best.toml \\
+        --data-dir ../shared/datasets/filmtrust --seeds 0 1 2 --every 10 \\
+        --set train.local_epochs=4 --label epochs4 --out runs/em-diag/filmtrust.csv
+
+The probe looks inside the simulation on purpose (a probe, benchmarks/README.md): the
+views are not released values and nothing here is private.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedem_private.api import resolve_config
+from fedem_private.client.merging import merge_with_rho, take_clients
+from fedem_private.errors import UserError
+from fedem_private.evaluation.metrics import RankAccumulator
+from fedem_private.experiments.runner import prepare
+
+VIEWS = ("own", "global", "start")
+
+
+def _value(text: str) -> Any:
+    """A ``--set`` value as TOML reads it (``4``, ``0.1``, ``"em"``, ``true``); bare words
+    are strings."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def view_params(sim: Any, view: str, idx: torch.Tensor) -> Any:
+    """Clients ``idx``'s params with the item table of ``view`` (:data:`VIEWS`)."""
+    params = sim.state.params(idx)
+    if view == "own":
+        return params
+    sent = sim.aggregator.sent(idx)
+    if sent is None:  # an aggregator that sends nothing (local): the own table
+        return params
+    sent = sent.to(params.items.dtype)
+    if view == "global":
+        params.items = sent
+        return params
+    merger = sim.merger
+    chunk = take_clients(merger.state, idx) if merger.state is not None else None
+    params.items = merge_with_rho(merger.cfg, chunk, params.items, sent)[0]
+    return params
+
+
+def drift(sim: Any, users: np.ndarray, idx: torch.Tensor) -> tuple[float, float, float]:
+    """Mean over ``users`` of ||Q_l - Q_g|| / ||Q_g|| over all items, over the user's own
+    training items, and the mean rho the adapter would use now (1 for SR)."""
+    own = sim.state.params(idx).items
+    sent = sim.aggregator.sent(idx)
+    if sent is None:
+        return float("nan"), float("nan"), float("nan")
+    sent = sent.to(own.dtype)
+    diff = own - sent
+    every = (diff.norm(dim=(1, 2)) / sent.norm(dim=(1, 2)).clamp_min(1e-12)).mean()
+    split = sim.split
+    ratios = []
+    for row, u in enumerate(users):
+        items = torch.as_tensor(split.train_items[split.train_indptr[u]:split.train_indptr[u + 1]])
+        if items.numel():
+            ratios.append(float(diff[row, items].norm() / sent[row, items].norm().clamp_min(1e-12)))
+    merger = sim.merger
+    chunk = take_clients(merger.state, idx) if merger.state is not None else None
+    rho = merge_with_rho(merger.cfg, chunk, own, sent)[1].float().mean()
+    return float(every), float(np.mean(ratios)) if ratios else float("nan"), float(rho)
+
+
+def diagnose(sim: Any) -> list[dict[str, float | str]]:
+    """One row per view: validation and test full HR@10 of every evaluated client, and the
+    drift figures (the same on every row)."""
+    chosen = sim.eval_sample()
+    accs = {v: RankAccumulator(sim.split.n_users) for v in VIEWS}
+    sums = np.zeros(3)
+    size = max(1, sim._chunk_size())
+    with torch.no_grad():
+        for start in range(0, chosen.shape[0], size):
+            users = chosen[start:start + size]
+            idx = sim._index(users)
+            for view in VIEWS:
+                accs[view].add_scores(users, sim.backbone.scores(view_params(sim, view, idx)),
+                                      sim.eval_sets)
+            sums += np.asarray(drift(sim, users, idx)) * users.shape[0]
+    d_all, d_own, rho = sums / chosen.shape[0]
+    rows = []
+    for view, acc in accs.items():
+        res = acc.result()
+        rows.append({"view": view, "val_full_hr10": res.get("val_full", {}).get("hr@10"),
+                     "test_full_hr10": res["full"]["hr@10"], "drift_all": d_all,
+                     "drift_own": d_own, "rho_now": rho})
+    return rows
+
+
+def run_one(args: argparse.Namespace, seed: int) -> list[dict[str, Any]]:
+    """The rows of one seed (written together, so a killed seed is run again whole)."""
+    overrides = {"train.seed": seed, "train.select_round": "best-val-full",
+                 "train.eval_every": args.every}
+    if args.data_dir:
+        overrides["data.data_dir"] = args.data_dir
+    if args.rounds:
+        overrides["train.rounds"] = args.rounds
+    overrides.update({k: _value(v) for k, v in (s.split("=", 1) for s in args.set)})
+    cfg = resolve_config(args.config, overrides)
+    sim = prepare(cfg)
+    t0 = time.perf_counter()
+    rows = []
+    while sim.state.round < cfg.train.rounds:
+        stats = sim.step()
+        if stats.round % args.every == 0 or stats.round == 1:
+            rows += [{"label": args.label, "seed": seed, "round": stats.round, **r,
+                      "rho_mean_round": stats.merge.get("rho_mean"),
+                      "seconds": round(time.perf_counter() - t0, 1)} for r in diagnose(sim)]
+            own = next(r for r in rows[-len(VIEWS):] if r["view"] == "own")
+            print(f"em_diagnostics: {args.label} seed {seed} round {stats.round}: own val "
+                  f"{own['val_full_hr10']:.4f} test {own['test_full_hr10']:.4f}, drift "
+                  f"{own['drift_all']:.3f}", file=sys.stderr, flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", required=True, help="a merging run's TOML (e.g. tuned FedEM)")
+    ap.add_argument("--data-dir", default=None)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--every", type=int, default=10)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="one change to the config (repeatable), e.g. train.local_epochs=4")
+    ap.add_argument("--label", default="base", help="the ablation's name in the CSV")
+    ap.add_argument("--out", type=Path, required=True, help="CSV, appended to")
+    args = ap.parse_args(argv)
+    fields = ["label", "seed", "round", "view", "val_full_hr10", "test_full_hr10",
+              "drift_all", "drift_own", "rho_now", "rho_mean_round", "seconds"]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    done = set()
+    if args.out.is_file():
+        with args.out.open() as f:
+            done = {(r["label"], int(r["seed"])) for r in csv.DictReader(f)}
+    new = not args.out.is_file()
+    try:
+        with args.out.open("a", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=fields)
+            if new:
+                writer.writeheader()
+            for seed in args.seeds:
+                if (args.label, seed) in done:
+                    print(f"em_diagnostics: {args.label} seed {seed} done", file=sys.stderr)
+                    continue
+                writer.writerows(run_one(args, seed))
+                f.flush()
+    except UserError as exc:
+        print(f"em_diagnostics: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
