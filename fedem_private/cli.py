@@ -308,6 +308,12 @@ def _add_output_flags(group: Any) -> None:
                        help="save the run's state every N rounds to <out>.checkpoint; run "
                             "the same command again to resume a killed run from it (needs "
                             "--out; not with --record-rounds)")
+    from fedem_private.experiments.sweep_cli import add_mlflow_argument
+
+    add_mlflow_argument(group, "log the finished run to MLflow (resolved config as params, "
+                        "per-round metrics, privacy tags, the run directory's files); "
+                        "default store sqlite:///<the run directory's folder>/mlflow.db; "
+                        "needs pip install 'fedem-private[mlflow]'")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -346,6 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
         REPORT_HELP,
         SWEEP_DESCRIPTION,
         SWEEP_HELP,
+        add_mlflow_argument,
         add_report_arguments,
         add_sweep_arguments,
     )
@@ -382,6 +389,10 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--best-by", metavar="KEY", default=None,
                       help="also write best-<value>.toml, the best trial for each value of "
                       "this searched choice (e.g. federation.merge: one config per merge)")
+    add_mlflow_argument(tune, "log the study to MLflow once it stops: a parent run, one "
+                        "nested run per finished trial; trials logged before are skipped; "
+                        "default store sqlite:///<DIR's folder>/mlflow.db; needs pip install "
+                        "'fedem-private[mlflow]'")
     ds = sub.add_parser("datasets", help="list or download datasets")
     ds_sub = ds.add_subparsers(dest="action", required=True, parser_class=_Parser)
     ls = ds_sub.add_parser("list", help="known datasets and where they are found")
@@ -511,6 +522,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from fedem_private import api
 
     cfg = config_from_args(args)  # validated before anything heavy is imported
+    if not args.dry_run:
+        from fedem_private.experiments.tracking import check_uri
+
+        check_uri(args.mlflow)  # MLflow missing: said before the run, not after
     if args.dry_run:
         from fedem_private.simulation.config import to_dict, to_toml
 
@@ -550,6 +565,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"seconds: {summary['seconds_total']:.3f}")
     else:
         print(f"seconds per round: {summary['seconds_per_round']:.3f}")
+    if args.mlflow is not None:
+        from fedem_private.experiments.tracking import log_run
+
+        print(log_run(res.run_dir, args.mlflow).line())
     return 0
 
 
@@ -648,6 +667,19 @@ def _tuning_privacy_line(acc: dict, out: str) -> str:
             f"{acc['delta']:g}): eps {'; '.join(parts)}; all views in {out}/privacy.json")
 
 
+def _after_tuning(args: argparse.Namespace, private: bool) -> None:
+    """The trials' table and, with ``--mlflow``, the study's logging."""
+    from fedem_private.experiments.terminal import show_runs_under
+
+    whose = ("exact, from the trials' run directories: the curator's, not released"
+             if private else "each trial's run; chosen by validation, not by these")
+    show_runs_under(Path(args.out) / "trials", f"trials in {args.out} (test metrics, {whose})")
+    if args.mlflow is not None:
+        from fedem_private.experiments.tracking import log_study
+
+        print(log_study(args.out, args.mlflow).line())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit code (2: a user error; 130: Ctrl-C; 143: SIGTERM)."""
     in_main = threading.current_thread() is threading.main_thread()
@@ -682,8 +714,10 @@ def _main(argv: Sequence[str] | None) -> int:
 
             return run_sweep_from_args(args)
         if args.command == "tune":
+            from fedem_private.experiments.tracking import check_uri
             from fedem_private.experiments.tune import run_tuning
 
+            check_uri(args.mlflow)
             result = run_tuning(args.spec, args.out, args.trials, ray=args.ray,
                                     workers=args.workers if args.ray else 1,
                                     best_by=args.best_by)
@@ -694,6 +728,7 @@ def _main(argv: Sequence[str] | None) -> int:
                   f"{args.out}/best.toml")
             if "privacy" in result:
                 print(_tuning_privacy_line(result["privacy"], args.out))
+            _after_tuning(args, private="privacy" in result)
             return 0
         if args.command == "report":
             from fedem_private.experiments.sweep_cli import run_report_from_args

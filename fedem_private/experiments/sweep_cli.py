@@ -18,9 +18,11 @@ parser stays fast; the work is imported when a command runs. Wiring::
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from fedem_private.errors import UserError
-from fedem_private.experiments.naming import QUICK_OUT, check_report_sources
+from fedem_private.experiments import tracking
+from fedem_private.experiments.naming import QUICK_OUT, check_report_sources, default_out
 from fedem_private.experiments.ray_tasks import LOCAL as LOCAL_RAY
 from fedem_private.experiments.ray_tasks import RAY_MISSING, ray_installed
 
@@ -45,6 +47,10 @@ SWEEP_ARGS_HELP = {
            "'fedem-private[ray]'",
     "force": "re-run every grid point, replacing finished run directories",
     "no_progress": "no progress bar",
+    "mlflow": "log the finished points to MLflow once the sweep stops: one parent run for "
+              "the sweep, one nested run per point (params, per-round metrics, privacy "
+              "tags, files); points logged before are skipped; default store "
+              "sqlite:///<DIR's folder>/mlflow.db; needs pip install 'fedem-private[mlflow]'",
 }
 
 REPORT_HELP = "tables (report.md), results.csv and PNG plots over the runs under DIR"
@@ -86,12 +92,33 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help=SWEEP_ARGS_HELP["force"])
     parser.add_argument("--no-progress", action="store_true",
                         help=SWEEP_ARGS_HELP["no_progress"])
+    add_mlflow_argument(parser, SWEEP_ARGS_HELP["mlflow"])
+
+
+def add_mlflow_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+                        text: str) -> None:
+    """``--mlflow [URI]`` (:mod:`~fedem_private.experiments.tracking`; no URI: the SQLite
+    store beside the runs)."""
+    parser.add_argument("--mlflow", nargs="?", const=tracking.DEFAULT, default=None,
+                        metavar="URI", help=text)
+
+
+def show_finished(root: str, title: str) -> None:
+    """The compact table of the runs in ``root``'s results.csv (none: nothing printed)."""
+    from fedem_private.experiments.results import RESULTS_FILE, read_results
+    from fedem_private.experiments.terminal import show_results
+
+    path = Path(root).expanduser() / RESULTS_FILE
+    if path.is_file():
+        show_results(read_results(path), title)
 
 
 def run_sweep_from_args(args: argparse.Namespace) -> int:
-    """Run the sweep of parsed :func:`add_sweep_arguments` arguments; the exit code."""
+    """Run the sweep of parsed :func:`add_sweep_arguments` arguments; the exit code. Then
+    the finished points' table, and with ``--mlflow`` their logging."""
     from fedem_private.experiments.sweep_spec import load_spec
 
+    tracking.check_uri(getattr(args, "mlflow", None))  # before anything runs
     load_spec(args.config)  # a bad sweep file fails here, before torch and pandas load
     if args.ray is not None and args.ray.endswith(".toml"):
         raise UserError(f"--ray {args.ray}: that is a sweep file, not a Ray address; put "
@@ -100,8 +127,13 @@ def run_sweep_from_args(args: argparse.Namespace) -> int:
         raise UserError(RAY_MISSING)
     from fedem_private.experiments.sweep import run_sweep
 
-    return run_sweep(args.config, args.out, jobs=args.jobs, force=args.force,
+    code = run_sweep(args.config, args.out, jobs=args.jobs, force=args.force,
                      progress=not args.no_progress, ray=args.ray)
+    root = args.out or default_out(args.config)
+    show_finished(root, f"finished runs in {root} (mean ± std over seeds)")
+    if getattr(args, "mlflow", None) is not None:
+        print(tracking.log_sweep(Path(root).expanduser(), args.mlflow).line())
+    return code
 
 
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:
@@ -124,4 +156,6 @@ def run_report_from_args(args: argparse.Namespace) -> int:
     for path in write_report(args.dir, args.out, variants=variants,
                              force=args.force):
         print(f"wrote {path}")
+    out = args.out or args.dir[0]
+    show_finished(out, f"runs reported in {out} (mean ± std over seeds)")
     return 0
