@@ -457,13 +457,97 @@ def chance(dataset: str, data_dir: str, seed: int) -> dict[str, float]:
 
 
 def expected_random(n_candidates: np.ndarray, k: int = 10) -> tuple[float, float]:
-    """(HR@k, NDCG@k) averaged over users when the test item's rank is uniform over each
-    user's n candidates: HR = min(k, n) / n, NDCG = sum_{r < min(k, n)} 1 / log2(r + 2) / n."""
-    n = np.asarray(n_candidates, dtype=float)
-    gains = np.cumsum(1.0 / np.log2(np.arange(k) + 2.0))
-    hit = np.minimum(k, n) / n
-    ndcg = gains[np.minimum(k, n).astype(int) - 1] / n
-    return float(hit.mean()), float(ndcg.mean())
+    """(HR@k, NDCG@k) of a uniformly random order: the package's
+    (:func:`fedem_private.experiments.ladder.expected_random`, ``fedem-private ladder``)."""
+    from fedem_private.experiments.ladder import expected_random as package_rule
+
+    return package_rule(n_candidates, k)
+
+
+# the README's headline figure (--headline): (family on the figure, its role, privacy mode,
+# the run-name stems of its points; a stem ending in -eps* stands for every eps)
+HEADLINE = (
+    ("FedMF, fixed (cdp-gaussian)", "federated", "cdp-gaussian",
+     ("fedmf-cdp-gaussian-eps*", "fedmf")),
+    ("FedMF, tuned (cdp-gaussian)", "federated", "cdp-gaussian",
+     ("fedmf-cdp-gaussian-tuned-eps*", "fedmf-tuned")),
+    ("PFedRec, tuned (cdp-gaussian)", "federated", "cdp-gaussian",
+     ("pfedrec-stage2-cdp-gaussian-tuned-eps*", "pfedrec-tuned")),
+    ("FedMF, tuned (ldp-dpsgd)", "federated", "ldp-dpsgd", ("fedmf-ldp-dpsgd-tuned-eps*",)),
+    ("FedMF, tuning accounted (cdp)", "federated", "cdp-gaussian",
+     ("fedmf-cdp-private-ml-100k-accounted",)),
+    ("DP-MostPop, central", "floor", "central", ("dp-mostpop-central-eps*",)),
+    ("DP-MostPop, interaction-local", "floor", "interaction-local",
+     ("dp-mostpop-interaction-local-eps*",)),
+    ("MostPop", "popularity", "none", ("mostpop",)),
+    ("EASE", "ceiling", "none", ("ease-tuned",)),
+    ("Centralised MF, tuned", "ceiling", "none", ("centralised-tuned",)),
+)
+# where an accounted search's point sits: the eps of the search and its final run together
+# (only the choice seen; benchmarks/results/ladder/tuning/*-privacy.json)
+ACCOUNTED_EPS = {"fedmf-cdp-private-ml-100k-accounted":
+                 "benchmarks/results/ladder/tuning/fedmf-cdp-private-ml-100k-privacy.json"}
+
+
+def headline_points(results: Path, epsilons: tuple[float, ...] = PRIVATE_EPSILONS) -> list:
+    """The headline figure's points from a ladder's recorded ``results.csv`` (finished runs
+    only; nothing is run): mean and standard deviation over seeds per :data:`HEADLINE` stem,
+    the private ones at ``epsilons``."""
+    import pandas as pd
+
+    from fedem_private.experiments.ladder_plots import Point
+
+    frame = pd.read_csv(results)
+    frame["stem"] = frame["run"].astype(str).str.replace(r"-seed\d+$", "", regex=True)
+    metrics = ("hr10_full", "ndcg10_full", "hr10_sampled", "ndcg10_sampled")
+    out = []
+    for family, role, mode, stems in HEADLINE:
+        for stem in stems:
+            wanted = ([stem.replace("*", f"{e:g}") for e in epsilons] if stem.endswith("*")
+                      else [stem])
+            for name in wanted:
+                runs = frame[frame["stem"] == name]
+                if runs.empty:
+                    continue
+                eps = float(name.rsplit("-eps", 1)[1]) if stem.endswith("*") else None
+                if name in ACCOUNTED_EPS:
+                    view = json.loads(Path(ACCOUNTED_EPS[name]).read_text())["views"]["observer"]
+                    eps = float(view["only_choice"]["reported"])
+                values = {m: (float(runs[m].mean()), float(runs[m].std(ddof=1)))
+                          for m in metrics}
+                out.append(Point(family, role, mode if eps is not None else "none", eps,
+                                 values))
+    return out
+
+
+def chance_point(dataset: str, data_dir: str, seeds: list[int]) -> list:
+    """Chance on the figure (computed from the split, as the ladder's table computes it);
+    none where the dataset is not here."""
+    from fedem_private.experiments.ladder_plots import Point
+
+    if not Path(data_dir).exists():
+        return []
+    ch = [chance(dataset, data_dir, s) for s in seeds]
+    return [Point("chance", "chance", "none", None,
+                  {m: (float(np.mean([c[m] for c in ch])), float(np.std([c[m] for c in ch],
+                                                                         ddof=1)))
+                   for m in METRICS})]
+
+
+def write_headline(out: Path, dataset: str) -> list[Path]:
+    """``<out>/report/<dataset>-headline.png`` (and the other panels) from the recorded
+    results of ``<out>/<dataset>/results.csv``."""
+    from fedem_private.experiments.ladder_plots import headline, panels
+
+    points = chance_point(dataset, str(Path("../shared/datasets") / dataset), [0, 1, 2])
+    points += headline_points(out / dataset / "results.csv")
+    title = f"{dataset}: full HR@10 against total eps (strict, mean ± sd over 3 seeds)"
+    png = out / "report" / f"{dataset}-headline.png"
+    entries = headline(points, png, title)
+    more = out / "report" / f"{dataset}-headline-panels.png"
+    panels(points, more, f"{dataset}: the other metrics")
+    print(f"{png}: {entries} legend entries", file=sys.stderr)
+    return [png, more]
 
 
 def _cell(values: list[float]) -> str:
@@ -581,10 +665,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--select-by", choices=tuple(SELECT_BY), default="sampled",
                         help="rank the validation item among 100 sampled candidates "
                         "(default) or every item when choosing a grid's setting")
+    parser.add_argument("--headline", metavar="DATASET", default=None,
+                        help="only draw the README's headline figure of this dataset from its "
+                        "recorded results (<out>/<dataset>/results.csv; nothing runs)")
     parser.add_argument("--report", nargs="+", metavar="DATASET", default=None,
                         help="only write the combined report of these datasets' ladders "
                         "(and the headline grid's other methods) into <out>/report")
     args = parser.parse_args(argv)
+    if args.headline:
+        for path in write_headline(Path(args.out), args.headline):
+            print(f"wrote {path}")
+        return 0
     if args.report:
         for path in combined_report(Path(args.out), args.report,
                                     Path("benchmarks/results/privacy/headline2/results.csv")):

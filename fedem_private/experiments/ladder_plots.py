@@ -31,6 +31,7 @@ COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:b
           "tab:pink", "tab:olive", "tab:cyan")
 STYLES = {"cdp-gaussian": "-", "dp-ftrl": "-", "ldp-dpsgd": "--", "ldp-laplace": ":",
           "ldp-gaussian": ":"}
+FLOOR_STYLES = (("0.4", "--", "x"), ("0.6", ":", "+"), ("0.3", "-.", "1"), ("0.5", "--", "2"))
 METRIC_WORDS = {"hr10_full": "HR@10, full ranking", "ndcg10_full": "NDCG@10, full ranking",
                 "hr10_sampled": "HR@10, sampled (1 + 99 negatives)",
                 "ndcg10_sampled": "NDCG@10, sampled (1 + 99 negatives)"}
@@ -62,14 +63,16 @@ def _no_dp_x(eps: list[float]) -> float:
     return (max(eps) if eps else 1.0) * 10 ** 1.5
 
 
-def _hline(ax: plt.Axes, point: Point, metric: str, text: str, style: str) -> None:
+def _hline(ax: plt.Axes, point: Point, metric: str, text: str, style: str,
+           at: float = 0.005) -> None:
     mean, sd = point.values[metric]
     ax.axhline(mean, color="0.35", linestyle=style, linewidth=1.0)
     if point.role == "ceiling" and sd > 0:
         ax.axhspan(mean - sd, mean + sd, color="0.85", alpha=0.6, linewidth=0)
-    ax.annotate(f"{text} {mean:.3f}", xy=(0.005, mean), xycoords=("axes fraction", "data"),
+    ax.annotate(f"{text} {mean:.3f}", xy=(at, mean), xycoords=("axes fraction", "data"),
                 xytext=(0, 2), textcoords="offset points", fontsize=8, color="0.25",
-                va="bottom")
+                va="bottom", bbox={"facecolor": "white", "alpha": 0.75, "edgecolor": "none",
+                                   "pad": 0.5})
 
 
 def _families(points: Sequence[Point]) -> list[tuple[str, str, list[Point]]]:
@@ -87,32 +90,35 @@ def draw(ax: plt.Axes, points: Sequence[Point], metric: str = "hr10_full") -> in
     eps = _private(points)
     nodp = _no_dp_x(eps)
     refs = {"chance": ("chance", ":"), "popularity": ("", "-."), "ceiling": ("", "--")}
-    for p in points:
-        if p.role in refs:
-            word, style = refs[p.role]
-            _hline(ax, p, metric, word or p.family, style)
+    for i, p in enumerate(p for p in points if p.role in refs):
+        word, style = refs[p.role]
+        # labels alternate between the left and the middle, so close lines stay legible
+        _hline(ax, p, metric, word or p.family, style, 0.005 if i % 2 == 0 else 0.45)
     colour = iter(COLORS)
-    legend = 0
+    legend = floors = 0
     for fam, role, pts in _families(points):
         pts = sorted(pts, key=lambda p: nodp if p.eps is None else p.eps)
         xs = [nodp if p.eps is None else p.eps for p in pts]
         ys = [p.values[metric][0] for p in pts]
         sds = [p.values[metric][1] for p in pts]
         floor = role == "floor"
-        color = "0.45" if floor else next(colour, "0.2")
-        style = "--" if floor else STYLES.get(next((p.mode for p in pts if p.eps is not None),
-                                                   "none"), "-")
+        if floor:  # the floors in greys, each its own dash and marker
+            color, style, marker = FLOOR_STYLES[floors % len(FLOOR_STYLES)]
+            floors += 1
+        else:
+            color, marker = next(colour, "0.2"), "o"
+            style = STYLES.get(next((p.mode for p in pts if p.eps is not None), "none"), "-")
         named = legend < MAX_LEGEND
-        ax.errorbar(xs, ys, yerr=sds, color=color, linestyle=style, marker="x" if floor
-                    else "o", markersize=4, capsize=2, linewidth=1.3,
+        ax.errorbar(xs, ys, yerr=sds, color=color, linestyle=style, marker=marker,
+                    markersize=4, capsize=2, linewidth=1.3,
                     label=fam if named else None)
         legend += named
     ax.set_xscale("log")
     if eps:
         ax.axvline(math.sqrt(max(eps) * nodp), color="0.6", linestyle=":", linewidth=0.8)
-    ticks = [*eps, nodp]
-    ax.set_xticks(ticks)
-    ax.set_xticklabels([f"{e:g}" for e in eps] + ["no DP"])
+    shown = sorted({float(f"{e:.2g}") for e in eps})  # 3.9998 (an accounted search) is 4
+    ax.set_xticks([*shown, nodp])
+    ax.set_xticklabels([f"{e:g}" for e in shown] + ["no DP"])
     ax.minorticks_off()
     ax.set_xlabel("total epsilon (log scale)")
     ax.set_ylabel(METRIC_WORDS.get(metric, metric))
