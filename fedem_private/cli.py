@@ -697,6 +697,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     try:
+        from fedem_private.plugins import load_all
+
+        load_all()  # other packages' parts, before any flag or name is read (a broken one: exit 2)
         args = build_parser().parse_args(argv)
         if args.command == "run":
             return _cmd_run(args)

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
+from fedem_private import models
+from fedem_private.client import strategies
 from fedem_private.client.strategies import merge_class
 from fedem_private.data import DATASETS
 from fedem_private.experiments.attack_step import known_attacks
-from fedem_private.models import BACKBONES
 from fedem_private.privacy.registry import mechanism_for, names
+from fedem_private.server import registry as aggregators
 from fedem_private.simulation.config import (
-    AGGREGATIONS,
     BACKBONE_METHOD,
     CODECS,
-    MERGES,
     METHOD_BACKBONE,
     METHOD_DEFAULTS,
     METHODS,
@@ -20,14 +20,17 @@ from fedem_private.simulation.config import (
 
 
 def catalogue() -> list[tuple[str, str, str]]:
-    """``(kind, name, note)`` for every method preset and part a run can name."""
+    """``(kind, name, note)`` for every method preset and part a run can name, read from the
+    registries now, so parts registered since import (plugins) are listed too."""
     rows = [("method", m, f"preset: backbone {METHOD_BACKBONE[m]}, aggregation "
              f"{METHOD_DEFAULTS[m][0]}, merge {METHOD_DEFAULTS[m][1]}") for m in METHODS]
-    rows += [("backbone", b, f"--backbone (without --method: preset {BACKBONE_METHOD[b]})")
-             for b in BACKBONES]
-    rows += [("aggregation", a, "--aggregation") for a in AGGREGATIONS]
+    rows += [("backbone", b, "--backbone" + (f" (without --method: preset "
+                                             f"{BACKBONE_METHOD[b]})" if b in BACKBONE_METHOD
+                                             else " (with --method)"))
+             for b in models.REGISTRY]
+    rows += [("aggregation", a, "--aggregation") for a in aggregators.REGISTRY]
     rows += [("merge", m, "--merge" + (" (learned: an adapter)" if merge_class(m).learned
-                                       else "")) for m in MERGES]
+                                       else "")) for m in strategies.REGISTRY]
     rows += [("codec", c, "--codec (upload)") for c in CODECS]
     rows += [("privacy", p, mechanism_for(p).description or "--privacy") for p in names()]
     rows += [("dataset", d, "--dataset") for d in DATASETS]
