@@ -101,13 +101,33 @@ REGISTRY: dict[str, str | type[Attack]] = {
 }
 
 
+def register(name: str, target: str | type[Attack]) -> None:
+    """Make the attack ``target`` (its class, or ``"module:Class"`` imported on first use)
+    known as ``name``: a test's or a plugin's one line (:mod:`fedem_private.plugins`).
+    ValueError when ``name`` already names another attack."""
+    known = REGISTRY.get(name)
+    if known is not None and known is not target and known != target:
+        raise ValueError(f"attack {name!r} is already registered")
+    REGISTRY[name] = target
+
+
+def _with_plugins() -> dict[str, str | type[Attack]]:
+    """:data:`REGISTRY` after the attack plugins' first loading (fedem_private.plugins:
+    once per process; a broken plugin raises its one-line PluginError)."""
+    from fedem_private.plugins import ATTACKS, load
+
+    load(ATTACKS)
+    return REGISTRY
+
+
 def names() -> tuple[str, ...]:
     """Every registered attack, in registration order (no attack module is imported)."""
-    return tuple(REGISTRY)
+    return tuple(_with_plugins())
 
 
 def attack_class(name: str) -> type[Attack]:
     """The class registered as ``name`` (ValueError when there is none)."""
+    _with_plugins()
     try:
         target = REGISTRY[name]
     except KeyError:
@@ -126,7 +146,7 @@ def capabilities(name: str) -> Capabilities:
 def names_where(**wanted: object) -> tuple[str, ...]:
     """Registered attacks whose capabilities have every field of ``wanted`` at its value,
     e.g. ``names_where(kind="item")``."""
-    return tuple(n for n in REGISTRY
+    return tuple(n for n in _with_plugins()
                  if all(getattr(capabilities(n), k) == v for k, v in wanted.items()))
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedem_private.errors import UserError
+from fedem_private.plugins import load_all
 from fedem_private.simulation.config import RunConfig, from_dict, load_toml, with_overrides
 
 if TYPE_CHECKING:
@@ -62,7 +63,9 @@ class Result:
 def resolve_config(config: RunConfig | Mapping[str, Any] | str | Path | None = None,
                    overrides: Mapping[str, Any] | None = None) -> RunConfig:
     """A validated, resolved config from a :class:`RunConfig`, a nested dict (the TOML
-    layout), a TOML file path or None (the defaults), plus ``{"train.rounds": 5}`` overrides."""
+    layout), a TOML file path or None (the defaults), plus ``{"train.rounds": 5}`` overrides.
+    Other packages' parts (:mod:`fedem_private.plugins`) are loaded first."""
+    load_all()
     if config is None:
         cfg = RunConfig()
     elif isinstance(config, RunConfig):
@@ -248,6 +251,7 @@ def sweep(spec: str | Path | None = None, out: str | Path | None = None, *,
     from fedem_private.experiments.naming import default_out as sweep_out
     from fedem_private.experiments.sweep_spec import load_spec
 
+    load_all()
     load_spec(None if spec is None else str(spec))
     from fedem_private.experiments.sweep import run_sweep
 
@@ -271,6 +275,7 @@ def attack(run_dir: str | Path, attacks: Sequence[str] | None = None, *, seed: i
     from fedem_private.device import resolve as resolve_device
     from fedem_private.experiments.attack_step import known_attacks
 
+    load_all()
     path = Path(run_dir).expanduser()
     if not path.exists():
         raise UserError(f"run directory not found: {path}")

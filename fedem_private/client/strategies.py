@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from fedem_private.lazy import resolve
+from fedem_private.lazy import add, resolve
 
 if TYPE_CHECKING:
     from fedem_private.client.merges import Merge
@@ -30,6 +30,12 @@ REGISTRY: dict[str, str] = {
     "dm": "fedem_private.client.merges:DynamicMerge",
     "em": "fedem_private.client.merges:ElasticMerge",
 }
+
+
+def register(name: str, target: str) -> None:
+    """Make the merge class ``target`` (``"module:Class"``) known as ``name``: a test's or a
+    plugin's one line (:mod:`fedem_private.plugins`); ValueError if ``name`` is taken."""
+    add(REGISTRY, name, target, "merge")
 
 
 def merge_class(name: str) -> type[Merge]:

@@ -131,9 +131,14 @@ def neighbour_split(split: Split, mode: str, sizes: str = "private") -> Split | 
 def make_config(mode: str, *, method: str = "fedmf", backbone: str | None = None,
                 aggregation: str | None = None, merge: str | None = None,
                 codec: str = "full", protocol: str = "strict", sizes: str = "private",
-                agg_ratio: float = 1.0, seed: int = 0) -> RunConfig:
-    """One composition on the tiny split, validated and resolved (UserError if refused)."""
-    settings = dict(MODE_SETTINGS[mode])
+                agg_ratio: float = 1.0, seed: int = 0,
+                settings: dict[str, Any] | None = None) -> RunConfig:
+    """One composition on the tiny split, validated and resolved (UserError if refused).
+
+    ``settings``: the privacy options of ``mode`` (None: :data:`MODE_SETTINGS`'s, which
+    lists the built-ins'; a mechanism from a plugin brings its own: small clips so clipping
+    binds, noise present)."""
+    settings = dict(MODE_SETTINGS[mode] if settings is None else settings)
     fed: dict[str, Any] = {"method": method, "backbone": backbone, "aggregation": aggregation,
                            "merge": merge, "codec": codec, "peft_warmup": 1, "lora_rank": 2,
                            "hash_size": 8, "rq_levels": 2, "rq_codebook": 4,

@@ -256,6 +256,9 @@ def _init_worker(threads: int, stop: Any, interruptible: bool) -> None:
     import torch
 
     torch.set_num_threads(threads)
+    from fedem_private.plugins import load_all
+
+    load_all()  # other packages' parts, as in the parent (its sys.path came with the spawn)
 
 
 def execute_point(point: GridPoint, root: Path, force: bool = False) -> Outcome:

@@ -26,6 +26,14 @@ REGISTRY: dict[str, str] = {
 BACKBONES = tuple(REGISTRY)
 
 
+def register(name: str, target: str) -> None:
+    """Make the backbone class ``target`` (``"module:Class"``) known as ``name``: a test's
+    or a plugin's one line (:mod:`fedem_private.plugins`); ValueError if ``name`` is taken."""
+    from fedem_private.lazy import add
+
+    add(REGISTRY, name, target, "backbone")
+
+
 def backbone_class(name: str) -> type[Backbone]:
     """The class registered as ``name`` (imported on first use)."""
     from fedem_private.lazy import resolve

@@ -3,8 +3,9 @@
 docs/design.md sections 5 and 15. The built-in mechanisms live one per module in
 :mod:`fedem_private.privacy.mech` and are imported on the first look-up, in the
 fixed order of :data:`BUILTIN` (the order of ``--privacy``'s choices); a new
-mechanism is one class and one :func:`register` call (or decorator). This module
-is the only place that maps a mode's name to its mechanism: everything else asks
+mechanism is one class and one :func:`register` call (or decorator), in this package or
+in another one's plugin (:mod:`fedem_private.plugins`, loaded on the first look-up). This
+module is the only place that maps a mode's name to its mechanism: everything else asks
 the mechanism (:func:`mechanism_for`) for its capabilities and hooks.
 """
 
@@ -56,11 +57,16 @@ def unregister(name: str) -> None:
 
 
 def _load_builtins() -> None:
+    """Import the built-in mechanisms, then the plugins' (fedem_private.plugins: once per
+    process; a broken plugin raises its one-line PluginError on every look-up)."""
     global _loaded
     if not _loaded:
         _loaded = True
         for module in BUILTIN.values():
             importlib.import_module(f"fedem_private.privacy.mech.{module}")
+    from fedem_private.plugins import MECHANISMS, load
+
+    load(MECHANISMS)
 
 
 def names() -> tuple[str, ...]:

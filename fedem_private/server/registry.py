@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from fedem_private.lazy import resolve
+from fedem_private.lazy import add, resolve
 
 if TYPE_CHECKING:
     from fedem_private.server.aggregators import Aggregator
@@ -25,6 +25,12 @@ REGISTRY: dict[str, str] = {
     "fedmerge": "fedem_private.server.aggregators:FedMergeAggregator",
     "none": "fedem_private.server.aggregators:NoAggregator",
 }
+
+
+def register(name: str, target: str) -> None:
+    """Make the aggregator class ``target`` (``"module:Class"``) known as ``name``: a test's
+    or a plugin's one line (:mod:`fedem_private.plugins`); ValueError if ``name`` is taken."""
+    add(REGISTRY, name, target, "aggregation")
 
 
 def aggregator_class(name: str) -> type[Aggregator]:
