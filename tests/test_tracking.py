@@ -184,3 +184,30 @@ def test_without_mlflow_the_flag_fails_in_one_line_before_running(tmp_path, monk
     spec.write_text('[sweep]\nmethods = ["fedmf"]\nseeds = [0]\n' + TINY_BASE)
     assert main(["sweep", "--mlflow", str(spec)]) == 2  # the file taken as the URI
     assert "put the file before --mlflow" in capsys.readouterr().err
+
+
+@needs_mlflow
+def test_the_ladder_logs_its_runs_under_one_parent_and_prints_its_table(tmp_path, store,
+                                                                         capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("tiny.toml").write_text("[data.synthetic]\nn_users = 40\nn_items = 60\n"
+                                 "mean_activity = 8\n")
+    assert main(["ladder", "--dataset", "synthetic", "--config", "tiny.toml", "--out", "lad",
+                 "--rungs", "mostpop", "dp-mostpop:central", "--seeds", "0", "--epsilons", "1",
+                 "--mlflow", store]) == 0
+    out = capsys.readouterr().out
+    table = out[out.index("ladder runs in lad"):].splitlines()
+    assert table[2].startswith("dp-mostpop") and table[3].startswith("mostpop")
+    parent = _by_dir(store, tmp_path / "lad")
+    assert parent.data.tags[tracking.KIND_TAG] == "ladder"
+    assert {"ladder.md", "ladder.csv", "results.csv"} <= _artifacts(store, parent.info.run_id)
+    children = _runs(store, f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    assert sorted(c.info.run_name for c in children) == [
+        "runs/dp-mostpop-central-eps1-seed0", "runs/mostpop-seed0"]
+    mechanisms = {c.info.run_name: c.data.tags["privacy.mechanism"] for c in children}
+    assert mechanisms["runs/mostpop-seed0"] == "none"
+    dp = next(c for c in children if "dp-mostpop" in c.info.run_name)
+    assert float(dp.data.tags["privacy.epsilon"]) == pytest.approx(1.0)
+    assert dp.data.metrics["hr10_full"] == pytest.approx(json.loads(
+        (tmp_path / "lad/runs/dp-mostpop-central-eps1-seed0/summary.json").read_text()
+    )["metrics"]["full"]["hr@10"])

@@ -67,6 +67,13 @@ def add_ladder_arguments(p: argparse.ArgumentParser) -> None:
                    help="run every run again, replacing finished ones")
     p.add_argument("--dry-run", action="store_true",
                    help="print the plan and stop (tuning files are not run)")
+    from fedem_private.experiments.sweep_cli import add_mlflow_argument
+
+    add_mlflow_argument(p, "log the ladder to MLflow once it is written: a parent run "
+                        "(ladder.md, ladder.csv, the figures), one nested run per finished "
+                        "run; runs logged before are skipped; default store "
+                        "sqlite:///<DIR's folder>/mlflow.db; needs pip install "
+                        "'fedem-private[mlflow]'")
 
 
 def ladder_options(args: argparse.Namespace) -> Any:
@@ -90,13 +97,21 @@ def ladder_options(args: argparse.Namespace) -> Any:
 def run_ladder_from_args(args: argparse.Namespace) -> int:
     """``fedem-private ladder``; returns the exit code."""
     from fedem_private.errors import UserError
+    from fedem_private.experiments import tracking
     from fedem_private.experiments.ladder import run_ladder
+    from fedem_private.experiments.sweep_cli import show_finished
 
     if args.rounds is not None and args.rounds < 1:
         raise UserError(f"--rounds must be a positive integer, got {args.rounds}")
+    mlflow = None if args.dry_run else getattr(args, "mlflow", None)
+    tracking.check_uri(mlflow)  # MLflow missing: said before any rung runs
     written = run_ladder(args.rungs, args.out, ladder_options(args), tuned_files=args.tuned,
                          tune_files=args.tune, force=args.force,
                          checkpoint_minutes=args.checkpoint_minutes, dry_run=args.dry_run)
     for path in written:
         print(f"wrote {path}")
+    if written:
+        show_finished(args.out, f"ladder runs in {args.out} (mean ± std over seeds)")
+    if mlflow is not None:
+        print(tracking.log_ladder(args.out, mlflow).line())
     return 0

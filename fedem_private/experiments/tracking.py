@@ -147,6 +147,7 @@ def privacy_tags(summary: dict[str, Any]) -> dict[str, str]:
     privacy = summary.get("privacy") or {}
     tags = {f"privacy.{k}": _text(privacy[k]) for k in PRIVACY_TAGS
             if privacy.get(k) is not None}
+    tags["privacy.mechanism"] = _text(privacy.get("mode", "none"))  # by its registered name
     eps = (privacy.get("epsilon") or {}).get("reported")
     if eps is None:
         eps = "none" if privacy.get("mode", "none") == "none" else "inf"
@@ -425,3 +426,14 @@ def _search_tags(acc: dict[str, Any]) -> dict[str, str]:
         if isinstance(bound, dict) and "reported" in bound:
             tags[f"search.eps_{name}"] = _text(bound["reported"])
     return tags
+
+
+def log_ladder(out: str | Path, uri: str | None = None) -> Logged:
+    """Log a ladder (``fedem-private ladder --mlflow``): a parent run for ``out`` with
+    ``ladder.md``, ``ladder.csv``, ``results.csv`` and the figures as artifacts, and one
+    child per finished run under ``out/runs`` (named ``runs/<rung run>``)."""
+    from fedem_private.experiments.results import find_runs
+
+    base = Path(out)
+    runs = find_runs(base / "runs") if (base / "runs").is_dir() else []
+    return log_group(base, runs, "ladder", uri, child_kind="rung")
