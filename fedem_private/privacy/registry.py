@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import TypeVar
 
+from fedem_private import plugins
 from fedem_private.errors import UserError
 from fedem_private.privacy.mech.base import Mechanism
 
@@ -64,9 +65,7 @@ def _load_builtins() -> None:
         _loaded = True
         for module in BUILTIN.values():
             importlib.import_module(f"fedem_private.privacy.mech.{module}")
-    from fedem_private.plugins import MECHANISMS, load
-
-    load(MECHANISMS)
+    plugins.load(plugins.MECHANISMS)
 
 
 def names() -> tuple[str, ...]:
