@@ -164,3 +164,47 @@ def test_headline_legend_holds_at_most_eight_entries(tmp_path):
     assert entries == ladder_plots.MAX_LEGEND
     few = ladder_plots.headline(pts[:5], tmp_path / "few.png", "t")
     assert few == 2  # two families; MostPop is labelled on the figure, not in the legend
+
+
+TUNING = """\
+[tune]
+trials = 2
+seed = 0
+
+[tune.space]
+"train.lr" = { low = 0.01, high = 0.1, log = true }
+
+[base]
+data = { dataset = "ml-100k", data_dir = "../shared/datasets/ml-100k" }
+federation = { method = "fedmf" }
+train = { rounds = 2, eval_every = 1 }
+"""
+
+
+def test_tuning_runs_on_the_ladders_data_and_serves_its_rung(tiny, capsys):
+    pytest.importorskip("optuna", reason="--tune needs pip install 'fedem-private[tune]'")
+    (tiny / "fedmf-tune.toml").write_text(TUNING)
+    args = ["ladder", "--dataset", "csv", "--data-dir", "ratings.csv", "--out", "lad",
+            "--rungs", "fedmf", "--tune", "fedmf-tune.toml", "--seeds", "0", "--rounds", "2"]
+    assert main(args) == 0
+    study = tiny / "lad" / "tune" / "fedmf-tune"
+    assert 'dataset = "csv"' in (study / "best.toml").read_text()
+    assert len(list((study / "trials").iterdir())) == 2
+    table = (tiny / "lad" / "ladder.md").read_text()
+    assert "| FedMF, tuned |" in table and f"tuned here ({study.relative_to(tiny)})" in table
+    chosen = (study / "best.toml").read_text().split("lr = ")[1].split("\n")[0]
+    assert f"lr = {chosen}" in (tiny / "lad" / "runs" / "fedmf-tuned-seed0" / "config.toml"
+                                ).read_text()
+
+
+def test_a_private_search_here_must_be_accounted(tiny, capsys):
+    (tiny / "cdp-tune.toml").write_text(TUNING.replace(
+        'train = { rounds = 2, eval_every = 1 }',
+        'train = { rounds = 2, eval_every = 1 }\nprivacy = { mode = "cdp-gaussian", '
+        'epsilon = 4.0, clip = 1.0, sample_rate = 0.5 }'))
+    args = ["ladder", "--dataset", "csv", "--data-dir", "ratings.csv", "--out", "lad",
+            "--rungs", "fedmf:cdp-gaussian", "--tune", "cdp-tune.toml", "--seeds", "0"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "[tune.private]" in err[0]
+    assert not (tiny / "lad" / "runs").exists()

@@ -243,7 +243,9 @@ def tuned_here(spec: str | Path, data: Mapping[str, Any], root: Path) -> Tuned:
     out = root / Path(spec).stem
     out.mkdir(parents=True, exist_ok=True)
     written = out / "tune.toml"  # the file as run: the ladder's data section
-    text = to_toml(spec_cfg)
+    space = (spec_cfg.get("tune") or {}).pop("space", {})
+    text = to_toml(spec_cfg) + "\n[tune.space]\n" + "".join(
+        f"{json.dumps(key)} = {_inline(value)}\n" for key, value in space.items())
     if not written.is_file() or written.read_text() != text:
         written.write_text(text)
     run_tuning(written, out)
@@ -253,6 +255,17 @@ def tuned_here(spec: str | Path, data: Mapping[str, Any], root: Path) -> Tuned:
     if (out / "privacy.json").is_file():
         accounted = json.loads((out / "privacy.json").read_text())["views"]["observer"]
     return Tuned(kind, mode, best, f"tuned here ({out})", accounted)
+
+
+def _inline(value: Any) -> str:
+    """``value`` as a TOML inline value (a search space's entry)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, Mapping):
+        return "{ " + ", ".join(f"{k} = {_inline(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_inline(v) for v in value) + "]"
+    return json.dumps(value) if isinstance(value, str) else repr(value)
 
 
 @dataclass(frozen=True)
