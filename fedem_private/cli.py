@@ -280,6 +280,48 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
             flag, dest=key, action="store_const", const=True, default=None, help=text)
 
 
+# ``run --help`` lists these, under the same headings; ``run --help-all`` every flag
+RUN_COMMON = frozenset({
+    "-h", "--help-all", "--config",
+    "--dataset", "--data-dir", "--protocol",
+    "--method", "--backbone", "--aggregation", "--merge", "--codec",
+    "--rounds", "--local-epochs", "--lr", "--dim", "--seed", "--eval-every", "--device",
+    "--privacy", "--epsilon", "--delta", "--clip", "--sample-rate",
+    "--out", "--force", "--dry-run", "--record-rounds", "--record-clients",
+    "--checkpoint-every",
+})
+
+
+class _HelpAll(argparse.Action):
+    """``--help-all``: the help with every flag (``--help`` shows :data:`RUN_COMMON`)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 **kwargs: Any) -> None:
+        super().__init__(option_strings, dest=dest, default=argparse.SUPPRESS, nargs=0,
+                         **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> NoReturn:
+        for action, text in getattr(parser, "hidden_help", {}).items():
+            action.help = text
+        parser.epilog = None
+        parser.print_help()
+        parser.exit()
+
+
+def _short_help(p: argparse.ArgumentParser) -> None:
+    """Hide from ``--help`` every flag not in :data:`RUN_COMMON` (each keeps working and
+    ``--help-all`` shows it), and say how many there are."""
+    hidden: dict[argparse.Action, str | None] = {}
+    for action in p._actions:
+        if action.option_strings and not RUN_COMMON.intersection(action.option_strings):
+            hidden[action] = action.help
+            action.help = argparse.SUPPRESS
+    p.hidden_help = hidden  # type: ignore[attr-defined]
+    p.epilog = (f"{len(hidden)} more flags (each part's and mechanism's settings, the "
+                f"authors'-code options, Ray, ...): {PROG} run --help-all")
+
+
 def _add_output_flags(group: Any) -> None:
     """``run``'s own options: where the run directory goes and what is recorded."""
     group.add_argument("--out", metavar="DIR",
@@ -323,9 +365,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    run = sub.add_parser("run", help="train one configuration and write a run directory")
+    run = sub.add_parser("run", help="train one configuration and write a run directory",
+                         usage="%(prog)s [options]")
+    run.add_argument("--help-all", action=_HelpAll, help="show every flag and exit")
     _add_run_flags(run)
     _add_output_flags(run.add_argument_group("output and recording"))
+    _short_help(run)
     att = sub.add_parser("attack", help="run the inference attacks on a recorded run directory, "
                          "score them and audit the privacy accounting")
     att.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written with "
@@ -368,9 +413,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_ladder_arguments(sub.add_parser("ladder", help=LADDER_HELP,
                                         description=LADDER_DESCRIPTION))
-    sub.add_parser("list", help="the method presets and the parts they compose (backbones, "
-                   "aggregations, merges, codecs, privacy modes, datasets, protocols, attacks), "
-                   "one line each")
+    sub.add_parser("list", help="the method presets, the non-federated baselines and the "
+                   "parts presets compose (backbones, aggregations, merges, codecs, privacy "
+                   "modes, datasets, protocols, attacks), one line each")
     tune = sub.add_parser("tune", help="choose hyper-parameters on the validation item "
                           "(Optuna TPE, a resumable SQLite study)")
     tune.add_argument("spec", metavar="TUNE_FILE", help="TOML with [tune] (trials, seed, "

@@ -292,7 +292,7 @@ def test_version_flag_prints_the_package_version(capsys):
 
 def test_run_help_lists_the_flags_under_headings(capsys):
     with pytest.raises(SystemExit):
-        main(["run", "--help"])
+        main(["run", "--help-all"])  # --help: the same headings, the common flags only
     text = capsys.readouterr().out
     headings = ["data and evaluation protocol:", "training:",
                 "federation: method, parts, aggregation, merging, uploads:", "privacy:",
@@ -498,12 +498,19 @@ def test_a_setting_left_out_at_its_default_is_labelled_with_its_value():
 def test_list_names_every_preset_and_part_one_line_each(capsys):
     from fedem_private.models import BACKBONES
     from fedem_private.privacy.config import MODES
-    from fedem_private.simulation.config import AGGREGATIONS, CODECS, MERGES, METHODS
+    from fedem_private.simulation.config import (
+        AGGREGATIONS,
+        BASELINE_METHODS,
+        CODECS,
+        FEDERATED_METHODS,
+        MERGES,
+    )
 
     assert main(["list"]) == 0
     lines = capsys.readouterr().out.splitlines()
     listed = [tuple(line.split()[:2]) for line in lines]
-    for kind, names in (("method", METHODS), ("backbone", BACKBONES), ("merge", MERGES),
+    for kind, names in (("method", FEDERATED_METHODS), ("baseline", BASELINE_METHODS),
+                        ("backbone", BACKBONES), ("merge", MERGES),
                         ("aggregation", AGGREGATIONS), ("codec", CODECS), ("privacy", MODES)):
         assert [n for k, n in listed if k == kind] == list(names), kind
     fedem = next(line for line in lines if line.split()[:2] == ["method", "fedem"])

@@ -11,6 +11,8 @@ from fedem_private.privacy.registry import mechanism_for, names
 from fedem_private.server import registry as aggregators
 from fedem_private.simulation.config import (
     BACKBONE_METHOD,
+    BASELINE_METHODS,
+    BASELINES,
     CODECS,
     METHOD_BACKBONE,
     METHOD_DEFAULTS,
@@ -23,7 +25,10 @@ def catalogue() -> list[tuple[str, str, str]]:
     """``(kind, name, note)`` for every method preset and part a run can name, read from the
     registries now, so parts registered since import (plugins) are listed too."""
     rows = [("method", m, f"preset: backbone {METHOD_BACKBONE[m]}, aggregation "
-             f"{METHOD_DEFAULTS[m][0]}, merge {METHOD_DEFAULTS[m][1]}") for m in METHODS]
+             f"{METHOD_DEFAULTS[m][0]}, merge {METHOD_DEFAULTS[m][1]}")
+            for m in METHODS if m not in BASELINE_METHODS]
+    rows += [("baseline", b, f"--method {b}, non-federated: {BASELINES[b]}")
+             for b in BASELINE_METHODS]
     rows += [("backbone", b, "--backbone" + (f" (without --method: preset "
                                              f"{BACKBONE_METHOD[b]})" if b in BACKBONE_METHOD
                                              else " (with --method)"))

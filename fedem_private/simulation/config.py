@@ -47,6 +47,7 @@ from fedem_private.simulation.sections import (  # noqa: F401  (re-exported)
     AGGREGATIONS,
     BACKBONE_METHOD,
     BASELINE_METHODS,
+    BASELINES,
     CODECS,
     DEFAULT_RECORD_CLIENTS,
     DP_MOSTPOP_ARCHITECTURES,

@@ -52,8 +52,18 @@ from fedem_private.server.registry import aggregator_class, aggregators_where
 FEDERATED_METHODS = ("fedmf", "fedsim", "fedem", "local", "fedncf", "pfedrec", "gpfedrec",
                      "fedrap", "fedmerge")
 # non-federated references on the same split, protocol and evaluation (docs/design.md section 14,
-# fedem_private.baselines): no rounds, no uploads; each scores every (user, item) at once
-BASELINE_METHODS = ("mostpop", "dp-mostpop", "centralised", "ease", "als")
+# fedem_private.baselines): no rounds, no uploads; each scores every (user, item) at once.
+# Name -> what it is, one line (`fedem-private list`)
+BASELINES = {
+    "mostpop": "the training data's most popular items, ties broken by a seeded order",
+    "dp-mostpop": "popularity released once under DP ([baseline] architecture, epsilon, k): "
+                  "the private floor",
+    "centralised": "FedMF's model and loss trained on the pooled data (no federation)",
+    "ease": "EASE (Steck 2019), a closed-form item-item model ([baseline] ease_lambda)",
+    "als": "implicit-feedback ALS (Hu, Koren and Volinsky 2008); needs pip install "
+           "'fedem-private[baselines]'",
+}
+BASELINE_METHODS = tuple(BASELINES)
 METHODS = (*FEDERATED_METHODS, *BASELINE_METHODS)
 # dp-mostpop's privacy architectures: user-level central (Gaussian on the secure sum),
 # user-level local (optimal unary encoding), interaction-level (Laplace on each count, once
