@@ -103,6 +103,10 @@ def test_a_second_call_resumes_and_a_changed_rung_needs_force(tiny, capsys):
     assert "0 to run" in out and "1 finished, 0 to run" in out
     assert (tiny / "lad" / "runs" / "mostpop-seed0" / "summary.json").stat().st_mtime_ns \
         == stamp
+    more = [*ARGS[:ARGS.index("--epsilons")], "--epsilons", "1", "4", "16", "--rounds", "2",
+            "--dry-run"]
+    assert main(more) == 0  # a new eps: estimated from this ladder's finished DP-MostPop
+    assert "1 to run; about 0 s (measured rate)" in capsys.readouterr().out
     changed = [a if a != "fedmf" else "fedmf:lr=0.01" for a in ARGS]
     assert main(changed) == 2
     err = capsys.readouterr().err.strip().splitlines()
