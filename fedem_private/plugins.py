@@ -17,13 +17,14 @@ leaf, below every room in pyproject.toml's layers), so any room may ask it to lo
 group.
 
 When loading happens: :func:`load_all` once before the command line is parsed
-(``fedem_private.cli``), at the start of each public API call (``fedem_private.api``) and in
-each sweep worker; the privacy and attack registries also load their own group on their
-first look-up, so code that reaches them directly sees the plugins as well. Each group is
-loaded at most once per process. A plugin that fails to import or to register raises
-:class:`PluginError`, a :class:`~fedem_private.errors.UserError` naming the plugin and its
-error in one line (the command prints it and exits 2), every time its group is asked for
-again, so a broken plugin is never silently missing.
+(``fedem_private.cli``), at the start of each public API call (``fedem_private.api``) and
+before each sweep point (a worker process or a Ray task); the privacy and attack
+registries also load their own group on their first look-up, so code that reaches them
+directly sees the plugins as well. Each group is loaded at most once per process. A
+plugin that fails to import or to register raises :class:`PluginError`, a
+:class:`~fedem_private.errors.UserError` naming the plugin and its error in one line (the
+command prints it and exits 2), every time its group is asked for again, so a broken
+plugin is never silently missing.
 
 Trust: a plugin is code the user installed and runs with the user's rights; loading one is
 no more a privacy or security check than importing it. A plugin mechanism's guarantee is

@@ -256,9 +256,6 @@ def _init_worker(threads: int, stop: Any, interruptible: bool) -> None:
     import torch
 
     torch.set_num_threads(threads)
-    from fedem_private.plugins import load_all
-
-    load_all()  # other packages' parts, as in the parent (its sys.path came with the spawn)
 
 
 def execute_point(point: GridPoint, root: Path, force: bool = False) -> Outcome:
@@ -269,7 +266,10 @@ def execute_point(point: GridPoint, root: Path, force: bool = False) -> Outcome:
     (Ctrl-C, a cancelled Ray task) as ``cancelled`` once the point's temporary
     directory is gone.
     """
+    from fedem_private.plugins import load_all
+
     try:
+        load_all()  # other packages' parts: a spawned worker or a Ray task starts without them
         step, _ = load_step(point.attacks)
         return run_point(point, root, step, force)
     except KeyboardInterrupt:
