@@ -109,10 +109,19 @@ def draw(ax: plt.Axes, points: Sequence[Point], metric: str = "hr10_full") -> in
             color, marker = next(colour, "0.2"), "o"
             style = STYLES.get(next((p.mode for p in pts if p.eps is not None), "none"), "-")
         named = legend < MAX_LEGEND
-        ax.errorbar(xs, ys, yerr=sds, color=color, linestyle=style, marker=marker,
-                    markersize=4, capsize=2, linewidth=1.3,
-                    label=fam if named else None)
-        legend += named
+        # the private points joined; the point without privacy (right of the separator)
+        # stands alone: a line across the separator would read as values measured between
+        private = [i for i, p in enumerate(pts) if p.eps is not None]
+        alone = [i for i, p in enumerate(pts) if p.eps is None]
+        for group, line in ((private, style), (alone, "none")):
+            if not group:
+                continue
+            ax.errorbar([xs[i] for i in group], [ys[i] for i in group],
+                        yerr=[sds[i] for i in group], color=color, linestyle=line,
+                        marker=marker, markersize=4, capsize=2, linewidth=1.3,
+                        label=fam if named else None)
+            named = False
+        legend += legend < MAX_LEGEND
     ax.set_xscale("log")
     if eps:
         ax.axvline(math.sqrt(max(eps) * nodp), color="0.6", linestyle=":", linewidth=0.8)
