@@ -28,6 +28,7 @@ from fedem_private import models, plugins
 from fedem_private.cli import main
 from fedem_private.client import strategies
 from fedem_private.experiments import neighbours as nb
+from fedem_private.experiments.sweep_spec import grid, load_spec
 from fedem_private.privacy import registry
 from fedem_private.server import registry as aggregators
 
@@ -246,5 +247,11 @@ def test_backbones_merges_and_aggregators_register_from_entry_points(
                                             "aggregation": "uniform-again"}})
     assert (cfg.federation.backbone, cfg.federation.merge) == ("mf-again", "sm-again")
     assert aggregators.aggregator_class("uniform-again").__name__ == "UniformAggregator"
+    spec = tmp_path / "sweep.toml"  # a sweep names them too (its grid checked, not run)
+    spec.write_text('[sweep]\nmethods = ["fedmf"]\nmerges = ["sm-again"]\n'
+                    'aggregations = ["uniform-again", "fedavg"]\n')
+    points = grid(load_spec(spec))
+    assert {(p.config.federation.merge, p.config.federation.aggregation) for p in points} \
+        == {("sm-again", "uniform-again"), ("sm-again", "fedavg")}
     with pytest.raises(ValueError, match="already registered"):
         models.register("mf-again", "fedem_private.models.ncf:NCFBackbone")

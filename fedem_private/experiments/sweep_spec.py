@@ -77,16 +77,16 @@ from itertools import product
 from pathlib import Path
 from typing import Any
 
+from fedem_private.client.strategies import REGISTRY as MERGE_REGISTRY
 from fedem_private.client.strategies import merge_class
 from fedem_private.data import DATASETS, PROTOCOLS
 from fedem_private.errors import UserError
 from fedem_private.experiments.checkpoint import check_every
 from fedem_private.privacy import registry
 from fedem_private.privacy.config import DPSGD_FIELDS, PrivacyConfig
+from fedem_private.server.registry import REGISTRY as AGGREGATOR_REGISTRY
 from fedem_private.simulation.config import (
-    AGGREGATIONS,
     CODECS,
-    MERGES,
     METHOD_BACKBONE,
     METHOD_DEFAULTS,
     METHODS,
@@ -247,10 +247,10 @@ def _variants(values: list[Any]) -> tuple[tuple[str, str | None], ...]:
         method, _, merge = v.partition("-") if isinstance(v, str) else ("", "", "")
         if isinstance(v, str) and v in METHODS:  # a method whose name has a dash: dp-mostpop
             method, merge = v, ""
-        if method not in METHODS or (merge and merge not in MERGES):
+        if method not in METHODS or (merge and merge not in MERGE_REGISTRY):
             raise UserError(f"[sweep] variants: unknown variant {v!r}; write a method "
                             f"({', '.join(METHODS)}) or method-merge (merge one of "
-                            f"{', '.join(MERGES)}), e.g. \"fedem-sm\"")
+                            f"{', '.join(MERGE_REGISTRY)}), e.g. \"fedem-sm\"")
         out.append((method, merge or None))
     return tuple(out)
 
@@ -348,11 +348,12 @@ def parse_spec(data: dict[str, Any], source: str) -> SweepSpec:
         base=base,
         datasets=_choice("datasets", axis("datasets", base.data.dataset), DATASETS),
         methods=_choice("methods", axis("methods", base.federation.resolved_method), METHODS),
+        # the registries read now (not the tuples taken at import): plugins' parts too
         merges=_optional_choice("merges", axis("merges", base.federation.merge or DEFAULT),
-                                MERGES),
+                                tuple(MERGE_REGISTRY)),
         aggregations=_optional_choice(
             "aggregations", axis("aggregations", base.federation.aggregation or DEFAULT),
-            AGGREGATIONS),
+            tuple(AGGREGATOR_REGISTRY)),
         privacy=privacy,
         epsilons=epsilons,
         seeds=_seeds(axis("seeds", base.train.seed)),
