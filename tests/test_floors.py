@@ -158,3 +158,30 @@ def test_combining_old_tables_keeps_runs_that_differ_only_in_a_setting():
     assert len(again) == 1 and replaced == 1 and again["hr10_full"].iloc[0] == 0.05
     ids, _ = combine([pd.DataFrame([row(0.1, 0.04, "a")]), pd.DataFrame([row(0.1, 0.06, "a")])])
     assert len(ids) == 1
+
+
+@pytest.mark.parametrize(("model", "std", "expected"), [
+    (0.019, 0.004, "at chance"),  # below chance, level with a floor at chance (issue 67)
+    (0.021, 0.004, "at chance"),  # not 2 SE above chance
+    (0.005, 0.001, "below"),      # below the floor beyond noise, and at chance
+])
+def test_a_model_at_or_below_chance_is_never_within_noise(model, std, expected):
+    """The old quick sweep's FedMF at eps 8 read 0.017 against DP-MostPop 0.023 (chance
+    0.020): level with a floor that is itself at chance is no finding; such a point was
+    'within noise'."""
+    agg = _agg(("dp-mostpop", "ldp-oue", 8.0, 0.023, 0.003),
+               ("fedmf", "ldp-laplace", 8.0, model, std))
+    row = floors.part(agg, "models").iloc[0]
+    got = floors.verdict(row, floors.part(agg, "floors"), chance=0.020)
+    assert got.startswith(expected) and "within noise" not in got
+    assert "at chance" in got
+    # without a chance level nothing is said about it
+    assert "at chance" not in floors.verdict(row, floors.part(agg, "floors"))
+
+
+def test_a_model_above_chance_and_level_with_its_floor_is_within_noise():
+    agg = _agg(("dp-mostpop", "central-gaussian", 8.0, 0.229, 0.003),
+               ("fedmf", "cdp-gaussian", 8.0, 0.232, 0.004))
+    row = floors.part(agg, "models").iloc[0]
+    assert floors.verdict(row, floors.part(agg, "floors"), chance=0.033).startswith(
+        "within noise (central 0.229)")

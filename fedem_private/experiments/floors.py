@@ -102,7 +102,9 @@ def verdict(row: pd.Series, floors: pd.DataFrame, column: str = "hr10_full",
 
     With ``chance`` (the metric's value for a random ranking), a model whose mean is not
     above it by :data:`NOISE_SE` standard errors is ``at chance`` whatever the floor does:
-    beating a floor that is itself at chance is no finding.
+    beating a floor that is itself at chance is no finding, and neither is being level
+    with one (a model below chance is never ``within noise``); one below its floor beyond
+    noise reads ``below (...), at chance``.
     """
     matched = floor_mode(row["mode"])
     eps = row["eps_target"]
@@ -119,12 +121,13 @@ def verdict(row: pd.Series, floors: pd.DataFrame, column: str = "hr10_full",
     if math.isnan(se) or row["n_seeds"] < 2 or floor["n_seeds"] < 2:
         return f"{'above' if diff > 0 else 'below'}, one seed ({value})"
     own_se = row[f"{column}_std"] / math.sqrt(row["n_seeds"])
-    if chance is not None and diff > 0 and row[f"{column}_mean"] - chance <= NOISE_SE * own_se:
+    at_chance = chance is not None and row[f"{column}_mean"] - chance <= NOISE_SE * own_se
+    if -diff > NOISE_SE * se:
+        return f"below ({value})" + (", at chance" if at_chance else "")
+    if at_chance:
         return f"at chance ({value})"
     if diff > NOISE_SE * se:
         return f"beats ({value})"
-    if -diff > NOISE_SE * se:
-        return f"below ({value})"
     return f"within noise ({value})"
 
 
