@@ -27,6 +27,7 @@ from attacks import registry as attack_registry
 from fedem_private import models, plugins
 from fedem_private.cli import main
 from fedem_private.client import strategies
+from fedem_private.errors import UserError
 from fedem_private.experiments import neighbours as nb
 from fedem_private.experiments.sweep_spec import grid, load_spec
 from fedem_private.privacy import registry
@@ -255,3 +256,5 @@ def test_backbones_merges_and_aggregators_register_from_entry_points(
         == {("sm-again", "uniform-again"), ("sm-again", "fedavg")}
     with pytest.raises(ValueError, match="already registered"):
         models.register("mf-again", "fedem_private.models.ncf:NCFBackbone")
+    with pytest.raises(UserError, match="'mf-again' has no preset method"):  # one line
+        fp.resolve_config({"federation": {"backbone": "mf-again"}})

@@ -413,6 +413,9 @@ class FederationConfig:
         if self.backbone is not None and self.backbone not in REGISTRY:  # live: a test may add
             raise UserError(f"unknown backbone {self.backbone!r}; choose one of "
                             f"{', '.join(REGISTRY)}")
+        if self.method is None and self.backbone not in (None, *BACKBONE_METHOD):
+            raise UserError(f"backbone {self.backbone!r} has no preset method (one registered "
+                            f"since, e.g. by a plugin): give --method too, e.g. fedmf")
         if self.codec not in CODECS:
             raise UserError(f"unknown codec {self.codec!r}; available: {', '.join(CODECS)}")
         if self.aggregation is not None and self.aggregation not in AGGREGATOR_REGISTRY:
