@@ -1,6 +1,7 @@
 """Look at the built site in headless Chromium: each page below must render.
 
     python docs/tooling/check_site.py build/site [--screenshots DIR] [--tutorial-executed]
+    python docs/tooling/check_site.py --browser-only   # is Chromium there? (exit 1 if not)
 
 Serves the site on 127.0.0.1 (a free port, this process only), loads each page with
 ``chromium --headless --dump-dom`` (the DOM after the page's scripts ran) and fails
@@ -8,7 +9,7 @@ unless the page has its title and heading, mkdocs-material's header, navigation 
 search, the theme's scripts ran (the ``no-js`` class replaced), and its own content: the
 home page's figures are served as images, the API page shows ``fedem_private.api.run``,
 the tutorial its plots (with ``--tutorial-executed``). ``--screenshots`` saves a PNG of
-each page. Exits 2 with an install hint when Chromium is missing (Debian: ``apt-get
+each page. Exits 1 with an install hint when Chromium is missing (Debian: ``apt-get
 install chromium``).
 """
 
@@ -122,11 +123,19 @@ def problems(dom: str, page: Page, base: str) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("site", type=Path, help="the built site (mkdocs.yml's site_dir)")
+    parser.add_argument("site", type=Path, nargs="?",
+                        help="the built site (mkdocs.yml's site_dir)")
+    parser.add_argument("--browser-only", action="store_true",
+                        help="only check that Chromium is installed (before a long build)")
     parser.add_argument("--screenshots", type=Path, help="save a PNG of each page here")
     parser.add_argument("--tutorial-executed", action="store_true",
                         help="the tutorial was built with its outputs: require its plots")
     args = parser.parse_args(argv)
+    if args.browser_only:
+        print(f"check_site: browser {browser()}")
+        return 0
+    if args.site is None:
+        parser.error("give the built site's folder")
     if not (args.site / "index.html").is_file():
         sys.exit(f"check_site: {args.site}/index.html not found; run mkdocs build first")
     exe = browser()

@@ -5,10 +5,15 @@
 * ``on_files``: replace each split page by its pieces, add the home, results and
   reference pages, and copy the files outside ``docs/`` that pages link to;
 * ``on_page_markdown``: point each relative link at where its target landed.
+
+With ``FEDEM_DOCS_NOTEBOOKS`` set to a folder (tox -e docs sets it), each tutorial notebook
+is taken from there: the copy nbmake executed, so the site shows its outputs while the
+repository keeps the notebook without them.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from pathlib import Path
@@ -65,6 +70,15 @@ def on_files(files, config, **_):
         files.append(File.generated(config, dest, abs_src_path=str(ROOT / repo)))
     for dest, render in GENERATED.items():
         files.append(File.generated(config, dest, content=render()))
+    executed = os.environ.get("FEDEM_DOCS_NOTEBOOKS")
+    if executed:  # tox -e docs: render the notebooks nbmake executed, with their outputs
+        for file in [f for f in files if f.src_uri.startswith("tutorials/")
+                     and f.src_uri.endswith(".ipynb")]:
+            run = Path(executed) / Path(file.src_uri).name
+            if not run.is_file():
+                raise FileNotFoundError(f"FEDEM_DOCS_NOTEBOOKS: no executed {run}")
+            files.remove(file)
+            files.append(File.generated(config, file.src_uri, abs_src_path=str(run)))
     return files
 
 
