@@ -211,3 +211,14 @@ def test_the_ladder_logs_its_runs_under_one_parent_and_prints_its_table(tmp_path
     assert dp.data.metrics["hr10_full"] == pytest.approx(json.loads(
         (tmp_path / "lad/runs/dp-mostpop-central-eps1-seed0/summary.json").read_text()
     )["metrics"]["full"]["hr@10"])
+
+
+@needs_mlflow
+def test_a_server_out_of_reach_is_one_line_and_the_run_stays(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    out = tmp_path / "run"
+    assert main(["run", *TINY_RUN, "--out", str(out), "--mlflow", "http://127.0.0.1:9"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if ": error: " in line]
+    assert len(errors) == 1  # one line (a clipping warning may come before it)
+    assert "--mlflow http://127.0.0.1:9: could not log" in errors[0] and "intact" in errors[0]
+    assert (out / "summary.json").is_file()

@@ -316,10 +316,28 @@ class Logged:
                 f"{self.store.uri})")
 
 
+# a tracking server out of reach fails in seconds, not after MLflow's default retries
+# (minutes); the user's own settings of these variables stand
+HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+                 "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+
+
+@contextlib.contextmanager
+def _patience() -> Iterator[None]:
+    """:data:`HTTP_DEFAULTS` where the environment sets nothing, while logging."""
+    added = [name for name in HTTP_DEFAULTS if name not in os.environ]
+    os.environ.update({name: HTTP_DEFAULTS[name] for name in added})
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
+
+
 @contextlib.contextmanager
 def _failures(uri: str) -> Iterator[None]:
     """MLflow's errors (a store it cannot open, a server it cannot reach) as one line."""
-    with _quiet():
+    with _quiet(), _patience():
         try:
             yield
         except UserError:
