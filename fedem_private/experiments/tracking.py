@@ -261,7 +261,7 @@ class Tracker:
         found = self.find(record.key)
         if found is not None:
             return found, False
-        tags = {**record.tags, KEY_TAG: record.key, "mlflow.runName": record.name}
+        tags = {**record.tags, KEY_TAG: record.key}
         if parent is not None:
             tags[PARENT_TAG] = parent
         run = self.client.create_run(self.experiment_id, start_time=record.start_ms,
