@@ -344,6 +344,7 @@ class Encoded:
 
     values: np.ndarray
     tries: np.ndarray
+    raw: np.ndarray  # the same before the reduction mod 2^b (int64; a diagnostic)
 
 
 def round_conditionally(y: np.ndarray, bound: float, *, seed: int, round_: int,
@@ -399,7 +400,7 @@ def encode(plan: DdpPlan, clipped: np.ndarray, *, seed: int, round_: int,
     ints += skellam_noise(ints.shape, plan.client_variance, seed=seed, round_=round_,
                           clients=clients)
     values = np.mod(ints, 1 << plan.bits).astype(np.uint32)
-    return Encoded(values, tries)
+    return Encoded(values, tries, ints)
 
 
 def centred(total: np.ndarray, bits: int) -> np.ndarray:
