@@ -214,6 +214,17 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--dpsgd-lr", "privacy.dpsgd_lr", _number, "ldp-dpsgd: local SGD learning rate"),
     ("--dpsgd-adapter-steps", "privacy.dpsgd_adapter_steps", _integer,
      "ldp-dpsgd with merge em: DP-SGD steps of the merge adapter per round (charged)"),
+    ("--ddp-bits", "privacy.ddp_bits", _integer,
+     "ddp-skellam: bits b of the modular sum (each client uploads b bits an entry)"),
+    ("--ddp-scale", "privacy.ddp_scale", _number,
+     "ddp-skellam: the scale gamma before rounding (default: the largest whose wrap-around "
+     "bound is <= 1e-6 a round)"),
+    ("--ddp-tolerance", "privacy.ddp_tolerance", _number,
+     "ddp-skellam: the fraction of the cohort that may drop (or collude) with the noise "
+     "still at its target; rounds with fewer inputs abort"),
+    ("--dropout", "privacy.dropout", _number,
+     "ddp-skellam: each participant drops after selection with this probability (half "
+     "before sending its masked input, half after)"),
     ("--epsilon", "privacy.epsilon", _number, "total epsilon target over the rounds (inf ok)"),
     ("--epsilon-round", "privacy.epsilon_round", _number, "per-round epsilon"),
     ("--delta", "privacy.delta", _number, "delta for accounting"),

@@ -126,6 +126,14 @@ class PrivacyConfig:
     # the clients' data sizes: "private" (uniform server weights under any mode but none) or
     # "public" (declared public: size weights, and the printed relation says so); SIZES
     sizes: str = "private"
+    # ddp-skellam (fedem_private/privacy/ddp.py): bits b of the modular sum, the scale gamma
+    # (None: the largest that bounds wrap-around), the dropout fraction its noise tolerates
+    # (each client adds noise for floor((1 - tolerance) K) clients) and the simulated
+    # probability that a participant drops after selection
+    ddp_bits: int = 16
+    ddp_scale: float | None = None
+    ddp_tolerance: float = 0.1
+    dropout: float = 0.0
 
     def __post_init__(self) -> None:
         self.validate()

@@ -78,6 +78,9 @@ class PrivacyLayer:
         # the server-side hook: a secure sum noised once (central mechanisms), else None
         self.secure: SecureSum | None = self.mechanism.server_sum(
             self.params, cfg, self.seed, self.expected_count)
+        configure = getattr(self.secure, "configure", None)
+        if configure is not None:  # a secure sum that calibrates itself (ddp-skellam)
+            configure(rounds=max(int(rounds), 1))
         self._reset_round()
 
     @property
@@ -220,7 +223,11 @@ class PrivacyLayer:
         assert self.secure is not None, "contribute() is for central mechanisms"
         if np.asarray(clients).shape != (local.shape[0],):
             raise ValueError("clients must align with the tables' leading axis")
-        self.secure.add(sent, local)
+        keyed = getattr(self.secure, "add_keyed", None)
+        if keyed is not None:  # per-client encoding keyed by the client's id (ddp-skellam)
+            keyed(sent, local, clients)
+        else:
+            self.secure.add(sent, local)
 
     def contribute_part(self, part: SumPart, clients: np.ndarray) -> None:
         """A central mechanism: add one chunk's share of the secure sum formed elsewhere (a
@@ -313,6 +320,9 @@ class PrivacyLayer:
             whole = getattr(self.mechanism, "release_epsilon", None)
             if whole is not None:
                 reported = whole(self.params, self.round)["reported"]
+            spent = getattr(self.secure, "epsilon_spent", None)
+            if spent is not None:  # a secure sum that accounts its own rounds (ddp-skellam)
+                reported = spent()
             out["eps_spent"] = math.inf if reported is None else float(reported)
         if self.central:
             out["participants_expected"] = self.expected_count

@@ -28,6 +28,7 @@ BUILTIN: dict[str, str] = {
     "cdp-gaussian": "cdp_gaussian",
     "ldp-dpsgd": "ldp_dpsgd",
     "dp-ftrl": "dp_ftrl",
+    "ddp-skellam": "ddp_skellam",
 }
 
 _REGISTRY: dict[str, type[Mechanism]] = {}
