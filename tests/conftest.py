@@ -6,13 +6,31 @@ ends with one section naming every such test and how to get the data.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
+
+
+def _checkout_benchmarks() -> None:
+    """Import ``benchmarks`` from this checkout. It is not in the wheel (pyproject.toml), and
+    opacus, a dependency, installs a top-level ``benchmarks`` of its own into site-packages,
+    which would shadow ours wherever the checkout is not first on sys.path (tox runs the
+    tests against the installed fedem_private)."""
+    folder = Path(__file__).resolve().parents[1] / "benchmarks"
+    spec = importlib.util.spec_from_file_location(
+        "benchmarks", folder / "__init__.py", submodule_search_locations=[str(folder)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["benchmarks"] = module
+    spec.loader.exec_module(module)
+
+
+_checkout_benchmarks()
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
 SKIPPED: dict[str, list[str]] = {}  # dataset -> the real-data tests skipped for want of it
