@@ -293,6 +293,10 @@ def attack(run_dir: str | Path, attacks: Sequence[str] | None = None, *, seed: i
     if not 0.0 < known_fraction < 1.0:
         raise UserError(f"--known-fraction must be in (0, 1), got {known_fraction}")
     dev = resolve_device(device, "--device")
+    from fedem_private.experiments.rundir import check_recorded
+
+    # the files the attacks read, whole, before their import and work (seconds): one line
+    check_recorded(path, None if rounds is None else list(rounds))
     from attacks.run import run_attacks
     from fedem_private.experiments.shadow import shadow_model
 

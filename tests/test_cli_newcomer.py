@@ -74,3 +74,75 @@ def test_flags_hidden_from_the_short_help_still_work():
     assert getattr(args, "federation.hash_senet") == 16
     assert getattr(args, "federation.fedrap_mu") == 0.5
     assert getattr(args, "data.shared_eval_negatives") is True
+
+
+# ------------------------------------------------------------- attack on a broken directory
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    from recorded_runs import recorded_run
+
+    return recorded_run(tmp_path_factory.mktemp("rec") / "run", rounds="last", clients=10,
+                        train__rounds=1, train__eval_every=1)
+
+
+def _truncate(path):
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def _first_round_file(run, folder):
+    return sorted((run / folder).glob("round_*.npz"))[0]
+
+
+BREAKS = {
+    "summary.json": lambda run: _truncate(run / "summary.json"),
+    "config.toml": lambda run: (run / "config.toml").write_text("[train\nrounds = ",
+                                                              encoding="utf-8"),
+    "public.json": lambda run: _truncate(run / "observations" / "public.json"),
+    "observations npz": lambda run: _truncate(_first_round_file(run, "observations")),
+    "ground truth npz": lambda run: _truncate(_first_round_file(run, "ground_truth")),
+    "no config": lambda run: (run / "config.toml").unlink(),
+}
+
+
+@pytest.fixture
+def no_attack_work(monkeypatch):
+    """Every call that would start the attacks' work, recorded instead of run."""
+    import attacks.run
+
+    calls = []
+
+    def spy(*args, **kwargs):
+        calls.append(args)
+        raise SystemExit("the attacks started")
+
+    monkeypatch.setattr(attacks.run, "run_attacks", spy)
+    return calls
+
+
+@pytest.mark.parametrize("broken", sorted(BREAKS))
+def test_attack_refuses_a_broken_run_directory_before_any_work(recorded, tmp_path, capsys,
+                                                               no_attack_work, broken):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(recorded, run)
+    BREAKS[broken](run)
+    assert main(["attack", str(run), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("fedem-private: error: "), err
+    assert str(run) in err
+    assert no_attack_work == []
+
+
+def test_attack_refuses_rounds_not_recorded_before_any_work(recorded, capsys, no_attack_work):
+    assert main(["attack", str(recorded), "--rounds", "7", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "no recorded observations of rounds 7 (recorded: 1)" in err
+    assert no_attack_work == []
+
+
+def test_an_intact_run_directory_reaches_the_attacks(recorded, no_attack_work):
+    with pytest.raises(SystemExit, match="the attacks started"):
+        main(["attack", str(recorded), "--quiet"])
+    assert len(no_attack_work) == 1

@@ -236,3 +236,61 @@ class RunDir:
             raise UserError(f"another run finished into {self.final} while this one ran; "
                             f"this run's results are in {target}")
         return target
+
+
+def _read_whole(path: Path, what: str) -> Any:
+    """``path`` parsed as JSON (``what``: json) or TOML (toml), or one line on what is wrong."""
+    import tomllib
+
+    try:
+        text = path.read_text(encoding="utf-8")
+        return json.loads(text) if what == "json" else tomllib.loads(text)
+    except FileNotFoundError:
+        raise UserError(f"{path}: missing; not a complete run directory") from None
+    except (ValueError, OSError) as e:  # JSONDecodeError, TOMLDecodeError, UnicodeError
+        raise UserError(f"{path}: unreadable, truncated or not {what.upper()} "
+                        f"({' '.join(str(e).split())})") from None
+
+
+def check_recorded(path: Path, rounds: list[int] | None = None) -> None:
+    """The files ``fedem-private attack`` reads from the run directory ``path``, checked
+    before any work (importing the attacks alone takes seconds): ``summary.json`` and
+    ``config.toml`` parse (and ``privacy_ledger.json`` where there is one); where the run
+    recorded rounds, ``observations/public.json`` parses and the recorded rounds (of
+    ``rounds``, when given) are there, each ``.npz`` a whole archive. A run without
+    ``observations/`` is left to the attacks (a mechanism audit needs none). One line on
+    the first thing wrong, as a :class:`UserError`."""
+    import zipfile
+
+    for name, what in (("summary.json", "json"), ("config.toml", "toml"),
+                       ("privacy_ledger.json", "json")):
+        if name == "privacy_ledger.json" and not (path / name).exists():
+            continue
+        data = _read_whole(path / name, what)
+        if not isinstance(data, dict):
+            raise UserError(f"{path / name}: not a JSON object; not a run directory's")
+    obs = path / "observations"
+    if not obs.is_dir():
+        return
+    if not isinstance(_read_whole(obs / "public.json", "json"), dict):
+        raise UserError(f"{obs / 'public.json'}: not a JSON object")
+    pattern = re.compile(r"round_(\d+)(?:_part_\d+)?\.npz")
+    recorded = {int(m.group(1)) for p in obs.iterdir() if (m := pattern.fullmatch(p.name))}
+    wanted = recorded if rounds is None else recorded & set(rounds)
+    if not wanted:
+        asked = "" if rounds is None else f" of rounds {', '.join(map(str, rounds))}"
+        have = f" (recorded: {', '.join(map(str, sorted(recorded)))})" if recorded else ""
+        raise UserError(f"{obs}: no recorded observations{asked}{have}; run with "
+                        f"--record-rounds")
+    for folder in (obs, path / "ground_truth"):
+        if not folder.is_dir():
+            continue
+        for p in sorted(folder.iterdir()):
+            m = pattern.fullmatch(p.name)
+            if m is None or int(m.group(1)) not in wanted:
+                continue
+            try:
+                with zipfile.ZipFile(p) as z:  # the central directory only: cheap
+                    z.namelist()
+            except (zipfile.BadZipFile, OSError) as e:
+                raise UserError(f"{p}: truncated or not an .npz archive ({e})") from None
