@@ -50,6 +50,10 @@ from typing import Any
 
 import numpy as np
 
+from fedem_private.api import UserError
+from fedem_private.experiments import tracking
+from fedem_private.experiments.sweep_cli import add_mlflow_argument
+
 # a federated rung's name -> (display name, its config beyond the method's preset)
 FEDERATED_RUNGS: dict[str, tuple[str, dict[str, Any]]] = {
     "fedmf": ("FedMF", {}), "fedem": ("FedEM", {}), "pfedrec": ("PFedRec", {}),
@@ -671,7 +675,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", nargs="+", metavar="DATASET", default=None,
                         help="only write the combined report of these datasets' ladders "
                         "(and the headline grid's other methods) into <out>/report")
+    add_mlflow_argument(parser, "log the finished rungs' runs to MLflow at the end: a parent "
+                        "run for <runs>/<dataset>, one nested run per run directory; needs "
+                        "pip install 'fedem-private[mlflow]'")
     args = parser.parse_args(argv)
+    try:
+        tracking.check_uri(args.mlflow)
+    except UserError as err:
+        print(f"ladder: error: {err}", file=sys.stderr)
+        return 2
     if args.headline:
         for path in write_headline(Path(args.out), args.headline):
             print(f"wrote {path}")
@@ -757,6 +769,13 @@ def main(argv: list[str] | None = None) -> int:
         (out / args.dataset).mkdir(exist_ok=True)
         frame.to_csv(out / args.dataset / "results.csv", index=False)
     print((out / f"{args.dataset}.md").read_text())
+    if args.mlflow is not None and finished:
+        try:
+            print(tracking.log_group(runs, finished, "ladder", args.mlflow,
+                                     child_kind="rung").line())
+        except UserError as err:
+            print(f"ladder: error: {err}", file=sys.stderr)
+            return 2
     return 0
 
 
