@@ -466,7 +466,9 @@ def write_report(sources: str | Sequence[str], out_dir: str | None = None,
             plots.append(rp.attack_figure(attacked, dataset, ds_attacks,
                                           out / f"{slug}-auc_vs_eps.png", n_seeds))
             plots.append(rp.frontier_figure(attacked, dataset, ds_attacks,
-                                            out / f"{slug}-frontier.png", n_seeds))
+                                            out / f"{slug}-frontier.png", n_seeds,
+                                            ladder.part(sub, "references"),
+                                            10.0 / n_items if n_items > 10 else 0.0))
         codecs = sub["codec"].nunique() if "codec" in sub else 1
         if codecs > 1 and sub["bytes_up_last_mean"].notna().any():
             plots.append(rp.bytes_figure(sub, dataset, out / f"{slug}-hr10_vs_bytes.png",

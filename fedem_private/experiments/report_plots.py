@@ -1,13 +1,14 @@
 """PNG plots of a results table: utility vs eps, attack AUC vs eps, and the trade-off frontier.
 
 Epsilon axes are logarithmic; the points without a finite epsilon sit to the
-right of a dashed separator, labelled: ``inf (clip only)`` (an ldp mode with
-eps = inf: clipped, no noise) and ``no DP`` (mode ``none``: neither clipped
-nor noised). One colour per method variant, one line per (variant, privacy
-mode), or, for one variant under several modes, one colour per mode; when
-several variants run under several private modes (architectures compared),
-each mode gets its own row of panels. Markers are the mean over seeds, error
-bars one standard deviation.
+right of a break in the axis (a grey band with break marks), labelled: ``inf (clip
+only)`` (a mode with eps = inf: clipped, no noise) and ``no DP`` (mode ``none``:
+neither clipped nor noised). They are markers of their own, never joined to the
+finite-eps curve: a segment across the break would read as measured values in between.
+One colour per method variant, one line per (variant, privacy mode), or, for one
+variant under several modes, one colour per mode; when several variants run under
+several private modes (architectures compared), each mode gets its own row of panels.
+Markers are the mean over seeds, error bars one standard deviation.
 """
 
 from __future__ import annotations
@@ -104,11 +105,25 @@ class EpsAxis:
             last = t if keep else last
         ax.set_xticks(ticks, shown)
         ax.set_xlabel("total epsilon (log scale)")
-        if self.separator is not None:
-            ax.axvline(self.separator, color="0.6", linestyle="--", linewidth=0.8)
         ticks_all = ticks or [0.0]
         pad = 0.35 * max(0.6, max(ticks_all) - min(ticks_all)) / 2
         ax.set_xlim(min(ticks_all) - pad, max(ticks_all) + pad)
+        if self.separator is not None:
+            self._break(ax)
+
+    def _break(self, ax: plt.Axes) -> None:
+        """The axis break between the finite epsilons and the special points: a light band
+        (no scale runs across it) with a pair of slanted marks on the top and bottom
+        spines, the usual broken-axis sign."""
+        assert self.separator is not None
+        half = 0.04 * self.span
+        ax.axvspan(self.separator - half, self.separator + half, color="0.93", zorder=0,
+                   linewidth=0)
+        for edge in (self.separator - half, self.separator + half):
+            for y in (0.0, 1.0):
+                ax.plot([edge - 0.3 * half, edge + 0.3 * half], [y - 0.02, y + 0.02],
+                        transform=ax.get_xaxis_transform(), color="0.35", linewidth=1,
+                        clip_on=False, label="_nolegend_")
 
 
 def lines(agg: pd.DataFrame, palette: Sequence[str] | None = None) -> list[Line]:
@@ -172,12 +187,8 @@ def _plot_vs_eps(ax: plt.Axes, all_lines: list[Line], axis: EpsAxis, column: str
         x = pts["_x"].to_numpy() + step * (i - (len(all_lines) - 1) / 2)
         y, err = pts[f"{column}_mean"].to_numpy(), pts[f"{column}_std"].fillna(0).to_numpy()
         finite = np.array([not isinstance(k, str) for k in pts["x_key"]])
+        # the finite epsilons only: the points past the axis break stand alone
         ax.plot(x[finite], y[finite], color=line.color, linestyle=line.style)
-        if finite.any() and (~finite).any():  # across the separator: a faint link only
-            first_special = int(np.flatnonzero(~finite)[0])
-            last_finite = int(np.flatnonzero(finite)[-1])
-            ax.plot(x[[last_finite, first_special]], y[[last_finite, first_special]],
-                    color=line.color, linestyle=":", alpha=0.5)
         ax.errorbar(x, y, yerr=err, fmt=line.marker, color=line.color, capsize=3,
                     label=line.label, markersize=6, markerfacecolor=line.face)
     axis.decorate(ax)
@@ -237,13 +248,11 @@ def utility_figure(agg: pd.DataFrame, dataset: str, path: Path, random_full: flo
                 (row[0], "hr10_full", "HR@10, full ranking", random_full),
                 (row[1], "hr10_sampled", "HR@10, sampled (1 + 99 negatives)", 0.1)):
             _plot_vs_eps(ax, all_lines, axis, column)
-            if rand > 0:
-                ax.axhline(rand, color="0.4", linestyle=":", linewidth=1,
-                           label="random ranking")
-                _value_at_right(ax, rand, "0.4")
+            ends = [chance_line(ax, rand)] if rand > 0 else []
             if extras:
-                reference_lines(ax, refs, column)
+                ends += reference_lines(ax, refs, column)
             ax.set_ylim(bottom=0)
+            end_labels(ax, ends)
             ax.set_title(_titled(mode, title))
             ax.set_ylabel("HR@10")
     handles: dict[str, object] = {}
@@ -257,27 +266,71 @@ def utility_figure(agg: pd.DataFrame, dataset: str, path: Path, random_full: flo
     return _save(fig, path)
 
 
-REFERENCE_STYLES = ("-.", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)), (0, (1, 1)), (0, (8, 2, 2, 2)))
+#: each non-private baseline's look, by method (floors.method_of of its variant): a colour
+#: none of the first model colours (C0-C3) takes, a dash pattern of its own, and the name
+#: written at the line's right end, so no two references can be confused in print or grey
+REFERENCE_LOOK: dict[str, tuple[str, object, str]] = {
+    "mostpop": ("#8c510a", (0, (6, 2)), "MostPop"),                # brown, long dashes
+    "centralised": ("#762a83", (0, (1, 1.5)), "centralised MF"),   # purple, dots
+    "ease": ("#01665e", (0, (6, 2, 1, 2)), "EASE"),                 # teal, dash-dot
+    "als": ("#c51b7d", (0, (3, 1, 1, 1, 1, 1)), "ALS"),            # magenta, dash-dot-dot
+}
+CHANCE_LOOK = ("0.45", (0, (1, 3)), "chance")  # grey, sparse dots: a random ranking
+#: a baseline not in REFERENCE_LOOK (a new one) still gets a look of its own
+SPARE_LOOKS = (("#b35806", (0, (4, 1, 4, 3))), ("#542788", (0, (2, 2))))
 
 
-def reference_lines(ax: plt.Axes, refs: pd.DataFrame, column: str) -> None:
-    """A horizontal line per non-private baseline (mean over seeds), labelled with its value."""
-    # styles by name, so a baseline looks the same on every panel
+def reference_look(variant: str, i: int = 0) -> tuple[str, object, str]:
+    """(colour, dash pattern, display name) of a non-private baseline's line."""
+    from fedem_private.experiments.floors import method_of
+
+    method = method_of(variant)
+    if method in REFERENCE_LOOK:
+        return REFERENCE_LOOK[method]
+    color, style = SPARE_LOOKS[i % len(SPARE_LOOKS)]
+    return color, style, method
+
+
+def reference_lines(ax: plt.Axes, refs: pd.DataFrame, column: str
+                    ) -> list[tuple[float, str, str]]:
+    """A horizontal line per non-private baseline (mean over seeds), each in its own colour
+    and dash pattern (:data:`REFERENCE_LOOK`). Returns (value, text, colour) of the labels
+    :func:`end_labels` writes at the lines' right ends (after the panel's limits are set)."""
+    ends = []
     for i, (_, r) in enumerate(refs.sort_values("variant").iterrows()):
         value = r[f"{column}_mean"]
         if isinstance(value, float) and math.isnan(value):
             continue
-        color = f"{0.1 + 0.1 * (i % 5):.2f}"
-        ax.axhline(value, color=color, linestyle=REFERENCE_STYLES[i % len(REFERENCE_STYLES)],
-                   linewidth=1.1, label=str(r["variant"]))
-        _value_at_right(ax, value, color)
+        color, style, name = reference_look(str(r["variant"]), i)
+        ax.axhline(value, color=color, linestyle=style, linewidth=1.4, label=name)
+        ends.append((float(value), f"{name} {value:.3g}", color))
+    return ends
 
 
-def _value_at_right(ax: plt.Axes, value: float, color: str) -> None:
-    """The value of a horizontal line, written at the panel's right edge."""
-    ax.annotate(f"{value:.3g}", (1.0, value), xycoords=("axes fraction", "data"),
-                xytext=(3, 0), textcoords="offset points", fontsize=7, color=color,
-                va="center")
+def chance_line(ax: plt.Axes, value: float) -> tuple[float, str, str]:
+    """The random ranking's HR@10 as a horizontal line; its end label, as reference_lines."""
+    color, style, name = CHANCE_LOOK
+    ax.axhline(value, color=color, linestyle=style, linewidth=1.2,
+               label=f"{name} (random ranking)")
+    return value, f"{name} {value:.3g}", color
+
+
+def end_labels(ax: plt.Axes, ends: Sequence[tuple[float, str, str]]) -> None:
+    """Write each horizontal line's name and value just outside the panel's right edge, at
+    its height; labels that would overlap are pushed apart (at least 9 points), keeping
+    their order. Call after the panel's y limits are final."""
+    if not ends:
+        return
+    y0, y1 = ax.get_ylim()
+    height = max(ax.get_window_extent().height, 1.0)  # the panel's height in points (dpi 72)
+    per_point = (y1 - y0) / height * ax.figure.dpi / 72.0
+    placed: list[float] = []
+    for value, text, color in sorted(ends):
+        y = value if not placed else max(value, placed[-1] + 9 * per_point)
+        placed.append(y)
+        ax.annotate(text, (1.0, y), xycoords=("axes fraction", "data"),
+                    xytext=(3, 0), textcoords="offset points", fontsize=7, color=color,
+                    va="center", annotation_clip=False)
 
 
 def floor_lines(floors: pd.DataFrame) -> list[Line]:
@@ -319,10 +372,18 @@ def _eps_text(key: float | str) -> str:
     return ("ε=∞" if key == CLIP_ONLY else "no DP") if isinstance(key, str) else f"ε={key:g}"
 
 
+#: the baselines the frontier draws on its accuracy axis (beside chance): a private model
+#: is worth its leakage only above what popularity gives without any user's private data
+FRONTIER_REFERENCES = ("mostpop",)
+
+
 def frontier_figure(agg: pd.DataFrame, dataset: str, attacks: Sequence[str], path: Path,
-                    n_seeds: str) -> Path:
+                    n_seeds: str, references: pd.DataFrame | None = None,
+                    random_full: float = 0.0) -> Path:
     """HR@10 (full) against attack AUC: the utility / privacy trade-off, one line per method
-    (a row of panels per architecture, :func:`architectures`).
+    (a row of panels per architecture, :func:`architectures`). The accuracy axis carries
+    chance (``random_full``, when above 0) and MostPop (from ``references``, the seed-
+    aggregated baseline rows) as labelled horizontal lines.
 
     The x axis is the AUC in the attacker's better orientation, max(AUC, 1 - AUC): an AUC
     of 0.1 means the score ranks members below non-members, and a server that knows the
@@ -333,14 +394,19 @@ def frontier_figure(agg: pd.DataFrame, dataset: str, attacks: Sequence[str], pat
     fig, axes = plt.subplots(len(rows), len(attacks),
                              figsize=(max(8.0, 5.5 * len(attacks)), 4.8 * len(rows)),
                              squeeze=False)
+    from fedem_private.experiments.floors import method_of
+
+    refs = (references[references["variant"].map(method_of).isin(FRONTIER_REFERENCES)]
+            if references is not None and not references.empty else None)
     for row, (mode, all_lines, axis) in zip(axes, rows, strict=True):
-        _frontier_row(row, all_lines, axis, attacks, mode)
+        _frontier_row(row, all_lines, axis, attacks, mode, refs, random_full)
     fig.suptitle(f"{dataset}: utility vs attack success ({_over(n_seeds)})")
     return _save(fig, path)
 
 
 def _frontier_row(row: Sequence[plt.Axes], all_lines: list[Line], axis: EpsAxis,
-                  attacks: Sequence[str], mode: str | None) -> None:
+                  attacks: Sequence[str], mode: str | None,
+                  refs: pd.DataFrame | None = None, random_full: float = 0.0) -> None:
     for ax, attack in zip(row, attacks, strict=True):
         col = f"{attack}_auc"
         labels: list[tuple[int, str, np.ndarray, np.ndarray, list[str]]] = []
@@ -357,14 +423,20 @@ def _frontier_row(row: Sequence[plt.Axes], all_lines: list[Line], axis: EpsAxis,
                 markerfacecolor=line.face)
             labels.append((i, line.color, x, y, [_eps_text(k) for k in pts["x_key"]]))
         ax.axvline(0.5, color="0.4", linestyle=":", linewidth=1, label="random guess (AUC 0.5)")
+        ends = [chance_line(ax, random_full)] if random_full > 0 else []
+        if refs is not None:
+            ends += reference_lines(ax, refs, "hr10_full")
         ax.set_xlim(0.45, 1.06)
         ax.set_ylim(bottom=0)
+        end_labels(ax, ends)
         _label_points(ax, labels)
         ax.set_xlabel(f"{attack} attack AUC, better orientation: max(AUC, 1 - AUC)")
         ax.set_ylabel("HR@10, full ranking")
         ax.set_title(_titled(mode, f"{attack}: better is up and to the left"))
         ax.grid(alpha=0.3)
-    legend(row[0], 8)
+    # lower right (leaky and no better than chance) is where a frontier rarely has points;
+    # "best" put the legend over the no-noise points at the top right
+    legend(row[0], 8, loc="lower right")
 
 
 def bytes_figure(agg: pd.DataFrame, dataset: str, path: Path, n_seeds: str) -> Path:
@@ -461,13 +533,13 @@ LEGEND_INSIDE_MAX = 6
 
 
 def legend(ax: plt.Axes, fontsize: int, handles: list | None = None,
-           labels: list[str] | None = None) -> None:
+           labels: list[str] | None = None, loc: str = "best") -> None:
     """The panel's legend: inside it (where it covers least) when short, else below it, in
     columns, so that a sweep of many settings does not hide its own lines."""
     if handles is None or labels is None:
         handles, labels = ax.get_legend_handles_labels()
     if len(labels) <= LEGEND_INSIDE_MAX:
-        ax.legend(handles, labels, fontsize=fontsize, loc="best")
+        ax.legend(handles, labels, fontsize=fontsize, loc=loc)
         return
     below = ax.legend(handles, labels, fontsize=fontsize, loc="upper center", frameon=False,
                       bbox_to_anchor=(0.5, -0.3), ncol=2 if len(labels) > LEGEND_INSIDE_MAX else 1)
