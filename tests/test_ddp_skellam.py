@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-import numpy as np
-import torch
+import pytest
 
-from fedem_private.experiments import neighbours as nb
-from fedem_private.privacy.ddp import DdpSecureSum, dropouts
-from fedem_private.simulation.loop import Simulation
+pytest.importorskip("Crypto", reason="the [secagg] extra (pycryptodome) is not installed")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from fedem_private.experiments import neighbours as nb  # noqa: E402
+from fedem_private.privacy.ddp import DdpSecureSum, dropouts  # noqa: E402
+from fedem_private.simulation.loop import Simulation  # noqa: E402
 
 
 def _run(**settings: object) -> Simulation:

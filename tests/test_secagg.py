@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-from scipy import stats
 
-from fedem_private.privacy import secagg
+pytest.importorskip("Crypto", reason="the [secagg] extra (pycryptodome) is not installed")
+
+import numpy as np  # noqa: E402
+from scipy import stats  # noqa: E402
+
+from fedem_private.privacy import secagg  # noqa: E402
 
 
 def _inputs(m: int, length: int, bits: int, seed: int = 0) -> np.ndarray:

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from fedem_private import rng
+from fedem_private.errors import UserError
 from fedem_private.privacy import skellam
 from fedem_private.privacy.central import CentralRoundStats, SumPart, clipped_deltas
 from fedem_private.privacy.clipping import ClipStats
@@ -108,7 +109,13 @@ class DdpSecureSum:
         self._reset()
 
     def configure(self, *, rounds: int) -> None:
-        """The planned rounds the budget is calibrated for (the layer's, set once)."""
+        """The planned rounds the budget is calibrated for (the layer's, set once); refuses
+        in one line, before any training, when the secure-aggregation extra is missing."""
+        try:
+            from fedem_private.privacy import secagg  # noqa: F401
+        except ImportError as exc:
+            raise UserError(f"ddp-skellam needs the secure-aggregation extra ({exc.name} is "
+                            "missing): pip install 'fedem-private[secagg]'") from exc
         self.rounds = int(rounds)
         self.plan = None
 
