@@ -59,7 +59,9 @@ def test_links_follow_their_targets_to_the_pieces(tmp_path):
         "```\n## not a heading\n```\n\n## B part\n\n![fig](../benchmarks/fig.png)\n")
     (tmp_path / "docs" / "other.md").write_text(
         "# Other\n\n[to B](long.md#b-part) [to long](long.md) [`x` in text](long.md#a-part)\n")
-    (tmp_path / "README.md").write_text("# Home\n\n[B](docs/long.md#b-part)\n")
+    (tmp_path / "README.md").write_text("# Home\n\n[B](docs/long.md#b-part) "
+                                        "[report](benchmarks/report.md)\n")
+    (tmp_path / "benchmarks" / "report.md").write_text("# Report\n\n![f](fig.png)\n")
     site = pages.plan(tmp_path, limit=5)
     pieces = site.pages["docs/long.md"]
     assert [p.src_uri for p in pieces] == ["long.md", "long/a-part.md", "long/b-part.md"]
@@ -77,6 +79,10 @@ def test_links_follow_their_targets_to_the_pieces(tmp_path):
     home = site.pages["README.md"][0]
     assert home.src_uri == "index.md"
     assert "[B](long/b-part.md#b-part)" in site.rewrite(home.text, "index.md")
+    assert "[report](repo/benchmarks/report.md)" in site.rewrite(home.text, "index.md")
+    report = site.pages["benchmarks/report.md"][0]  # a linked report: a page, links followed
+    assert "![f](../../assets/repo/benchmarks/fig.png)" in site.rewrite(
+        report.text, "repo/benchmarks/report.md")
 
 
 def nav_entries():
@@ -91,7 +97,8 @@ def test_the_navigation_names_every_page_once(plan):
 
     named = nav_entries()
     assert len(named) == len(set(named))
-    sources = {p.src_uri for pieces in plan.pages.values() for p in pieces[:1]}
+    sources = {p.src_uri for pieces in plan.pages.values() for p in pieces[:1]
+               if not p.src_uri.startswith(f"{pages.REPORTS}/")}  # linked reports: no nav
     on_disk = {p.relative_to(ROOT / "docs").as_posix() for p in (ROOT / "docs").rglob("*")
                if p.suffix in (".md", ".ipynb") and "tooling" not in p.parts}
     available = sources | on_disk | set(hooks.GENERATED)

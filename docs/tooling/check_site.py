@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(f"check_site: {args.site}/index.html not found; run mkdocs build first")
     exe = browser()
     handler = functools.partial(_QuietHandler, directory=str(args.site))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server = _Server(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{server.server_address[1]}/"
     failed = 0
@@ -160,6 +160,11 @@ def main(argv: list[str] | None = None) -> int:
         server.shutdown()
     print(f"check_site: {failed} of {len(pages(args.tutorial_executed))} pages failed")
     return 1 if failed else 0
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:
+        pass  # a browser that closes a connection early is no failure of the page
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):

@@ -9,7 +9,8 @@ such as ``docs/design.md section 5`` stays valid. The site shows them differentl
 * README.md is the home page, BENCHMARKS.md the results page, benchmarks/README.md the
   results' layout page;
 * a file outside ``docs/`` that a page links to (a figure under ``benchmarks/results/``)
-  is copied into the site under ``assets/repo/``;
+  is copied into the site under ``assets/repo/``, a Markdown report there becomes a page
+  under ``repo/`` (outside the navigation) and its own links are followed the same way;
 * every relative link is rewritten to where its target lands, an anchor to the piece that
   holds that heading.
 
@@ -25,6 +26,7 @@ from pathlib import Path
 
 LIMIT = 600  # the most lines a page of the site may have
 ASSETS = "assets/repo"  # where files outside docs/ that pages link to are copied
+REPORTS = "repo"  # where Markdown outside docs/ that pages link to becomes a page
 # pages from outside docs/: repository path -> the page it becomes on the site
 OUTSIDE_PAGES = {"README.md": "index.md", "BENCHMARKS.md": "results.md",
                  "benchmarks/README.md": "results-layout.md"}
@@ -109,7 +111,7 @@ class Piece:
         return len(self.text.splitlines())
 
 
-def split(text: str, name: str, limit: int = LIMIT) -> list[Piece]:
+def split(text: str, name: str, limit: int = LIMIT, source: str | None = None) -> list[Piece]:
     """``name`` (``privacy.md``) as site pages: itself when it has at most ``limit``
     lines, else its first piece (preamble and leading "In short"/"Contents" sections) and
     one piece per further ``## `` section, under ``<stem>/``."""
@@ -136,7 +138,8 @@ def split(text: str, name: str, limit: int = LIMIT) -> list[Piece]:
         taken.add(slug)
         raised = [line[1:] if not code and HEADING.match(line) and line.startswith("##")
                   else line for line, code in zip(body, fenced(body), strict=True)]
-        back = f"\n*A section of [{title}](../{posixpath.basename(name)}) (`docs/{name}`).*"
+        back = (f"\n*A section of [{title}](../{posixpath.basename(name)}) "
+                f"(`{source or 'docs/' + name}`).*")
         pieces.append(Piece(f"{stem}/{slug}.md", heading,
                             "\n".join([raised[0], back, *raised[1:]]) + "\n"))
     for piece in pieces:
@@ -246,18 +249,25 @@ def plan(root: Path, limit: int = LIMIT) -> SitePlan:
         if (root / repo).is_file():
             text = (root / repo).read_text()
             site.pages[repo] = [Piece(dest, repo, text, {a for _, _, a in headings(text)})]
-    for repo, pieces in site.pages.items():
-        for piece in pieces:
-            site.origin[piece.src_uri] = repo
-    for repo, pieces in list(site.pages.items()):
-        for piece in pieces:
+    todo = list(site.pages)
+    while todo:  # what the pages link to outside docs/, and what those pages link to
+        repo = todo.pop()
+        for piece in site.pages[repo]:
             for t in link_targets(piece.text):
                 if EXTERNAL.match(t) or t.startswith("#"):
                     continue
                 dest = posixpath.normpath(posixpath.join(posixpath.dirname(repo),
                                                          t.partition("#")[0]))
-                if dest.startswith("docs/") or dest in site.pages or dest.startswith(".."):
+                if dest.startswith(("docs/", "..")) or dest in site.pages \
+                        or not (root / dest).is_file():
                     continue
-                if (root / dest).is_file():
+                if dest.endswith(".md"):  # a report outside docs/: a page of its own
+                    site.pages[dest] = split((root / dest).read_text(),
+                                             f"{REPORTS}/{dest}", limit, source=dest)
+                    todo.append(dest)
+                else:
                     site.assets[dest] = f"{ASSETS}/{dest}"
+    for repo, pieces in site.pages.items():
+        for piece in pieces:
+            site.origin[piece.src_uri] = repo
     return site
