@@ -204,7 +204,7 @@ def run(config: RunConfig | Mapping[str, Any] | str | Path | None = None,
         close()
     result = load_run(path)
     if warn:
-        for part in ("clipping", "cold_items"):
+        for part in ("clipping", "cold_items", "sampled_candidates"):
             text = (result.summary.get(part) or {}).get("warning")
             if text:
                 warnings.warn(f"{path}: {text}", RunWarning, stacklevel=2)

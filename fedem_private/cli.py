@@ -613,7 +613,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         rounds = ", ".join(str(r) for r in resumed["resumed_at"])
         changed = "; the package's code had changed since" if resumed["code_changed"] else ""
         print(f"resumed from the checkpoint after round {rounds}{changed}")
-    for part in ("data", "clipping", "cold_items"):
+    for part in ("data", "clipping", "cold_items", "sampled_candidates"):
         warning = (summary.get(part) or {}).get("warning")
         if warning:
             print(f"{PROG}: warning: {warning}", file=sys.stderr)

@@ -77,6 +77,45 @@ def build_eval_sets(split: Split, protocol: str, seed: int, n_sampled: int = 99,
                     val_items, val_cand)
 
 
+def sampled_pools(split: Split) -> np.ndarray:
+    """Per user, how many distinct items :func:`build_eval_sets` draws its sampled negatives
+    from, under either protocol: every item but the user's training, validation and test
+    items. Below ``n_sampled`` the draw must repeat items (a negative scored above the test
+    item then counts more than once), so sampled HR/NDCG can fall below full ranking's."""
+    n, m = split.n_users, split.n_items
+    keys = np.repeat(np.arange(n, dtype=np.int64), split.train_counts) * m + split.train_items
+
+    def outside_training(items: np.ndarray) -> np.ndarray:
+        wanted = np.arange(n, dtype=np.int64) * m + items
+        at = np.searchsorted(keys, wanted)
+        inside = at < keys.size
+        inside[inside] = keys[at[inside]] == wanted[inside]
+        return ~inside
+
+    held = (outside_training(split.val_items).astype(np.int64)
+            + (outside_training(split.test_items) & (split.test_items != split.val_items)))
+    return m - np.asarray(split.train_counts, dtype=np.int64) - held
+
+
+def sampled_note(split: Split, n_sampled: int = 99) -> dict[str, object]:
+    """summary.json's ``sampled_candidates``: how many users have fewer than ``n_sampled``
+    distinct items to draw sampled negatives from (:func:`sampled_pools`), the fewest, and
+    a warning when any has."""
+    pools = sampled_pools(split)
+    short = int((pools < n_sampled).sum())
+    note: dict[str, object] = {"asked": n_sampled, "users": int(pools.size),
+                               "users_short": short,
+                               "fewest": int(pools.min()) if pools.size else None,
+                               "warning": None}
+    if short:
+        note["warning"] = (
+            f"{short} of {pools.size} users have fewer than {n_sampled} items to draw their "
+            f"{n_sampled} sampled negatives from (fewest {note['fewest']}): their negatives "
+            f"repeat, so sampled HR/NDCG can fall below full ranking's and are not "
+            f"comparable with runs on larger catalogues; read the full-ranking metrics")
+    return note
+
+
 def _with_test(split: Split) -> tuple[np.ndarray, np.ndarray]:
     n = split.n_users
     users = np.concatenate([np.repeat(np.arange(n), split.train_counts), np.arange(n),

@@ -15,6 +15,7 @@ from typing import Any
 from fedem_private._version import __version__
 from fedem_private.data import leave_one_out, load_dataset, population_record
 from fedem_private.data.split import Split, cold_share, set_aside
+from fedem_private.evaluation.metrics import sampled_note
 from fedem_private.experiments.rundir import NOT_PRIVATE, RunDir
 from fedem_private.simulation.config import RunConfig, to_dict, to_toml
 
@@ -51,6 +52,7 @@ def baseline_summary(cfg: RunConfig, dataset: str, split: Split, model: str,
         "data": set_aside(split, cfg.data.min_user_ratings),
         "cold_items": {"test_share": cold_share(split),
                        "val_share": cold_share(split, split.val_items), "warning": None},
+        "sampled_candidates": sampled_note(split),
         "baseline": info, "version": __version__, "not_private": NOT_PRIVATE,
     }
 

@@ -13,6 +13,7 @@ from fedem_private.data import leave_one_out, load_dataset, population_record
 from fedem_private.data.attributes import item_attributes
 from fedem_private.data.split import cold_share, set_aside
 from fedem_private.errors import Diverged, UserError
+from fedem_private.evaluation.metrics import sampled_note
 from fedem_private.experiments import checkpoint as checkpoints
 from fedem_private.experiments.checkpoint import Checkpointing
 from fedem_private.experiments.rundir import NOT_PRIVATE, RunDir
@@ -185,6 +186,7 @@ def summarise(view: RunView, history: list[RoundStats], wall: float) -> dict[str
                                      if view.dpsgd else "uploads"),
         "communication": communication_summary(history),
         "cold_items": cold_items_summary(view),
+        "sampled_candidates": sampled_note(view.split),
         "data": set_aside(view.split, cfg.data.min_user_ratings),
         "version": __version__,
         "not_private": NOT_PRIVATE,

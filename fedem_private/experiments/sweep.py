@@ -220,6 +220,10 @@ def point_result(out: Path) -> str | None:
     cold = summary.get("cold_items") or {}
     if cold.get("warning"):
         text += f"; {cold['test_share']:.0%} of test items cold (see summary.json)"
+    short = summary.get("sampled_candidates") or {}
+    if short.get("warning"):
+        text += (f"; {short['users_short']} users with fewer than {short['asked']} sampled "
+                 f"candidates: sampled metrics not comparable (see summary.json)")
     return text
 
 
