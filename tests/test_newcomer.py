@@ -86,17 +86,52 @@ def test_record_section_is_validated_before_anything_runs(tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
-def test_sweep_point_identity_is_unchanged_by_new_config_sections():
+# the built-in quick sweep before issue 67 (Laplace LDP on the default synthetic data):
+# the sweep file whose digests version 0.1.0 wrote
+QUICK_SPEC_0_1 = """\
+# The built-in quick sweep: FedMF vs FedEM on the default synthetic data
+# (600 users, 500 items) under clipped Laplace local DP, eps in {inf, 8, 1}
+# (inf: clipped, no noise), attacked by the projection attack in the last round;
+# beside them the accuracy ladder's references: MostPop, EASE, centralised MF and
+# DP-MostPop under local DP (optimal unary encoding) at eps 8 and 1, the private floor
+# ldp-laplace's points are judged against.
+[sweep]
+datasets = ["synthetic"]
+methods = ["fedmf", "fedem"]
+privacy = ["ldp-laplace"]
+epsilons = [inf, 8, 1]
+seeds = [0, 1, 2]
+protocols = ["strict"]
+attacks = ["projection"]
+record_rounds = ["last"]
+record_clients = 100
+references = ["mostpop", "dp-mostpop", "ease", "centralised"]
+
+[base.train]
+rounds = 15
+local_epochs = 5
+
+[base.privacy]
+# L1 clip bound of the uploaded delta: about the typical pre-clip L1 norm of a
+# FedMF client's delta in these runs (mean_pre_clip_norm in metrics.csv: ~880
+# in round 1, ~690 from round 10 on; FedEM's grows from ~880 to ~3000).
+clip = 800.0
+"""
+
+
+def test_sweep_point_identity_is_unchanged_by_new_config_sections(tmp_path):
     """Digests written by version 0.1.0 still match where what runs is unchanged, so
     existing sweeps resume: here a point without privacy. A point under a mechanism does
     not resume: since issue 39 its server weights are uniform (data sizes private), so
-    the quick sweep's first point (ldp-laplace) has a new digest (it was b83c5189...)."""
+    the old quick sweep's first point (ldp-laplace) has a new digest (it was
+    b83c5189...)."""
     from dataclasses import replace
 
     from fedem_private.experiments.sweep_spec import grid, load_spec
     from fedem_private.privacy.config import PrivacyConfig
 
-    point = grid(load_spec(None))[0]
+    (tmp_path / "quick-0.1.toml").write_text(QUICK_SPEC_0_1)
+    point = grid(load_spec(str(tmp_path / "quick-0.1.toml")))[0]
     plain = replace(point, config=replace(point.config, privacy=PrivacyConfig()))
     assert plain.digest(True) == ("501a1645eed86f346063bc4416cbca69"
                                   "d7cefbe3bab84e2e27a2404cd5b24d98")

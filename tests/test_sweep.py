@@ -57,21 +57,22 @@ def test_quick_spec_grid_names_are_readable_and_deterministic():
     points = grid(load_spec(None))
     names = [p.name for p in points]
     assert names == [p.name for p in grid(load_spec(None))]
-    assert "synthetic/fedmf/ldp-laplace-epsinf/strict/seed0" in names
-    assert "synthetic/fedem-em/ldp-laplace-eps1/strict/seed0" in names
-    federated = [p for p in points if p.variant in ("fedmf", "fedem-em")]
+    assert "synthetic/fedmf/cdp-gaussian-k800-epsinf/strict/seed0" in names
+    assert "synthetic/fedem-em-fedavg/cdp-gaussian-k800-eps1/strict/seed0" in names
+    federated = [p for p in points if p.variant in ("fedmf", "fedem-em-fedavg")]
     seeds = len(load_spec(None).seeds)
     assert len(names) == len(set(names))
     assert len(federated) == 2 * 3 * seeds
     assert all(p.attacks == ("projection",) for p in federated)
-    # the ladder beside them: three references and the local floor at eps 8 and 1
+    # the ladder beside them: three references and the central floor at eps 8 and 1
     others = sorted(p.name.split("/", 2)[2] for p in points if p not in federated
                     and p.name.endswith("seed0"))
-    assert others == sorted(["none/strict/seed0"] * 3 + ["local-eps8/strict/seed0",
-                                                          "local-eps1/strict/seed0"])
+    assert others == sorted(["none/strict/seed0"] * 3 + ["central-eps8/strict/seed0",
+                                                          "central-eps1/strict/seed0"])
     assert all(p.attacks == () for p in points if p not in federated)
     cfg = next(p.config for p in points if "eps8" in p.name)
-    assert cfg.privacy.epsilon == 8 and cfg.privacy.mode == "ldp-laplace"
+    assert cfg.privacy.epsilon == 8 and cfg.privacy.mode == "cdp-gaussian"
+    assert cfg.train.cohort_size == 800 and cfg.data.synthetic.n_users == 4000
     assert math.isinf(next(p.config for p in points if "epsinf" in p.name).privacy.epsilon)
 
 
