@@ -36,7 +36,7 @@ def test_every_spec_loads(path):
     if base.get("train", {}).get("device") == "cuda":
         torch = pytest.importorskip("torch")
         if not torch.cuda.is_available():
-            pytest.skip("asks for a CUDA device")
+            pytest.skip("needs a CUDA GPU: the spec asks for device cuda")
     if "sweep" in text:
         load_spec(path)
     else:  # a run config (fedem-private run --config FILE)
