@@ -77,8 +77,7 @@ def on_files(files, config, **_):
             run = Path(executed) / Path(file.src_uri).name
             if not run.is_file():
                 raise FileNotFoundError(f"FEDEM_DOCS_NOTEBOOKS: no executed {run}")
-            files.remove(file)
-            files.append(File.generated(config, file.src_uri, abs_src_path=str(run)))
+            file.abs_src_path = str(run)  # the same file object: mkdocs-jupyter's page
     return files
 
 
