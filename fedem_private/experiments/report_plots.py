@@ -113,17 +113,16 @@ class EpsAxis:
 
     def _break(self, ax: plt.Axes) -> None:
         """The axis break between the finite epsilons and the special points: a light band
-        (no scale runs across it) with a pair of slanted marks on the top and bottom
-        spines, the usual broken-axis sign."""
+        (no scale runs across it) with a pair of slanted marks on the bottom spine, the
+        usual broken-axis sign (on the top spine they would run into the title)."""
         assert self.separator is not None
         half = 0.04 * self.span
         ax.axvspan(self.separator - half, self.separator + half, color="0.93", zorder=0,
                    linewidth=0)
         for edge in (self.separator - half, self.separator + half):
-            for y in (0.0, 1.0):
-                ax.plot([edge - 0.3 * half, edge + 0.3 * half], [y - 0.02, y + 0.02],
-                        transform=ax.get_xaxis_transform(), color="0.35", linewidth=1,
-                        clip_on=False, label="_nolegend_")
+            ax.plot([edge - 0.3 * half, edge + 0.3 * half], [-0.02, 0.02],
+                    transform=ax.get_xaxis_transform(), color="0.35", linewidth=1,
+                    clip_on=False, label="_nolegend_")
 
 
 def lines(agg: pd.DataFrame, palette: Sequence[str] | None = None) -> list[Line]:
