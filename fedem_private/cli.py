@@ -474,7 +474,20 @@ def config_from_args(args: argparse.Namespace):
                       "record.clients": getattr(args, "record_clients", None)})
     cfg = with_overrides(base, overrides).validate().resolved()
     _check_clip_given(args, cfg)
+    _check_ddp_options_given(args, cfg)
     return cfg
+
+
+def _check_ddp_options_given(args: argparse.Namespace, cfg: Any) -> None:
+    """Refuse ddp-skellam's flags given under another mode, even at their default value
+    (the config's check sees only values that differ from the default)."""
+    from fedem_private.privacy.config import DDP_FIELDS, ddp_option_refused
+
+    mech = cfg.privacy.mechanism
+    given = [n for n in DDP_FIELDS
+             if getattr(args, f"privacy.{n}", None) is not None and not mech.accepts(n)]
+    if given:
+        raise UserError(ddp_option_refused(given[0], cfg.privacy.mode))
 
 
 def _check_clip_given(args: argparse.Namespace, cfg: Any) -> None:

@@ -83,7 +83,7 @@ from fedem_private.data import DATASETS, PROTOCOLS
 from fedem_private.errors import UserError
 from fedem_private.experiments.checkpoint import check_every
 from fedem_private.privacy import registry
-from fedem_private.privacy.config import DPSGD_FIELDS, PrivacyConfig
+from fedem_private.privacy.config import DDP_FIELDS, DPSGD_FIELDS, PrivacyConfig
 from fedem_private.server.registry import REGISTRY as AGGREGATOR_REGISTRY
 from fedem_private.simulation.config import (
     CODECS,
@@ -482,6 +482,9 @@ def _privacy(base: PrivacyConfig, mode: str, eps: float | None) -> PrivacyConfig
     if not mech.in_training:  # and the local DP-SGD settings ldp-dpsgd's
         defaults = PrivacyConfig.__dataclass_fields__
         base = replace(base, **{n: defaults[n].default for n in DPSGD_FIELDS})
+    if not mech.accepts("ddp_bits"):  # and the secure-sum settings ddp-skellam's
+        defaults = PrivacyConfig.__dataclass_fields__
+        base = replace(base, **{n: defaults[n].default for n in DDP_FIELDS})
     if not mech.takes_budget:
         return replace(base, mode=mode, epsilon=None, epsilon_round=None, noise_multiplier=None)
     if eps is None:  # keep the base budget (an ldp base mode always has one)

@@ -41,10 +41,19 @@ from typing import Any
 
 from fedem_private.errors import UserError
 from fedem_private.privacy import registry
-from fedem_private.privacy.mech.base import DPSGD_OPTIONS, Mechanism
+from fedem_private.privacy.mech.base import DDP_OPTIONS, DPSGD_OPTIONS, Mechanism
 
 # the settings of ldp-dpsgd alone (refused at a non-default value under any other mode)
 DPSGD_FIELDS: tuple[str, ...] = DPSGD_OPTIONS
+# the settings of ddp-skellam alone (the same: refused at a non-default value elsewhere)
+DDP_FIELDS: tuple[str, ...] = DDP_OPTIONS
+
+
+def ddp_option_refused(name: str, mode: str) -> str:
+    """The one-line refusal of ddp-skellam's option ``name`` under privacy ``mode``."""
+    flag = "--" + name.replace("_", "-")
+    return (f"{flag} (privacy.{name}) is for --privacy ddp-skellam (distributed DP under "
+            f"secure aggregation), not privacy {mode!r}; drop it or choose ddp-skellam")
 
 # What the server may know of each client's data size |D_u| (docs/design.md section 5, "What the
 # server may use"): "private" (the default) keeps it from the server, whose weights are then
@@ -180,7 +189,17 @@ class PrivacyConfig:
         self._validate_clip_auto()
         self._validate_central()
         self._validate_dpsgd()
+        self._validate_ddp_fields()
         mech.validate(self)
+
+    def _validate_ddp_fields(self) -> None:
+        """ddp-skellam's options set under another mode: refused in one line (they would
+        silently do nothing; the command line also refuses them given at their default)."""
+        defaults = PrivacyConfig.__dataclass_fields__
+        changed = [n for n in DDP_FIELDS if not self.mechanism.accepts(n)
+                   and getattr(self, n) != defaults[n].default]
+        if changed:
+            raise UserError(ddp_option_refused(changed[0], self.mode))
 
     def _validate_dpsgd(self) -> None:
         _number("dpsgd_rate", self.dpsgd_rate)
