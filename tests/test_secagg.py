@@ -84,3 +84,26 @@ def test_costs_count_what_a_client_sends() -> None:
     assert per["upload_masked_input_bytes"] == 1000 * 16 / 8
     assert per["upload_keys_bytes"] == 64
     assert per["upload_shares_bytes"] == view.degree * secagg.SHARE_MESSAGE
+
+
+@pytest.mark.parametrize(("m", "before", "after"), [(6, [1], [3]), (40, [0, 5], [7, 9]),
+                                                     (12, [], list(range(8)))])
+def test_the_benchmarks_plain_round_matches_the_protocol(m: int, before: list[int],
+                                                         after: list[int]) -> None:
+    """plain_round (benchmarks' shortcut) gives the protocol's senders, survivors and sum,
+    and aborts exactly when it does."""
+    x = _inputs(m, 64, 10, seed=m)
+    ids = np.arange(m) * 3
+    kw = {"seed": 4, "round_": 2, "drop_before": ids[before], "drop_after": ids[after]}
+    try:
+        real = secagg.run_round(x, ids, 10, **kw)
+    except secagg.SecAggAbort as err:
+        with pytest.raises(secagg.SecAggAbort) as again:
+            secagg.plain_round(x, ids, 10, **kw)
+        assert str(again.value) == str(err)
+        return
+    plain = secagg.plain_round(x, ids, 10, **kw)
+    assert np.array_equal(plain.total, real.total)
+    assert np.array_equal(plain.senders, real.senders)
+    assert np.array_equal(plain.survivors, real.survivors)
+    assert plain.masked == {}  # nothing to record: the shortcut is no protocol

@@ -88,6 +88,10 @@ class DdpSecureSum:
     adaptive = None
     canaries = None
     unclipped_estimate = None
+    #: True: each round runs the simulated protocol (:func:`secagg.run_round`). False, for
+    #: accuracy benchmarks only: :func:`secagg.plain_round`, the same senders, abort rule and
+    #: modular sum without the cryptography (no masked inputs to record, no costs)
+    simulate_protocol: bool = True
 
     def __init__(self, *, clip: float, bits: int, scale: float | None, tolerance: float,
                  dropout: float, expected_count: float, cohort: int, seed: int, rounds: int,
@@ -132,10 +136,13 @@ class DdpSecureSum:
 
     def _plan_for(self, dim: int) -> skellam.DdpPlan:
         if self.plan is None or self.plan.dim != dim:
-            self.plan = skellam.make_plan(
-                bits=self.bits, clip=self.clip, dim=dim, cohort=self.cohort,
-                noise_clients=self.noise_clients, rounds=self.rounds, delta=self.delta,
-                epsilon=self.epsilon, noise_multiplier=self.z, scale=self.scale)
+            try:
+                self.plan = skellam.make_plan(
+                    bits=self.bits, clip=self.clip, dim=dim, cohort=self.cohort,
+                    noise_clients=self.noise_clients, rounds=self.rounds, delta=self.delta,
+                    epsilon=self.epsilon, noise_multiplier=self.z, scale=self.scale)
+            except ValueError as err:  # too few bits for this noise, cohort and dimension
+                raise UserError(f"ddp-skellam: {err}; give more --ddp-bits") from err
         return self.plan
 
     def add(self, sent: torch.Tensor, local: torch.Tensor) -> ClipStats:
@@ -194,14 +201,15 @@ class DdpSecureSum:
             rec.reason = (f"ddp-skellam: round {t}: only {rec.senders} inputs reached the sum, "
                           f"the noise needs {plan.noise_clients}; nothing released")
             return base
+        protocol = secagg.run_round if self.simulate_protocol else secagg.plain_round
         try:
-            view = secagg.run_round(values, ids, plan.bits, seed=self.seed, round_=t,
-                                    drop_before=before, drop_after=after)
+            view = protocol(values, ids, plan.bits, seed=self.seed, round_=t,
+                            drop_before=before, drop_after=after)
         except secagg.SecAggAbort as err:
             rec.reason = str(err)
             return base
         self.last_view = view
-        rec.costs = view.costs.per_client()
+        rec.costs = view.costs.per_client() if self.simulate_protocol else {}
         assert view.total is not None
         est = skellam.decode(plan, view.total, seed=self.seed, round_=t)
         sent_ids = view.senders

@@ -302,3 +302,45 @@ def run_round(inputs: np.ndarray, ids: np.ndarray, bits: int, *, seed: int, roun
     costs.server_seconds += time.perf_counter() - tick
     view.total = (total % mod).astype(np.uint32)
     return view
+
+
+def plain_round(inputs: np.ndarray, ids: np.ndarray, bits: int, *, seed: int, round_: int,
+                degree: int | None = None, threshold: int | None = None,
+                drop_before: np.ndarray | tuple[int, ...] = (),
+                drop_after: np.ndarray | tuple[int, ...] = ()) -> RoundView:
+    """:func:`run_round`'s outcome without its cryptography, for accuracy benchmarks only:
+    the same senders and survivors, the same abort rule (a client with fewer than t
+    surviving neighbours in the same graph) and the same ``total`` (the senders' inputs
+    summed mod 2^b, which the masks cancel to exactly); no keys, no masked inputs
+    (``masked`` is empty) and no costs. It shows the server nothing a real round would
+    not, and it is no protocol: ``--record-rounds`` needs :func:`run_round`."""
+    ids = np.asarray(ids, dtype=np.int64)
+    x = np.asarray(inputs)
+    m = x.shape[0]
+    if ids.shape != (m,) or len(set(ids.tolist())) != m:
+        raise ValueError("ids must be distinct, one per input row")
+    if not 1 <= bits <= 32:
+        raise ValueError(f"bits must be in [1, 32], got {bits}")
+    k = default_degree(m) if degree is None else int(degree)
+    nbrs = graph(ids, k, seed=seed, round_=round_)
+    kk = min(k, m - 1)
+    t = default_threshold(kk) if threshold is None else int(threshold)
+    if not 1 <= t <= max(kk, 1):
+        raise ValueError(f"threshold {t} must be in [1, {kk}]")
+    before = set(np.asarray(drop_before, dtype=np.int64).tolist())
+    after = set(np.asarray(drop_after, dtype=np.int64).tolist())
+    sent = [u for u in ids.tolist() if u not in before]
+    senders = np.array(sorted(sent), dtype=np.int64)
+    survivors = np.array([u for u in senders.tolist() if u not in after], dtype=np.int64)
+    surviving = set(survivors.tolist())
+    for w in ids.tolist():
+        answers = sum(1 for v in nbrs[w].tolist() if v in surviving)
+        if answers < t:
+            raise SecAggAbort(
+                f"secure aggregation aborted in round {round_}: client {w} has {answers} "
+                f"surviving neighbours of the t = {t} needed to unmask (too many dropouts: "
+                f"{m - len(sent)} before sending, {len(sent) - len(surviving)} after); "
+                f"nothing released")
+    keep = np.isin(ids, senders)
+    total = (x[keep].astype(np.uint64).sum(axis=0) % np.uint64(1 << bits)).astype(np.uint32)
+    return RoundView(ids, senders, survivors, {}, total, kk, t, Costs(clients=m))

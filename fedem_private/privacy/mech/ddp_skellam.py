@@ -28,6 +28,7 @@ import numpy as np
 from fedem_private.errors import UserError
 from fedem_private.privacy.mech.base import (
     ADD_REMOVE_CLIENT,
+    DDP_OPTIONS,
     SAMPLED_BUDGET,
     SHARED_OPTIONS,
     Mechanism,
@@ -40,8 +41,6 @@ if TYPE_CHECKING:
     from fedem_private.privacy.ddp import DdpSecureSum
     from fedem_private.privacy.layer import PrivacyLayer
     from fedem_private.privacy.params import MechanismParams
-
-DDP_OPTIONS: tuple[str, ...] = ("ddp_bits", "ddp_scale", "ddp_tolerance", "dropout")
 
 RELATION = ("user-level: one client's contribution to one round's sum present or replaced by "
             "zero (the client still takes part and adds its noise share; the cohort is a "
@@ -189,6 +188,9 @@ class DdpSkellam(Mechanism):
                 "cpu_seconds_last_round": {k: v for k, v in costs.items()
                                            if k.endswith("seconds")},
                 "accounting": ACCOUNTING,
+                "protocol": ("simulated secure aggregation" if sec.simulate_protocol
+                             else "plain modular sum (benchmark shortcut: same senders, "
+                             "aborts and sum; no cryptography, no costs)"),
             },
         })
         return out
