@@ -31,6 +31,15 @@ drawn (the same keyed draw), so the attacks can score it as a control: what
 the aggregate reveals about a client it does not contain is the population's
 signal (popularity), not the client's.
 
+Under ``ddp-skellam`` the server's real view is the secure aggregation's transcript, and
+each recorded round also writes ``observations/secagg/round_XXXX.npz``
+(:func:`save_secagg_transcript`): the recorded clients' masked b-bit inputs as the server
+received them (uniform over Z_{2^b} to it, not their updates), the cohort, senders and
+survivors, the modular sum, and the public decoding parameters (bits, scale gamma, the
+rotation's signs, the dimension, q n). The sum decodes to the released aggregate (the
+observation above), which is what the attacks read: nothing else in the transcript
+carries a client's update. ``public.json`` says ``"server_view": "secagg-transcript"``.
+
 Which clients: the first N client ids of the split (ids ``0 .. N-1`` of the
 re-indexed users that survived the split), a deterministic choice that does
 not depend on the data, the seed or chunking. ``"last"`` is the run's final
@@ -40,10 +49,12 @@ fraction below 1) gets a row with ``participated`` False and zero tables.
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -64,6 +75,9 @@ from fedem_private.simulation.loop import AggregateView, ChunkView, Simulation
 from fedem_private.simulation.view import RunView
 
 STORE_DTYPE = "float32"
+#: public.json's ``extra["server_view"]`` when the secure aggregation's transcript is kept
+SECAGG_VIEW = "secagg-transcript"
+SECAGG_FOLDER = "secagg"
 SELECTION_RULE = "first N client ids of the split (0 .. N-1)"
 #: public.json's ``extra["observation"]`` when each client's upload was recorded
 OBSERVED_UPLOADS = "uploads"
@@ -138,8 +152,11 @@ class Recorder:
     public parameters, the demographics, and (for the ground truth only) the split and
     the keyed samples; never a client's state."""
 
-    def __init__(self, view: RunView, run_dir: str | Path, spec: RecordSpec) -> None:
+    def __init__(self, view: RunView, run_dir: str | Path, spec: RecordSpec,
+                 secure: Any = None) -> None:
         self.view = view
+        # ddp-skellam's secure sum (its last round's secure-aggregation view), else None
+        self.secure = secure
         self.run_dir = Path(run_dir)
         self.rounds = frozenset(spec.resolve(view.cfg.train.rounds))
         n = view.n_users
@@ -151,7 +168,10 @@ class Recorder:
 
     def write_static(self) -> None:
         """public.json and the demographics of the recorded clients."""
-        save_public(self.run_dir, public_knowledge(self.view, sorted(self.rounds), self.clients))
+        public = public_knowledge(self.view, sorted(self.rounds), self.clients)
+        if self.secure is not None:
+            public = replace(public, extra={**public.extra, "server_view": SECAGG_VIEW})
+        save_public(self.run_dir, public)
         demo = {name: np.asarray(values)[self.clients]
                 for name, values in self.view.demographics.items()}
         if demo:
@@ -228,6 +248,45 @@ class Recorder:
         # and for the others the control's negatives (a pure function of seed, round, client)
         s = self.view.samples(view.round, clients)
         self._write(obs, *self._truth(clients, s, range(k)))
+        if self.secure is not None:
+            save_secagg_transcript(self.run_dir, view.round, self.secure, clients)
+
+
+def save_secagg_transcript(run_dir: str | Path, round_: int, secure: Any,
+                           clients: np.ndarray) -> Path | None:
+    """ddp-skellam: what the server received in ``round_`` from the recorded ``clients``
+    (their masked inputs; a recorded client not among the senders has none) and the
+    modular sum, to ``observations/secagg/round_XXXX.npz``; None when the round aborted
+    (nothing released: the server saw no sum)."""
+    rec = secure.records[-1] if secure.records else None
+    sv = secure.last_view
+    if rec is None or rec.round != round_ or not rec.released or sv is None:
+        return None
+    if not sv.masked and sv.senders.size:
+        raise UserError("--record-rounds under ddp-skellam needs the simulated secure "
+                        "aggregation (DdpSecureSum.simulate_protocol), not the benchmarks' "
+                        "plain sum")
+    from fedem_private.privacy.skellam import rotation_signs
+
+    plan = secure.plan
+    sent = np.asarray([c for c in clients.tolist() if c in sv.masked], dtype=np.int64)
+    masked = (np.stack([sv.masked[int(c)] for c in sent]) if sent.size
+              else np.zeros((0, plan.padded), dtype=np.uint32))
+    arrays = {"round": np.array(round_, dtype=np.int64), "bits": np.array(plan.bits),
+              "scale": np.array(plan.scale), "dim": np.array(plan.dim),
+              "padded_dim": np.array(plan.padded),
+              "expected_count": np.array(secure.expected_count),
+              "rotation_signs": rotation_signs(secure.seed, round_, plan.padded).astype(np.int8),
+              "cohort": sv.cohort, "senders": sv.senders, "survivors": sv.survivors,
+              "recorded_senders": sent, "masked": masked.astype(np.uint32),
+              "total": np.asarray(sv.total, dtype=np.uint32)}
+    folder = Path(run_dir) / "observations" / SECAGG_FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"round_{round_:04d}.npz"
+    tmp = folder / f".round_{round_:04d}.tmp.npz"
+    np.savez_compressed(tmp, **arrays)
+    os.replace(tmp, path)
+    return path
 
 
 def recording_setup(spec: RecordSpec) -> Callable[[Simulation, Path], None]:
@@ -235,7 +294,9 @@ def recording_setup(spec: RecordSpec) -> Callable[[Simulation, Path], None]:
     (to the uploads, or under a central mechanism to the released aggregates)."""
 
     def setup(sim: Simulation, run_dir: Path) -> None:
-        recorder = Recorder(sim.view, run_dir, spec)
+        secure = getattr(sim.privacy, "secure", None)
+        recorder = Recorder(sim.view, run_dir, spec,
+                            secure if hasattr(secure, "last_view") else None)
         recorder.write_static()
         if sim.view.central:
             sim.observe(on_aggregate=recorder.on_aggregate)
