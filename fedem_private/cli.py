@@ -137,6 +137,12 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--alpha", "federation.alpha", _number, "similarity weight alpha (equation 13)"),
     ("--rho", "federation.rho", _number, "fixed merge weight for --merge sm"),
     ("--adapter-lr", "federation.adapter_lr", _number, "adapter learning rate (equation 11)"),
+    ("--merge-rows", "federation.merge_rows", str,
+     "which rows equation 10 mixes: all (as published) or seen (the client's own training "
+     "items; every other row takes the received table, rho = 1)"),
+    ("--prox-mu", "federation.prox_mu", _number,
+     "local training adds (mu / 2) ||Q_l - Q_g||^2 over the rows a client trains, Q_g the "
+     "table it received (Ditto style); 0: off"),
     ("--adapter-objective", "federation.adapter_objective", str,
      "what the merge adapter trains on (equation 11; em and dm only): train (the round's "
      "training samples, as published) or holdout (a rotating fold of the client's positives, "

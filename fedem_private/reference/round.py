@@ -266,9 +266,20 @@ def simulation_round(sim) -> dict[str, Any]:
                 train_adapter_client(net, strategy, sim.merge_cfg.adapter_lr, st.q_local[u],
                                      sent, None, batches, logits_of=logits_of)
             merged, rho = merge_client(net, strategy, sim.merge_cfg.rho, st.q_local[u], sent)
+            if getattr(sim, "merge_seen", False):  # issue 69: rho' = 1 off the client's items
+                own = split.train_items[split.train_indptr[u]: split.train_indptr[u + 1]]
+                merged = torch.stack([merged[i] if i in set(own.tolist()) else sent[i]
+                                      for i in range(merged.shape[0])])
             start.items = merged[None]
             rhos.append(rho)
-        new_params.append(reference_train_client(bb, start, items, labels, cfg, t, u))
+        if getattr(sim, "prox_mu", 0.0) > 0:  # issue 69: + (mu / 2) ||Q_l - Q_g||^2 (MF)
+            from fedem_private.reference.variants import prox_mf_train_client
+
+            q, pu = prox_mf_train_client(start.items[0], start.private["p"][0], sent,
+                                         sim.prox_mu, items, labels, cfg, sim.seed, t, u)
+            new_params.append(ClientParams(q[None], {}, {"p": pu[None]}))
+        else:
+            new_params.append(reference_train_client(bb, start, items, labels, cfg, t, u))
     q_local = torch.cat([p.items for p in new_params])
     private = {k: torch.cat([p.private[k] for p in new_params]) for k in new_params[0].private}
     dense = {k: torch.cat([p.dense[k] for p in new_params]) for k in new_params[0].dense}

@@ -128,6 +128,14 @@ class RunConfig:
                 raise UserError(f"privacy {self.privacy.mode!r} trains by its own DP-SGD "
                                 f"steps; --optimizer {self.train.optimizer} is not built for "
                                 f"it; drop --optimizer")
+        if self.federation.prox_mu > 0 or self.federation.merge_rows != "all":
+            if self.privacy.mechanism.in_training:
+                raise UserError(f"privacy {self.privacy.mode!r} trains by its own DP-SGD steps "
+                                f"from a start that must not depend on the client's data; "
+                                f"--prox-mu and --merge-rows seen are not built for it")
+            if self.federation.prox_mu > 0 and self.train.optimizer != "adam":
+                raise UserError(f"--prox-mu is built for --optimizer adam, not "
+                                f"{self.train.optimizer!r}")
         for token, section, name, _, default in PAPER_CODE_OPTIONS:
             if token in UNBUILT_OPTIONS and getattr(getattr(self, section), name) != default:
                 raise UserError(f"{section}.{name}: the option is not built yet "

@@ -82,6 +82,8 @@ LATER_FIELDS: dict[tuple[str, ...], Any] = {
     ("federation", "agg_clients_ratio"): 1.0,
     ("federation", "similarity"): "eq13",
     ("federation", "merge_every_batch"): False,
+    ("federation", "merge_rows"): "all",
+    ("federation", "prox_mu"): 0.0,
     ("train", "optimizer"): "adam",
     ("train", "lr_head"): None,
     ("train", "lr_user"): None,

@@ -69,6 +69,8 @@ import torch
 from fedem_private import hostmem, models, rng
 from fedem_private.client import codecs
 from fedem_private.client.merging import MergeConfig, Merger
+from fedem_private.client.variant_options import MergeRowsOptions, ProxOptions
+from fedem_private.client.variants import merge_seen_rows, prox_rows, seen_mask
 from fedem_private.data.split import Split, exclusion_csr
 from fedem_private.device import torch_device
 from fedem_private.errors import UserError
@@ -434,6 +436,9 @@ class Simulation:
         self.device = torch_device(tr.device)  # of every heavy tensor (module docstring)
         self.aggregation = fed.resolved_aggregation
         self.merge_cfg = MergeConfig.from_config(fed)
+        # issue 69: equation 10 on the client's own items only; the proximal weight mu
+        self.merge_seen = MergeRowsOptions.from_config(fed).rows == "seen"
+        self.prox_mu = ProxOptions.from_config(fed).mu
         self.privacy = PrivacyLayer(self.cfg.privacy, rounds=tr.rounds,
                                     n_clients=split.n_users, lr=tr.lr,
                                     sizes=split.train_counts, seed=self.seed)
@@ -790,6 +795,12 @@ class Simulation:
             work.idx, self.state.items(work.idx), work.sent, user_vecs, score, steps,
             merging=work.recv,
             trainer=self._adapter_trainer(work))
+        if self.merge_seen:  # rho' = 1 outside the client's training items (issue 69)
+            keep = seen_mask(work.chunk, self.split.train_indptr, self.split.train_items,
+                             self.split.n_items, work.sent.device)
+            if work.recv is not None:  # a client sent nothing keeps its own table whole
+                keep |= ~work.recv.to(keep.device).view(-1, 1)
+            work.start.items = merge_seen_rows(work.start.items, work.sent, keep)
         rnd.rho_sum += float(rho.sum() if work.recv is None else rho[work.recv].sum())
         rnd.rho_n += work.n_recv
         work.merged = True
@@ -818,6 +829,8 @@ class Simulation:
             work.rows = self.codec.trainer(work.theta_sent,
                                            base=None if work.merged else self.codec.e0)
             rnd.down_bytes += work.k * wire_bytes({**work.theta_sent, **work.dense_sent})
+        if self.prox_mu > 0 and not rnd.peft:  # (mu / 2) ||Q_l - Q_g||^2 (issue 69)
+            work.rows = prox_rows(work.sent, self.prox_mu)
         if self.privacy.dpsgd:
             new, touched = self.privacy.train_local(
                 self.backbone, work.start, work.chunk, self.split.train_indptr,

@@ -26,6 +26,7 @@ from fedem_private.client.merges import (  # noqa: F401  (names re-exported)
 )
 from fedem_private.client.strategies import REGISTRY as MERGE_REGISTRY
 from fedem_private.client.strategies import merge_class, strategies_where
+from fedem_private.client.variant_options import MergeRowsOptions, ProxOptions
 from fedem_private.data import (
     DATASETS,
     PROTOCOLS,
@@ -404,6 +405,10 @@ class FederationConfig:
     similarity: str = SimilarityOptions.similarity
     # docs/design.md 2a, option 7: merge on every local batch and evaluate the merged table
     merge_every_batch: bool = False
+    # issue 69 (client.variant_options): equation 10 on the client's own items only ("seen"),
+    # and the proximal weight mu of (mu / 2) ||Q_l - Q_g||^2 in local training
+    merge_rows: str = MergeRowsOptions.rows
+    prox_mu: float = ProxOptions.mu
 
     def validate(self) -> None:
         """Check the parts' names, then every part's own options (each refuses a bad value
@@ -489,6 +494,23 @@ class FederationConfig:
         if self.merge_every_batch and self.adapter_objective != "train":
             raise UserError("--merge-every-batch trains the adapter on the training batches "
                             "themselves; it cannot use --adapter-objective holdout")
+        if self.merge_rows != "all":
+            if not merge_class(merge).merges or self.merge_every_batch:
+                raise UserError(f"--merge-rows {self.merge_rows} chooses the rows equation 10 "
+                                f"mixes; merge {merge!r}"
+                                f"{' on every batch' if self.merge_every_batch else ''} has "
+                                f"none to choose; use --merge "
+                                f"{', '.join(strategies_where('merges'))} without "
+                                f"--merge-every-batch")
+        if self.prox_mu > 0:
+            if not backbone_class(self.resolved_backbone).trains_item_rows:
+                raise UserError(f"--prox-mu pulls the trained item rows toward the received "
+                                f"table; backbone {self.resolved_backbone!r} trains whole "
+                                f"tables; use one of "
+                                f"{', '.join(backbones_where('trains_item_rows'))}")
+            if self.codec != "full" or self.merge_every_batch:
+                raise UserError("--prox-mu trains the item table's own rows; it is not built "
+                                "for a FedPEFT codec or --merge-every-batch")
         if self.server_lr != 1.0 or self.server_momentum != 0.0:
             if not aggregator_class(agg).one_table:
                 raise UserError(f"--server-lr / --server-momentum step the one global table of a "
