@@ -550,12 +550,29 @@ def privacy_text(privacy: dict[str, Any] | None) -> str:
     if privacy.get("delta"):
         text += f" at delta {privacy['delta']:g}"
     text += warning
+    if privacy.get("ddp_skellam"):
+        text += _ddp_text(privacy["ddp_skellam"])
     if privacy.get("sizes") == "public":
         text += "; data sizes declared public (not protected)"
     auto = privacy.get("clip_auto")
     if auto:
         text += (f"; clip {auto['clip']:.4g} from --clip auto (DP warm-up, eps "
                  f"{auto['epsilon']:.3g}, included)")
+    return text
+
+
+def _ddp_text(ddp: dict[str, Any]) -> str:
+    """ddp-skellam's bits, bytes per client and released rounds, for the summary line."""
+    sent = ddp.get("bytes_per_client") or {}
+    up = sum(v for k, v in sent.items() if k.startswith("upload_"))
+    text = (f"; {ddp['bits']} bits an entry, {sent.get('masked_input', 0) / 1024:.1f} KiB "
+            f"masked input per client a round")
+    if up:
+        text += (f" ({up / 1024:.1f} KiB uploaded a cohort member, mean, with the "
+                 f"protocol's keys, shares and unmasking)")
+    aborted = len(ddp.get("rounds_aborted") or [])
+    text += (f"; dropout {ddp.get('dropout', 0):g}: {ddp.get('rounds_released')} rounds "
+             f"released, {aborted} aborted")
     return text
 
 

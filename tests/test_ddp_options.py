@@ -32,3 +32,19 @@ def test_the_config_refuses_a_ddp_setting_under_another_mode() -> None:
         PrivacyConfig(mode="cdp-gaussian", epsilon=4.0, dropout=0.1)
     # and accepts it under ddp-skellam
     assert PrivacyConfig(mode="ddp-skellam", epsilon=4.0, dropout=0.1).dropout == 0.1
+
+
+def test_the_summary_line_shows_bits_bytes_and_released_rounds() -> None:
+    from fedem_private.cli import privacy_text
+
+    ddp = {"bits": 14, "dropout": 0.1, "rounds_released": 9, "rounds_aborted": [{"round": 3}],
+           "bytes_per_client": {"masked_input": 14336, "upload_keys_bytes": 64.0,
+                                "upload_shares_bytes": 1242.0,
+                                "upload_masked_input_bytes": 13619.2,
+                                "upload_unmask_bytes": 359.0, "download_bytes": 2394.0}}
+    line = privacy_text({"mode": "ddp-skellam", "delta": 1e-5,
+                         "epsilon": {"reported": 3.5}, "ddp_skellam": ddp})
+    assert "\n" not in line and "eps spent (worst client) 3.5" in line
+    assert "14 bits an entry, 14.0 KiB masked input" in line
+    assert f"{(64 + 1242 + 13619.2 + 359) / 1024:.1f} KiB uploaded" in line
+    assert "dropout 0.1: 9 rounds released, 1 aborted" in line
