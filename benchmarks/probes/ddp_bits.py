@@ -319,7 +319,8 @@ def report(dataset: str, runs: Path, out: Path, command: str) -> None:
                          f"{r['rounds_aborted']} (secagg {r['aborted_secagg']}, noise "
                          f"{r['aborted_noise']}) |")
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    plot(ddp, band, by_arm.get("cdp-z", []), refs, out / f"{stem}.png", dataset)
+    plot(ddp, band, by_arm.get("cdp-z", []), refs, out / f"{stem}.png", dataset,
+         sorted({r["bits"] for r in failed if r["arm"] == "ddp"}))
     print(f"wrote {out / stem}.{{csv,md,png}}")
 
 
@@ -342,17 +343,19 @@ def _band(cdp: list[dict[str, Any]], refs: list[tuple[str, float, float, float, 
 def plot(ddp: list[dict[str, Any]], band: tuple[str, float, float, float, float, int] | None,
          cdpz: list[dict[str, Any]],
          refs: list[tuple[str, float, float, float, float, int]], path: Path,
-         dataset: str) -> None:
+         dataset: str, infeasible: list[int] | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 5.0))
     bits = sorted({r["bits"] for r in ddp})
+    infeasible = [b for b in infeasible or [] if b not in bits]
+    ticks = sorted({*bits, *infeasible})
     for ax, key, title in ((axes[0], "full_hr10", "full HR@10"),
                            (axes[1], "sampled_hr10", "sampled HR@10 (100 candidates)")):
-        lo, hi = min(bits, default=8) - 0.5, max(bits, default=20) + 0.5
+        lo, hi = min(ticks, default=8) - 0.5, max(ticks, default=20) + 0.5
         bands = []
         if band:
             i = 1 if key == "sampled_hr10" else 3
@@ -379,17 +382,24 @@ def plot(ddp: list[dict[str, Any]], band: tuple[str, float, float, float, float,
             ax.errorbar(bits, [m for m, _, _ in ms],
                         yerr=[0 if math.isnan(s) else s for _, s, _ in ms], color="tab:red",
                         marker="o", capsize=3, label="ddp-skellam eps 4 (mean ± sd)")
+        if infeasible:
+            ax.plot(infeasible, [0.0] * len(infeasible), "x", color="tab:red", ms=9,
+                    clip_on=False, label="ddp-skellam infeasible (noise overflows b bits)")
+            for b in infeasible:
+                ax.annotate("too few\nbits", (b, 0), textcoords="offset points",
+                            xytext=(0, 10), ha="center", fontsize=7, color="tab:red")
         ax.set_xlim(lo, hi)
-        ax.set_xticks(bits or list(BITS))
+        ax.set_xticks(ticks or list(BITS))
         ax.set_xlabel("bits b per entry of the modular sum")
         ax.set_ylabel(title)
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
-    axes[1].legend(fontsize=7, loc="lower right")
+    handles, labels = axes[1].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=7.5, loc="lower center", ncol=3, frameon=False)
     n = len({r["seed"] for r in ddp})
     fig.suptitle(f"{dataset}: ddp-skellam against bits, beside the idealised cdp-gaussian "
                  f"(band: mean ± sd, {n} seed{'s' if n > 1 else ''})", fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.13, 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
