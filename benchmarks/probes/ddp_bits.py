@@ -121,16 +121,23 @@ def points(dataset: str, seeds: list[int], bits: tuple[int, ...], dropouts: tupl
 
 
 def _priority(point: dict[str, Any]) -> tuple[int, int]:
-    """Run order on a loaded machine (each ML-100K point takes minutes): every arm at
-    seed 0, then 16 bits at the other seeds, the dropout sweep, then the rest."""
-    arm, seed, bits = point["arm"], point["seed"], point["bits"]
-    if seed == 0 and arm != "drop":
-        return 0, 0
+    """Run order on a loaded machine (an ML-100K ddp-skellam point takes ~8 minutes
+    there): the references and 8 to 16 bits at seed 0, 16 bits at the other seeds, 20 bits,
+    the dropout sweep, then the rest."""
+    arm, seed, bits = point["arm"], point["seed"], point["bits"] or 0
+    if seed == 0 and (arm not in ("ddp", "drop") or bits <= 16) and arm != "drop":
+        return 0, bits
     if arm == "ddp" and bits == 16:
         return 1, seed
+    if arm == "cdp-z":  # ddp's noise without its bits: the comparison that isolates them
+        return 1, 10 + seed
+    if arm == "ddp" and bits == 20 and seed == 0:
+        return 2, 0
     if arm == "drop":
-        return 2, {0.1: 0, 0.2: 1, 0.05: 2}.get(point["dropout"], 3)
-    return 3, {12: 0, 20: 1}.get(bits or 0, 2 if arm == "cdp-z" else 3 if arm == "cdp" else 4)
+        return 3, {0.1: 0, 0.2: 1, 0.05: 3, 0.0: 4}[point["dropout"]]
+    if arm == "ddp" and bits == 18 and seed == 0:
+        return 3, 2
+    return 4, {12: 0, 20: 1}.get(bits, 3 if arm == "cdp" else 4)
 
 
 def run_point(point: dict[str, Any], runs: Path, protocol: str) -> None:
@@ -182,6 +189,10 @@ def _row(rec: dict[str, Any]) -> dict[str, Any]:
             "full_hr10": m["full"]["hr@10"], "sampled_hr10": m["sampled"]["hr@10"],
             "epsilon_reported": eps, "noise_multiplier": priv.get("noise_multiplier"),
             "scale_gamma": ddp.get("scale_gamma"),
+            # the rounding's inflation of the sensitivity, Delta_2 / (gamma C): the noise
+            # is sized to Delta_2, the signal is gamma C
+            "rounding_inflation": (ddp["l2_sensitivity_int"] / (ddp["scale_gamma"] * ddp["clip"])
+                                   if ddp else None),
             "gaussian_equivalent_z": ddp.get("gaussian_equivalent_multiplier"),
             "rounds_released": ddp.get("rounds_released"),
             "rounds_aborted": len(ddp.get("rounds_aborted") or []),
@@ -281,8 +292,10 @@ def report(dataset: str, runs: Path, out: Path, command: str) -> None:
     band = _band(cdp, refs)
     lines += ["", "## ddp-skellam against bits (tolerance 0.1, no dropout)", "",
               "| bits | seeds | sampled HR@10 | full HR@10 | eps (worst client) | gamma | "
+              "Delta_2 / (gamma C) | "
               "z (Gaussian-equiv.) | wrapped entries | bytes/client (masked input) | "
-              "full HR@10 vs cdp eps 4 | s/round |", "|---" * 11 + "|"]
+              "full HR@10 vs cdp eps 4 | full HR@10 vs cdp at ddp's z | s/round |",
+              "|---" * 13 + "|"]
     if band:
         lines.insert(-2, f"The comparison column: against {band[0]} (full HR@10 "
                      f"{fmt_mean_std(band[3], band[4])}, {band[5]} seeds).\n")
@@ -293,20 +306,20 @@ def report(dataset: str, runs: Path, out: Path, command: str) -> None:
         rs = [r for r in ddp if r["bits"] == b]
         sm, ss, n = _stats(rs, "sampled_hr10")
         fm, fs, _ = _stats(rs, "full_hr10")
-        verdict = "-"
-        if fc and n > 1 and fc[2] > 1:
-            diff, two_se, beyond = seed_noise(fm, fs, n, fc[0], fc[1], fc[2])
-            verdict = f"{diff:+.4f} (2 SE {two_se:.4f}: {'exceeds' if beyond else 'within'} " \
-                      "seed noise)"
+        verdict = _verdict(fm, fs, n, fc)
+        cz = by_arm.get("cdp-z", [])
+        verdict_z = _verdict(fm, fs, n, _stats(cz, "full_hr10") if cz else None)
         eps = mean_std([r["epsilon_reported"] for r in rs])[0]
         lines.append(
             f"| {b} | {n} | {fmt_mean_std(sm, ss)} | {fmt_mean_std(fm, fs)} | {eps:.3f} | "
-            f"{rs[0]['scale_gamma']:.4g} | {rs[0]['gaussian_equivalent_z']:.4g} | "
+            f"{rs[0]['scale_gamma']:.4g} | {rs[0]['rounding_inflation']:.3f} | "
+            f"{rs[0]['gaussian_equivalent_z']:.4g} | "
             f"{sum(r['wrapped_entries_total'] or 0 for r in rs)} | {rs[0]['masked_input_bytes']} "
-            f"| {verdict} | {mean_std([r['seconds_per_round'] for r in rs])[0]:.2f} |")
+            f"| {verdict} | {verdict_z} | "
+            f"{mean_std([r['seconds_per_round'] for r in rs])[0]:.2f} |")
     for r in sorted(failed, key=lambda r: (r["bits"] or 0, r["seed"])):
         lines.append(f"| {r['bits']} | {r['seed']} (seed) | infeasible: {r['error']} "
-                     "| | | | | | | | |")
+                     "| | | | | | | | | | |")
     drops = by_arm.get("drop", [])
     if drops:
         lines += ["", f"## ddp-skellam against dropout (16 bits, tolerance {DROP_TOLERANCE}, "
@@ -322,6 +335,18 @@ def report(dataset: str, runs: Path, out: Path, command: str) -> None:
     plot(ddp, band, by_arm.get("cdp-z", []), refs, out / f"{stem}.png", dataset,
          sorted({r["bits"] for r in failed if r["arm"] == "ddp"}))
     print(f"wrote {out / stem}.{{csv,md,png}}")
+
+
+def _verdict(m: float, s: float, n: int, ref: tuple[float, float, int] | None) -> str:
+    """The difference to a reference (mean, sd, seeds) and whether it exceeds seed noise;
+    with one seed on either side only the difference."""
+    if ref is None or math.isnan(ref[0]):
+        return "-"
+    if n > 1 and ref[2] > 1:
+        diff, two_se, beyond = seed_noise(m, s, n, ref[0], ref[1], ref[2])
+        return (f"{diff:+.4f} (2 SE {two_se:.4f}: {'exceeds' if beyond else 'within'} "
+                "seed noise)")
+    return f"{m - ref[0]:+.4f} (1 seed: noise not estimated)"
 
 
 def _band(cdp: list[dict[str, Any]], refs: list[tuple[str, float, float, float, float, int]]
