@@ -74,8 +74,9 @@ def rungs(n: int, seed: int, args: argparse.Namespace) -> list[tuple[str, dict[s
                  **common, "eval_every": base["train"]["rounds"], "client_tables": "global"}
         train["cohort_size"] = min(train["cohort_size"], n)
         fed = base["federation"]
-        out.append((f"{method}-none-seed{seed}", {"data": data, "train": train,
-                                                   "federation": fed}))
+        if not args.no_reference:
+            out.append((f"{method}-none-seed{seed}", {"data": data, "train": train,
+                                                       "federation": fed}))
         for mech in args.mechanisms:
             for eps in args.epsilons:
                 privacy = {"mode": mech, "epsilon": eps, "delta": 1e-5, **base["privacy"],
@@ -226,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
                         "its eps-4 ML-100K ones; its cohort and fine-tune epochs too")
     parser.add_argument("--clip", type=float, default=None,
                         help="every private rung's clip (default: the settings file's)")
+    parser.add_argument("--no-reference", action="store_true",
+                        help="leave out each method's run without a mechanism (e.g. the extra "
+                        "seeds of a private cell; its verdict is against DP-MostPop)")
     parser.add_argument("--only-table", action="store_true",
                         help="write study.csv, .md and .png from the finished runs")
     args = parser.parse_args(argv)
