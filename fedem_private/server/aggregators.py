@@ -170,6 +170,15 @@ class Aggregator(ABC):
     #: whether it keeps one global table formed as a weighted sum, which a server step
     #: (``--server-lr``) and a FedPEFT codec's averaged theta act on
     one_table: ClassVar[bool] = False
+    #: whether it takes the clients' uploads at all (the local baseline takes none, so no
+    #: upload exists for a privacy mechanism to protect)
+    takes_uploads: ClassVar[bool] = True
+    #: whether it weighs every participant alike (1 / n_t) rather than by |D_v|: a FedPEFT
+    #: codec's theta is averaged the same way
+    equal_weights: ClassVar[bool] = False
+    #: whether it weighs the uploads by their similarity (equation 13), the rule
+    #: ``--similarity`` chooses (and the FedEM code's facts of docs/design.md 2a apply to)
+    similarity_weights: ClassVar[bool] = False
 
     @classmethod
     def from_options(cls, sizes: Tensor, q0: Tensor, opts: AggregatorOptions) -> Aggregator:
@@ -367,6 +376,7 @@ class UniformAggregator(_SumAggregator):
     """Q_g = (1 / n_t) sum_v U_v over the round's n_t participants."""
 
     name = "uniform"
+    equal_weights = True
 
     def _round_weights(self, part_mask: Tensor) -> Tensor:
         return uniform_weights(self.sizes, part_mask)
@@ -428,6 +438,7 @@ class SimilarityAggregator(_Sampled, _PerUploadAggregator):
     """
 
     name = "similarity"
+    similarity_weights = True
 
     @classmethod
     def from_options(cls, sizes: Tensor, q0: Tensor, opts: AggregatorOptions) -> Aggregator:
@@ -607,6 +618,7 @@ class NoAggregator(Aggregator):
 
     name = "none"
     sends_table = False
+    takes_uploads = False
 
     @classmethod
     def from_options(cls, sizes: Tensor, q0: Tensor, opts: AggregatorOptions) -> Aggregator:
@@ -647,24 +659,6 @@ class AggregatorOptions:
     similarity: SimilarityOptions | None = None
     agg_ratio: float = 1.0
     store: torch.dtype | None = None
-
-
-def build(name: str, sizes: Tensor, q0: Tensor, *, alpha: float,
-          alias: Tensor | None = None, graph: GraphOptions | None = None,
-          fedmerge: FedMergeOptions | None = None, seed: int = 0,
-          server: ServerOptConfig | None = None, similarity: SimilarityOptions | None = None,
-          agg_ratio: float = 1.0, store: torch.dtype | None = None) -> Aggregator:
-    """The aggregator registered as ``name`` (:mod:`fedem_private.server.registry`), built
-    from the options (:class:`AggregatorOptions`) by its class."""
-    from fedem_private.server.registry import aggregator_class
-
-    cls = aggregator_class(name)
-    if float(agg_ratio) < 1.0 and not cls.sampled:
-        raise ValueError(f"aggregation {name!r} cannot aggregate a share of the uploads")
-    opts = AggregatorOptions(alpha=alpha, alias=alias, graph=graph, fedmerge=fedmerge,
-                             seed=seed, server=server, similarity=similarity,
-                             agg_ratio=agg_ratio, store=store)
-    return cls.from_options(sizes, q0, opts)
 
 
 class DenseFedAvg:

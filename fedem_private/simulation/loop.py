@@ -90,6 +90,7 @@ from fedem_private.models.base import (
 )
 from fedem_private.privacy.layer import PrivacyLayer, server_sizes
 from fedem_private.server import aggregators
+from fedem_private.server import registry as aggregator_registry
 from fedem_private.server.options import (
     FedMergeOptions,
     GraphOptions,
@@ -577,7 +578,7 @@ class Simulation:
         fed = self.cfg.federation
         step, similarity = ServerStepOptions.from_config(fed), SimilarityOptions.from_config(fed)
         server = aggregators.ServerOptConfig(lr=step.lr, momentum=step.momentum)
-        self.aggregator = aggregators.build(
+        self.aggregator = aggregator_registry.build(
             self.aggregation, self.sizes, q0, alpha=similarity.alpha, alias=alias,
             graph=GraphOptions.from_config(fed), fedmerge=FedMergeOptions.from_config(fed),
             seed=self.seed, server=server,
@@ -649,7 +650,7 @@ class Simulation:
         assert isinstance(codec, codecs.PeftCodec)
         theta0 = codec.prepare(self.aggregator.table, self.seed, self.cfg.train.init_std)
         self.codec_server = aggregators.DenseFedAvg(self.sizes, theta0,
-                                                    uniform=self.aggregation == "uniform")
+                                                    uniform=self.aggregator.equal_weights)
         self.aggregator.adopt(codec.table({n: v[None] for n, v in theta0.items()})[0])
         return self.split.n_users * codec.one_time_bytes()
 
