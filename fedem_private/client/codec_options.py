@@ -1,6 +1,8 @@
 """The FedPEFT codecs' own options (docs/design.md sections 11 and 15; the pattern is
 :mod:`fedem_private.models.options`): one frozen dataclass read from its ``[federation]``
-keys, with its own one-line checks; :func:`fedem_private.client.codecs.build` takes it.
+keys, with its own one-line checks; the FedPEFT codecs
+(:class:`fedem_private.client.codec_kinds.Peft`) name it as their ``Options`` and build
+from it. The codecs' names are their registry's (:mod:`fedem_private.client.codec_kinds`).
 
 Importing this module is light (no torch): the configuration reads it.
 """
@@ -12,8 +14,6 @@ from typing import ClassVar
 
 from fedem_private.models.options import PartOptions, part_options, require
 
-#: the upload codecs: the full table, or a FedPEFT codec (its theta; "c-" compressed)
-CODECS = ("full", "lora", "hash", "rqvae", "c-lora", "c-hash", "c-rqvae")
 #: FedPEFT's initial item table: random ("none") or an autoencoder over item attributes
 PEFT_PRETRAINS = ("none", "attributes")
 #: theta's start: "normal" N(0, s^2) as the full table, or "zero"

@@ -9,24 +9,25 @@ merge's name. A class declares its capabilities as class variables, read by the
 configuration (:mod:`fedem_private.client.strategies`, where each is registered by one line).
 
 This module imports no torch: the configuration and the listing read the capabilities from
-these classes, and the methods load the tensor code (:mod:`fedem_private.client.merging`)
-when a merge runs.
+these classes, and the methods load the tensor code (:mod:`fedem_private.client.adapter`)
+when a merge runs. It imports neither the registry nor the merge step
+(:mod:`fedem_private.client.merging`), which import it: a merge sees the run's options
+through :class:`MergeSettings` (docs/design.md section 1: no import circles).
 """
 
 from __future__ import annotations
 
-import importlib
 import math
 from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from fedem_private.models.options import PartOptions, part_options, require
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from fedem_private.client.merging import MergeConfig, MergeState
+    from fedem_private.client.adapter import MergeState
 
 
 #: what the adapter trains on (equation 11): the round's training samples (as published), or
@@ -70,15 +71,29 @@ class AdapterOptions(PartOptions):
                                  f"integer >= 2, got {self.folds}")
 
 
+class MergeSettings(Protocol):
+    """What a merge reads of the run's merge options
+    (:class:`~fedem_private.client.merging.MergeConfig`)."""
+
+    @property
+    def strategy(self) -> str: ...
+
+    @property
+    def rho(self) -> float: ...
+
+
 def _tensors() -> ModuleType:
-    """:mod:`fedem_private.client.merging`, the tensor code, loaded on first use."""
-    return importlib.import_module("fedem_private.client.merging")
+    """:mod:`fedem_private.client.adapter`, the tensor code, loaded on first use."""
+    from fedem_private.client import adapter
+
+    return adapter
 
 
 class Merge:
     """A merge: the start table from the client's own table Q_l and the sent one Q_g.
 
-    Built from the run's merge options (:class:`~fedem_private.client.merging.MergeConfig`).
+    Built from the run's merge options (:class:`MergeSettings`, a
+    :class:`~fedem_private.client.merging.MergeConfig`).
     """
 
     name: ClassVar[str]
@@ -93,7 +108,7 @@ class Merge:
     #: its own options (read from the ``[federation]`` keys, docs/design.md section 15)
     Options: ClassVar[type[PartOptions]] = PartOptions
 
-    def __init__(self, cfg: MergeConfig) -> None:
+    def __init__(self, cfg: MergeSettings) -> None:
         self.cfg = cfg
 
     def weights(self, state: MergeState | None, q_local: Tensor, q_global: Tensor) -> Tensor:
@@ -144,7 +159,7 @@ class AdapterMerge(Merge):
         raise NotImplementedError(f"merge {self.name!r} has no pool")
 
     def weights(self, state: MergeState | None, q_local: Tensor, q_global: Tensor) -> Tensor:
-        return self.pool(_tensors().adapter_rho(self.cfg, state, q_local, q_global))
+        return self.pool(_tensors().adapter_rho(self.cfg.strategy, state, q_local, q_global))
 
     def batch_weights(self, weights: tuple[Tensor, ...], biases: tuple[Tensor, ...],
                       tables: tuple[Tensor, Tensor], rows: Tensor,

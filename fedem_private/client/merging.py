@@ -34,6 +34,19 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedem_private import rng
+from fedem_private.client import adapter as _adapter
+from fedem_private.client.adapter import (  # noqa: F401  (re-exported: the merge's tensors)
+    MergeState,
+    adapter_forward,
+    adapter_input,
+    adapter_shapes,
+    mean_rho,
+    merge_tables,
+    put_clients,
+    require_state,
+    take_clients,
+    took_all,
+)
 from fedem_private.client.holdout import OBJECTIVES, split_samples, withheld_counts
 from fedem_private.client.merges import AdapterOptions, StaticOptions
 from fedem_private.client.strategies import REGISTRY, merge_class, strategies_where
@@ -126,19 +139,6 @@ class MergeConfig:
 
 
 @dataclass(frozen=True)
-class MergeState:
-    """Adapters of k clients: weights[j] (k, fan_in, fan_out), biases[j] (k, fan_out)."""
-
-    weights: tuple[Tensor, ...]
-    biases: tuple[Tensor, ...]
-
-    @property
-    def n_clients(self) -> int:
-        """Number of clients k held."""
-        return int(self.weights[0].shape[0])
-
-
-@dataclass(frozen=True)
 class StepBatch:
     """One lock-step training step over the clients that have a batch in it.
 
@@ -154,12 +154,6 @@ class StepBatch:
 
 
 # ---------------------------------------------------------------- adapter (eq. 9)
-
-
-def adapter_shapes(dim: int, layers: tuple[int, ...]) -> list[tuple[int, int]]:
-    """(fan_in, fan_out) of each linear layer: input 2 * dim, then the given widths."""
-    fans = (2 * dim, *layers)
-    return list(zip(fans[:-1], fans[1:], strict=True))
 
 
 def _init_one_client(shapes: list[tuple[int, int]], gen: torch.Generator,
@@ -197,51 +191,7 @@ def init_merge_state(cfg: MergeConfig, clients: np.ndarray, dim: int, seed: int,
     return MergeState(weights, biases)
 
 
-def take_clients(state: MergeState, rows: Tensor) -> MergeState:
-    """A copy of the adapters of the clients at rows (int64 indices)."""
-    return MergeState(tuple(w.index_select(0, rows) for w in state.weights),
-                      tuple(b.index_select(0, rows) for b in state.biases))
-
-
-def put_clients(state: MergeState, rows: Tensor, part: MergeState) -> MergeState:
-    """A new state equal to state with the adapters at rows replaced by part's."""
-    return MergeState(
-        tuple(w.index_copy(0, rows, pw) for w, pw in zip(state.weights, part.weights, strict=True)),
-        tuple(b.index_copy(0, rows, pb) for b, pb in zip(state.biases, part.biases, strict=True)),
-    )
-
-
-def adapter_input(q_local: Tensor, q_global: Tensor) -> Tensor:
-    """Q_cat = [Q_g - Q_l, Q_l] along the last axis: (..., 2d) (paper, section 4)."""
-    return torch.cat((q_global - q_local, q_local), dim=-1)
-
-
-def adapter_forward(weights: tuple[Tensor, ...], biases: tuple[Tensor, ...], x: Tensor,
-                    inplace: bool = False) -> Tensor:
-    """Equation 9 for k clients at once: x (k, r, 2d) -> rho (k, r) in [0, 1].
-
-    ``inplace`` applies the activations in place (same values; only without autograd).
-    """
-    h = x
-    last = len(weights) - 1
-    for j, (w, b) in enumerate(zip(weights, biases, strict=True)):
-        h = torch.baddbmm(b.unsqueeze(1), h, w)
-        if inplace:
-            h = h.sigmoid_() if j == last else h.relu_()
-        else:
-            h = torch.sigmoid(h) if j == last else torch.relu(h)
-    return h.squeeze(-1)
-
-
 # ---------------------------------------------------------------- merging (eq. 10)
-
-
-def _require_state(cfg: MergeConfig, state: MergeState | None, k: int) -> MergeState:
-    if state is None:
-        raise ValueError(f"strategy {cfg.strategy!r} needs adapters; call init_merge_state")
-    if state.n_clients != k:
-        raise ValueError(f"adapters for {state.n_clients} clients, tables for {k}")
-    return state
 
 
 def compute_rho(cfg: MergeConfig, state: MergeState | None, q_local: Tensor,
@@ -254,31 +204,11 @@ def compute_rho(cfg: MergeConfig, state: MergeState | None, q_local: Tensor,
 def adapter_rho(cfg: MergeConfig, state: MergeState | None, q_local: Tensor,
                 q_global: Tensor) -> Tensor:
     """Equation 9 on every item of the k clients' tables, detached: rho (k, m)."""
-    adapters = _require_state(cfg, state, q_local.shape[0])
-    with torch.no_grad():
-        return adapter_forward(adapters.weights, adapters.biases,
-                               adapter_input(q_local, q_global), inplace=True)
+    return _adapter.adapter_rho(cfg.strategy, state, q_local, q_global)
 
 
-def mean_rho(rho: Tensor, k: int) -> Tensor:
-    """Each of k clients' mean merge weight (k,) float64, from rho 0-d, (k, 1) or (k, m)."""
-    return (rho.double().expand(k) if rho.dim() == 0
-            else rho.reshape(k, -1).mean(dim=1, dtype=torch.float64))
-
-
-def took_all(q_global: Tensor) -> Tensor:
-    """rho = 1 for each of the k clients of q_global (k, m, d): (k,) float64."""
-    return torch.ones(q_global.shape[0], dtype=torch.float64, device=q_global.device)
-
-
-def merge_tables(q_local: Tensor, q_global: Tensor, rho: Tensor) -> Tensor:
-    """Equation 10, Q_l + rho (.) (Q_g - Q_l), exact at the ends: rho = 1 gives Q_g, 0 gives Q_l.
-
-    rho broadcasts against (k, m): 0-d, (k, 1) or (k, m). torch.lerp evaluates
-    Q_g - (Q_g - Q_l)(1 - rho) for rho >= 0.5, hence the exact endpoints.
-    """
-    weight = rho.unsqueeze(-1) if rho.dim() > 0 else rho
-    return torch.lerp(q_local, q_global, weight.to(q_local.dtype))
+def _require_state(cfg: MergeConfig, state: MergeState | None, k: int) -> MergeState:
+    return require_state(cfg.strategy, state, k)
 
 
 def merge(cfg: MergeConfig, state: MergeState | None, q_local: Tensor,

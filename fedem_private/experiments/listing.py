@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fedem_private import models
-from fedem_private.client import strategies
+from fedem_private.client import codec_kinds, strategies
 from fedem_private.client.strategies import merge_class
 from fedem_private.data import DATASETS
 from fedem_private.experiments.attack_step import known_attacks
@@ -13,7 +13,6 @@ from fedem_private.simulation.config import (
     BACKBONE_METHOD,
     BASELINE_METHODS,
     BASELINES,
-    CODECS,
     METHOD_BACKBONE,
     METHOD_DEFAULTS,
     METHODS,
@@ -36,7 +35,7 @@ def catalogue() -> list[tuple[str, str, str]]:
     rows += [("aggregation", a, "--aggregation") for a in aggregators.REGISTRY]
     rows += [("merge", m, "--merge" + (" (learned: an adapter)" if merge_class(m).learned
                                        else "")) for m in strategies.REGISTRY]
-    rows += [("codec", c, "--codec (upload)") for c in CODECS]
+    rows += [("codec", c, "--codec (upload)") for c in codec_kinds.REGISTRY]
     rows += [("privacy", p, mechanism_for(p).description or "--privacy") for p in names()]
     rows += [("dataset", d, "--dataset") for d in DATASETS]
     rows += [("protocol", p, "--protocol") for p in PROTOCOLS_ALL]

@@ -77,6 +77,7 @@ from itertools import product
 from pathlib import Path
 from typing import Any
 
+from fedem_private.client.codec_kinds import REGISTRY as CODEC_REGISTRY
 from fedem_private.client.strategies import REGISTRY as MERGE_REGISTRY
 from fedem_private.client.strategies import merge_class
 from fedem_private.data import DATASETS, PROTOCOLS
@@ -86,7 +87,6 @@ from fedem_private.privacy import registry
 from fedem_private.privacy.config import DDP_FIELDS, DPSGD_FIELDS, PrivacyConfig
 from fedem_private.server.registry import REGISTRY as AGGREGATOR_REGISTRY
 from fedem_private.simulation.config import (
-    CODECS,
     METHOD_BACKBONE,
     METHOD_DEFAULTS,
     METHODS,
@@ -385,7 +385,8 @@ def parse_spec(data: dict[str, Any], source: str) -> SweepSpec:
         record_clients=_record_clients(sweep.get("record_clients", 100)),
         source=source,
         variants=variants,
-        codecs=_choice("codecs", axis("codecs", base.federation.codec), CODECS),
+        codecs=_choice("codecs", axis("codecs", base.federation.codec),
+                       tuple(CODEC_REGISTRY)),
         references=_choice("references", _as_list("references", sweep["references"]),
                            REFERENCES) if "references" in sweep else (),
         checkpoint_every=check_every(sweep.get("checkpoint_every"), "[sweep] checkpoint_every"),

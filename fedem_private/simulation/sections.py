@@ -14,8 +14,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from fedem_private.client.codec_kinds import REGISTRY as CODEC_REGISTRY
 from fedem_private.client.codec_options import (  # noqa: F401  (names re-exported)
-    CODECS,
     PEFT_PRETRAINS,
     PeftConfig,
 )
@@ -70,7 +70,10 @@ METHODS = (*FEDERATED_METHODS, *BASELINE_METHODS)
 # user-level local (optimal unary encoding), interaction-level (Laplace on each count, once
 # centrally, or by every client on its own counts)
 DP_MOSTPOP_ARCHITECTURES = ("central", "local", "interaction", "interaction-local")
-# the codecs (CODECS) and FedPEFT's initial tables (PEFT_PRETRAINS): client.codec_options
+# the codecs: the codec registry's names (each class declares what it can do: peft, senet;
+# fedem_private.client.codec_kinds); FedPEFT's initial tables (PEFT_PRETRAINS):
+# client.codec_options
+CODECS = tuple(CODEC_REGISTRY)
 # the aggregations: the server registry's names (each class declares what it can do:
 # one_table, needs_each_upload, sampled; fedem_private.server.registry)
 AGGREGATIONS = tuple(AGGREGATOR_REGISTRY)
@@ -421,8 +424,9 @@ class FederationConfig:
         if self.method is None and self.backbone not in (None, *BACKBONE_METHOD):
             raise UserError(f"backbone {self.backbone!r} has no preset method (one registered "
                             f"since, e.g. by a plugin): give --method too, e.g. fedmf")
-        if self.codec not in CODECS:
-            raise UserError(f"unknown codec {self.codec!r}; available: {', '.join(CODECS)}")
+        if self.codec not in CODEC_REGISTRY:  # live: a test or a plugin may add one
+            raise UserError(f"unknown codec {self.codec!r}; available: "
+                            f"{', '.join(CODEC_REGISTRY)}")
         if self.aggregation is not None and self.aggregation not in AGGREGATOR_REGISTRY:
             raise UserError(f"unknown aggregation {self.aggregation!r}; choose one of "
                             f"{', '.join(AGGREGATOR_REGISTRY)}")
