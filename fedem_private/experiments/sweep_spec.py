@@ -449,7 +449,7 @@ def variant_label(fed: FederationConfig) -> str:
             label += f"-f{fed.adapter_folds}"
     if fed.resolved_backbone != METHOD_BACKBONE[method]:
         label += f"+{fed.resolved_backbone}"
-    if fed.codec != "full":
+    if fed.codec != FederationConfig.codec:
         label += f"~{fed.codec}"
     if fed.hash_senet:
         label += f"-senet{fed.hash_senet}"

@@ -1,6 +1,8 @@
 """Reading, writing and the identity of a run's configuration: TOML in and out, nested dicts,
 dotted overrides, and the digest-stable identity of a resolved config (docs/design.md §8).
-Importing this module is light (no torch or pandas).
+It imports :class:`~fedem_private.simulation.run_config.RunConfig`, which never imports it
+back (docs/design.md section 1: no import circles). Importing this module is light (no
+torch or pandas).
 """
 
 from __future__ import annotations
@@ -10,17 +12,14 @@ import math
 import tomllib
 from dataclasses import fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, get_type_hints
+from typing import Any, get_type_hints
 
 from fedem_private.errors import UserError
+from fedem_private.simulation.run_config import RunConfig
 from fedem_private.simulation.sections import (
     BaselineConfig,
     RecordConfig,
 )
-
-if TYPE_CHECKING:
-    from fedem_private.simulation.config import RunConfig
-
 
 # Fields added after version 0.1.0: they enter a config's identity only when set, so run
 # directories written before they existed keep their identity (see identity_dict).
@@ -189,7 +188,6 @@ def _build(cls: type, values: dict, where: str) -> Any:
 
 def from_dict(values: dict) -> RunConfig:
     """Build a config from nested dicts (a parsed TOML file); unknown keys are errors."""
-    from fedem_private.simulation.config import RunConfig
     sections = {f.name: f for f in fields(RunConfig)}
     hints = get_type_hints(RunConfig)
     kwargs = {}

@@ -1,16 +1,20 @@
 """Presets as data (docs/design.md section 2a): the ``paper-code`` protocol's named options
 of the authors' code, protocol labels (``paper+agg10``) and the round each backbone's own
-code reports. Importing this module is light (no torch or pandas).
+code reports. It reads a run's configuration through :class:`Sections` and imports no
+:class:`~fedem_private.simulation.run_config.RunConfig`, which imports it (docs/design.md
+section 1: no import circles). Importing this module is light (no torch or pandas).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from fedem_private.client.codec_kinds import codec_class
 from fedem_private.client.strategies import merge_class
 from fedem_private.errors import UserError
 from fedem_private.models import backbone_class
+from fedem_private.server.registry import aggregator_class
 from fedem_private.simulation.sections import (
     PROTOCOLS_ALL,
     DataConfig,
@@ -18,8 +22,19 @@ from fedem_private.simulation.sections import (
     TrainConfig,
 )
 
-if TYPE_CHECKING:
-    from fedem_private.simulation.config import RunConfig
+
+class Sections(Protocol):
+    """The sections of a run's configuration the presets read (a
+    :class:`~fedem_private.simulation.run_config.RunConfig`)."""
+
+    @property
+    def data(self) -> DataConfig: ...
+
+    @property
+    def train(self) -> TrainConfig: ...
+
+    @property
+    def federation(self) -> FederationConfig: ...
 
 
 # ---------------------------------------------------------------- docs/design.md 2a: paper-code
@@ -54,14 +69,15 @@ def option_applies(token: str, data: DataConfig, fed: FederationConfig) -> bool:
         return False
     if token == "firstseen":
         return data.dataset in UNTIMED_DATASETS
-    if token in ("agg10", "pcasim"):
-        return fed.resolved_aggregation == "similarity"
+    if token in ("agg10", "pcasim"):  # facts of the FedEM code's similarity aggregation
+        return aggregator_class(fed.resolved_aggregation).similarity_weights
     if token == "earlystop":
-        return backbone_class(fed.resolved_backbone).early_stop and fed.codec == "full"
+        return (backbone_class(fed.resolved_backbone).early_stop
+                and not codec_class(fed.codec).peft)
     if token == "batchmerge":
         return (merge_class(fed.resolved_merge).batch_merge
                 and backbone_class(fed.resolved_backbone).batch_merge
-                and fed.codec == "full" and fed.adapter_objective == "train")
+                and not codec_class(fed.codec).peft and fed.adapter_objective == "train")
     return True
 
 
@@ -76,11 +92,17 @@ def paper_code(data: DataConfig, train: TrainConfig, fed: FederationConfig
     return sections["data"], sections["train"], sections["federation"]  # type: ignore[return-value]
 
 
-def protocol_options(cfg: RunConfig) -> dict[str, Any]:
+def protocol_options(cfg: Sections) -> dict[str, Any]:
     """The docs/design.md 2a options a config switches on, as ``{field: value}`` ({} for none)."""
+    return _switched_on({"data": cfg.data, "train": cfg.train, "federation": cfg.federation})
+
+
+def _switched_on(sections: dict[str, Any]) -> dict[str, Any]:
+    """:func:`protocol_options` of the sections ``{"data": ..., "train": ...,
+    "federation": ...}``."""
     out: dict[str, Any] = {}
     for _, section, name, _, default in PAPER_CODE_OPTIONS:
-        value = getattr(getattr(cfg, section), name)
+        value = getattr(sections[section], name)
         if value != default:
             out[name] = value
     return out
@@ -99,13 +121,11 @@ def _option_token(name: str, value: Any) -> str:
             "similarity": f"{value}sim", "merge_every_batch": "batchmerge"}[name]
 
 
-def protocol_label(cfg: RunConfig) -> str:
+def protocol_label(cfg: Sections) -> str:
     """``strict``, ``paper``, ``paper-code`` (the preset exactly), ``paper-code+<option>``
     (the preset and options it does not switch on here, e.g. ``paper-code+agg10`` for a
     PFedRec+EM given the 10% share), or the protocol and its options, e.g.
     ``paper+min10+sharedneg`` (docs/design.md 2a)."""
-    from fedem_private.simulation.config import RunConfig
-
     options = protocol_options(cfg)
     if not options:
         return cfg.data.protocol
@@ -116,7 +136,7 @@ def protocol_label(cfg: RunConfig) -> str:
         d, t, f = paper_code(plain["data"], plain["train"], plain["federation"])  # type: ignore
         if t.select_round == "auto":
             t = replace(t, select_round=auto_select_round(f.resolved_backbone))
-        preset = protocol_options(RunConfig(data=d, train=t, federation=f))
+        preset = _switched_on({"data": d, "train": t, "federation": f})
         if preset == options:
             return "paper-code"
         if all(options.get(k, object()) == v for k, v in preset.items()):

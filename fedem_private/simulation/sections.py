@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fedem_private.client.codec_kinds import REGISTRY as CODEC_REGISTRY
+from fedem_private.client.codec_kinds import codec_class, codecs_where
 from fedem_private.client.codec_options import (  # noqa: F401  (names re-exported)
     PEFT_PRETRAINS,
     PeftConfig,
@@ -435,9 +436,9 @@ class FederationConfig:
                             f"{', '.join(MERGE_REGISTRY)}")
         for options in PART_OPTIONS:
             options.from_config(self).check()
-        if self.hash_senet and self.codec not in ("hash", "c-hash"):
+        if self.hash_senet and not codec_class(self.codec).senet:
             raise UserError(f"--hash-senet weights the hash codec's vectors; it needs --codec "
-                            f"hash or c-hash, not {self.codec!r}")
+                            f"{_either(codecs_where('senet'))}, not {self.codec!r}")
         if not 0 < self.agg_clients_ratio <= 1:
             raise UserError(f"--agg-clients-ratio (federation.agg_clients_ratio) must be in "
                             f"(0, 1], got {self.agg_clients_ratio}")
@@ -459,16 +460,22 @@ class FederationConfig:
         return self.merge or METHOD_DEFAULTS[self.resolved_method][1]
 
     def check_composition(self) -> None:
-        """Refuse a combination of parts that cannot work, with one line naming why."""
+        """Refuse a combination of parts that cannot work, with one line naming why.
+
+        Every rule asks the parts for what they declare (the capabilities of the backbone,
+        merge, codec and aggregator classes, docs/design.md section 15), never for their
+        names, so a part registered by a test or a plugin is held to the same rules."""
         agg, merge = self.resolved_aggregation, self.resolved_merge
-        if agg == "none" and merge_class(merge).merges:
+        codec = codec_class(self.codec)
+        full = codecs_where("peft", False)  # the codecs that upload the item table itself
+        if merge_class(merge).merges and not aggregator_class(agg).sends_table:
             raise UserError(f"merge {merge!r} merges the server's table into the client's, but "
-                            f"aggregation 'none' (local) sends no table; use --merge "
+                            f"aggregation {agg!r} (local) sends no table; use --merge "
                             f"{', '.join(strategies_where('merges', False))}")
-        if self.peft_pretrain != "none" and self.codec == "full":
+        if self.peft_pretrain != PeftConfig.pretrain and not codec.peft:
             raise UserError(f"--peft-pretrain {self.peft_pretrain} initialises FedPEFT's item "
-                            f"table; it needs a FedPEFT codec (--codec lora, hash, rqvae, "
-                            f"c-lora, c-hash or c-rqvae), not full")
+                            f"table; it needs a FedPEFT codec (--codec "
+                            f"{_either(codecs_where('peft'))}), not {self.codec}")
         if self.adapter_objective == "holdout" and not merge_class(merge).learned:
             raise UserError(f"--adapter-objective holdout trains the merge adapter, but merge "
                             f"{merge!r} has none; use --merge "
@@ -478,12 +485,15 @@ class FederationConfig:
                 raise UserError(f"--agg-clients-ratio samples the uploads an aggregation "
                                 f"takes; aggregation {agg!r} cannot; use one of "
                                 f"{', '.join(aggregators_where('sampled'))}")
-            if self.codec != "full":
+            if codec.peft:
                 raise UserError(f"--agg-clients-ratio samples item-table uploads only; codec "
-                                f"{self.codec!r} uploads other parameters; use codec full")
-        if self.similarity != "eq13" and agg != "similarity":
+                                f"{self.codec!r} uploads other parameters; use codec "
+                                f"{_either(full)}")
+        if (self.similarity != SimilarityOptions.similarity
+                and not aggregator_class(agg).similarity_weights):
             raise UserError(f"--similarity {self.similarity} is a similarity aggregation's; "
-                            f"aggregation {agg!r} has none; use --aggregation similarity")
+                            f"aggregation {agg!r} has none; use --aggregation "
+                            f"{_either(aggregators_where('similarity_weights'))}")
         if self.merge_every_batch and not merge_class(merge).batch_merge:
             raise UserError(f"--merge-every-batch merges with the adapter on every batch (the "
                             f"FedEM code's EM), but merge is {merge!r}; use --merge "
@@ -492,9 +502,10 @@ class FederationConfig:
             raise UserError(f"--merge-every-batch is built for backbone "
                             f"{', '.join(backbones_where('batch_merge'))} (the FedEM code's "
                             f"FCF), not {self.resolved_backbone!r}")
-        if self.merge_every_batch and self.codec != "full":
+        if self.merge_every_batch and codec.peft:
             raise UserError(f"--merge-every-batch trains the item table through the merge; "
-                            f"codec {self.codec!r} trains its own parameters; use --codec full")
+                            f"codec {self.codec!r} trains its own parameters; use --codec "
+                            f"{_either(full)}")
         if self.merge_every_batch and self.adapter_objective != "train":
             raise UserError("--merge-every-batch trains the adapter on the training batches "
                             "themselves; it cannot use --adapter-objective holdout")
@@ -512,19 +523,20 @@ class FederationConfig:
                                 f"table; backbone {self.resolved_backbone!r} trains whole "
                                 f"tables; use one of "
                                 f"{', '.join(backbones_where('trains_item_rows'))}")
-            if self.codec != "full" or self.merge_every_batch:
+            if codec.peft or self.merge_every_batch:
                 raise UserError("--prox-mu trains the item table's own rows; it is not built "
                                 "for a FedPEFT codec or --merge-every-batch")
-        if self.server_lr != 1.0 or self.server_momentum != 0.0:
+        if (self.server_lr != ServerStepOptions.lr
+                or self.server_momentum != ServerStepOptions.momentum):
             if not aggregator_class(agg).one_table:
                 raise UserError(f"--server-lr / --server-momentum step the one global table of a "
-                                f"sum aggregator; aggregation {agg!r} has none; use fedavg or "
-                                f"uniform")
-            if self.codec != "full":
+                                f"sum aggregator; aggregation {agg!r} has none; use "
+                                f"{_either(aggregators_where('one_table'))}")
+            if codec.peft:
                 raise UserError(f"--server-lr / --server-momentum with codec {self.codec!r} is "
                                 f"not built (the step would act on theta and on its decoded "
-                                f"table); use --codec full")
-        if self.codec != "full":
+                                f"table); use --codec {_either(full)}")
+        if codec.peft:
             if not backbone_class(self.resolved_backbone).trains_item_rows:
                 raise UserError(f"codec {self.codec!r} trains its own parameters in place of "
                                 f"the item table, which backbone {self.resolved_backbone!r} "
@@ -533,7 +545,12 @@ class FederationConfig:
             if not aggregator_class(agg).one_table:
                 raise UserError(f"codec {self.codec!r} uploads parameters the server averages "
                                 f"into one global table; aggregation {agg!r} keeps per-client "
-                                f"tables; use fedavg or uniform")
+                                f"tables; use {_either(aggregators_where('one_table'))}")
+
+
+def _either(names: tuple[str, ...]) -> str:
+    """The names as a choice: ``a``, ``a or b``, ``a, b or c``."""
+    return " or ".join(filter(None, (", ".join(names[:-1]), *names[-1:])))
 
 
 def refuse_central(aggregation: str, mode: str) -> None:
