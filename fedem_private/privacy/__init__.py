@@ -4,8 +4,10 @@ Modules: ``config`` (PrivacyConfig), ``registry`` (mode name -> mechanism
 class), ``mech`` (one module per mechanism: self-description, capabilities,
 options and hooks), ``clipping`` (float64 per-client L1/L2 clipping),
 ``params`` (config -> per-round parameters), ``mechanisms`` (the noise
-primitives and one release function per local mode), ``accounting`` (composition
-bounds), ``accountants`` (one class per bound behind one interface),
+primitives and one release function per local mode), ``types`` (the records and
+protocols the mechanisms' hooks share), ``bounds`` (the composition bounds' math),
+``accountants`` (one class per bound behind one interface), ``accounting`` (asks the
+accountants: every bound of a history),
 ``calibration`` (total budget -> per-round noise, one generic routine), ``ledger`` (per-client
 rounds and eps spent), ``central`` (cdp-gaussian: Poisson sampling, clipped
 sum, one noise draw on the aggregate).

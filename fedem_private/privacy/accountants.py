@@ -5,9 +5,13 @@ with the interface of opacus's ``IAccountant`` in immutable form: ``step(mechani
 count)`` returns the accountant with ``count`` more releases of ``mechanism`` composed
 in, ``epsilon(delta)`` bounds the composition's total eps at ``delta``, ``state()`` is
 its JSON-ready state (:meth:`Accountant.from_state` reads it back), ``name`` its
-registered name. The math is :mod:`fedem_private.privacy.accounting`'s (dp-accounting
+registered name. The math is :mod:`fedem_private.privacy.bounds`' (dp-accounting
 underneath for RDP and PLD); a class adds only what the generic calibration
 (:func:`fedem_private.privacy.calibration.calibrate_noise`) needs to know of it.
+:class:`LocalBounds` is the accountant of every local bound at once (what the per-client
+ledger holds and :func:`~fedem_private.privacy.accounting.epsilon_bounds` asks); it is no
+``--accountant`` choice and is not registered. This module imports the bounds and is
+imported by the accounting, never the reverse (docs/design.md section 1).
 
 Neighbouring relation, trust model and sensitivity: an accountant bounds the
 composition of the mechanisms it is stepped with, each described by a
@@ -27,6 +31,7 @@ more than the bound function it calls.
 
 from __future__ import annotations
 
+import functools
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -39,8 +44,9 @@ from dp_accounting import pld as dp_pld
 from dp_accounting import rdp as dp_rdp
 from scipy import optimize
 
-from fedem_private.privacy.accounting import (
+from fedem_private.privacy.bounds import (
     Composition,
+    EpsilonBounds,
     RoundMechanism,
     advanced_epsilon,
     basic_epsilon,
@@ -412,3 +418,43 @@ class DpFedAvgPld(DpFedAvg, PldCalibrated):
 
     name: ClassVar[str] = "dpfedavg-pld"
     bound = staticmethod(dpfedavg_pld_epsilon)
+
+
+# ------------------------------------------------------------------------- every bound at once
+@dataclass(frozen=True)
+class LocalBounds(Accountant):
+    """Every local bound of the history at once: basic, advanced, rdp and pld, and the
+    exact curve when the history is all Gaussian; its eps is the smallest
+    (:attr:`~fedem_private.privacy.bounds.EpsilonBounds.reported`). The per-client ledger's
+    accountant (:class:`~fedem_private.privacy.ledger.PrivacyLedger`); not registered (no
+    ``--accountant`` choice). Its bounds are cached per history."""
+
+    name: ClassVar[str] = "reported"
+    #: the accountants whose bounds it reports, by class (their names key the figures)
+    members: ClassVar[tuple[type[Accountant], ...]] = (Basic, Advanced, Rdp, Pld)
+    #: the exact curve, asked only of an all-Gaussian history
+    exact: ClassVar[type[Accountant]] = Exact
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        """The figures it reports: each member's name, then ``reported``."""
+        return (*(m.name for m in cls.members), "reported")
+
+    def bounds(self, delta: float) -> EpsilonBounds:
+        """Every bound of the history at ``delta`` (cached per history and delta)."""
+        return _bounds(type(self), self.history, float(delta))
+
+    def epsilon(self, delta: float) -> float:
+        """The smallest of the valid bounds at ``delta``."""
+        return self.bounds(delta).reported
+
+
+@functools.lru_cache(maxsize=8192)
+def _bounds(cls: type[LocalBounds], history: Composition, delta: float) -> EpsilonBounds:
+    if not 0 <= delta < 1:
+        raise ValueError(f"delta must be in [0, 1): {delta}")
+    values = {m.name: m(history).epsilon(delta) for m in cls.members}
+    gaussian = all(m.kind == "gaussian" for m, _ in history)
+    exact = cls.exact(history).epsilon(delta) if gaussian else None
+    valid = list(values.values()) + ([exact] if exact is not None else [])
+    return EpsilonBounds(delta=delta, gaussian_exact=exact, reported=min(valid), **values)

@@ -36,7 +36,14 @@ bounds on its total eps at a target delta:
 
 ``reported`` is the minimum of these valid bounds. Each bound is also an accountant
 class behind one interface (:mod:`fedem_private.privacy.accountants`); :func:`epsilon_bounds`
-asks every one of them. No amplification by
+asks the accountant of them all (:class:`~fedem_private.privacy.accountants.LocalBounds`)
+and :func:`dpfedavg_bounds` the two DP-FedAvg accountants, by their classes.
+
+Layout (docs/design.md section 1: no import circles): the bound functions and the records
+live in :mod:`fedem_private.privacy.bounds`, the accountant classes that wrap them in
+:mod:`fedem_private.privacy.accountants`, and this module, which imports both and is
+imported by neither, asks the accountants; every name of ``bounds`` is importable from
+here. No amplification by
 subsampling is applied: the server sees who took part.
 
 Numbers here are floats; inf means "no finite guarantee" (e.g. z = 0, or
@@ -46,294 +53,58 @@ the JSON-ready form, where inf is written as None.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import logging
 import math
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, fields
 
-import dp_accounting
-from dp_accounting import pld as dp_pld
-from dp_accounting import rdp as dp_rdp
-from scipy import optimize, special
+from fedem_private.privacy.accountants import DpFedAvgPld, DpFedAvgRdp, LocalBounds
+from fedem_private.privacy.bounds import (  # noqa: F401  (re-exported: the bounds' math)
+    BOUND_FUNCTIONS,
+    CENTRAL_BOUND_FUNCTIONS,
+    KINDS,
+    PLD_DISCRETIZATION,
+    PLD_MAX_BINS,
+    PLD_MAX_ROUND_EPS,
+    CentralBounds,
+    Composition,
+    EpsilonBounds,
+    RoundMechanism,
+    _check_dpfedavg,
+    _event,
+    _gaussian_rounds,
+    _has_no_noise,
+    _json_eps,
+    _round_epsilons,
+    advanced_epsilon,
+    basic_epsilon,
+    composition,
+    dpfedavg_event,
+    dpfedavg_pld_epsilon,
+    dpfedavg_rdp_epsilon,
+    gaussian_delta,
+    gaussian_epsilon,
+    gaussian_exact_epsilon,
+    opacus_rdp_epsilon,
+    pld_epsilon,
+    pld_interval,
+    quiet_absl,
+    rdp_epsilon,
+    repeated,
+    zcdp_epsilon,
+)
 
-# "sampled-gaussian": a round of ldp-dpsgd, ``steps`` Poisson-subsampled Gaussian steps
-KINDS: tuple[str, ...] = ("laplace", "gaussian", "sampled-gaussian")
-PLD_DISCRETIZATION = 1e-3
-PLD_MAX_BINS = 20000
-# dp-accounting's Laplace PLD overflows (eps = inf) above about 700 per round
-PLD_MAX_ROUND_EPS = 700.0
-BOUNDS: tuple[str, ...] = ("basic", "advanced", "rdp", "pld")
-
-
-@dataclass(frozen=True, order=True)
-class RoundMechanism:
-    """One round's release: ``kind`` noise with multiplier z = noise scale / sensitivity.
-
-    z = 0 means no noise (no finite guarantee). Kind ``sampled-gaussian`` (a
-    round of ldp-dpsgd's local DP-SGD) is ``steps`` steps, each the Gaussian
-    mechanism of multiplier z on a Poisson sample at rate ``sample_rate`` of
-    the client's interactions; the other kinds ignore the two fields (1, 1).
-    """
-
-    kind: str
-    noise_multiplier: float
-    sample_rate: float = 1.0
-    steps: int = 1
-
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"unknown mechanism kind {self.kind!r}")
-        if not 0 <= self.noise_multiplier < math.inf:
-            raise ValueError(f"noise multiplier must be finite and >= 0: {self.noise_multiplier}")
-        if self.kind != "sampled-gaussian" and (self.sample_rate, self.steps) != (1.0, 1):
-            raise ValueError(f"sample_rate and steps are for kind sampled-gaussian, not "
-                             f"{self.kind!r}")
-        if not 0 < self.sample_rate <= 1 or self.steps < 1:
-            raise ValueError(f"need 0 < sample_rate <= 1 and steps >= 1: {self.sample_rate}, "
-                             f"{self.steps}")
-
-    def event(self) -> dp_accounting.DpEvent:
-        """The dp-accounting event of one round (sensitivity normalised to 1)."""
-        if self.kind == "laplace":
-            return dp_accounting.LaplaceDpEvent(self.noise_multiplier)
-        if self.kind == "gaussian":
-            return dp_accounting.GaussianDpEvent(self.noise_multiplier)
-        return dpfedavg_event(self.sample_rate, self.noise_multiplier, self.steps)
-
-
-Composition = tuple[tuple[RoundMechanism, int], ...]
-
-
-def composition(items: Iterable[tuple[RoundMechanism, int]]) -> Composition:
-    """Canonical form of a history: counts merged per mechanism, zeros dropped, sorted."""
-    merged: dict[RoundMechanism, int] = {}
-    for mech, count in items:
-        if count < 0:
-            raise ValueError(f"negative round count {count}")
-        if count:
-            merged[mech] = merged.get(mech, 0) + int(count)
-    return tuple(sorted(merged.items()))
-
-
-def repeated(mechanism: RoundMechanism, rounds: int) -> Composition:
-    """The history of ``rounds`` identical rounds."""
-    return composition([(mechanism, rounds)])
-
-
-def _has_no_noise(comp: Composition) -> bool:
-    return any(m.noise_multiplier == 0 for m, _ in comp)
-
-
-def gaussian_delta(eps: float, mu: float) -> float:
-    """delta(eps) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2) of a mu-GDP mechanism."""
-    a = float(special.ndtr(-eps / mu + mu / 2))
-    b = float(special.log_ndtr(-eps / mu - mu / 2)) + eps
-    return a - math.exp(min(b, 0.0))  # e^eps Phi(.) <= Phi(.) <= 1, so b <= 0 exactly
-
-
-def gaussian_epsilon(mu: float, delta: float) -> float:
-    """Smallest eps >= 0 with delta(eps) <= delta for a Gaussian with mu = sensitivity / sigma.
-
-    Returns inf for delta = 0 or mu = inf and 0 for mu = 0. The root is
-    nudged upwards until delta(eps) <= delta holds in float64.
-    """
-    if delta <= 0 or math.isinf(mu):
-        return math.inf
-    if mu == 0 or gaussian_delta(0.0, mu) <= delta:
-        return 0.0
-    hi = max(1.0, mu * mu)
-    while gaussian_delta(hi, mu) > delta:
-        hi *= 2.0
-    eps = float(optimize.brentq(lambda e: gaussian_delta(e, mu) - delta, 0.0, hi, xtol=1e-13))
-    while gaussian_delta(eps, mu) > delta:
-        eps += max(1e-13, eps * 1e-13)
-    return eps
-
-
-def _round_epsilons(comp: Composition, gaussian_delta_each: float) -> list[tuple[float, int]]:
-    """Per-round (eps_i, count): Laplace 1/z (pure); Gaussian at the given per-round delta.
-
-    A sampled-gaussian round of S steps is bounded WITHOUT its sampling (S
-    unsampled Gaussian steps are one Gaussian of mu = sqrt(S) / z): valid, and
-    loose; the rdp and pld bounds account the sampling.
-    """
-    out = []
-    for mech, count in comp:
-        if mech.noise_multiplier == 0:
-            out.append((math.inf, count))
-        elif mech.kind == "laplace":
-            out.append((1.0 / mech.noise_multiplier, count))
-        else:
-            mu = math.sqrt(mech.steps) / mech.noise_multiplier
-            out.append((gaussian_epsilon(mu, gaussian_delta_each), count))
-    return out
-
-
-def _gaussian_rounds(comp: Composition) -> int:
-    return sum(c for m, c in comp if m.kind != "laplace")
-
-
-def basic_epsilon(comp: Composition, delta: float) -> float:
-    """Basic composition: sum_i n_i eps_i (Gaussian rounds at delta/K each, K Gaussian rounds)."""
-    k = _gaussian_rounds(comp)
-    if k and delta <= 0:
-        return math.inf
-    return math.fsum(e * n for e, n in _round_epsilons(comp, delta / k if k else 0.0))
-
-
-def advanced_epsilon(comp: Composition, delta: float) -> float:
-    """DRV advanced composition: sqrt(2 ln(1/delta') sum eps_i^2) + sum eps_i (e^eps_i - 1).
-
-    delta' = delta (Laplace only) or delta/2 with delta/(2K) per Gaussian round.
-    """
-    if not comp:
-        return 0.0
-    if delta <= 0:
-        return math.inf
-    k = _gaussian_rounds(comp)
-    delta_prime = delta / 2 if k else delta
-    eps = _round_epsilons(comp, delta / (2 * k) if k else 0.0)
-    if any(math.isinf(e) for e, _ in eps):
-        return math.inf
-    try:
-        drift = math.fsum(n * e * math.expm1(e) for e, n in eps)
-    except OverflowError:
-        return math.inf
-    spread = math.sqrt(2.0 * math.log(1.0 / delta_prime) * math.fsum(n * e * e for e, n in eps))
-    return spread + drift
-
-
-@contextlib.contextmanager
-def quiet_absl() -> Iterator[None]:
-    """Silence dp-accounting's absl warnings for the block.
-
-    It logs a WARNING for each small order whose subsampled-Gaussian RDP does not
-    converge at small z, and leaves that order out. The bound over the remaining
-    orders is still a valid upper bound.
-    """
-    absl = logging.getLogger("absl")
-    level = absl.level
-    absl.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        absl.setLevel(level)
-
-
-def _event(comp: Composition) -> dp_accounting.DpEvent:
-    return dp_accounting.ComposedDpEvent(
-        [dp_accounting.SelfComposedDpEvent(m.event(), n) for m, n in comp]
-    )
-
-
-def rdp_epsilon(comp: Composition, delta: float) -> float:
-    """eps from dp-accounting's RdpAccountant (default orders) at delta; inf at delta = 0."""
-    if not comp:
-        return 0.0
-    if delta <= 0 or _has_no_noise(comp):
-        return math.inf
-    with quiet_absl():
-        accountant = dp_rdp.RdpAccountant()
-        accountant.compose(_event(comp))
-        return float(accountant.get_epsilon(delta))
-
-
-def pld_interval(comp: Composition) -> float:
-    """PLD discretisation interval: PLD_DISCRETIZATION, or wider when a round's loss is huge.
-
-    A Laplace round's privacy loss lies in [-1/z, 1/z]; a Gaussian round's is
-    measured by its eps at delta 1e-12. The interval is widened so the
-    largest such range holds at most PLD_MAX_BINS intervals.
-    """
-    scale = max((e for e, _ in _round_epsilons(comp, 1e-12)), default=0.0)
-    if not math.isfinite(scale):
-        return PLD_DISCRETIZATION
-    return max(PLD_DISCRETIZATION, 2.0 * scale / PLD_MAX_BINS)
-
-
-def pld_epsilon(comp: Composition, delta: float) -> float:
-    """eps from dp-accounting's PLDAccountant (pessimistic, see pld_interval); inf at delta 0."""
-    if not comp:
-        return 0.0
-    if delta <= 0 or _has_no_noise(comp):
-        return math.inf
-    if max(e for e, _ in _round_epsilons(comp, 1e-12)) > PLD_MAX_ROUND_EPS:
-        return math.inf
-    accountant = dp_pld.PLDAccountant(value_discretization_interval=pld_interval(comp))
-    accountant.compose(_event(comp))
-    return float(accountant.get_epsilon(delta))
-
-
-def gaussian_exact_epsilon(comp: Composition, delta: float) -> float | None:
-    """Exact eps of an all-Gaussian history: one Gaussian with mu = sqrt(sum n_i / z_i^2).
-
-    None if the history has Laplace rounds.
-    """
-    if any(m.kind != "gaussian" for m, _ in comp):
-        return None
-    if not comp:
-        return 0.0
-    if _has_no_noise(comp):
-        return math.inf
-    mu = math.sqrt(math.fsum(n / m.noise_multiplier**2 for m, n in comp))
-    return gaussian_epsilon(mu, delta)
-
-
-def opacus_rdp_epsilon(noise_multiplier: float, rounds: int, delta: float) -> float:
-    """Cross-check: opacus's RDP analysis of ``rounds`` unsampled Gaussian rounds (q = 1).
-
-    Uses dp-accounting's default RDP orders, so it should match :func:`rdp_epsilon`.
-    opacus is imported here, lazily (it is slow to import).
-    """
-    from opacus.accountants.analysis import rdp as opacus_rdp
-
-    if rounds == 0:
-        return 0.0
-    if delta <= 0 or noise_multiplier == 0:
-        return math.inf
-    orders = [float(a) for a in dp_rdp.rdp_privacy_accountant.DEFAULT_RDP_ORDERS]
-    curve = opacus_rdp.compute_rdp(
-        q=1.0, noise_multiplier=noise_multiplier, steps=rounds, orders=orders
-    )
-    eps, _ = opacus_rdp.get_privacy_spent(orders=orders, rdp=curve, delta=delta)
-    return float(eps)
-
-
-@dataclass(frozen=True)
-class EpsilonBounds:
-    """Total eps of a history at ``delta`` by every bound; ``reported`` is their minimum."""
-
-    delta: float
-    basic: float
-    advanced: float
-    rdp: float
-    pld: float
-    gaussian_exact: float | None
-    reported: float
-
-    def as_dict(self) -> dict[str, float | None]:
-        """JSON-ready dict: inf (no finite guarantee) is written as None."""
-        return {f.name: _json_eps(getattr(self, f.name)) for f in fields(self)}
-
-
-def _json_eps(value: float | None) -> float | None:
-    return None if value is None or math.isinf(value) else float(value)
+#: the local bounds by name, as :class:`EpsilonBounds` holds them (the accountants of
+#: :class:`~fedem_private.privacy.accountants.LocalBounds`)
+BOUNDS: tuple[str, ...] = tuple(cls.name for cls in LocalBounds.members)
+#: DP-FedAvg's two bounds, as :class:`CentralBounds` holds them
+CENTRAL_BOUNDS: tuple[str, ...] = ("rdp", "pld")
 
 
 @functools.lru_cache(maxsize=8192)
 def epsilon_bounds(comp: Composition, delta: float) -> EpsilonBounds:
-    """All bounds on the total eps of history ``comp`` at ``delta`` (cached per history)."""
-    from fedem_private.privacy.accountants import accountant_class  # it imports this module
-
-    if not 0 <= delta < 1:
-        raise ValueError(f"delta must be in [0, 1): {delta}")
-    values = {name: accountant_class(name)(comp).epsilon(delta) for name in BOUNDS}
-    gaussian = all(m.kind == "gaussian" for m, _ in comp)
-    exact = accountant_class("exact")(comp).epsilon(delta) if gaussian else None
-    valid = list(values.values()) + ([exact] if exact is not None else [])
-    return EpsilonBounds(delta=delta, gaussian_exact=exact, reported=min(valid), **values)
+    """All bounds on the total eps of history ``comp`` at ``delta`` (cached per history):
+    the accountant of every local bound,
+    :class:`~fedem_private.privacy.accountants.LocalBounds`."""
+    return LocalBounds(comp).bounds(delta)
 
 
 def compose(mechanism: RoundMechanism, rounds: int, delta: float) -> EpsilonBounds:
@@ -341,139 +112,18 @@ def compose(mechanism: RoundMechanism, rounds: int, delta: float) -> EpsilonBoun
     return epsilon_bounds(repeated(mechanism, rounds), float(delta))
 
 
-# the bound functions by name; the accountant classes (privacy.accountants) wrap them
-BOUND_FUNCTIONS = {
-    "basic": basic_epsilon,
-    "advanced": advanced_epsilon,
-    "rdp": rdp_epsilon,
-    "pld": pld_epsilon,
-}
-
-
-# ---------------------------------------------------------------------------------------------
-# DP-FedAvg (cdp-gaussian, docs/design.md section 5): user-level central DP with Poisson sampling
-CENTRAL_BOUNDS: tuple[str, ...] = ("rdp", "pld")
-
-
-def dpfedavg_event(sample_rate: float, noise_multiplier: float,
-                   rounds: int) -> dp_accounting.DpEvent:
-    """``rounds`` rounds of the Poisson-subsampled Gaussian mechanism (McMahan et al. 2018).
-
-    One round: every client is included independently with probability q =
-    ``sample_rate``, the sum of the included clients' deltas (each L2-clipped
-    to C) gets N(0, z^2 C^2) on every entry. Under add/remove of one client's
-    whole data the sum's L2 sensitivity is C, so normalised by C this is
-    ``PoissonSampledDpEvent(q, GaussianDpEvent(z))``; q = 1 is the plain
-    ``GaussianDpEvent(z)``. This is the view of an observer who sees the
-    released models but not who took part (amplification by sampling holds).
-    """
-    gauss = dp_accounting.GaussianDpEvent(noise_multiplier)
-    one = gauss if sample_rate >= 1.0 else dp_accounting.PoissonSampledDpEvent(sample_rate, gauss)
-    return dp_accounting.SelfComposedDpEvent(one, rounds)
-
-
-def _check_dpfedavg(sample_rate: float, noise_multiplier: float, rounds: int) -> None:
-    if not 0 < sample_rate <= 1:
-        raise ValueError(f"sample rate must be in (0, 1]: {sample_rate}")
-    if not 0 <= noise_multiplier < math.inf:
-        raise ValueError(f"noise multiplier must be finite and >= 0: {noise_multiplier}")
-    if rounds < 0:
-        raise ValueError(f"negative round count {rounds}")
-
-
-def dpfedavg_rdp_epsilon(sample_rate: float, noise_multiplier: float, rounds: int,
-                         delta: float) -> float:
-    """eps of :func:`dpfedavg_event` by dp-accounting's RdpAccountant (default orders)."""
-    _check_dpfedavg(sample_rate, noise_multiplier, rounds)
-    if rounds == 0:
-        return 0.0
-    if delta <= 0 or noise_multiplier == 0:
-        return math.inf
-    with quiet_absl():
-        accountant = dp_rdp.RdpAccountant()
-        accountant.compose(dpfedavg_event(sample_rate, noise_multiplier, rounds))
-        return float(accountant.get_epsilon(delta))
-
-
-def dpfedavg_pld_epsilon(sample_rate: float, noise_multiplier: float, rounds: int,
-                         delta: float) -> float:
-    """eps of :func:`dpfedavg_event` by dp-accounting's PLDAccountant (pessimistic).
-
-    The discretisation interval is that of the unsampled rounds
-    (:func:`pld_interval`), never finer than PLD_DISCRETIZATION; inf when one
-    unsampled round's eps exceeds PLD_MAX_ROUND_EPS (out of the PLD's range).
-    """
-    _check_dpfedavg(sample_rate, noise_multiplier, rounds)
-    if rounds == 0:
-        return 0.0
-    if delta <= 0 or noise_multiplier == 0:
-        return math.inf
-    plain = repeated(RoundMechanism("gaussian", noise_multiplier), rounds)
-    if max(e for e, _ in _round_epsilons(plain, 1e-12)) > PLD_MAX_ROUND_EPS:
-        return math.inf
-    accountant = dp_pld.PLDAccountant(value_discretization_interval=pld_interval(plain))
-    accountant.compose(dpfedavg_event(sample_rate, noise_multiplier, rounds))
-    return float(accountant.get_epsilon(delta))
-
-
-@dataclass(frozen=True)
-class CentralBounds:
-    """Total eps of T rounds of DP-FedAvg at ``delta`` for an observer of the released models.
-
-    ``rdp`` and ``pld`` are dp-accounting's bounds on :func:`dpfedavg_event`;
-    ``reported`` is their minimum (both are valid upper bounds).
-    """
-
-    delta: float
-    sample_rate: float
-    noise_multiplier: float
-    rounds: int
-    rdp: float
-    pld: float
-    reported: float
-
-    def as_dict(self) -> dict[str, float | None]:
-        """JSON-ready epsilon dict (keys rdp, pld, reported; inf written as None)."""
-        return {key: _json_eps(getattr(self, key)) for key in ("rdp", "pld", "reported")}
-
-
 @functools.lru_cache(maxsize=1024)
 def dpfedavg_bounds(sample_rate: float, noise_multiplier: float, rounds: int,
                     delta: float) -> CentralBounds:
     """Both bounds of :func:`dpfedavg_event` at ``delta`` (cached): the dpfedavg-rdp and
     dpfedavg-pld accountants of :mod:`~fedem_private.privacy.accountants`."""
-    from fedem_private.privacy.accountants import accountant_class  # it imports this module
-
     _check_dpfedavg(sample_rate, noise_multiplier, rounds)
     history = repeated(RoundMechanism("sampled-gaussian", float(noise_multiplier),
                                       float(sample_rate), 1), int(rounds))
-    rdp, pld = (accountant_class(f"dpfedavg-{name}")(history).epsilon(delta)
-                for name in CENTRAL_BOUNDS)
+    rdp, pld = (cls(history).epsilon(delta) for cls in (DpFedAvgRdp, DpFedAvgPld))
     return CentralBounds(delta=float(delta), sample_rate=float(sample_rate),
                          noise_multiplier=float(noise_multiplier), rounds=int(rounds),
                          rdp=rdp, pld=pld, reported=min(rdp, pld))
-
-
-# DP-FedAvg's bound functions by name (the dpfedavg-rdp / dpfedavg-pld accountants wrap them)
-CENTRAL_BOUND_FUNCTIONS = {"rdp": dpfedavg_rdp_epsilon, "pld": dpfedavg_pld_epsilon}
-
-
-# ---------------------------------------------------------------------------------------------
-# DP-FTRL (dp-ftrl, docs/design.md section 5; fedem_private.privacy.ftrl): the whole tree
-# release is ONE Gaussian mechanism, of multiplier z = sigma / sensitivity
-
-
-def zcdp_epsilon(rho: float, delta: float) -> float:
-    """eps = rho + 2 sqrt(rho ln(1/delta)): rho-zCDP implies (eps, delta)-DP (Bun and
-    Steinke 2016, Proposition 1.3). A closed-form upper bound, looser than the exact curve;
-    the Gaussian mechanism of multiplier z is rho = 1 / (2 z^2)-zCDP (their Prop. 1.6)."""
-    if rho < 0:
-        raise ValueError(f"rho must be >= 0, got {rho}")
-    if rho == 0:
-        return 0.0
-    if delta <= 0 or math.isinf(rho):
-        return math.inf
-    return rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
 
 
 def gaussian_release_bounds(noise_multiplier: float, delta: float) -> dict[str, float | None]:

@@ -2,8 +2,11 @@
 
 A client is charged only for the rounds it actually took part in (no
 amplification by subsampling is claimed: the server sees who took part).
-Its history is a composition of per-round mechanisms, bounded by every
-accountant of :mod:`accounting` at the run's delta.
+Its history is a composition of per-round mechanisms, bounded at the run's delta by the
+accountant the ledger holds: an :class:`~fedem_private.privacy.accountants.Accountant`
+object (by default :class:`~fedem_private.privacy.accountants.LocalBounds`, every local
+bound at once), stepped with each client's rounds and asked for its figures; the ledger
+names no accountant.
 
 Conventions: dicts returned here are JSON-ready and write an infinite eps
 (no finite guarantee) as None; a client that uploaded nothing has spent 0.0.
@@ -13,8 +16,8 @@ touched rows were public, and is labelled as such). Mode paper also carries
 the FedEM paper's heuristic eps, labelled as a heuristic.
 
 Cost: clients with the same counts of the same mechanisms have the same eps,
-so bounds are computed per distinct history (and cached by
-``accounting.epsilon_bounds``); only histories not dominated by another one
+so bounds are computed per distinct history (and cached by the accountant);
+only histories not dominated by another one
 are evaluated when looking for the worst client.
 """
 
@@ -25,15 +28,12 @@ from typing import Any
 
 import numpy as np
 
-from fedem_private.privacy.accounting import (
-    EpsilonBounds,
-    RoundMechanism,
-    composition,
-    epsilon_bounds,
-)
+from fedem_private.privacy.accountants import LocalBounds
+from fedem_private.privacy.accounting import EpsilonBounds, RoundMechanism
 from fedem_private.privacy.params import MechanismParams
 
-EPSILON_KEYS: tuple[str, ...] = ("basic", "advanced", "rdp", "pld", "reported")
+#: the figures of the default accountant (each bound's name, then ``reported``)
+EPSILON_KEYS: tuple[str, ...] = LocalBounds.keys()
 TOUCHED_ROWS_WARNING = (
     "ldp-touched-rows is INSECURE: the set of touched rows leaks, no DP guarantee; "
     "nominal_epsilon assumes that set were public"
@@ -48,12 +48,13 @@ def _json(value: float) -> float | None:
     return None if math.isinf(value) else float(value)
 
 
-def _epsilon_dict(bounds: EpsilonBounds) -> dict[str, float | None]:
-    return {key: _json(getattr(bounds, key)) for key in EPSILON_KEYS}
+def _epsilon_dict(bounds: EpsilonBounds, keys: tuple[str, ...]) -> dict[str, float | None]:
+    return {key: _json(getattr(bounds, key)) for key in keys}
 
 
-def _constant_epsilon(value: float) -> dict[str, float | None]:
-    return {key: _json(value) for key in EPSILON_KEYS}
+def _constant_epsilon(value: float, keys: tuple[str, ...] = EPSILON_KEYS
+                      ) -> dict[str, float | None]:
+    return {key: _json(value) for key in keys}
 
 
 def _mechanism_json(mech: RoundMechanism | None) -> dict[str, Any] | None:
@@ -66,10 +67,17 @@ def _mechanism_json(mech: RoundMechanism | None) -> dict[str, Any] | None:
 
 
 class PrivacyLedger:
-    """Rounds per client and the eps they imply, for one run (one privacy mode)."""
+    """Rounds per client and the eps they imply, for one run (one privacy mode).
 
-    def __init__(self, params: MechanismParams) -> None:
+    ``accountant``: the accountant a client's rounds are composed in, empty (None:
+    :class:`~fedem_private.privacy.accountants.LocalBounds`); its ``keys()`` name the
+    figures of :meth:`spent`.
+    """
+
+    def __init__(self, params: MechanismParams, accountant: LocalBounds | None = None) -> None:
         self.params = params
+        self.accountant = LocalBounds() if accountant is None else accountant
+        self.keys = self.accountant.keys()
         self.mechanism = params.mechanism
         self.delta = float(params.delta)
         self._columns: list[RoundMechanism | None] = []
@@ -131,7 +139,8 @@ class PrivacyLedger:
             "n_clients": int(ids.size),
             "worst_client": worst,
             "worst_client_rounds": 0 if worst is None else self.n_rounds(worst),
-            "epsilon": self.spent(worst) if worst is not None else _constant_epsilon(0.0),
+            "epsilon": (self.spent(worst) if worst is not None
+                        else _constant_epsilon(0.0, self.keys)),
         }
         self.log.append(entry)
         return entry
@@ -152,12 +161,14 @@ class PrivacyLedger:
             return 0
         return int(self._counts[client].sum())
 
-    def _history(self, signature: tuple[int, ...]) -> tuple[tuple[RoundMechanism, int], ...]:
-        items = []
+    def _account(self, signature: tuple[int, ...]) -> LocalBounds:
+        """The ledger's accountant with a client's rounds (its counts per column) composed
+        in."""
+        account = self.accountant
         for mech, count in zip(self._columns, signature, strict=True):
             if count and mech is not None:
-                items.append((mech, count))
-        return composition(items)
+                account = account.step(mech, count)
+        return account
 
     def _signature(self, client: int) -> tuple[int, ...]:
         if client >= self._counts.shape[0]:
@@ -168,18 +179,18 @@ class PrivacyLedger:
         """Bounds of the (real or nominal) mechanisms of a history; None if none apply."""
         if not self.mechanism.takes_budget:  # nothing accounted (none, paper)
             return None
-        return epsilon_bounds(self._history(signature), self.delta)
+        return self._account(signature).bounds(self.delta)
 
     def spent(self, client: int) -> dict[str, float | None]:
         """Guaranteed eps of ``client`` at the run's delta by every bound (None = inf)."""
         signature = self._signature(client)
         if not any(signature):
-            return _constant_epsilon(0.0)
+            return _constant_epsilon(0.0, self.keys)
         if not self.params.guarantee:
-            return _constant_epsilon(math.inf)
+            return _constant_epsilon(math.inf, self.keys)
         bounds = self._bounds(signature)
         assert bounds is not None
-        return _epsilon_dict(bounds)
+        return _epsilon_dict(bounds, self.keys)
 
     def nominal_spent(self, client: int) -> dict[str, float | None] | None:
         """ldp-touched-rows only: the eps it would give if touched rows were public."""
@@ -187,7 +198,7 @@ class PrivacyLedger:
             return None
         bounds = self._bounds(self._signature(client))
         assert bounds is not None
-        return _epsilon_dict(bounds)
+        return _epsilon_dict(bounds, self.keys)
 
     def _worst(self) -> int | None:
         """The client with the largest reported (or nominal) eps; ties: most rounds."""
@@ -230,10 +241,10 @@ class PrivacyLedger:
             "rounds_recorded": len(self._rounds),
             "worst_client": worst,
             "worst_client_rounds": 0 if worst is None else self.n_rounds(worst),
-            "epsilon": _constant_epsilon(0.0) if worst is None else self.spent(worst),
+            "epsilon": _constant_epsilon(0.0, self.keys) if worst is None else self.spent(worst),
         }
         if self.mechanism.nominal_only:
-            out["nominal_epsilon"] = (_constant_epsilon(0.0) if worst is None
+            out["nominal_epsilon"] = (_constant_epsilon(0.0, self.keys) if worst is None
                                       else self.nominal_spent(worst))
             out["warning"] = TOUCHED_ROWS_WARNING
         if self.mechanism.paper_heuristic:

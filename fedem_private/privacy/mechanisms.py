@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -42,50 +41,7 @@ from fedem_private.errors import Diverged
 from fedem_private.finite import finite_rows
 from fedem_private.privacy.clipping import ClipStats, clip_rows
 from fedem_private.privacy.params import MechanismParams
-
-
-@dataclass(frozen=True, eq=False)
-class RoundPrivacyStats:
-    """What the privacy layer did in one round (for the per-round log).
-
-    ``clip``: bound C (None if the mode does not clip the delta);
-    ``fraction_clipped`` and ``mean_pre_clip_norm`` come from clipping (None
-    without it); ``noise_scale``: b, sigma or lambda (0 for none);
-    ``noised_fraction``: share of released entries that received noise.
-    """
-
-    mode: str
-    n_clients: int
-    norm: str | None
-    clip: float | None
-    fraction_clipped: float | None
-    mean_pre_clip_norm: float | None
-    noise_kind: str | None
-    noise_scale: float
-    noised_fraction: float
-    clip_stats: ClipStats | None = None
-    # mean over the round's clients of the mean |clipped delta| on the entries of the
-    # rows each client trained (the signal the noise has to leave readable); None
-    # where the mode does not clip a delta or no row was trained
-    mean_abs_delta_trained: float | None = None
-
-    def as_log(self) -> dict[str, object]:
-        """JSON-ready dict (non-finite numbers written as None)."""
-        def num(x: float | None) -> float | None:
-            return None if x is None or not math.isfinite(x) else float(x)
-
-        return {
-            "mode": self.mode,
-            "n_clients": self.n_clients,
-            "norm": self.norm,
-            "clip": self.clip,
-            "fraction_clipped": num(self.fraction_clipped),
-            "mean_pre_clip_norm": num(self.mean_pre_clip_norm),
-            "noise_kind": self.noise_kind,
-            "noise_scale": self.noise_scale,
-            "noised_fraction": num(self.noised_fraction),
-        }
-
+from fedem_private.privacy.types import RoundPrivacyStats  # noqa: F401  (re-exported)
 
 Release = Callable[..., tuple[torch.Tensor, RoundPrivacyStats]]
 

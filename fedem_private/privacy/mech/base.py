@@ -18,6 +18,10 @@ privacy options it accepts, and its hooks:
 
 Every hook is a class method: a mechanism holds no state of its own; the run's
 state lives in :class:`~fedem_private.privacy.layer.PrivacyLayer`.
+
+The configuration and the parameters ask the registry for their mechanism, so this module
+names them by the protocols of :mod:`fedem_private.privacy.types` and imports neither
+(docs/design.md section 1: no import circles); a mechanism's module may name them itself.
 """
 
 from __future__ import annotations
@@ -28,11 +32,9 @@ if TYPE_CHECKING:
     import numpy as np
     import torch
 
-    from fedem_private.privacy.accounting import RoundMechanism
+    from fedem_private.privacy.bounds import RoundMechanism
     from fedem_private.privacy.central import SecureSum
-    from fedem_private.privacy.config import PrivacyConfig
-    from fedem_private.privacy.mechanisms import RoundPrivacyStats
-    from fedem_private.privacy.params import MechanismParams
+    from fedem_private.privacy.types import PrivacySettings, RoundParams, RoundPrivacyStats
 
 # The training hooks' backbone, parameters and DP-SGD statistics are typed Any here: naming
 # models.base or privacy.dpsgd, even for the type checker, would put the models room on the
@@ -151,24 +153,24 @@ class Mechanism:
 
     # -- configuration -----------------------------------------------------------------------
     @classmethod
-    def validate(cls, cfg: PrivacyConfig) -> None:
+    def validate(cls, cfg: PrivacySettings) -> None:
         """Its own checks of ``cfg`` beyond the shared ones (UserError, one line)."""
 
     @classmethod
-    def calibrate(cls, cfg: PrivacyConfig, rounds: int,
-                  n_clients: int | None = None) -> MechanismParams:
+    def calibrate(cls, cfg: PrivacySettings, rounds: int,
+                  n_clients: int | None = None) -> RoundParams:
         """Its per-round parameters for ``rounds`` planned rounds (docs/design.md section 5)."""
         raise NotImplementedError(f"mechanism {cls.name!r} has no calibration")
 
     @classmethod
-    def claimed_gap(cls, cfg: PrivacyConfig) -> tuple[int, float] | None:
+    def claimed_gap(cls, cfg: PrivacySettings) -> tuple[int, float] | None:
         """(norm p, bound) its claim puts on the L_p gap between one client's releases in
         two neighbouring worlds (what the neighbour-world harness checks); None: none."""
         return None
 
     # -- client-side hooks -------------------------------------------------------------------
     @classmethod
-    def release(cls, params: MechanismParams, sent: torch.Tensor, local: torch.Tensor, *,
+    def release(cls, params: RoundParams, sent: torch.Tensor, local: torch.Tensor, *,
                 seed: int, round_: int, clients: np.ndarray,
                 touched: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, RoundPrivacyStats]:
@@ -176,12 +178,12 @@ class Mechanism:
         raise RuntimeError(f"mechanism {cls.name!r} releases no upload")
 
     @classmethod
-    def local_grad_clip(cls, cfg: PrivacyConfig) -> float | None:
+    def local_grad_clip(cls, cfg: PrivacySettings) -> float | None:
         """A gradient clip for ordinary local training (None: none)."""
         return None
 
     @classmethod
-    def train_chunk(cls, params: MechanismParams, backbone: Backbone, start: ClientParams,
+    def train_chunk(cls, params: RoundParams, backbone: Backbone, start: ClientParams,
                     clients: np.ndarray, pos_indptr: np.ndarray, pos_items: np.ndarray,
                     num_negatives: int, seed: int, round_: int
                     ) -> tuple[ClientParams, DpsgdStats]:
@@ -189,7 +191,7 @@ class Mechanism:
         raise RuntimeError(f"mechanism {cls.name!r} does not train")
 
     @classmethod
-    def train_adapter(cls, params: MechanismParams, backbone: Backbone,
+    def train_adapter(cls, params: RoundParams, backbone: Backbone,
                       private: dict[str, torch.Tensor], weights: tuple[torch.Tensor, ...],
                       biases: tuple[torch.Tensor, ...], q_local: torch.Tensor,
                       q_global: torch.Tensor, clients: np.ndarray, pos_indptr: np.ndarray,
@@ -200,7 +202,7 @@ class Mechanism:
 
     # -- server-side hook --------------------------------------------------------------------
     @classmethod
-    def server_sum(cls, params: MechanismParams, cfg: PrivacyConfig, seed: int,
+    def server_sum(cls, params: RoundParams, cfg: PrivacySettings, seed: int,
                    expected_count: float) -> SecureSum | None:
         """The server-side hook: the secure sum that noises the aggregate (central
         mechanisms); None for a mechanism on each upload."""
@@ -208,27 +210,27 @@ class Mechanism:
 
     # -- accounting --------------------------------------------------------------------------
     @classmethod
-    def guaranteed_event(cls, params: MechanismParams) -> RoundMechanism:
+    def guaranteed_event(cls, params: RoundParams) -> RoundMechanism:
         """One round's accounted mechanism when it guarantees something: the noise of
         ``params`` at its multiplier."""
-        from fedem_private.privacy.accounting import RoundMechanism
+        from fedem_private.privacy.bounds import RoundMechanism
 
         assert params.noise_kind is not None and params.noise_multiplier is not None
         return RoundMechanism(params.noise_kind, params.noise_multiplier)
 
     @classmethod
-    def nominal_event(cls, params: MechanismParams) -> RoundMechanism | None:
+    def nominal_event(cls, params: RoundParams) -> RoundMechanism | None:
         """The mechanism it would be were its leak public (``nominal_only``); else None."""
         return None
 
     @classmethod
-    def ledger_event(cls, params: MechanismParams) -> RoundMechanism | None:
+    def ledger_event(cls, params: RoundParams) -> RoundMechanism | None:
         """What one round charges each participant in the ledger: the guaranteed
         mechanism, else the nominal one, else None (nothing claimed)."""
         return params.round_mechanism() or cls.nominal_event(params)
 
     @classmethod
-    def heuristic_epsilon(cls, cfg: PrivacyConfig, sizes: np.ndarray, lr: float,
+    def heuristic_epsilon(cls, cfg: PrivacySettings, sizes: np.ndarray, lr: float,
                           clients: np.ndarray) -> np.ndarray | None:
         """A per-client heuristic eps of the round, reported beside the ledger (None)."""
         return None
