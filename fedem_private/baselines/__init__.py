@@ -8,57 +8,23 @@ evaluation sets (:func:`~fedem_private.evaluation.metrics.build_eval_sets` with 
 run's seed) as a federated run, so its summary and results row read the same.
 
 Each baseline registers a fit function ``(cfg, split) -> Fitted`` under its
-method name with :func:`register`; :data:`~fedem_private.simulation.config.BASELINE_METHODS`
-lists the names the configuration accepts, and a test checks both agree.
+method name with :func:`register` (the record and the registry live in
+:mod:`fedem_private.baselines.base`, which imports nothing of this package back);
+:data:`~fedem_private.simulation.config.BASELINE_METHODS` lists the names the
+configuration accepts, and a test checks both agree.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
-
 import numpy as np
 import torch
 
+from fedem_private.baselines import registered  # noqa: F401  (registers the baselines)
+from fedem_private.baselines.base import REGISTRY, FitFn, Fitted, register  # noqa: F401
 from fedem_private.data.split import Split
 from fedem_private.evaluation.metrics import RankAccumulator, build_eval_sets, eval_sample
 from fedem_private.simulation.config import RunConfig
 from fedem_private.simulation.loop import validation_kind
-
-
-@dataclass(frozen=True)
-class Fitted:
-    """A fitted baseline: its scores and what its summary says about it.
-
-    ``scores``: (m,) item scores shared by every user, or (n, m) per user.
-    ``privacy``: the summary's privacy block (mode ``none`` without a guarantee): what
-    is released and how, never an un-noised figure of the data.
-    ``info``: settings worth keeping (e.g. the architecture, k).
-    ``clipping``: the summary's ``clipping`` block, simulator-only diagnostics of the
-    clip (dp-mostpop: the users clipped at k, labelled not released), or None.
-    """
-
-    scores: np.ndarray
-    privacy: dict[str, Any] = field(default_factory=lambda: {"mode": "none",
-                                                              "guarantee": False})
-    info: dict[str, Any] = field(default_factory=dict)
-    model: str = "popularity"
-    clipping: dict[str, Any] | None = None
-
-
-FitFn = Callable[[RunConfig, Split], Fitted]
-REGISTRY: dict[str, FitFn] = {}
-
-
-def register(name: str) -> Callable[[FitFn], FitFn]:
-    """Register ``fn`` as the fit function of baseline ``name``."""
-    def wrap(fn: FitFn) -> FitFn:
-        if name in REGISTRY:
-            raise ValueError(f"baseline {name!r} registered twice")
-        REGISTRY[name] = fn
-        return fn
-    return wrap
 
 
 def fit(cfg: RunConfig, split: Split) -> Fitted:
@@ -85,5 +51,3 @@ def evaluate(cfg: RunConfig, split: Split, scores: np.ndarray,
         acc.add_scores(users, block.clone(), sets)
     return acc.result()
 
-
-from fedem_private.baselines import registered  # noqa: E402,F401  (registers the baselines)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fedem_private.baselines import Fitted, register
+from fedem_private.baselines.base import Fitted, register
 from fedem_private.baselines.models import als_scores, centralised_mf_scores, ease_scores
 from fedem_private.baselines.popularity import dp_counts, mostpop_scores
 from fedem_private.data.split import Split
