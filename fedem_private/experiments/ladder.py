@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from fedem_private.errors import UserError
+from fedem_private.privacy.registry import no_privacy
 
 DISPLAY = {"fedmf": "FedMF", "fedem": "FedEM", "pfedrec": "PFedRec", "fedncf": "FedNCF",
            "fedsim": "FedSim", "local": "Local", "gpfedrec": "GPFedRec", "fedrap": "FedRAP",
@@ -236,7 +237,7 @@ def tuned_here(spec: str | Path, data: Mapping[str, Any], root: Path) -> Tuned:
     base = spec_cfg.setdefault("base", {})
     base["data"] = dict(data)
     mode = str((base.get("privacy") or {}).get("mode", "none"))
-    if mode != "none" and load_private(spec) is None:
+    if not no_privacy(mode) and load_private(spec) is None:
         raise UserError(f"--tune {spec}: a private search on these users must be accounted; "
                         f"add [tune.private] (fedem_private.experiments.tune), or tune on "
                         f"other data and pass its best.toml with --tuned")
@@ -315,7 +316,7 @@ def _federated(spec: RungSpec, mode: str, tuned: Tuned | None, opts: LadderOptio
         cfg = _merge(tuned.config, {"data": dict(opts.data)})
     else:
         cfg = _merge(_merge(base, kind.extra), {"train": {"rounds": DEFAULT_ROUNDS}})
-        if mode != "none":
+        if not no_privacy(mode):
             cfg = _merge(cfg, PRIVATE_FIXED.get(mode, {"privacy": {"mode": mode,
                                                                     "delta": 1e-5}}))
     cfg = _merge(cfg, _nest(spec.settings))
@@ -375,7 +376,7 @@ def key_settings(cfg: Mapping[str, Any]) -> dict[str, Any]:
     for key in keys:
         section, name = key.split(".")
         value = getattr(getattr(rc, section), name, None)
-        if section == "privacy" and rc.privacy.mode == "none":
+        if section == "privacy" and not rc.privacy.mechanism.perturbs:
             continue
         if value is not None and not dataclasses.is_dataclass(value):
             out[key] = float(f"{value:.3g}") if isinstance(value, float) else value
@@ -396,7 +397,7 @@ def expand(spec: RungSpec, tuned: Mapping[tuple[str, str], Tuned],
     for word in spec.words or (None,):
         mode = word or "none"
         source = tuned.get((kind.name, mode))
-        private = mode != "none" and kind.role in ("federated", "floor")
+        private = not no_privacy(mode) and kind.role in ("federated", "floor")
         accounted = source.accounted if source is not None else None
         epsilons = (None,) if not private or accounted is not None else opts.epsilons
         how = source.origin if source is not None else (
@@ -407,7 +408,7 @@ def expand(spec: RungSpec, tuned: Mapping[tuple[str, str], Tuned],
             label += " search accounted" if accounted is not None else ""
         else:
             label = kind.display + (f", {mode}" if kind.name == "dp-mostpop" else "")
-        stem = "-".join(filter(None, (kind.name, None if mode == "none" else mode,
+        stem = "-".join(filter(None, (kind.name, None if no_privacy(mode) else mode,
                                       "tuned" if source is not None else None)))
         runs = []
         for eps in epsilons:
@@ -446,7 +447,7 @@ def build_rungs(texts: Sequence[str], tuned: Sequence[Tuned],
     used = {(r.kind.name, r.mode) for r in rungs}
     for key, t in by_key.items():
         if key not in used:
-            word = "" if key[1] == "none" else f":{key[1]}"
+            word = "" if no_privacy(key[1]) else f":{key[1]}"
             raise UserError(f"{t.origin} is a {key[0]} config under {key[1]}, but no rung "
                             f"{key[0]}{word} is in --rungs: add it, or drop the file")
     return rungs
@@ -478,7 +479,7 @@ def check(rungs: Sequence[Rung]) -> None:
 
 def _clients_per_round(cfg: Any, users: int) -> float:
     q = getattr(cfg.privacy, "sample_rate", None)
-    if cfg.privacy.mode == "cdp-gaussian" and q:
+    if q and "sample_rate" in cfg.privacy.mechanism.options:  # it samples its participants
         return users * float(q)
     return users * float(cfg.train.client_fraction)
 

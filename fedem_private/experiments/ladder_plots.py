@@ -25,16 +25,26 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from fedem_private.privacy.registry import lookup  # noqa: E402
+
 MAX_LEGEND = 8
 ROLES = ("chance", "popularity", "floor", "ceiling", "federated")
 COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown",
           "tab:pink", "tab:olive", "tab:cyan")
-STYLES = {"cdp-gaussian": "-", "dp-ftrl": "-", "ldp-dpsgd": "--", "ldp-laplace": ":",
-          "ldp-gaussian": ":"}
+#: a private curve's line by its mechanism's private floor (the DP-MostPop architecture of
+#: its relation and trust model, Mechanism.floor): central solid, local dotted,
+#: interaction-level dashed; no floor: solid
+STYLES = {"central": "-", "interaction-local": "--", "local": ":"}
 FLOOR_STYLES = (("0.4", "--", "x"), ("0.6", ":", "+"), ("0.3", "-.", "1"), ("0.5", "--", "2"))
 METRIC_WORDS = {"hr10_full": "HR@10, full ranking", "ndcg10_full": "NDCG@10, full ranking",
                 "hr10_sampled": "HR@10, sampled (1 + 99 negatives)",
                 "ndcg10_sampled": "NDCG@10, sampled (1 + 99 negatives)"}
+
+
+def _floor(mode: str | None) -> str | None:
+    """The private floor of the mechanism ``mode`` (None: none, or no such mechanism)."""
+    mech = lookup(mode)
+    return None if mech is None else mech.floor
 
 
 @dataclass(frozen=True)
@@ -107,7 +117,8 @@ def draw(ax: plt.Axes, points: Sequence[Point], metric: str = "hr10_full") -> in
             floors += 1
         else:
             color, marker = next(colour, "0.2"), "o"
-            style = STYLES.get(next((p.mode for p in pts if p.eps is not None), "none"), "-")
+            style = STYLES.get(_floor(next((p.mode for p in pts if p.eps is not None),
+                                           None)), "-")
         named = legend < MAX_LEGEND
         # the private points joined; the point without privacy (right of the separator)
         # stands alone: a line across the separator would read as values measured between

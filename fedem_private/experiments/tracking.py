@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from fedem_private.errors import UserError
+from fedem_private.privacy.registry import no_privacy
 
 DEFAULT = "beside"  # ``--mlflow`` without a URI: the SQLite store beside the runs
 MISSING = ("--mlflow needs MLflow, which is not installed: pip install "
@@ -150,7 +151,7 @@ def privacy_tags(summary: dict[str, Any]) -> dict[str, str]:
     tags["privacy.mechanism"] = _text(privacy.get("mode", "none"))  # by its registered name
     eps = (privacy.get("epsilon") or {}).get("reported")
     if eps is None:
-        eps = "none" if privacy.get("mode", "none") == "none" else "inf"
+        eps = "none" if no_privacy(privacy.get("mode", "none")) else "inf"
     tags["privacy.epsilon"] = _text(eps)
     agg = (privacy.get("epsilon_aggregator") or {}).get("reported")
     if agg is not None:

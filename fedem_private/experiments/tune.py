@@ -106,6 +106,7 @@ from typing import Any, TextIO
 
 from fedem_private.errors import Diverged, UserError
 from fedem_private.hostmem import release_between_runs
+from fedem_private.privacy.registry import capability, names_with
 from fedem_private.simulation.config import from_dict, read_toml, to_dict, to_toml, with_overrides
 
 
@@ -277,9 +278,10 @@ def load_private(path: str | Path) -> PrivateTuning | None:
         raise UserError(f"[tune.private] score_noise must be a positive number (the noise "
                         f"on the validation hit count), got {sigma!r}")
     mode = ((values.get("base") or {}).get("privacy") or {}).get("mode")
-    if mode != "cdp-gaussian":
+    if not capability(mode, "private_tuning"):  # the mechanism's, never its name
+        modes = " or ".join(f'"{name}"' for name in names_with("private_tuning"))
         raise UserError(f"[tune.private] accounts for tuning under privacy.mode = "
-                        f"\"cdp-gaussian\" only (its relation and trust model); [base] has "
+                        f"{modes} only (its relation and trust model); [base] has "
                         f"{mode!r}")
     for key in tune.get("space") or {}:
         if key == "train.rounds" or (key.startswith("privacy.") and key not in _EVENT_FREE):

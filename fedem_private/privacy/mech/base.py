@@ -124,6 +124,10 @@ class Mechanism:
     # the private floor it is judged against: dp-mostpop's architecture of the same
     # neighbouring relation and trust model (docs/baselines.md); None: no guarantee, no floor
     floor: ClassVar[str | None] = None
+    # whether a private hyper-parameter search (fedem-private tune with [tune.private]) is
+    # accounted under it: its relation and trust model are the ones privacy/tuning.py's
+    # bounds compose with
+    private_tuning: ClassVar[bool] = False
 
     # -- how the canary audit tests it (attacks/canary.py; docs/audits.md) -----------------
     audit_canaries: ClassVar[int] = 0  # canaries per audit (0: no canary design for it)

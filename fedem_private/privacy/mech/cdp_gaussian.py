@@ -48,6 +48,7 @@ class CdpGaussian(Mechanism):
                      "released models; none against the aggregator")
     relation = ADD_REMOVE_CLIENT
     floor = "central"
+    private_tuning = True
     central = True
     claims_guarantee = True
     takes_budget = True
