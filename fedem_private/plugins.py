@@ -1,8 +1,8 @@
 """Parts from other packages: Python entry points read once (docs/design.md section 15,
 "Plugins").
 
-A package adds a backbone, merge, aggregator, privacy mechanism or attack by naming, in
-its own ``pyproject.toml``, a function without arguments under one of the entry-point
+A package adds a backbone, merge, aggregator, upload codec, privacy mechanism or attack
+by naming, in its own ``pyproject.toml``, a function without arguments under one of the entry-point
 groups of :data:`GROUPS`::
 
     [project.entry-points."fedem_private.mechanisms"]
@@ -11,7 +11,8 @@ groups of :data:`GROUPS`::
 The function registers the package's part through the room's public register function
 (``fedem_private.privacy.registry.register``, ``attacks.registry.register``,
 ``fedem_private.models.register``, ``fedem_private.client.strategies.register``,
-``fedem_private.server.registry.register``); from then on the part is a built-in like
+``fedem_private.server.registry.register``,
+``fedem_private.client.codec_kinds.register``); from then on the part is a built-in like
 any other. This module only finds and calls those functions: it imports no room (it is a
 leaf, below every room in pyproject.toml's layers), so any room may ask it to load its
 group.
@@ -44,10 +45,10 @@ BACKBONES = "fedem_private.backbones"
 MERGES = "fedem_private.merges"
 AGGREGATORS = "fedem_private.aggregators"
 ATTACKS = "fedem_private.attacks"
+CODECS = "fedem_private.codecs"
 
-#: the entry-point groups read, in loading order; codecs are not registered classes yet
-#: (docs/design.md section 15, "Not built yet"), so no group reads them
-GROUPS: tuple[str, ...] = (MECHANISMS, BACKBONES, MERGES, AGGREGATORS, ATTACKS)
+#: the entry-point groups read, in loading order
+GROUPS: tuple[str, ...] = (MECHANISMS, BACKBONES, MERGES, AGGREGATORS, CODECS, ATTACKS)
 
 
 class PluginError(UserError):

@@ -225,6 +225,9 @@ def test_backbones_merges_and_aggregators_register_from_entry_points(
     text = ("from fedem_private import models\n"
             "from fedem_private.client import strategies\n"
             "from fedem_private.server import registry\n"
+            "from fedem_private.client import codec_kinds\n"
+            "def codec():\n"
+            "    codec_kinds.register('lora-again', 'fedem_private.client.codec_kinds:Lora')\n"
             "def backbone():\n"
             "    models.register('mf-again', 'fedem_private.models.mf:MFBackbone')\n"
             "def merge():\n"
@@ -235,18 +238,21 @@ def test_backbones_merges_and_aggregators_register_from_entry_points(
     _fake_dist(tmp_path, "more_parts", "[fedem_private.backbones]\n"
                "mf-again = fake_parts_more:backbone\n"
                "[fedem_private.merges]\nsm-again = fake_parts_more:merge\n"
-               "[fedem_private.aggregators]\nuniform-again = fake_parts_more:aggregator\n",
+               "[fedem_private.aggregators]\nuniform-again = fake_parts_more:aggregator\n"
+               "[fedem_private.codecs]\nlora-again = fake_parts_more:codec\n",
                {"fake_parts_more": text})
     monkeypatch.syspath_prepend(str(tmp_path))
     assert main(["list"]) == 0
     rows = [line.split()[:2] for line in capsys.readouterr().out.splitlines()]
     for row in (["backbone", "mf-again"], ["merge", "sm-again"],
-                ["aggregation", "uniform-again"]):
+                ["aggregation", "uniform-again"], ["codec", "lora-again"]):
         assert row in rows
     cfg = fp.resolve_config({"federation": {"method": "fedmf", "backbone": "mf-again",
                                             "merge": "sm-again",
                                             "aggregation": "uniform-again"}})
     assert (cfg.federation.backbone, cfg.federation.merge) == ("mf-again", "sm-again")
+    lora = fp.resolve_config({"federation": {"method": "pfedrec", "codec": "lora-again"}})
+    assert lora.federation.codec == "lora-again"  # a PEFT codec by its class, not its name
     assert aggregators.aggregator_class("uniform-again").__name__ == "UniformAggregator"
     spec = tmp_path / "sweep.toml"  # a sweep names them too (its grid checked, not run)
     spec.write_text('[sweep]\nmethods = ["fedmf"]\nmerges = ["sm-again"]\n'
