@@ -377,7 +377,7 @@ def plot(ddp: list[dict[str, Any]], band: tuple[str, float, float, float, float,
     fig, axes = plt.subplots(1, 2, figsize=(11, 5.0))
     bits = sorted({r["bits"] for r in ddp})
     infeasible = [b for b in infeasible or [] if b not in bits]
-    ticks = sorted({*bits, *infeasible})
+    ticks = sorted({*bits, *infeasible, *BITS})  # a width not run yet: an empty tick
     for ax, key, title in ((axes[0], "full_hr10", "full HR@10"),
                            (axes[1], "sampled_hr10", "sampled HR@10 (100 candidates)")):
         lo, hi = min(ticks, default=8) - 0.5, max(ticks, default=20) + 0.5
@@ -385,7 +385,8 @@ def plot(ddp: list[dict[str, Any]], band: tuple[str, float, float, float, float,
         if band:
             i = 1 if key == "sampled_hr10" else 3
             bands.append((band[i], band[i + 1], band[5], "tab:blue",
-                          "idealised cdp-gaussian eps 4"))
+                          "idealised cdp-gaussian eps 4"
+                          + (" (ladder's runs)" if "ladder" in band[0] else "")))
         if cdpz:
             m, sd, n = _stats(cdpz, key)
             bands.append((m, sd, n, "tab:green", "cdp-gaussian at ddp's noise (no ampl.)"))
