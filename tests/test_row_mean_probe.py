@@ -38,8 +38,13 @@ def test_fedavg_dilutes_the_same_row():
     assert torch.allclose(agg.table[0], torch.tensor([1.0, 0.0]))
 
 
-def test_the_probe_refuses_a_private_config(tmp_path, capsys):
+def test_the_probe_refuses_a_private_config(tmp_path, capsys, monkeypatch):
     from benchmarks.probes import row_mean
+    from fedem_private.server import registry
+
+    # main() registers the probe's rule in this process; the registry is left as found, so a
+    # later test's `fedem-private list` sees the built-ins only
+    monkeypatch.setattr(registry, "REGISTRY", dict(registry.REGISTRY))
 
     cfg = tmp_path / "private.toml"
     cfg.write_text('[data]\ndataset = "synthetic"\n[privacy]\nmode = "cdp-gaussian"\n')
