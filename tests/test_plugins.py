@@ -26,7 +26,7 @@ import fedem_private as fp
 from attacks import registry as attack_registry
 from fedem_private import models, plugins
 from fedem_private.cli import main
-from fedem_private.client import strategies
+from fedem_private.client import codec_kinds, strategies
 from fedem_private.errors import UserError
 from fedem_private.experiments import neighbours as nb
 from fedem_private.experiments.sweep_spec import grid, load_spec
@@ -186,11 +186,12 @@ def _fake_dist(root: Path, name: str, entry_points: str, modules: dict[str, str]
 def on_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Fake distributions go on sys.path through monkeypatch; what they load is forgotten
     and what they register removed after the test."""
-    saved = [dict(r) for r in (models.REGISTRY, strategies.REGISTRY, aggregators.REGISTRY)]
+    registries = (models.REGISTRY, strategies.REGISTRY, aggregators.REGISTRY,
+                  codec_kinds.REGISTRY)
+    saved = [dict(r) for r in registries]
     plugins.forget()
     yield
-    for reg, old in zip((models.REGISTRY, strategies.REGISTRY, aggregators.REGISTRY), saved,
-                        strict=True):
+    for reg, old in zip(registries, saved, strict=True):
         reg.clear()
         reg.update(old)
     _forget_modules("fake_parts")
