@@ -40,6 +40,10 @@ TUNED = "benchmarks/results/ladder/tuning/{method}-cdp4-ml-100k-best.toml"
 # the tuned file's keys the study keeps (everything else: the study's own or the defaults)
 KEPT = {"train": ("rounds", "local_epochs", "lr", "batch_size", "dim", "num_negatives"),
         "federation": ("method", "server_lr"), "privacy": ("clip",)}
+#: one colour per (method, mechanism) in every panel; "none" is the run without noise
+COLOURS = {("fedmf", "cdp-gaussian"): "tab:blue", ("fedmf", "dp-ftrl"): "tab:orange",
+           ("fedmf", "none"): "tab:green", ("pfedrec", "cdp-gaussian"): "tab:red",
+           ("pfedrec", "dp-ftrl"): "tab:purple", ("pfedrec", "none"): "tab:brown"}
 NAMES = {"fedmf": "FedMF", "pfedrec": "PFedRec", "cdp-gaussian": "DP-FedAvg",
          "dp-ftrl": "DP-FTRL"}
 
@@ -194,15 +198,19 @@ def plot(frame: Any, epsilons: list[float], path: Path) -> None:
             d = g[g.rung == rung].sort_values("users")
             method, mech = rung.split("-")[0], rung.split("-", 1)[1].rsplit("-eps", 1)[0]
             ax.errorbar(d.users, d.hr, yerr=2 * d.se, marker="o", capsize=2,
+                        color=COLOURS.get((method, mech)),
                         label=f"{NAMES[method]}, {NAMES.get(mech, mech)}")
         for rung in sorted(r for r in g.rung.unique() if r.endswith("-none")):
             d = g[g.rung == rung].sort_values("users")
-            ax.plot(d.users, d.hr, ls="--", label=f"{NAMES[rung.split('-')[0]]}, no noise")
+            method = rung.split("-")[0]
+            ax.plot(d.users, d.hr, ls="--", color=COLOURS.get((method, "none")),
+                    label=f"{NAMES[method]}, no noise")
         ax.set_xscale("log")
         ax.set_title(f"eps {eps:g}")
         ax.set_xlabel("users N (calibrated to ML-100K)")
     axes[0][0].set_ylabel("full HR@10")
-    axes[0][-1].legend(fontsize=7, loc="best")
+    for ax in axes[0]:  # each panel names what it draws (a cell may lack a rung)
+        ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
