@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from sweep_helpers import TINY_BASE
 
 from fedem_private.cli import main
 from fedem_private.experiments import terminal
@@ -20,19 +21,7 @@ privacy = ["ldp-laplace"]
 epsilons = [inf, 8]
 seeds = [0, 1]
 
-[base.data.synthetic]
-n_users = 40
-n_items = 60
-mean_activity = 8
-
-[base.train]
-rounds = 2
-local_epochs = 1
-dim = 4
-
-[base.privacy]
-clip = 5.0
-"""
+""" + TINY_BASE.lstrip()
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+from sweep_helpers import TINY_BASE
 
 from fedem_private.cli import main
 from fedem_private.experiments import tracking
@@ -21,20 +22,6 @@ needs_mlflow = pytest.mark.skipif(not tracking.installed(),
 
 TINY_RUN = ["--dataset", "synthetic", "--rounds", "2", "--local-epochs", "1", "--dim", "4",
             "--privacy", "ldp-laplace", "--epsilon", "8", "--clip", "5", "--no-progress"]
-TINY_BASE = """
-[base.data.synthetic]
-n_users = 40
-n_items = 60
-mean_activity = 8
-
-[base.train]
-rounds = 2
-local_epochs = 1
-dim = 4
-
-[base.privacy]
-clip = 5.0
-"""
 
 
 @pytest.fixture(scope="module")
