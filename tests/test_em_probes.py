@@ -1,0 +1,60 @@
+"""Issue 69's measurement helpers: the held-out-row probe's percentile, its run on a tiny
+synthetic FedEM, and the private elastic-merging rungs' configs."""
+from __future__ import annotations
+
+import csv
+import tomllib
+
+import numpy as np
+
+from benchmarks import em_private_configs as epc
+from benchmarks.probes import em_held_out_rows as probe
+
+
+def test_percentile_counts_below_and_half_the_ties_and_leaves_the_target_out():
+    delta = np.array([0.0, 1.0, 2.0, 2.0, 5.0, -1.0])
+    cands = np.array([0, 1, 2, 3, 4])  # item 5 is not a candidate
+    # target 3 (2.0): below it 0, 1 (two), tied with it item 2 (half), above it item 4
+    assert probe.percentile(delta, cands, 3) == (2 + 0.5) / 4
+    assert probe.percentile(delta, cands, 4) == 1.0
+    assert probe.percentile(delta, cands, 0) == 0.0
+    assert np.isnan(probe.percentile(delta, np.array([2]), 2))
+
+
+def test_probe_writes_one_row_per_protocol_and_resumes(tmp_path, capsys):
+    cfg = tmp_path / "fedem.toml"
+    cfg.write_text('[data]\ndataset = "synthetic"\n[data.synthetic]\nn_users = 60\n'
+                   'n_items = 40\n[train]\nrounds = 2\ndim = 8\nbatch_size = 32\n'
+                   '[federation]\nmethod = "fedem"\nmerge = "sm"\naggregation = "fedavg"\n')
+    out = tmp_path / "rows.csv"
+    argv = ["--config", str(cfg), "--protocols", "strict", "paper", "--out", str(out)]
+    assert probe.main(argv) == 0
+    with out.open() as f:
+        rows = list(csv.DictReader(f))
+    assert [r["protocol"] for r in rows] == ["strict", "paper"]
+    for r in rows:
+        assert 0.0 <= float(r["pct_test"]) <= 1.0
+        assert int(r["clients"]) > 0
+    assert probe.main(argv) == 0  # finished rows are not run again
+    with out.open() as f:
+        assert len(list(csv.DictReader(f))) == 2
+    assert "done" in capsys.readouterr().err
+
+
+def test_em_private_config_changes_only_merge_method_adapter_and_dpsgd(tmp_path):
+    backbone = tmp_path / "b.toml"
+    backbone.write_text('# a search\n[train]\nrounds = 10\n[federation]\nmethod = "pfedrec"\n'
+                        'merge = "sr"\nadapter_lr = 0.1\n[privacy]\nmode = "ldp-dpsgd"\n'
+                        'dpsgd_lr = 13.0\ndpsgd_adapter_steps = 0\n')
+    em = tmp_path / "e.toml"
+    em.write_text('[federation]\nmerge = "em"\nadapter_lr = 0.02\n')
+    text = epc.em_config(backbone, em, "pfedrec", "dpsgd4")
+    cfg = tomllib.loads(text)
+    assert text.startswith("# em on the backbone's eps-4 choice: b.toml")
+    assert cfg["federation"] == {"method": "pfedrec", "merge": "em", "adapter_lr": 0.02}
+    assert cfg["privacy"]["dpsgd_adapter_steps"] == epc.ADAPTER_STEPS
+    assert cfg["privacy"]["dpsgd_lr"] == epc.DPSGD_LR_CAP["pfedrec"]
+    assert cfg["train"] == {"rounds": 10}
+    mf = tomllib.loads(epc.em_config(backbone, em, "fedmf", "cdp4"))
+    assert mf["federation"]["method"] == "fedem"
+    assert mf["privacy"]["dpsgd_lr"] == 13.0  # no cap outside DP-SGD's adapter rungs
