@@ -39,6 +39,9 @@ def test_probe_writes_one_row_per_protocol_and_resumes(tmp_path, capsys):
     with out.open() as f:
         assert len(list(csv.DictReader(f))) == 2
     assert "done" in capsys.readouterr().err
+    assert probe.main(["--table", "--out", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 4 and lines[2].startswith("| base | strict | 1 | ")
 
 
 def test_em_private_config_changes_only_merge_method_adapter_and_dpsgd(tmp_path):

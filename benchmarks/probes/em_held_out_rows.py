@@ -132,9 +132,31 @@ def run_one(args: argparse.Namespace, protocol: str, seed: int) -> dict[str, Any
     return row
 
 
+def table(path: Path) -> str:
+    """The Markdown table of a probe CSV: per (label, protocol), the mean over seeds of the
+    test item's percentile and of the own and server tables' full HR@10, ± the standard error
+    over seeds (the evaluation sample's for one seed)."""
+    import pandas as pd
+
+    frame = pd.read_csv(path)
+    lines = ["| label | protocol | seeds | test item's percentile | own table full HR@10 | "
+             "server's table full HR@10 |", "|---|---|---|---|---|---|"]
+    for (label, protocol), g in frame.groupby(["label", "protocol"], sort=False):
+        n = len(g)
+
+        def cell(col: str, g: Any = g, n: int = n) -> str:
+            se = g[col].std(ddof=1) / np.sqrt(n) if n > 1 else (
+                float(g["pct_test_se"].iloc[0]) if col == "pct_test" else float("nan"))
+            return f"{g[col].mean():.3f}" + (f" ± {se:.3f}" if np.isfinite(se) else "")
+
+        lines.append(f"| {label} | {protocol} | {n} | {cell('pct_test')} | "
+                     f"{cell('own_full_hr10')} | {cell('global_full_hr10')} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", required=True, help="a merging run's TOML (e.g. tuned FedEM)")
+    ap.add_argument("--config", default=None, help="a merging run's TOML (e.g. tuned FedEM)")
     ap.add_argument("--data-dir", default=None)
     ap.add_argument("--protocols", nargs="+", default=["strict", "paper"],
                     choices=("strict", "paper"))
@@ -144,7 +166,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="one change to the config (repeatable), e.g. federation.merge=sm")
     ap.add_argument("--label", default="base", help="the run's name in the CSV")
     ap.add_argument("--out", type=Path, required=True, help="CSV, appended to")
+    ap.add_argument("--table", action="store_true",
+                    help="print the Markdown table of --out's rows and stop")
     args = ap.parse_args(argv)
+    if args.table:
+        print(table(args.out), end="")
+        return 0
+    if args.config is None:
+        ap.error("--config is required (unless --table)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     done = set()
     if args.out.is_file():
