@@ -8,6 +8,7 @@ import tomllib
 import numpy as np
 
 from benchmarks import em_private_configs as epc
+from benchmarks.probes import em_diagnostics
 from benchmarks.probes import em_held_out_rows as probe
 
 
@@ -61,3 +62,17 @@ def test_em_private_config_changes_only_merge_method_adapter_and_dpsgd(tmp_path)
     mf = tomllib.loads(epc.em_config(backbone, em, "fedmf", "cdp4"))
     assert mf["federation"]["method"] == "fedem"
     assert mf["privacy"]["dpsgd_lr"] == 13.0  # no cap outside DP-SGD's adapter rungs
+
+
+def test_diagnostics_plot_draws_a_png_from_the_csv(tmp_path):
+    path = tmp_path / "d.csv"
+    rows = ["label,seed,round,view,val_full_hr10,test_full_hr10,drift_all,drift_own,rho_now,"
+            "rho_mean_round,seconds"]
+    for label in ("base", "sr"):
+        for rnd in (1, 10):
+            for view in ("own", "global", "start"):
+                rows.append(f"{label},0,{rnd},{view},0.1,0.2,0.1,0.1,0.5,,1.0")
+    path.write_text("\n".join(rows) + "\n")
+    png = tmp_path / "d.png"
+    assert em_diagnostics.main(["--out", str(path), "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -145,9 +145,39 @@ def run_one(args: argparse.Namespace, seed: int) -> list[dict[str, Any]]:
     return rows
 
 
+def plot(csv_path: Path, png: Path) -> Path:
+    """Test full HR@10 against the round, one line per (label, view) of ``csv_path``
+    (mean over its seeds): the own table solid, the server's dashed, one colour per label."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    frame = pd.read_csv(csv_path)
+    frame = frame[frame["view"].isin(("own", "global"))]
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for j, (label, g) in enumerate(frame.groupby("label", sort=False)):
+        colour = f"C{j}"
+        seeds = g["seed"].nunique()
+        for view, style in (("own", "-"), ("global", "--")):
+            mean = g[g["view"] == view].groupby("round")["test_full_hr10"].mean()
+            name = "own table" if view == "own" else "server's table"
+            ax.plot(mean.index, mean.values, style, color=colour,
+                    label=f"{label}: {name} ({seeds} seed{'s' if seeds > 1 else ''})")
+    ax.set_xlabel("round")
+    ax.set_ylabel("test full HR@10")
+    ax.set_title("Each client's own table against the server's, round by round")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+    return png
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", required=True, help="a merging run's TOML (e.g. tuned FedEM)")
+    ap.add_argument("--config", default=None, help="a merging run's TOML (e.g. tuned FedEM)")
     ap.add_argument("--data-dir", default=None)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--rounds", type=int, default=None)
@@ -156,7 +186,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="one change to the config (repeatable), e.g. train.local_epochs=4")
     ap.add_argument("--label", default="base", help="the ablation's name in the CSV")
     ap.add_argument("--out", type=Path, required=True, help="CSV, appended to")
+    ap.add_argument("--plot", type=Path, default=None, metavar="PNG",
+                    help="draw --out's rows into PNG and stop (no run)")
     args = ap.parse_args(argv)
+    if args.plot is not None:
+        print(f"wrote {plot(args.out, args.plot)}")
+        return 0
+    if args.config is None:
+        ap.error("--config is required (unless --plot)")
     fields = ["label", "seed", "round", "view", "val_full_hr10", "test_full_hr10",
               "drift_all", "drift_own", "rho_now", "rho_mean_round", "seconds"]
     args.out.parent.mkdir(parents=True, exist_ok=True)
