@@ -203,8 +203,8 @@ def plot(frame: Any, epsilons: list[float], path: Path) -> None:
         for rung in sorted(r for r in g.rung.unique() if r.endswith("-none")):
             d = g[g.rung == rung].sort_values("users")
             method = rung.split("-")[0]
-            ax.plot(d.users, d.hr, ls="--", color=COLOURS.get((method, "none")),
-                    label=f"{NAMES[method]}, no noise")
+            ax.plot(d.users, d.hr, ls="--", marker="x", color=COLOURS.get((method, "none")),
+                    label=f"{NAMES[method]}, no noise")  # the marker shows a one-N rung
         ax.set_xscale("log")
         ax.set_title(f"eps {eps:g}")
         ax.set_xlabel("users N (calibrated to ML-100K)")
