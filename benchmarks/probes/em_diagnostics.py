@@ -54,6 +54,18 @@ def _value(text: str) -> Any:
         return text
 
 
+def cli_overrides(args: argparse.Namespace, base: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with the probe's ``--data-dir``, ``--rounds`` and ``--set KEY=VALUE`` on top
+    (the config overrides of one run; shared by the probes that import this one)."""
+    overrides = dict(base)
+    if args.data_dir:
+        overrides["data.data_dir"] = args.data_dir
+    if args.rounds:
+        overrides["train.rounds"] = args.rounds
+    overrides.update({k: _value(v) for k, v in (s.split("=", 1) for s in args.set)})
+    return overrides
+
+
 def view_params(sim: Any, view: str, idx: torch.Tensor) -> Any:
     """Clients ``idx``'s params with the item table of ``view`` (:data:`VIEWS`)."""
     params = sim.state.params(idx)
@@ -121,14 +133,9 @@ def diagnose(sim: Any) -> list[dict[str, float | str]]:
 
 def run_one(args: argparse.Namespace, seed: int) -> list[dict[str, Any]]:
     """The rows of one seed (written together, so a killed seed is run again whole)."""
-    overrides = {"train.seed": seed, "train.select_round": "best-val-full",
-                 "train.eval_every": args.every}
-    if args.data_dir:
-        overrides["data.data_dir"] = args.data_dir
-    if args.rounds:
-        overrides["train.rounds"] = args.rounds
-    overrides.update({k: _value(v) for k, v in (s.split("=", 1) for s in args.set)})
-    cfg = resolve_config(args.config, overrides)
+    cfg = resolve_config(args.config, cli_overrides(
+        args, {"train.seed": seed, "train.select_round": "best-val-full",
+               "train.eval_every": args.every}))
     sim = prepare(cfg)
     t0 = time.perf_counter()
     rows = []

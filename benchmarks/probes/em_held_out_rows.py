@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.probes.em_diagnostics import _value, view_params
+from benchmarks.probes.em_diagnostics import cli_overrides, view_params
 from fedem_private.api import resolve_config
 from fedem_private.errors import UserError
 from fedem_private.evaluation.metrics import RankAccumulator
@@ -109,13 +109,8 @@ def held_out_percentiles(sim: Any) -> dict[str, float]:
 
 def run_one(args: argparse.Namespace, protocol: str, seed: int) -> dict[str, Any]:
     """One run to its last round, then the percentiles (one CSV row)."""
-    overrides: dict[str, Any] = {"train.seed": seed, "data.protocol": protocol,
-                                 "train.select_round": "last"}
-    if args.data_dir:
-        overrides["data.data_dir"] = args.data_dir
-    if args.rounds:
-        overrides["train.rounds"] = args.rounds
-    overrides.update({k: _value(v) for k, v in (s.split("=", 1) for s in args.set)})
+    overrides = cli_overrides(args, {"train.seed": seed, "data.protocol": protocol,
+                                     "train.select_round": "last"})
     rounds = resolve_config(args.config, overrides).train.rounds
     cfg = resolve_config(args.config, {**overrides, "train.eval_every": rounds})
     sim = prepare(cfg)
