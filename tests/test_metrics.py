@@ -84,3 +84,28 @@ def test_validation_item_ranked_in_full_against_a_brute_force_count():
     assert res["val_full"]["users"] == sp.n_users
     # the test's own full ranking is unchanged beside it: its held-out twin is left out
     assert acc.full.tolist() == [brute(u, int(sp.test_items[u])) for u in range(sp.n_users)]
+
+
+def test_eval_sets_of_a_sample_equal_the_full_build_rows():
+    """issue 66: the sets built for the evaluated users only are, row for row, those of
+    the full build (keyed draws), rank alike, and refuse a user they do not cover."""
+    sp = leave_one_out(generate(SyntheticConfig(n_users=120, n_items=50, mean_activity=12,
+                                                activity_sigma=1.0), 3), 3)
+    chosen = np.sort(np.random.default_rng(0).choice(sp.n_users, 29, replace=False))
+    for protocol, validation in (("strict", "separate"), ("paper", "shared")):
+        full = build_eval_sets(sp, protocol, seed=3, validation=validation)
+        part = build_eval_sets(sp, protocol, seed=3, validation=validation, users=chosen)
+        at = torch.from_numpy(chosen)
+        assert torch.equal(part.sampled, full.sampled[at])
+        assert torch.equal(part.val_sampled, full.val_sampled[at])
+        for u in chosen:
+            assert np.array_equal(part.exclusions(u), full.exclusions(u))
+        scores = torch.randint(0, 5, (chosen.size, sp.n_items),
+                               generator=torch.Generator().manual_seed(1)).double()
+        acc_full, acc_part = RankAccumulator(sp.n_users), RankAccumulator(sp.n_users)
+        acc_full.add_scores(chosen, scores, full)
+        acc_part.add_scores(chosen, scores, part)
+        assert acc_full.result() == acc_part.result()
+    outside = np.setdiff1d(np.arange(sp.n_users), chosen)[:1]
+    with pytest.raises(ValueError, match="outside the evaluation sets"):
+        part.rows(outside)

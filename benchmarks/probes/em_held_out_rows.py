@@ -73,7 +73,6 @@ def held_out_percentiles(sim: Any) -> dict[str, float]:
     the own and server tables' full HR@10."""
     chosen = sim.eval_sample()
     sets = sim.eval_sets
-    excl_ptr, excl = sets.excl_indptr, sets.excl_items
     m = sim.split.n_items
     accs = {v: RankAccumulator(sim.split.n_users) for v in ("own", "global")}
     pct_test = []
@@ -89,7 +88,7 @@ def held_out_percentiles(sim: Any) -> dict[str, float]:
             delta = (own - glob).double().cpu().numpy()
             for row, u in enumerate(users):
                 keep = np.ones(m, dtype=bool)
-                keep[excl[excl_ptr[u]:excl_ptr[u + 1]]] = False
+                keep[sets.exclusions(int(u))] = False
                 test = int(sets.test_items[u])
                 keep[test] = True
                 cands = np.flatnonzero(keep)

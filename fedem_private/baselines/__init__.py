@@ -40,11 +40,12 @@ def evaluate(cfg: RunConfig, split: Split, scores: np.ndarray,
     """HR/NDCG of a score matrix ((m,) for all users alike, or (n, m)) on the run's
     evaluation sets: the same candidates, exclusions and validation draw as a federated
     run with this config and seed."""
+    chosen = eval_sample(split.n_users, cfg.train.eval_users, cfg.train.seed)
     sets = build_eval_sets(split, cfg.data.protocol, cfg.train.seed,
-                           validation=validation_kind(cfg))
+                           validation=validation_kind(cfg),
+                           users=chosen if cfg.train.eval_users else None)
     acc = RankAccumulator(split.n_users, standard_errors=bool(cfg.train.eval_users))
     s = torch.from_numpy(np.asarray(scores, dtype=np.float64))
-    chosen = eval_sample(split.n_users, cfg.train.eval_users, cfg.train.seed)
     for start in range(0, chosen.shape[0], chunk):
         users = chosen[start:start + chunk]
         block = s.expand(users.shape[0], -1) if s.dim() == 1 else s[users]

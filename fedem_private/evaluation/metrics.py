@@ -14,24 +14,46 @@ import numpy as np
 import torch
 
 from fedem_private import rng
-from fedem_private.data.negatives import sample_excluding
-from fedem_private.data.split import Split, evaluation_exclusion_csr, exclusion_csr
+from fedem_private.data.negatives import row_positions, sample_excluding
+from fedem_private.data.split import PROTOCOLS, Split
+from fedem_private.errors import UserError
 
 KS = (10, 20)
 
 
 @dataclass(frozen=True)
 class EvalSets:
-    """What each user is ranked against, fixed for a whole run."""
+    """What each user is ranked against, fixed for a whole run.
+
+    The per-user rows (``sampled``, the exclusion CSR, ``val_sampled``) cover the users in
+    ``users`` (sorted ids), or every user when it is None; :meth:`rows` maps user ids to
+    them. ``test_items`` and ``val_items`` are indexed by user id."""
 
     test_items: torch.Tensor  # (n,)
-    sampled: torch.Tensor  # (n, 99) sampled negatives
+    sampled: torch.Tensor  # (k, 99) sampled negatives
     excl_indptr: np.ndarray  # items never ranked in full ranking (train + validation)
     excl_items: np.ndarray
-    # validation (docs/design.md 2a): each user's validation item and its (n, 99) sampled negatives,
-    # None when the run reports no validation metric
+    # validation (docs/design.md 2a): each user's validation item and its (k, 99) sampled
+    # negatives, None when the run reports no validation metric
     val_items: torch.Tensor | None = None
     val_sampled: torch.Tensor | None = None
+    # issue 66: the users the rows cover (sorted), None: every user, row u is user u
+    users: np.ndarray | None = None
+
+    def rows(self, users: np.ndarray) -> np.ndarray:
+        """The rows of ``users`` (user ids); ValueError for a user the sets do not cover."""
+        users = np.asarray(users, dtype=np.int64)
+        if self.users is None:
+            return users
+        at = np.minimum(np.searchsorted(self.users, users), max(self.users.shape[0] - 1, 0))
+        if self.users.shape[0] == 0 or not np.array_equal(self.users[at], users):
+            raise ValueError("a user outside the evaluation sets' users was ranked")
+        return at
+
+    def exclusions(self, user: int) -> np.ndarray:
+        """The items ``user`` never has ranked in full ranking (training and validation)."""
+        r = int(self.rows(np.asarray([user]))[0])
+        return self.excl_items[self.excl_indptr[r]:self.excl_indptr[r + 1]]
 
 
 # what the validation item is ranked against: no validation metric, the test's own 99
@@ -40,41 +62,72 @@ VALIDATIONS = (None, "shared", "separate")
 
 
 def build_eval_sets(split: Split, protocol: str, seed: int, n_sampled: int = 99,
-                    validation: str | None = None) -> EvalSets:
+                    validation: str | None = None,
+                    users: np.ndarray | None = None) -> EvalSets:
     """The 99 sampled candidates per user and the full-ranking exclusions.
 
-    ``paper``: candidates come from items the user never interacted with in
-    any split (as in the published code). ``strict``: from items outside the
-    user's training set and validation item, other than the test item.
+    Sampled candidates come, under either protocol, from the items outside the user's
+    training set, validation item and test item (``paper``: every item the user never
+    interacted with in any split, as in the published code; ``strict``: outside the
+    training set and validation item, other than the test item: the same set). Full
+    ranking leaves out the training items and the validation item.
 
     ``validation`` (docs/design.md 2a): None, no validation metric; ``"shared"``, the
     validation item is ranked against the test's own 99 negatives (ONE set, as
     in the FedEM code); ``"separate"``, against 99 drawn separately from the
     same pool (keyed as the test's draw with evaluation round 1, not 0).
+
+    ``users`` (issue 66): build the rows of these users only (``train.eval_users``), so
+    the cost follows the evaluated sample, not the population. Every draw is keyed by
+    (seed, user, position), so a user's rows are the same whichever users are built.
     """
     if validation not in VALIDATIONS:
         raise ValueError(f"unknown validation {validation!r}")
-    if protocol == "paper":
-        indptr, items = exclusion_csr(split, "paper")
-    else:
-        indptr, items = _with_test(split)
-    n = split.n_users
-    owner = np.repeat(np.arange(n), n_sampled)
-    counter = np.tile(np.arange(n_sampled), n)
-    u = rng.uniform(rng.key(seed, rng.Stream.EVAL, 0, owner), counter)
-    cand = sample_excluding(indptr, items, split.n_items, owner, u).reshape(n, n_sampled)
-    e_ptr, e_items = evaluation_exclusion_csr(split)
+    if protocol not in PROTOCOLS:
+        raise UserError(f"unknown protocol {protocol!r}; choose one of {', '.join(PROTOCOLS)}")
+    rows = (np.arange(split.n_users, dtype=np.int64) if users is None
+            else np.unique(np.asarray(users, dtype=np.int64)))
+    indptr, items = _rows_union_csr(split, rows, [split.val_items, split.test_items])
+    cand = _draw(split, indptr, items, rows, seed, 0, n_sampled)
+    e_ptr, e_items = _rows_union_csr(split, rows, [split.val_items])
     val_items = val_cand = None
     if validation is not None:
         val_items = torch.from_numpy(split.val_items)
-        if validation == "shared":
-            val_cand = torch.from_numpy(cand)
-        else:
-            u_val = rng.uniform(rng.key(seed, rng.Stream.EVAL, 1, owner), counter)
-            val_cand = torch.from_numpy(sample_excluding(indptr, items, split.n_items, owner,
-                                                         u_val).reshape(n, n_sampled))
+        val_cand = (cand if validation == "shared"
+                    else _draw(split, indptr, items, rows, seed, 1, n_sampled))
+        val_cand = torch.from_numpy(val_cand)
     return EvalSets(torch.from_numpy(split.test_items), torch.from_numpy(cand), e_ptr, e_items,
-                    val_items, val_cand)
+                    val_items, val_cand, None if users is None else rows)
+
+
+def _draw(split: Split, indptr: np.ndarray, items: np.ndarray, rows: np.ndarray, seed: int,
+          evaluation: int, n_sampled: int) -> np.ndarray:
+    """(k, n_sampled) items outside each row's exclusions, keyed by (seed, evaluation, user
+    id, position): the same for a user whatever other rows are drawn."""
+    k = rows.shape[0]
+    counter = np.tile(np.arange(n_sampled), k)
+    u = rng.uniform(rng.key(seed, rng.Stream.EVAL, evaluation, np.repeat(rows, n_sampled)),
+                    counter)
+    return sample_excluding(indptr, items, split.n_items,
+                            np.repeat(np.arange(k), n_sampled), u).reshape(k, n_sampled)
+
+
+def _rows_union_csr(split: Split, rows: np.ndarray,
+                    extra: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted CSR, one row per user in ``rows``: its training items and its entries of each
+    per-user array in ``extra``, without repeats."""
+    ip = split.train_indptr
+    counts = ip[rows + 1] - ip[rows]
+    sub = np.zeros(rows.shape[0] + 1, dtype=np.int64)
+    sub[1:] = np.cumsum(counts)
+    train = split.train_items[np.repeat(ip[rows], counts) + row_positions(sub)]
+    local = np.arange(rows.shape[0], dtype=np.int64)
+    owner = np.concatenate([np.repeat(local, counts)] + [local] * len(extra))
+    items = np.concatenate([train] + [np.asarray(e)[rows] for e in extra]).astype(np.int64)
+    key = np.unique(owner * split.n_items + items)
+    indptr = np.zeros(rows.shape[0] + 1, dtype=np.int64)
+    indptr[1:] = np.cumsum(np.bincount(key // split.n_items, minlength=rows.shape[0]))
+    return indptr, (key % split.n_items).astype(np.int64)
 
 
 def sampled_pools(split: Split) -> np.ndarray:
@@ -114,17 +167,6 @@ def sampled_note(split: Split, n_sampled: int = 99) -> dict[str, object]:
             f"repeat, so sampled HR/NDCG can fall below full ranking's and are not "
             f"comparable with runs on larger catalogues; read the full-ranking metrics")
     return note
-
-
-def _with_test(split: Split) -> tuple[np.ndarray, np.ndarray]:
-    n = split.n_users
-    users = np.concatenate([np.repeat(np.arange(n), split.train_counts), np.arange(n),
-                            np.arange(n)])
-    items = np.concatenate([split.train_items, split.val_items, split.test_items])
-    key = np.unique(users * split.n_items + items)
-    indptr = np.zeros(n + 1, dtype=np.int64)
-    indptr[1:] = np.cumsum(np.bincount(key // split.n_items, minlength=n))
-    return indptr, (key % split.n_items).astype(np.int64)
 
 
 def ranks_sampled(scores_test: torch.Tensor, scores_cand: torch.Tensor) -> torch.Tensor:
@@ -196,24 +238,26 @@ class RankAccumulator:
         scores' device."""
         dev = scores.device
         users_t = torch.from_numpy(np.asarray(users, dtype=np.int64))
+        rows = sets.rows(users)  # the users' rows of the per-user sets
+        rows_t = torch.from_numpy(rows)
         test = sets.test_items[users_t].to(dev)
         s_test = scores.gather(1, test[:, None]).squeeze(1)
-        s_cand = scores.gather(1, sets.sampled[users_t].to(dev))
+        s_cand = scores.gather(1, sets.sampled[rows_t].to(dev))
         self.sampled[users_t] = ranks_sampled(s_test, s_cand).cpu()
         # full ranking: every item except training items, the validation item and the test item
-        lo, hi = sets.excl_indptr[users], sets.excl_indptr[np.asarray(users) + 1]
-        rows = torch.from_numpy(np.repeat(np.arange(len(users)), hi - lo)).to(dev)
+        lo, hi = sets.excl_indptr[rows], sets.excl_indptr[rows + 1]
+        at = torch.from_numpy(np.repeat(np.arange(len(users)), hi - lo)).to(dev)
         cols = torch.from_numpy(np.concatenate(
             [sets.excl_items[a:b] for a, b in zip(lo, hi, strict=True)])).to(dev)
         own = torch.arange(len(users), device=dev)
-        self.full[users_t] = _full_ranks(scores, s_test, rows, cols, own, test).cpu()
+        self.full[users_t] = _full_ranks(scores, s_test, at, cols, own, test).cpu()
         if sets.val_items is not None and sets.val_sampled is not None:
             val = sets.val_items[users_t].to(dev)
             s_val = scores.gather(1, val[:, None]).squeeze(1)
-            s_vcand = scores.gather(1, sets.val_sampled[users_t].to(dev))
+            s_vcand = scores.gather(1, sets.val_sampled[rows_t].to(dev))
             self.val[users_t] = ranks_sampled(s_val, s_vcand).cpu()
             # the excluded entries hold the validation item itself; the test item is left out
-            self.val_full[users_t] = _full_ranks(scores, s_val, rows, cols, own, test).cpu()
+            self.val_full[users_t] = _full_ranks(scores, s_val, at, cols, own, test).cpu()
 
     def result(self) -> dict[str, dict[str, float]]:
         done = self.sampled >= 0

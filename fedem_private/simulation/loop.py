@@ -450,8 +450,10 @@ class Simulation:
                                           optimizer=tr.optimizer,
                                           **{n: getattr(tr, n) for n in SGD_FIELDS})
         self.excl = exclusion_csr(split, self.cfg.data.protocol)
-        self.eval_sets: EvalSets = build_eval_sets(split, self.cfg.data.protocol, tr.seed,
-                                                   validation=validation_kind(self.cfg))
+        # with train.eval_users, the sets of the evaluated sample only (issue 66)
+        self.eval_sets: EvalSets = build_eval_sets(
+            split, self.cfg.data.protocol, tr.seed, validation=validation_kind(self.cfg),
+            users=self.eval_sample() if tr.eval_users else None)
         # the data sizes as the server may use them (docs/design.md section 5): |D_u| with no
         # mechanism or when declared public, else all ones (uniform weights)
         self.sizes = torch.from_numpy(server_sizes(split.train_counts, self.cfg.privacy)
