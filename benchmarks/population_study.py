@@ -216,6 +216,19 @@ def plot(frame: Any, epsilons: list[float], path: Path) -> None:
     plt.close(fig)
 
 
+def merged(frame: Any, path: Path) -> Any:
+    """``frame``'s rows over those already in ``path`` (study.csv): a cell this invocation
+    measured replaces its old row, every other finished cell is kept (an invocation of one
+    N or one eps does not drop the rest of the study)."""
+    import pandas as pd
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_file():
+        frame = pd.concat([pd.read_csv(path), frame], ignore_index=True)
+    return frame.drop_duplicates(["users", "rung", "seed"], keep="last").sort_values(
+        ["users", "seed"], kind="stable").reset_index(drop=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--users", type=int, nargs="+", default=[1000, 10_000, 100_000])
@@ -252,15 +265,14 @@ def main(argv: list[str] | None = None) -> int:
                 if args.only_table and not (path / "summary.json").is_file():
                     continue
                 rows.append(row(n, name, ensure(path, cfg)))
-                frame = pd.DataFrame(rows)
-                out = Path(args.out)
-                out.mkdir(parents=True, exist_ok=True)
-                frame.to_csv(out / "study.csv", index=False)  # after every run
+                frame = merged(pd.DataFrame(rows), Path(args.out) / "study.csv")
+                frame.to_csv(Path(args.out) / "study.csv", index=False)  # after every run
     if not rows:
         print("population_study: no finished run", file=sys.stderr)
         return 2
-    frame = pd.DataFrame(rows)
     out = Path(args.out)
+    frame = merged(pd.DataFrame(rows), out / "study.csv")
+    frame.to_csv(out / "study.csv", index=False)
     (out / "study.md").write_text(table(frame, args.epsilons))
     plot(frame, args.epsilons, out / "study.png")
     print((out / "study.md").read_text())

@@ -252,3 +252,24 @@ def test_ml100k_population_reproduces_its_calibration_targets(ml100k_dir, tmp_pa
     data = load_dataset("synthetic", ml100k_dir, seed=0, calibrate_to="ml-100k", users=2000,
                         cache_dir=tmp_path)
     assert data.n_users == 2000 and data.n_items == 1682
+
+
+def test_the_cells_of_a_study_share_one_draw_of_the_population(csv_source) -> None:
+    """issue 66: a calibrated population's split is drawn once per process for the runs
+    that share its model, size and seed (a study's cells), and drawn anew otherwise."""
+    from fedem_private.experiments.baseline_run import load_split
+    from fedem_private.simulation.config import from_dict
+
+    def cfg(seed: int, users: int):
+        return from_dict({"data": {"dataset": "synthetic", "calibrate_to": "csv",
+                                        "data_dir": str(csv_source), "users": users},
+                               "train": {"seed": seed}}).validate().resolved()
+
+    name, first = load_split(cfg(0, 60))
+    assert load_split(cfg(0, 60))[1] is first and name == "synthetic:source"
+    other = load_split(cfg(1, 60))[1]
+    assert other is not first and other.n_users == 60
+    again = load_split(cfg(0, 60))[1]  # one population kept: seed 0 is drawn again
+    assert again is not first
+    assert np.array_equal(again.train_items, first.train_items)
+    assert np.array_equal(again.test_items, first.test_items)

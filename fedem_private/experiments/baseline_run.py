@@ -13,20 +13,52 @@ from pathlib import Path
 from typing import Any
 
 from fedem_private._version import __version__
-from fedem_private.data import leave_one_out, load_dataset, population_record
+from fedem_private.data import (
+    calibrated_population,
+    leave_one_out,
+    load_dataset,
+    population_record,
+)
 from fedem_private.data.split import Split, cold_share, set_aside
 from fedem_private.evaluation.metrics import sampled_note
 from fedem_private.experiments.rundir import NOT_PRIVATE, RunDir
 from fedem_private.simulation.config import RunConfig, to_dict, to_toml
 
 
+# issue 66: the last calibrated population's (name, split), kept for the next run of the same
+# population in this process: a study runs many cells on one population of up to 10^6 users
+# (10^8 interactions), whose draw and split take minutes each time
+_LAST_POPULATION: dict[tuple[Any, ...], tuple[str, Split]] = {}
+
+
 def load_split(cfg: RunConfig) -> tuple[str, Split]:
-    """The dataset's name and the leave-one-out split a federated run of ``cfg`` uses."""
+    """The dataset's name and the leave-one-out split a federated run of ``cfg`` uses.
+
+    A calibrated population's split is kept for the next call with the same
+    population, seed and split options, so the cells of a study share one draw; any other
+    dataset is loaded each time."""
+    key = _population_key(cfg)
+    if key is not None and key in _LAST_POPULATION:
+        return _LAST_POPULATION[key]
     data = load_dataset(cfg.data.dataset, cfg.data.data_dir, seed=cfg.train.seed,
                         synthetic=cfg.data.synthetic, min_rating=cfg.data.min_rating,
                         calibrate_to=cfg.data.calibrate_to, users=cfg.data.users)
-    return data.name, leave_one_out(data, cfg.train.seed, cfg.data.min_user_ratings,
-                                    first_seen=cfg.data.first_seen_order)
+    out = data.name, leave_one_out(data, cfg.train.seed, cfg.data.min_user_ratings,
+                                   first_seen=cfg.data.first_seen_order)
+    if key is not None:  # nothing writes into a split (its arrays are only read)
+        _LAST_POPULATION.clear()
+        _LAST_POPULATION[key] = out
+    return out
+
+
+def _population_key(cfg: RunConfig) -> tuple[Any, ...] | None:
+    """What a calibrated population's split depends on; None for any other dataset."""
+    d = cfg.data
+    if d.dataset != "synthetic" or d.calibrate_to is None:
+        return None
+    model = calibrated_population(d.calibrate_to, d.data_dir)  # this process's cache
+    return (model.sha256, d.users, cfg.train.seed, d.min_user_ratings, d.first_seen_order,
+            d.min_rating)
 
 
 def baseline_summary(cfg: RunConfig, dataset: str, split: Split, model: str,

@@ -33,6 +33,11 @@ from fedem_private.simulation.view import RunView
 def prepare(cfg: RunConfig) -> Simulation:
     """Validate the config, load and split the data, build the simulation."""
     cfg = cfg.validate().resolved()
+    if cfg.data.calibrate_to is not None:  # no demographics nor item attributes; kept split
+        from fedem_private.experiments.baseline_run import load_split
+
+        name, split = load_split(cfg)
+        return Simulation(cfg, split, dataset_name=name)
     data = load_dataset(cfg.data.dataset, cfg.data.data_dir, seed=cfg.train.seed,
                         synthetic=cfg.data.synthetic, min_rating=cfg.data.min_rating,
                         calibrate_to=cfg.data.calibrate_to, users=cfg.data.users)
