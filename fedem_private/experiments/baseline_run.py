@@ -24,7 +24,6 @@ from fedem_private.evaluation.metrics import sampled_note
 from fedem_private.experiments.rundir import NOT_PRIVATE, RunDir
 from fedem_private.simulation.config import RunConfig, to_dict, to_toml
 
-
 # issue 66: the last calibrated population's (name, split), kept for the next run of the same
 # population in this process: a study runs many cells on one population of up to 10^6 users
 # (10^8 interactions), whose draw and split take minutes each time
