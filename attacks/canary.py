@@ -32,6 +32,20 @@ Each of ``n_clients`` canary clients gets a fair coin b and a tiny table
   clipping, whose count is a second, separate release). Score: the released
   entry.
 
+- ``dp-ftrl`` (add/remove one client; the whole run): the canary client belongs to
+  the cyclic cohort g* whose tree sensitivity is the largest (s2_T(g*) = S_T,
+  :func:`fedem_private.privacy.ftrl.tree_squared_sensitivity`) and is present
+  (b = 1, a delta of 2C clipped to C, the same in every round it takes part in:
+  the case that meets the sensitivity bound) or absent (b = 0). Each trial runs
+  all T rounds through the run's own
+  :class:`fedem_private.privacy.ftrl.TreeSecureSum` with its sigma, and the
+  auditor sees every release P~_1 .. P~_T (what DP-FTRL's accounting covers).
+  Score: the Neyman-Pearson statistic of the node vector, sum_e n_e(g*)
+  node~_e, with node~_e = P~_e - P~_{e - lowbit(e)}; present, its mean is
+  C S_T against sd sigma sqrt(S_T), so mu = C sqrt(S_T) / sigma = 1 / z exactly.
+  The claim audited is the whole release's eps (:meth:`DpFtrl.audit_claim`),
+  not one round's.
+
 - ``ldp-dpsgd`` (interaction-level: one positive added or removed): gradient
   canaries through the accounted mechanism of one round. The canary client
   holds the canary positive (b = 1) or not (b = 0). Each of the round's S
@@ -128,6 +142,9 @@ def params_from_log(log: Mapping[str, Any]) -> MechanismParams:
     values = {k: v for k, v in log.items() if k in names}
     if values.get("epsilon_round") is None:
         values["epsilon_round"] = math.inf
+    cls = lookup(values.get("mode"))
+    if cls is not None:  # its own plan (dp-ftrl's tree) rebuilt from its log entry
+        values = cls.restore_params(values)
     return MechanismParams(**values)
 
 
@@ -141,6 +158,15 @@ def claimed_epsilon(params: MechanismParams) -> float | None:
     return None
 
 
+def audited_claim(params: MechanismParams) -> tuple[float | None, str]:
+    """(eps, what it is) the canary audit holds its lower bound to: the mechanism's own
+    claim where it has one (dp-ftrl: the whole release), else :func:`claimed_epsilon`."""
+    cls = lookup(params.mode)
+    if cls is not None and cls.audit_claim_kind:
+        return cls.audit_claim(params), cls.audit_claim_kind
+    return claimed_epsilon(params), ""
+
+
 def canary_scores(params: MechanismParams, *, n_clients: int | None = None, seed: int = 0,
                   noise_factor: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
     """(scores, labels), both (n_clients, 1): one coin-flipped canary per client
@@ -151,6 +177,9 @@ def canary_scores(params: MechanismParams, *, n_clients: int | None = None, seed
         raise ValueError("need n_clients >= 4 and noise_factor > 0")
     assert params.clip is not None
     coins = np.random.default_rng(seed).integers(0, 2, size=n_clients).astype(bool)
+    if params.ftrl is not None:
+        return _ftrl_scores(params, coins, seed, noise_factor)[:, None], coins.astype(
+            np.float64)[:, None]
     if mech.central:
         return _central_scores(params, coins, seed, noise_factor), coins.astype(
             np.float64)[:, None]
@@ -198,6 +227,41 @@ def _central_scores(params: MechanismParams, coins: np.ndarray, seed: int,
     return released.numpy()[:, None]
 
 
+def _ftrl_scores(params: MechanismParams, coins: np.ndarray, seed: int,
+                 noise_factor: float) -> np.ndarray:
+    """dp-ftrl: each trial's whole tree release, scored by sum_e n_e(g*) node~_e (the
+    module docstring), (n,). The trials are the n entries of one release vector: the
+    tree's node noise is i.i.d. per entry, so they are independent."""
+    from fedem_private.privacy.central import SumPart, clipped_deltas
+    from fedem_private.privacy.ftrl import TreeSecureSum, lowbit, node_counts
+
+    plan = params.ftrl
+    assert plan is not None and params.clip is not None
+    rounds, groups = int(plan.rounds), int(plan.groups)
+    counts = node_counts(rounds, groups)  # (T, G): n_e(g)
+    worst = int(np.argmax((counts.astype(np.float64) ** 2).sum(axis=0)))  # s2_T(g*) = S_T
+    c, n = float(params.clip), coins.shape[0]
+    sent = torch.zeros((n, 1), dtype=torch.float64)
+    local = torch.where(torch.from_numpy(coins)[:, None], 2.0 * c, 0.0).to(torch.float64)
+    clipped, stats = clipped_deltas(sent, local, c)  # C (present) or 0, trial by trial
+    leaf = SumPart(clipped.reshape(1, n), stats, c)
+    tree = TreeSecureSum(c, float(params.noise_scale) * noise_factor, 1.0, seed, rounds)
+    prefix = np.zeros((rounds + 1, n), dtype=np.float64)  # P~_0 = 0, P~_1 .. P~_T
+    released = torch.zeros((1, n), dtype=torch.float64)
+    for t in range(1, rounds + 1):
+        tree.begin_round(t)
+        if (t - 1) % groups == worst:  # the canary's cohort takes part
+            tree.add_part(leaf)
+        released = tree.release(released)  # theta_0 = 0, m = 1: theta_t = P~_t
+        prefix[t] = released.numpy()[0]
+    score = np.zeros(n, dtype=np.float64)
+    for e in range(1, rounds + 1):
+        weight = counts[e - 1, worst]
+        if weight:
+            score += weight * (prefix[e] - prefix[e - lowbit(e)])
+    return score
+
+
 def _dpsgd_scores(params: MechanismParams, coins: np.ndarray, seed: int,
                   noise_factor: float) -> np.ndarray:
     """ldp-dpsgd: each canary's log-likelihood ratio over one round's steps, (n,)."""
@@ -229,7 +293,7 @@ def canary_audit(params: MechanismParams, *, n_clients: int | None = None, seed:
     (Bonferroni), so it holds with probability >= ``confidence``: a sound
     mechanism fails this audit with probability at most 1 - ``confidence``.
     """
-    claimed = claimed_epsilon(params)
+    claimed, claim_kind = audited_claim(params)
     scores, labels = canary_scores(params, n_clients=n_clients, seed=seed,
                                    noise_factor=noise_factor)
     n_clients = scores.shape[0]
@@ -273,6 +337,7 @@ def canary_audit(params: MechanismParams, *, n_clients: int | None = None, seed:
         "noise_factor": noise_factor,
         "eps_lower_bound": lower,
         "eps_claimed": claimed,
+        "claim_kind": claim_kind,
         "audit_ok": None if claimed is None else bool(lower <= claimed),
     })
     return out

@@ -190,10 +190,12 @@ class PrivacyContext:
         return None, "no privacy claimed"
 
 
-def _verdict(lower: float | None, ctx: PrivacyContext, certified: bool
-             ) -> tuple[bool | None, str]:
-    """(audit_ok, reason) for one record."""
-    claimed, what = ctx.claimed
+def _verdict(lower: float | None, ctx: PrivacyContext, certified: bool,
+             claim: tuple[float | None, str] | None = None) -> tuple[bool | None, str]:
+    """(audit_ok, reason) for one record; ``claim``: (eps, what) it is held to instead of
+    the run's per-round claim (a mechanism whose audit tests another, e.g. dp-ftrl's
+    whole release)."""
+    claimed, what = claim if claim is not None else ctx.claimed
     if claimed is None:
         return None, f"mode {ctx.mode}: {what}; nothing to audit (see the attack metrics)"
     if lower is None:
@@ -315,10 +317,12 @@ def _mechanism_record(name: str, ctx: PrivacyContext, seed: int, options: Any
     out = registry.attack_class(name).audit(ctx.params, options, seed,
                                             audit_confidence(ctx.mode))
     lower = out["eps_lower_bound"]
-    ok, reason = _verdict(lower, ctx, certified=True)
+    claim = (out["eps_claimed"], out["claim_kind"]) if out.get("claim_kind") else None
+    ok, reason = _verdict(lower, ctx, certified=True, claim=claim)
     base.update({"seconds": time.perf_counter() - t0, "relations": {"canary": out},
                  "eps_lower_bound": lower, "eps_accounted": ctx.accounted,
-                 "eps_claimed": ctx.claimed[0], "audit_ok": ok, "audit_reason": reason})
+                 "eps_claimed": claim[0] if claim else ctx.claimed[0], "audit_ok": ok,
+                 "audit_reason": reason})
     return base
 
 

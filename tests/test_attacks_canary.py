@@ -215,3 +215,81 @@ def test_dpsgd_run_is_audited_from_its_ledger(tmp_path) -> None:
     assert record["eps_claimed"] == pytest.approx(report["eps_accounted_per_round"])
     assert 0 < record["eps_claimed"] < 4.0 and out["delta"] == pytest.approx(1e-5)
     assert record["audit_ok"] is True and record["audit_certified"] is True
+
+
+# ------------------------------------------------------------------------------ dp-ftrl
+def _ftrl(eps: float, rounds: int = 16, q: float = 0.25):
+    return resolve_params(PrivacyConfig(mode="dp-ftrl", epsilon=eps, sample_rate=q,
+                                        clip=1.0), rounds)
+
+
+def test_ftrl_canary_statistic_has_the_claimed_mu_and_no_noise_scores_exactly() -> None:
+    """The Neyman-Pearson statistic of the worst cohort's canary: without noise it is
+    C S_T when present and 0 when absent; with the run's sigma, its two groups sit 1 / z
+    standard deviations apart (the whole release's claimed mu), within sampling error."""
+    params = _ftrl(4.0)
+    plan = params.ftrl
+    assert plan.groups == 4 and plan.tree_sq == 30.0  # 4 participations, exact S_T
+    quiet = dataclasses.replace(params, noise_scale=0.0)
+    scores, labels = canary_scores(quiet, n_clients=200, seed=2)
+    np.testing.assert_allclose(scores, plan.tree_sq * labels, atol=1e-9)
+    scores, labels = canary_scores(params, n_clients=40_000, seed=2)
+    s, y = scores[:, 0], labels[:, 0] == 1.0
+    sd = math.sqrt((s[y].var() + s[~y].var()) / 2)
+    mu = (s[y].mean() - s[~y].mean()) / sd
+    assert sd == pytest.approx(params.noise_scale * math.sqrt(plan.tree_sq), rel=0.02)
+    assert mu == pytest.approx(1.0 / params.noise_multiplier, abs=0.04)
+
+
+@pytest.mark.parametrize("eps", [1.0, 8.0])
+def test_ftrl_sound_passes_and_broken_trees_are_caught(eps: float) -> None:
+    """Held to the whole release's eps: the sound tree passes; half the noise fails; so
+    does the tempting sensitivity sqrt(k (floor(log2 T) + 1)) C (privacy/ftrl.py: with
+    k = 4 participations at T = 16 it is sqrt(20) against the exact sqrt(30))."""
+    params = _ftrl(eps)
+    sound = canary_audit(params, seed=4, n_clients=20_000)
+    assert sound["claim_kind"].startswith("accounted eps of the whole tree release")
+    assert sound["eps_claimed"] == pytest.approx(eps, rel=1e-6)
+    assert sound["audit_ok"] is True and sound["eps_lower_bound"] <= eps
+    half = canary_audit(params, seed=4, n_clients=20_000, noise_factor=0.5)
+    assert half["audit_ok"] is False and half["eps_lower_bound"] > eps
+    if eps == 8.0:  # at eps 1 caught too, by a thin margin (1.03-1.19 in 4 seeds)
+        tempting = math.sqrt(4 * 5 / params.ftrl.tree_sq)
+        loose = canary_audit(params, seed=4, n_clients=50_000, noise_factor=tempting)
+        assert loose["audit_ok"] is False and loose["eps_lower_bound"] > eps
+
+
+def test_ftrl_params_round_trip_through_the_log() -> None:
+    """The run log's dp-ftrl parameters rebuild the tree plan, and the audit from them is
+    the audit from the run's own parameters."""
+    params = _ftrl(2.0, rounds=12, q=0.34)
+    back = params_from_log(params.as_log())
+    assert back.ftrl == params.ftrl and back.noise_scale == params.noise_scale
+    a = canary_audit(params, seed=5, n_clients=2000)
+    b = canary_audit(back, seed=5, n_clients=2000)
+    assert a["eps_lower_bound"] == b["eps_lower_bound"] and a["eps_claimed"] == b["eps_claimed"]
+
+
+def test_ftrl_run_is_audited_against_its_whole_release(tmp_path) -> None:
+    """A dp-ftrl run: the canary record audits the tree from the ledger's parameters and
+    holds the bound to the release's eps (what summary.json reports), not one round's."""
+    import json
+
+    from attacks.run import run_attacks
+    from fedem_private.experiments.runner import execute
+    from fedem_private.simulation.config import RunConfig, with_overrides
+
+    cfg = with_overrides(RunConfig(), {
+        "data.dataset": "synthetic", "data.synthetic.n_users": 40, "data.synthetic.n_items": 30,
+        "train.rounds": 4, "train.local_epochs": 1, "train.dim": 4,
+        "privacy.mode": "dp-ftrl", "privacy.epsilon": 3.0, "privacy.sample_rate": 0.5,
+        "privacy.clip": 1.0})
+    execute(cfg, tmp_path / "run")
+    report = run_attacks(tmp_path / "run", ["canary"], write=False)
+    (record,) = report["records"]
+    out = record["relations"]["canary"]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert out["mode"] == "dp-ftrl" and out["n_canaries"] == 50_000
+    assert record["eps_claimed"] == pytest.approx(summary["privacy"]["epsilon"]["reported"])
+    assert record["eps_claimed"] == pytest.approx(3.0, rel=1e-6)
+    assert record["audit_ok"] is True and "whole tree release" in record["audit_reason"]

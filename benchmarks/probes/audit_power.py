@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import math
 import platform
 import time
 from pathlib import Path
@@ -32,9 +33,20 @@ from fedem_private.privacy.params import resolve_params
 from fedem_private.privacy.registry import mechanism_for
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "privacy" / "audit_power"
-MODES = ("ldp-laplace", "ldp-gaussian", "ldp-dpsgd", "cdp-gaussian")
+MODES = ("ldp-laplace", "ldp-gaussian", "ldp-dpsgd", "cdp-gaussian", "dp-ftrl")
 EPSILONS = (1.0, 8.0)
 CONDITIONS = {"sound": 1.0, "half-noise": 0.5}
+# dp-ftrl's audited plan: 16 rounds, 4 cyclic cohorts (q = 0.25), so each client takes part
+# 4 times and the tree's exact squared sensitivity is S_T = 30 C^2; its third condition is
+# the tempting bound k (floor(log2 T) + 1) = 20 C^2 (privacy/ftrl.py), i.e. the noise
+# scaled by sqrt(20 / 30) with the accounted eps unchanged
+FTRL_PLAN = (16, 0.25)
+EXTRA_CONDITIONS = {"dp-ftrl": {"k-times-depth": math.sqrt(20 / 30)}}
+
+
+def conditions_for(mode: str) -> dict[str, float]:
+    """The noise factors ``mode`` is audited at: sound, half the noise, and its own."""
+    return {**CONDITIONS, **EXTRA_CONDITIONS.get(mode, {})}
 FIELDS = ("mode", "eps_target", "condition", "noise_factor", "seed", "eps_accounted",
           "eps_lower_bound", "eps_lb_cp", "eps_lb_one_run", "eps_lb_gdp", "mu_lb_gdp",
           "mu_claimed", "alarm", "n_canaries", "confidence", "delta", "auc", "seconds")
@@ -42,7 +54,11 @@ FIELDS = ("mode", "eps_target", "condition", "noise_factor", "seed", "eps_accoun
 
 def params_for(mode: str, eps: float):
     """One round at per-round eps ``eps`` (cdp-gaussian: every client each round, q = 1, so
-    the aggregator's unamplified per-round eps is the target)."""
+    the aggregator's unamplified per-round eps is the target); dp-ftrl: :data:`FTRL_PLAN`'s
+    whole release at eps ``eps``."""
+    if mode == "dp-ftrl":
+        rounds, q = FTRL_PLAN
+        return resolve_params(PrivacyConfig(mode=mode, epsilon=eps, sample_rate=q), rounds)
     extra = {"sample_rate": 1.0} if mechanism_for(mode).central else {}
     return resolve_params(PrivacyConfig(mode=mode, epsilon=eps, **extra), 1)
 
@@ -74,7 +90,7 @@ def run(seeds: int, confidence: float | None, out: Path, modes: tuple[str, ...] 
                 for eps in epsilons:
                     params = params_for(mode, eps)
                     level = audit_confidence(mode) if confidence is None else confidence
-                    for cond, factor in CONDITIONS.items():
+                    for cond, factor in conditions_for(mode).items():
                         key = (mode, repr(eps), cond, str(seed), repr(level))
                         if key in done:
                             continue
@@ -111,7 +127,7 @@ def summarise(out: Path) -> str:
     conf = sorted({r["confidence"] for r in rows})
     lines = [
         f"Certified canary audits (attacks.canary.canary_audit), confidence {', '.join(conf)}; "
-        "alarm = eps lower bound > accounted per-round eps.",
+        "alarm = eps lower bound > accounted per-round eps (dp-ftrl: the whole release's).",
         "",
         "| mechanism | eps | condition | seeds | alarms | rate | lower bound: mean (min-max) "
         "| bound that decided (count) | canaries | s / audit |",
@@ -119,7 +135,7 @@ def summarise(out: Path) -> str:
     ]
     for mode in MODES:
         for eps in sorted({float(k[1]) for k in groups}):
-            for cond in CONDITIONS:
+            for cond in conditions_for(mode):
                 g = groups.get((mode, repr(eps), cond), [])
                 if not g:
                     continue

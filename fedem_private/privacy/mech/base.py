@@ -134,6 +134,20 @@ class Mechanism:
     audit_confidence: ClassVar[float] = 0.95  # the confidence its audit is stated at
     audit_gdp: ClassVar[bool] = False  # one Gaussian release per round: a GDP claim
     audit_at_delta: ClassVar[bool] = False  # audited at the run's delta (else pure eps)
+    # what its audit's lower bound is compared with ("": the per-round eps it claims)
+    audit_claim_kind: ClassVar[str] = ""
+
+    @classmethod
+    def audit_claim(cls, params: RoundParams) -> float | None:
+        """The eps its canary audit's lower bound is held to when that is not the per-round
+        claim (``audit_claim_kind`` says what it is); None: the per-round claim."""
+        return None
+
+    @classmethod
+    def restore_params(cls, values: dict[str, Any]) -> dict[str, Any]:
+        """A run log's parameter values (``MechanismParams.as_log``) with its own plan
+        rebuilt from its log entry, for the audit to read them back; unchanged here."""
+        return values
 
     @classmethod
     def accepts(cls, option: str) -> bool:

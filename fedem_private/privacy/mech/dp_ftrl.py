@@ -90,9 +90,17 @@ class DpFtrl(Mechanism):
     takes_budget = True
     noise_kind = "gaussian"
     norm = "l2"
-    # no adaptive clipping nor canary audit: both are built for cdp-gaussian's round-by-round
-    # noise and Poisson sampling
+    # no adaptive clipping nor in-run canaries (privacy/canaries.py): both are built for
+    # cdp-gaussian's round-by-round noise and Poisson sampling
     options = SHARED_OPTIONS + SAMPLED_BUDGET + ("clip", "sample_rate")
+    # the certified canary audit (attacks/canary.py, "dp-ftrl"): each canary is a client of
+    # the group with the largest tree sensitivity, present or absent by a fair coin, through
+    # every round of the run's own TreeSecureSum; scored by the Neyman-Pearson statistic of
+    # the node vector; held to the whole release's eps (ONE Gaussian, mu = 1 / z)
+    audit_canaries = 50_000
+    audit_gdp = True
+    audit_at_delta = True
+    audit_claim_kind = "accounted eps of the whole tree release (one Gaussian, every round)"
 
     @classmethod
     def calibrate(cls, cfg: PrivacyConfig, rounds: int,
@@ -127,6 +135,25 @@ class DpFtrl(Mechanism):
         from fedem_private.privacy.ftrl import participation_multiplier
 
         return RoundMechanism("gaussian", participation_multiplier(params))
+
+    @classmethod
+    def audit_claim(cls, params: MechanismParams) -> float | None:
+        """The whole release's reported eps at the planned last round (:meth:`release_epsilon`):
+        what the tree guarantees, to every observer (None: no guarantee)."""
+        assert params.ftrl is not None
+        return cls.release_epsilon(params, params.ftrl.rounds)["reported"]
+
+    @classmethod
+    def restore_params(cls, values: dict[str, Any]) -> dict[str, Any]:
+        """The logged plan ({rounds, groups, ...}) rebuilt as an
+        :class:`~fedem_private.privacy.ftrl.FtrlPlan` (its exact sensitivities recomputed)."""
+        from fedem_private.privacy.ftrl import FtrlPlan
+
+        plan = values.get("ftrl")
+        if isinstance(plan, dict):
+            values = {**values, "ftrl": FtrlPlan.for_run(int(plan["rounds"]),
+                                                          int(plan["groups"]))}
+        return values
 
     # -- the layer's hooks for a central mechanism with its own participation -----------------
     @classmethod
