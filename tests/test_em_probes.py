@@ -76,3 +76,32 @@ def test_diagnostics_plot_draws_a_png_from_the_csv(tmp_path):
     png = tmp_path / "d.png"
     assert em_diagnostics.main(["--out", str(path), "--plot", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_ablation_table_takes_the_best_validation_round_and_the_fall(tmp_path):
+    """Per label: the own view's test at its best validation round, at the last round, the
+    difference, the server's view at the last round; and drift against fall over runs."""
+    fields = ["label", "seed", "round", "view", "val_full_hr10", "test_full_hr10",
+              "drift_all", "drift_own", "rho_now", "rho_mean_round", "seconds"]
+    rows = []
+    for label, seed, own, glob, drift in (
+            ("a", 0, [(0.1, 0.2), (0.5, 0.6), (0.3, 0.3)], 0.7, 0.9),
+            ("a", 1, [(0.1, 0.1), (0.6, 0.5), (0.4, 0.4)], 0.6, 0.7),
+            ("b", 0, [(0.1, 0.1), (0.4, 0.4), (0.5, 0.45)], 0.5, 0.1)):
+        for rnd, (val, test) in zip((1, 50, 100), own, strict=True):
+            rows.append([label, seed, rnd, "own", val, test, 0.0, drift, 0.5, "", 1.0])
+        rows.append([label, seed, 100, "global", 0.0, glob, 0.0, drift, 0.5, "", 1.0])
+    path = tmp_path / "diag.csv"
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(fields)
+        writer.writerows(rows)
+    text = em_diagnostics.ablation_table(path)
+    a = next(line for line in text.splitlines() if line.startswith("| a |"))
+    b = next(line for line in text.splitlines() if line.startswith("| b |"))
+    # a: best-val tests 0.6 and 0.5, last 0.3 and 0.4, falls 0.3 and 0.1, server 0.7, 0.6
+    assert a.startswith("| a | 2 | 0.550 ± 0.050 | 0.350 ± 0.050 | 0.200 ± 0.100 | "
+                        "0.650 ± 0.050 | 0.800 ± 0.100 |")
+    assert b.startswith("| b | 1 | 0.450 | 0.450 | 0.000 | 0.500 | 0.100 |")
+    r = np.corrcoef([0.9, 0.7, 0.1], [0.3, 0.1, 0.0])[0, 1]
+    assert f"over 3 runs: {r:.2f}." in text

@@ -182,6 +182,48 @@ def plot(csv_path: Path, png: Path) -> Path:
     return png
 
 
+def ablation_table(path: Path) -> str:
+    """The Markdown table of one-change ablations in a probe CSV (issue 69): per label, over
+    seeds (mean ± standard error), the own table's test full HR@10 at its best-validation
+    evaluation, at the last round and their difference (the fall), the server's table's at
+    the last round, and the drift over the client's own items at the last round; then the
+    Pearson correlation, over every (label, seed), between that drift and the fall."""
+    import pandas as pd
+
+    frame = pd.read_csv(path)
+    runs = []
+    for (label, seed), g in frame.groupby(["label", "seed"], sort=False):
+        own = g[g["view"] == "own"].sort_values("round")
+        last = int(own["round"].max())
+        best = own.loc[own["val_full_hr10"].idxmax()]
+        glob = g[(g["view"] == "global") & (g["round"] == last)]
+        end = own[own["round"] == last].iloc[0]
+        runs.append({"label": label, "seed": seed, "peak": float(best["test_full_hr10"]),
+                     "peak_round": int(best["round"]), "last": float(end["test_full_hr10"]),
+                     "fall": float(best["test_full_hr10"] - end["test_full_hr10"]),
+                     "global": float(glob["test_full_hr10"].iloc[0]),
+                     "drift_own": float(end["drift_own"]), "rho": float(end["rho_now"]),
+                     "rounds": last})
+    per = pd.DataFrame(runs)
+    lines = ["| label | seeds | own: best-val test | own: last round | fall | server's table, "
+             "last round | drift (own items), last | rho, last |",
+             "|---|---|---|---|---|---|---|---|"]
+    for label, g in per.groupby("label", sort=False):
+        n = len(g)
+
+        def cell(col: str, g: Any = g, n: int = n) -> str:
+            se = g[col].std(ddof=1) / np.sqrt(n) if n > 1 else float("nan")
+            return f"{g[col].mean():.3f}" + (f" ± {se:.3f}" if np.isfinite(se) else "")
+
+        lines.append(f"| {label} | {n} | {cell('peak')} | {cell('last')} | {cell('fall')} | "
+                     f"{cell('global')} | {cell('drift_own')} | {cell('rho')} |")
+    if len(per) > 2:
+        r = float(np.corrcoef(per["drift_own"], per["fall"])[0, 1])
+        lines += ["", f"Pearson correlation of the last round's drift (own items) with the "
+                  f"fall, over {len(per)} runs: {r:.2f}."]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=None, help="a merging run's TOML (e.g. tuned FedEM)")
@@ -195,12 +237,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="CSV, appended to")
     ap.add_argument("--plot", type=Path, default=None, metavar="PNG",
                     help="draw --out's rows into PNG and stop (no run)")
+    ap.add_argument("--ablation-table", action="store_true",
+                    help="print the Markdown table of --out's ablations and stop (no run)")
     args = ap.parse_args(argv)
+    if args.ablation_table:
+        print(ablation_table(args.out), end="")
+        return 0
     if args.plot is not None:
         print(f"wrote {plot(args.out, args.plot)}")
         return 0
     if args.config is None:
-        ap.error("--config is required (unless --plot)")
+        ap.error("--config is required (unless --plot or --ablation-table)")
     fields = ["label", "seed", "round", "view", "val_full_hr10", "test_full_hr10",
               "drift_all", "drift_own", "rho_now", "rho_mean_round", "seconds"]
     args.out.parent.mkdir(parents=True, exist_ok=True)
