@@ -140,6 +140,9 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--merge-rows", "federation.merge_rows", str,
      "which rows equation 10 mixes: all (as published) or seen (the client's own training "
      "items; every other row takes the received table, rho = 1)"),
+    ("--merge-every", "federation.merge_every", int,
+     "rounds from one merge (equation 10) to the next; between them a client starts from its "
+     "own table (1: every round, as published)"),
     ("--prox-mu", "federation.prox_mu", _number,
      "local training adds (mu / 2) ||Q_l - Q_g||^2 over the rows a client trains, Q_g the "
      "table it received (Ditto style); 0: off"),

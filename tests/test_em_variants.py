@@ -121,9 +121,10 @@ def test_seen_rows_leave_unseen_rows_at_the_received_table(small_split, monkeypa
 def test_defaults_leave_runs_and_their_identity_unchanged(small_split):
     plain = _cfg(**{"federation.method": "fedem", "federation.aggregation": "fedavg"})
     explicit = _cfg(**{"federation.method": "fedem", "federation.aggregation": "fedavg",
-                       "federation.merge_rows": "all", "federation.prox_mu": 0.0})
+                       "federation.merge_rows": "all", "federation.prox_mu": 0.0,
+                       "federation.merge_every": 1})
     ids = identity_dict(plain.resolved())["federation"]
-    assert "merge_rows" not in ids and "prox_mu" not in ids  # old digests still resume
+    assert not {"merge_rows", "prox_mu", "merge_every"} & set(ids)  # old digests resume
     assert identity_dict(explicit.resolved()) == identity_dict(plain.resolved())
     a, b = Simulation(plain, small_split), Simulation(explicit, small_split)
     for _ in range(2):
@@ -145,5 +146,44 @@ def test_defaults_leave_runs_and_their_identity_unchanged(small_split):
       "federation.prox_mu": 1.0}, "--prox-mu"),
 ])
 def test_variants_refuse_what_they_cannot_do(over, words):
+    with pytest.raises(UserError, match=words):
+        _cfg(**over).validate()
+
+
+def test_merge_every_starts_from_the_own_table_between_merges(small_split, monkeypatch):
+    """--merge-every 2: round 2 (no merge) starts each client from its own table as round 1
+    left it; round 3 (a merge) starts it from equation 10 with the server's table."""
+    sim = Simulation(_cfg(**{"federation.method": "fedsim", "federation.merge": "sm",
+                             "federation.merge_every": 2, "train.rounds": 3}), small_split)
+    sim.step()
+    starts = []
+    train = sim.backbone.train_chunk
+
+    def spy(start, clients, *args, **kwargs):
+        starts.append((np.asarray(clients).copy(), start.items.clone()))
+        return train(start, clients, *args, **kwargs)
+
+    monkeypatch.setattr(sim.backbone, "train_chunk", spy)
+    own = sim.state.q_local.clone()
+    sim.step()  # round 2: no merge
+    assert starts
+    for clients, start in starts:
+        assert torch.equal(start, own[clients])
+    starts.clear()
+    own, sent = sim.state.q_local.clone(), sim.state.q_global.clone()
+    sim.step()  # round 3: equation 10, rho 0.5
+    for clients, start in starts:
+        want = own[clients] + 0.5 * (sent[clients] - own[clients])
+        assert torch.allclose(start, want, atol=1e-6)
+        assert not torch.allclose(start, own[clients])
+
+
+@pytest.mark.parametrize("over,words", [
+    ({"federation.method": "fedmf", "federation.merge_every": 3}, "--merge-every"),
+    ({"federation.method": "fedem", "federation.merge_every": 0}, "merge_every must be"),
+    ({"federation.method": "fedem", "federation.merge_every": 2, "privacy.mode": "cdp-gaussian",
+      "privacy.epsilon": 4.0}, "built without privacy"),
+])
+def test_merge_every_refuses_what_it_cannot_do(over, words):
     with pytest.raises(UserError, match=words):
         _cfg(**over).validate()

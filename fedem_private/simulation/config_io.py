@@ -83,6 +83,7 @@ LATER_FIELDS: dict[tuple[str, ...], Any] = {
     ("federation", "merge_every_batch"): False,
     ("federation", "merge_rows"): "all",
     ("federation", "prox_mu"): 0.0,
+    ("federation", "merge_every"): 1,
     ("train", "optimizer"): "adam",
     ("train", "lr_head"): None,
     ("train", "lr_user"): None,

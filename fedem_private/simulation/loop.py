@@ -69,7 +69,11 @@ import torch
 from fedem_private import hostmem, models, rng
 from fedem_private.client import codecs
 from fedem_private.client.merging import MergeConfig, Merger
-from fedem_private.client.variant_options import MergeRowsOptions, ProxOptions
+from fedem_private.client.variant_options import (
+    MergeEveryOptions,
+    MergeRowsOptions,
+    ProxOptions,
+)
 from fedem_private.client.variants import merge_seen_rows, prox_rows, seen_mask
 from fedem_private.data.split import Split, exclusion_csr
 from fedem_private.device import torch_device
@@ -440,6 +444,7 @@ class Simulation:
         # issue 69: equation 10 on the client's own items only; the proximal weight mu
         self.merge_seen = MergeRowsOptions.from_config(fed).rows == "seen"
         self.prox_mu = ProxOptions.from_config(fed).mu
+        self.merge_schedule = MergeEveryOptions.from_config(fed)  # issue 69: --merge-every
         self.privacy = PrivacyLayer(self.cfg.privacy, rounds=tr.rounds,
                                     n_clients=split.n_users, lr=tr.lr,
                                     sizes=split.train_counts, seed=self.seed)
@@ -778,6 +783,9 @@ class Simulation:
                                self.local_cfg.num_negatives, device=self.device)
         start = self._sent_params(idx)
         recv = self.aggregator.receives(idx)  # None: every client of the chunk gets a table
+        if self.merge_schedule.every > 1 and not self.merge_schedule.merges_in(rnd.t):
+            # --merge-every K: no table between merges; each client starts from its own
+            recv = torch.zeros(len(chunk), dtype=torch.bool, device=idx.device)
         work = ChunkWork(chunk, idx, samples, start,
                          sent=start.items, dense_sent=start.dense, recv=recv)
         if not rnd.peft and self.aggregator.sends_table:

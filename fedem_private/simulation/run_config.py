@@ -104,6 +104,9 @@ class RunConfig:
                 raise UserError(f"privacy {self.privacy.mode!r} trains by its own DP-SGD "
                                 f"steps; --optimizer {self.train.optimizer} is not built for "
                                 f"it; drop --optimizer")
+        if self.federation.merge_every != 1 and self.privacy.mode != "none":
+            raise UserError(f"--merge-every is an ablation built without privacy; drop it or "
+                            f"--privacy {self.privacy.mode}")
         if self.federation.prox_mu > 0 or self.federation.merge_rows != "all":
             if self.privacy.mechanism.in_training:
                 raise UserError(f"privacy {self.privacy.mode!r} trains by its own DP-SGD steps "

@@ -27,7 +27,11 @@ from fedem_private.client.merges import (  # noqa: F401  (names re-exported)
 )
 from fedem_private.client.strategies import REGISTRY as MERGE_REGISTRY
 from fedem_private.client.strategies import merge_class, strategies_where
-from fedem_private.client.variant_options import MergeRowsOptions, ProxOptions
+from fedem_private.client.variant_options import (
+    MergeEveryOptions,
+    MergeRowsOptions,
+    ProxOptions,
+)
 from fedem_private.data import (
     DATASETS,
     PROTOCOLS,
@@ -413,6 +417,8 @@ class FederationConfig:
     # and the proximal weight mu of (mu / 2) ||Q_l - Q_g||^2 in local training
     merge_rows: str = MergeRowsOptions.rows
     prox_mu: float = ProxOptions.mu
+    # issue 69: rounds from one merge to the next (a client starts from its own table between)
+    merge_every: int = MergeEveryOptions.every
 
     def validate(self) -> None:
         """Check the parts' names, then every part's own options (each refuses a bad value
@@ -517,6 +523,14 @@ class FederationConfig:
                                 f"none to choose; use --merge "
                                 f"{', '.join(strategies_where('merges'))} without "
                                 f"--merge-every-batch")
+        if self.merge_every != 1:
+            if not merge_class(merge).merges or self.merge_every_batch or codec.peft:
+                raise UserError(f"--merge-every {self.merge_every} spaces the merges of "
+                                f"equation 10; merge {merge!r}"
+                                f"{' on every batch' if self.merge_every_batch else ''} "
+                                f"{'with codec ' + repr(self.codec) + ' ' if codec.peft else ''}"
+                                f"has none to space; use --merge "
+                                f"{', '.join(strategies_where('merges'))} with a full table")
         if self.prox_mu > 0:
             if not backbone_class(self.resolved_backbone).trains_item_rows:
                 raise UserError(f"--prox-mu pulls the trained item rows toward the received "
