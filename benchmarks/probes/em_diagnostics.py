@@ -186,8 +186,9 @@ def ablation_table(path: Path) -> str:
     """The Markdown table of one-change ablations in a probe CSV (issue 69): per label, over
     seeds (mean ± standard error), the own table's test full HR@10 at its best-validation
     evaluation, at the last round and their difference (the fall), the server's table's at
-    the last round, and the drift over the client's own items at the last round; then the
-    Pearson correlation, over every (label, seed), between that drift and the fall."""
+    the last round and its lead over the own table there (the gap), and the drift over the
+    client's own items at the last round; then the Pearson correlation, over every (label,
+    seed), of that drift with the fall and with the gap."""
     import pandas as pd
 
     frame = pd.read_csv(path)
@@ -202,12 +203,13 @@ def ablation_table(path: Path) -> str:
                      "peak_round": int(best["round"]), "last": float(end["test_full_hr10"]),
                      "fall": float(best["test_full_hr10"] - end["test_full_hr10"]),
                      "global": float(glob["test_full_hr10"].iloc[0]),
+                     "gap": float(glob["test_full_hr10"].iloc[0] - end["test_full_hr10"]),
                      "drift_own": float(end["drift_own"]), "rho": float(end["rho_now"]),
                      "rounds": last})
     per = pd.DataFrame(runs)
     lines = ["| label | seeds | own: best-val test | own: last round | fall | server's table, "
-             "last round | drift (own items), last | rho, last |",
-             "|---|---|---|---|---|---|---|---|"]
+             "last round | gap (server - own), last | drift (own items), last | rho, last |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for label, g in per.groupby("label", sort=False):
         n = len(g)
 
@@ -216,11 +218,13 @@ def ablation_table(path: Path) -> str:
             return f"{g[col].mean():.3f}" + (f" ± {se:.3f}" if np.isfinite(se) else "")
 
         lines.append(f"| {label} | {n} | {cell('peak')} | {cell('last')} | {cell('fall')} | "
-                     f"{cell('global')} | {cell('drift_own')} | {cell('rho')} |")
+                     f"{cell('global')} | {cell('gap')} | {cell('drift_own')} | "
+                     f"{cell('rho')} |")
     if len(per) > 2:
-        r = float(np.corrcoef(per["drift_own"], per["fall"])[0, 1])
-        lines += ["", f"Pearson correlation of the last round's drift (own items) with the "
-                  f"fall, over {len(per)} runs: {r:.2f}."]
+        fall = float(np.corrcoef(per["drift_own"], per["fall"])[0, 1])
+        gap = float(np.corrcoef(per["drift_own"], per["gap"])[0, 1])
+        lines += ["", f"Pearson correlation of the last round's drift (own items), over "
+                  f"{len(per)} runs: with the fall {fall:.2f}, with the gap {gap:.2f}."]
     return "\n".join(lines) + "\n"
 
 
