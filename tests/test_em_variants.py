@@ -96,12 +96,9 @@ def test_second_round_with_a_variant_equals_per_client_reference(small_split, ov
     assert (sim.state.q_global - ref["q_global"]).abs().max() < 1e-4
 
 
-def test_seen_rows_leave_unseen_rows_at_the_received_table(small_split, monkeypatch):
-    sim = Simulation(_cfg(**{"federation.method": "fedsim", "federation.merge": "sm",
-                             "federation.merge_rows": "seen"}), small_split)
-    sim.step()
-    sent = sim.state.q_global.clone()
-    starts = []
+def _spy_starts(sim: Simulation, monkeypatch) -> list[tuple[np.ndarray, torch.Tensor]]:
+    """(clients, start item tables) of every chunk the backbone trains from now on."""
+    starts: list[tuple[np.ndarray, torch.Tensor]] = []
     train = sim.backbone.train_chunk
 
     def spy(start, clients, *args, **kwargs):
@@ -109,6 +106,15 @@ def test_seen_rows_leave_unseen_rows_at_the_received_table(small_split, monkeypa
         return train(start, clients, *args, **kwargs)
 
     monkeypatch.setattr(sim.backbone, "train_chunk", spy)
+    return starts
+
+
+def test_seen_rows_leave_unseen_rows_at_the_received_table(small_split, monkeypatch):
+    sim = Simulation(_cfg(**{"federation.method": "fedsim", "federation.merge": "sm",
+                             "federation.merge_rows": "seen"}), small_split)
+    sim.step()
+    sent = sim.state.q_global.clone()
+    starts = _spy_starts(sim, monkeypatch)
     sim.step()
     sp = small_split
     for clients, start in starts:
@@ -156,14 +162,7 @@ def test_merge_every_starts_from_the_own_table_between_merges(small_split, monke
     sim = Simulation(_cfg(**{"federation.method": "fedsim", "federation.merge": "sm",
                              "federation.merge_every": 2, "train.rounds": 3}), small_split)
     sim.step()
-    starts = []
-    train = sim.backbone.train_chunk
-
-    def spy(start, clients, *args, **kwargs):
-        starts.append((np.asarray(clients).copy(), start.items.clone()))
-        return train(start, clients, *args, **kwargs)
-
-    monkeypatch.setattr(sim.backbone, "train_chunk", spy)
+    starts = _spy_starts(sim, monkeypatch)
     own = sim.state.q_local.clone()
     sim.step()  # round 2: no merge
     assert starts
