@@ -167,29 +167,44 @@ def exclusion_csr(split: Split, protocol: str) -> tuple[np.ndarray, np.ndarray]:
         raise UserError(f"unknown protocol {protocol!r}; choose one of {', '.join(PROTOCOLS)}")
     if protocol == "strict":
         return split.train_indptr, split.train_items
-    return _union_csr(split, [split.val_items, split.test_items])
+    return union_csr(split, [split.val_items, split.test_items])
 
 
-def _union_csr(split: Split, extra: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    n = split.n_users
-    users = np.concatenate([np.repeat(np.arange(n), split.train_counts)]
-                           + [np.arange(n)] * len(extra))
-    items = np.concatenate([split.train_items] + list(extra))
-    key = np.unique(users * split.n_items + items)
-    u, i = key // split.n_items, key % split.n_items
-    indptr = np.zeros(n + 1, dtype=np.int64)
-    indptr[1:] = np.cumsum(np.bincount(u, minlength=n))
-    return indptr, i.astype(np.int64)
+def union_csr(split: Split, extra: list[np.ndarray],
+              rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted CSR of each user's training items and its entries of every per-user array in
+    ``extra``, without repeats: one row per user, or per user in ``rows`` (sorted ids; the
+    evaluated sample, issue 66), each row the same as in the full build."""
+    if rows is None:
+        rows = np.arange(split.n_users, dtype=np.int64)
+        train = split.train_items
+        counts = np.asarray(split.train_counts, dtype=np.int64)
+    else:
+        ip = split.train_indptr
+        counts = ip[rows + 1] - ip[rows]
+        starts = np.cumsum(counts) - counts  # each row's first entry in the gathered block
+        train = split.train_items[np.arange(int(counts.sum()), dtype=np.int64)
+                                  + np.repeat(ip[rows] - starts, counts)]
+    k = rows.shape[0]
+    local = np.arange(k, dtype=np.int64)
+    owner = np.concatenate([np.repeat(local, counts)] + [local] * len(extra))
+    items = np.concatenate([train] + [np.asarray(e)[rows] for e in extra]).astype(np.int64)
+    key = np.unique(owner * split.n_items + items)
+    indptr = np.zeros(k + 1, dtype=np.int64)
+    indptr[1:] = np.cumsum(np.bincount(key // split.n_items, minlength=k))
+    return indptr, (key % split.n_items).astype(np.int64)
 
 
-def evaluation_exclusion_csr(split: Split) -> tuple[np.ndarray, np.ndarray]:
-    """Items never ranked as candidates: training items plus the validation item.
+def evaluation_exclusion_csr(split: Split,
+                             rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Items never ranked as candidates: training items plus the validation item (of every
+    user, or of the users in ``rows``: :func:`union_csr`).
 
     The validation interaction precedes the test one in time, so at test time
     it is already consumed, like the training items. Used by both protocols'
-    full ranking and by the strict protocol's sampled candidates.
+    full ranking.
     """
-    return _union_csr(split, [split.val_items])
+    return union_csr(split, [split.val_items], rows)
 
 
 def set_aside(split: Split, min_interactions: int) -> dict[str, Any]:

@@ -14,8 +14,8 @@ import numpy as np
 import torch
 
 from fedem_private import rng
-from fedem_private.data.negatives import row_positions, sample_excluding
-from fedem_private.data.split import PROTOCOLS, Split
+from fedem_private.data.negatives import sample_excluding
+from fedem_private.data.split import PROTOCOLS, Split, evaluation_exclusion_csr, union_csr
 from fedem_private.errors import UserError
 
 KS = (10, 20)
@@ -87,9 +87,9 @@ def build_eval_sets(split: Split, protocol: str, seed: int, n_sampled: int = 99,
         raise UserError(f"unknown protocol {protocol!r}; choose one of {', '.join(PROTOCOLS)}")
     rows = (np.arange(split.n_users, dtype=np.int64) if users is None
             else np.unique(np.asarray(users, dtype=np.int64)))
-    indptr, items = _rows_union_csr(split, rows, [split.val_items, split.test_items])
+    indptr, items = union_csr(split, [split.val_items, split.test_items], rows)
     cand = _draw(split, indptr, items, rows, seed, 0, n_sampled)
-    e_ptr, e_items = _rows_union_csr(split, rows, [split.val_items])
+    e_ptr, e_items = evaluation_exclusion_csr(split, rows)
     val_items = val_cand = None
     if validation is not None:
         val_items = torch.from_numpy(split.val_items)
@@ -110,24 +110,6 @@ def _draw(split: Split, indptr: np.ndarray, items: np.ndarray, rows: np.ndarray,
                     counter)
     return sample_excluding(indptr, items, split.n_items,
                             np.repeat(np.arange(k), n_sampled), u).reshape(k, n_sampled)
-
-
-def _rows_union_csr(split: Split, rows: np.ndarray,
-                    extra: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted CSR, one row per user in ``rows``: its training items and its entries of each
-    per-user array in ``extra``, without repeats."""
-    ip = split.train_indptr
-    counts = ip[rows + 1] - ip[rows]
-    sub = np.zeros(rows.shape[0] + 1, dtype=np.int64)
-    sub[1:] = np.cumsum(counts)
-    train = split.train_items[np.repeat(ip[rows], counts) + row_positions(sub)]
-    local = np.arange(rows.shape[0], dtype=np.int64)
-    owner = np.concatenate([np.repeat(local, counts)] + [local] * len(extra))
-    items = np.concatenate([train] + [np.asarray(e)[rows] for e in extra]).astype(np.int64)
-    key = np.unique(owner * split.n_items + items)
-    indptr = np.zeros(rows.shape[0] + 1, dtype=np.int64)
-    indptr[1:] = np.cumsum(np.bincount(key // split.n_items, minlength=rows.shape[0]))
-    return indptr, (key % split.n_items).astype(np.int64)
 
 
 def sampled_pools(split: Split) -> np.ndarray:
