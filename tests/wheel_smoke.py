@@ -19,6 +19,7 @@ import re
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import tempfile
 import time
 import zipfile
@@ -48,6 +49,15 @@ def wheel_tops(wheel: Path) -> set[str]:
     """The top-level names a wheel installs (its .dist-info aside)."""
     with zipfile.ZipFile(wheel) as z:
         return {n.split("/")[0] for n in z.namelist() if ".dist-info/" not in n}
+
+
+def carries_license(archive: Path) -> bool:
+    """Whether a wheel (under .dist-info/licenses/) or an sdist (at its root) holds LICENSE."""
+    if archive.suffix == ".whl":
+        with zipfile.ZipFile(archive) as z:
+            return any(n.endswith(".dist-info/licenses/LICENSE") for n in z.namelist())
+    with tarfile.open(archive) as t:
+        return any(n.count("/") == 1 and n.endswith("/LICENSE") for n in t.getnames())
 
 
 def main_job(readme: str) -> str:
@@ -92,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         if tops != WHEEL_TOPS:
             raise SystemExit(f"the wheel's top-level names are {sorted(tops)}, expected "
                              f"{sorted(WHEEL_TOPS)}")
+        bare = [p.name for p in built if not carries_license(p)]
+        if bare:
+            raise SystemExit(f"no LICENSE in {bare} (pyproject.toml: license-files)")
         times["twine"] = _run([sys.executable, "-m", "twine", "check", "--strict",
                                *map(str, built)], cwd=work)
         # with its dependencies, then this wheel again over a copy an earlier run installed
