@@ -46,6 +46,19 @@ def test_uniform_is_open_at_one() -> None:
     assert np.minimum((b.astype(np.float64) + 0.5) * rng._INV53, rng._MAX_U)[0] < 1.0
 
 
+@pytest.mark.parametrize("n, k, levels", [(1, 1, 0), (50, 0, 0), (50, 7, 0), (50, 50, 0),
+                                          (50, 80, 0), (200, 30, 4), (200, 30, 40),
+                                          (1000, 999, 3)])
+def test_smallest_equals_the_stable_argsort_ties_included(n, k, levels) -> None:
+    """rng.smallest (one partition) picks what the obvious stable sort picks; ``levels``
+    > 0 draws from that few values, so the cut falls inside a run of ties."""
+    g = np.random.default_rng(n * 31 + k)
+    u = g.integers(0, levels, n).astype(float) if levels else g.random(n)
+    got = rng.smallest(u, k)
+    assert np.array_equal(got, np.sort(np.argsort(u, kind="stable")[:k]))
+    assert got.shape == (min(max(k, 0), n),)
+
+
 def test_chunk_orders_equal_a_per_client_argsort_and_are_permutations() -> None:
     lengths = np.array([0, 1, 7, 300, 41, 300])
     clients = np.array([3, 9, 4, 1 << 40, 12, 8])

@@ -46,7 +46,7 @@ def fixed_cohort(seed: int, round_: int, n_clients: int, size: int) -> np.ndarra
     if size >= n_clients:
         return ids
     u = rng.uniform(rng.key(seed, skellam.COHORT, round_, ids), 0)
-    return np.sort(ids[np.argsort(u, kind="stable")[:size]])
+    return ids[rng.smallest(u, size)]
 
 
 def dropouts(seed: int, round_: int, clients: np.ndarray, p: float

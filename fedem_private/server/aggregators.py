@@ -34,7 +34,6 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -69,7 +68,7 @@ def aggregated_uploads(part_mask: Tensor, agg_ratio: float, seed: int, round_: i
         return mask
     k = max(1, math.ceil(agg_ratio * part.shape[0]))
     u = rng.uniform(rng.key(seed, rng.Stream.AGG_SAMPLE, round_, part), 0)
-    chosen = part[np.sort(np.argsort(u, kind="stable")[:k])]
+    chosen = part[rng.smallest(u, k)]
     mask[torch.from_numpy(chosen).to(part_mask.device)] = True
     return mask
 

@@ -691,7 +691,7 @@ class Simulation:
             return np.arange(n)
         k = self.cfg.train.cohort_size or max(1, int(np.ceil(q * n)))
         u = rng.uniform(rng.key(self.seed, rng.Stream.PARTICIPATION, round_, np.arange(n)), 0)
-        return np.sort(np.argsort(u, kind="stable")[:k])
+        return rng.smallest(u, k)
 
     def _chunk_size(self) -> int:
         m, d = self.split.n_items, self.cfg.train.dim
