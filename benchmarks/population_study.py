@@ -254,8 +254,8 @@ def main(argv: list[str] | None = None) -> int:
                         "seeds of a private cell; its verdict is against DP-MostPop)")
     parser.add_argument("--checkpoint-every", type=int, default=20,
                         help="rounds between a federated run's checkpoints (a checkpoint holds "
-                        "the split: about 1 GB at 10^6 users, 38%% of a round's time there "
-                        "at 20)")
+                        "the model and each client's state, not the data: 20 MB for PFedRec "
+                        "at 10^5 users)")
     parser.add_argument("--only-table", action="store_true",
                         help="write study.csv, .md and .png from the finished runs")
     args = parser.parse_args(argv)

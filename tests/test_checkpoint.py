@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 
+import numpy as np
 import pytest
 import torch
 from conftest import Killed
@@ -104,6 +105,34 @@ def test_the_state_read_back_is_the_state_saved(tmp_path):
     assert torch.equal(back.sim.state.q_local, sim.state.q_local)
     assert back.sim.state.q_local.dtype == torch.bfloat16
     assert torch.equal(back.sim.aggregator.table, sim.aggregator.table)
+
+
+def test_a_checkpoint_leaves_the_data_out_and_checks_it_when_read_back(tmp_path):
+    """The split and its exclusion CSR are not in the file (the config reads them again);
+    the resumed simulation takes only the split it was saved with (its digest)."""
+    import dataclasses
+    import pickle
+
+    from fedem_private.experiments.runner import prepare
+
+    sim = prepare(_cfg({"federation.method": "fedmf"}))
+    sim.step()
+    blob = pickle.dumps(sim)
+    state = sim.__getstate__()
+    assert "split" not in state and "excl" not in state
+    assert len(blob) < len(pickle.dumps(dict(state, split=sim.split, excl=sim.excl)))
+    back = pickle.loads(blob)
+    assert back.split is None and back.excl is None
+    other = dataclasses.replace(sim.split, test_items=(sim.split.test_items + 1)
+                                % sim.split.n_items)
+    with pytest.raises(UserError, match="other data"):
+        back.attach_split(other)
+    back.attach_split(sim.split)
+    assert all(np.array_equal(a, b) for a, b in zip(back.excl, sim.excl, strict=True))
+    assert back.view.split is sim.split
+    back.step()
+    sim.step()
+    assert torch.equal(back.state.q_global, sim.state.q_global)
 
 
 def test_a_checkpoint_of_another_config_or_a_broken_file_is_refused(tmp_path):

@@ -8,10 +8,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from fedem_private._version import __version__
 from fedem_private.data import leave_one_out, load_dataset, population_record
 from fedem_private.data.attributes import item_attributes
-from fedem_private.data.split import cold_share, set_aside
+from fedem_private.data.split import Split, cold_share, set_aside
 from fedem_private.errors import Diverged, UserError
 from fedem_private.evaluation.metrics import sampled_note
 from fedem_private.experiments import checkpoint as checkpoints
@@ -30,14 +32,15 @@ from fedem_private.simulation.loop import RoundStats, Simulation
 from fedem_private.simulation.view import RunView
 
 
-def prepare(cfg: RunConfig) -> Simulation:
-    """Validate the config, load and split the data, build the simulation."""
-    cfg = cfg.validate().resolved()
+def load_data(cfg: RunConfig) -> tuple[str, Split, dict[str, np.ndarray],
+                                        np.ndarray | None]:
+    """The resolved config's data: its name, split, the split users' demographics and the
+    item attributes (None unless FedPEFT pre-trains on them)."""
     if cfg.data.calibrate_to is not None:  # no demographics nor item attributes; kept split
         from fedem_private.experiments.baseline_run import load_split
 
         name, split = load_split(cfg)
-        return Simulation(cfg, split, dataset_name=name)
+        return name, split, {}, None
     data = load_dataset(cfg.data.dataset, cfg.data.data_dir, seed=cfg.train.seed,
                         synthetic=cfg.data.synthetic, min_rating=cfg.data.min_rating,
                         calibrate_to=cfg.data.calibrate_to, users=cfg.data.users)
@@ -46,7 +49,14 @@ def prepare(cfg: RunConfig) -> Simulation:
     demographics = {k: v[split.users] for k, v in data.demographics.items()}
     features = (item_attributes(cfg.data.dataset, cfg.data.data_dir, data.item_ids)
                 if cfg.federation.peft_pretrain == "attributes" else None)
-    return Simulation(cfg, split, dataset_name=data.name, demographics=demographics,
+    return data.name, split, demographics, features
+
+
+def prepare(cfg: RunConfig) -> Simulation:
+    """Validate the config, load and split the data, build the simulation."""
+    cfg = cfg.validate().resolved()
+    name, split, demographics, features = load_data(cfg)
+    return Simulation(cfg, split, dataset_name=name, demographics=demographics,
                       item_features=features)
 
 
@@ -277,7 +287,11 @@ def execute(cfg: RunConfig, out: str | Path,
         config = to_toml(to_dict(cfg.validate().resolved()))
         resumed = (checkpoints.load(checkpoint, config, force) if checkpoint is not None
                    else None)
-        sim = resumed.sim if resumed is not None else prepare(cfg)
+        if resumed is not None:  # its data is read again, not kept in the checkpoint
+            sim = resumed.sim
+            sim.attach_split(load_data(cfg.validate().resolved())[1])
+        else:
+            sim = prepare(cfg)
         if setup is not None:
             setup(sim, writer.path)
         if resumed is not None and (sim.observers or sim.aggregate_observers):

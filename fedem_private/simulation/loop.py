@@ -487,17 +487,41 @@ class Simulation:
     # the harness's attachments, left out of a pickled simulation (checkpoints) and made
     # afresh when it is read back: the view's accessors are closures over the live run
     _UNPICKLED = ("view", "observers", "aggregate_observers", "shards")
+    # the data, a function of the config: left out too (at 10^6 users the split and its
+    # exclusion CSR were 2 GB of each checkpoint) and read again by the resumed run
+    # (attach_split), which checks it against the digest kept in their place
+    _FROM_DATA = ("split", "excl")
 
     def __getstate__(self) -> dict[str, object]:
         """The run's state for a checkpoint (:mod:`fedem_private.experiments.checkpoint`):
-        every attribute but the view and the observers."""
-        return {k: v for k, v in self.__dict__.items() if k not in self._UNPICKLED}
+        every attribute but the harness's attachments and the data, with the split's
+        digest (:meth:`Split.digest`, computed once per run)."""
+        if getattr(self, "_split_digest", None) is None:
+            self._split_digest = self.split.digest()
+        return {k: v for k, v in self.__dict__.items()
+                if k not in self._UNPICKLED + self._FROM_DATA}
 
     def __setstate__(self, state: dict[str, object]) -> None:
+        """A simulation read back without its data: :meth:`attach_split` gives it back."""
         self.__dict__.update(state)
+        self.split = None  # type: ignore[assignment]
+        self.excl = None  # type: ignore[assignment]
         self.observers = []
         self.aggregate_observers = []
         self.shards = None  # an executor is the harness's, attached afresh (shard())
+        self.view = self._make_view()
+
+    def attach_split(self, split: Split) -> None:
+        """Give a simulation read back from a checkpoint its data: ``split``, read again from
+        the config, must be the one it was saved with (its digest); the exclusion CSR is
+        rebuilt from it. A split that differs (the data files changed since) is a user
+        error: the run would go on with other users' data."""
+        if split.digest() != self._split_digest:
+            raise UserError("the checkpoint's run was made on other data than its config reads "
+                            "now (the split's digest differs); remove the checkpoint to start "
+                            "the run afresh")
+        self.split = split
+        self.excl = exclusion_csr(split, self.cfg.data.protocol)
         self.view = self._make_view()
 
     def _make_view(self) -> RunView:
