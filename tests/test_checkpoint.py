@@ -133,6 +133,10 @@ def test_a_checkpoint_leaves_the_data_out_and_checks_it_when_read_back(tmp_path)
     back.step()
     sim.step()
     assert torch.equal(back.state.q_global, sim.state.q_global)
+    older = Simulation.__new__(Simulation)  # a checkpoint that still held its split
+    older.__setstate__(dict(state, split=sim.split, excl=sim.excl, _split_digest=None))
+    older.attach_split(sim.split)
+    assert older.split is sim.split
 
 
 def test_a_checkpoint_of_another_config_or_a_broken_file_is_refused(tmp_path):

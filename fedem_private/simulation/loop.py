@@ -502,7 +502,10 @@ class Simulation:
                 if k not in self._UNPICKLED + self._FROM_DATA}
 
     def __setstate__(self, state: dict[str, object]) -> None:
-        """A simulation read back without its data: :meth:`attach_split` gives it back."""
+        """A simulation read back without its data: :meth:`attach_split` gives it back (a
+        checkpoint written before the data was left out holds its split: its digest)."""
+        if state.get("split") is not None and state.get("_split_digest") is None:
+            state = dict(state, _split_digest=state["split"].digest())
         self.__dict__.update(state)
         self.split = None  # type: ignore[assignment]
         self.excl = None  # type: ignore[assignment]
