@@ -3,6 +3,7 @@ model file, the fit, the wiring into load_dataset and the command line."""
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import numpy as np
@@ -273,3 +274,23 @@ def test_the_cells_of_a_study_share_one_draw_of_the_population(csv_source) -> No
     assert again is not first
     assert np.array_equal(again.train_items, first.train_items)
     assert np.array_equal(again.test_items, first.test_items)
+
+
+def test_the_clip_only_probe_is_the_study_rung_with_a_fixed_multiplier():
+    """benchmarks/probes/clip_only.py: the study's private rung, its clip and settings kept,
+    eps swapped for the noise multiplier (docs/population.md, PFedRec's DP-FTRL cells)."""
+    from benchmarks import population_study as study
+    from benchmarks.probes import clip_only
+
+    settings = "benchmarks/results/population/participation/pfedrec-settings.toml"
+    name, cfg = clip_only.config("pfedrec", settings, 100_000, 1, "dp-ftrl", 0.01, "data")
+    args = argparse.Namespace(epsilons=[4.0], methods=["pfedrec"], mechanisms=["dp-ftrl"],
+                              cohort=200, finetune=1, eval_users=2000, data_dir="data",
+                              no_reference=True, clip=None, settings={"pfedrec": settings})
+    rung = dict(study.rungs(100_000, 1, args))["pfedrec-dp-ftrl-eps4-seed1"]
+    assert name == "pfedrec-dp-ftrl-z0.01-seed1"
+    assert "epsilon" not in cfg["privacy"] and cfg["privacy"]["noise_multiplier"] == 0.01
+    assert "noise_multiplier" not in rung["privacy"]  # the study's rung is left as it was
+    assert {k: v for k, v in cfg.items() if k != "privacy"} == {
+        k: v for k, v in rung.items() if k != "privacy"}
+    assert cfg["privacy"]["clip"] == rung["privacy"]["clip"] == pytest.approx(4.3633296)
