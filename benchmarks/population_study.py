@@ -187,7 +187,7 @@ def plot(frame: Any, epsilons: list[float], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     g = seed_means(frame)
-    fig, axes = plt.subplots(1, len(epsilons), figsize=(4.2 * len(epsilons), 3.6),
+    fig, axes = plt.subplots(1, len(epsilons), figsize=(4.2 * len(epsilons), 4.2),
                              sharey=True, squeeze=False)
     for ax, eps in zip(axes[0], epsilons, strict=True):
         floor = g[g.rung == f"dp-mostpop-central-eps{eps:g}"].sort_values("users")
@@ -210,9 +210,14 @@ def plot(frame: Any, epsilons: list[float], path: Path) -> None:
         ax.set_title(f"eps {eps:g}")
         ax.set_xlabel("users N (calibrated to ML-100K)")
     axes[0][0].set_ylabel("full HR@10")
-    for ax in axes[0]:  # each panel names what it draws (a cell may lack a rung)
-        ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
+    # one legend under the panels, every line any panel draws (a cell may lack a rung)
+    named: dict[str, Any] = {}
+    for ax in axes[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            named.setdefault(label, handle)
+    fig.legend(list(named.values()), list(named), loc="lower center", ncol=4, fontsize=8,
+               frameon=False)
+    fig.tight_layout(rect=(0, 0.14, 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
