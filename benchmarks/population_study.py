@@ -235,7 +235,9 @@ def merged(frame: Any, path: Path) -> Any:
         ["users", "seed"], kind="stable").reset_index(drop=True)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The study's options (``--settings`` as a {method: file} dict): what :func:`rungs`
+    reads, for this command and for the probes that run one of its cells."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--users", type=int, nargs="+", default=[1000, 10_000, 100_000])
     parser.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 4.0, 8.0])
@@ -265,6 +267,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="write study.csv, .md and .png from the finished runs")
     args = parser.parse_args(argv)
     args.settings = dict(spec.split("=", 1) for spec in args.settings)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     import pandas as pd
 
     rows = []

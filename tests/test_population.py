@@ -3,7 +3,6 @@ model file, the fit, the wiring into load_dataset and the command line."""
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import numpy as np
@@ -284,9 +283,9 @@ def test_the_clip_only_probe_is_the_study_rung_with_a_fixed_multiplier():
 
     settings = "benchmarks/results/population/participation/pfedrec-settings.toml"
     name, cfg = clip_only.config("pfedrec", settings, 100_000, 1, "dp-ftrl", 0.01, "data")
-    args = argparse.Namespace(epsilons=[4.0], methods=["pfedrec"], mechanisms=["dp-ftrl"],
-                              cohort=200, finetune=1, eval_users=2000, data_dir="data",
-                              no_reference=True, clip=None, settings={"pfedrec": settings})
+    args = study.parse_args(["--epsilons", "4", "--methods", "pfedrec", "--mechanisms",
+                             "dp-ftrl", "--settings", f"pfedrec={settings}", "--data-dir",
+                             "data", "--no-reference"])
     rung = dict(study.rungs(100_000, 1, args))["pfedrec-dp-ftrl-eps4-seed1"]
     assert name == "pfedrec-dp-ftrl-z0.01-seed1"
     assert "epsilon" not in cfg["privacy"] and cfg["privacy"]["noise_multiplier"] == 0.01

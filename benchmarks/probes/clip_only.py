@@ -28,10 +28,9 @@ from benchmarks import population_study as study
 def config(method: str, settings: str, users: int, seed: int, mechanism: str,
            noise_multiplier: float, data_dir: str) -> tuple[str, dict]:
     """(run name, config): the study's rung at eps 4 with eps swapped for the multiplier."""
-    args = argparse.Namespace(
-        epsilons=[4.0], methods=[method], mechanisms=[mechanism], cohort=200, finetune=1,
-        eval_users=2000, data_dir=data_dir, no_reference=True, clip=None,
-        settings={method: settings})
+    args = study.parse_args(["--epsilons", "4", "--methods", method, "--mechanisms", mechanism,
+                             "--settings", f"{method}={settings}", "--data-dir", data_dir,
+                             "--no-reference"])
     name, cfg = next(r for r in study.rungs(users, seed, args)
                      if r[0].startswith(f"{method}-{mechanism}-"))
     cfg = copy.deepcopy(cfg)

@@ -284,14 +284,15 @@ def execute(cfg: RunConfig, out: str | Path,
 
         return execute_baseline(cfg, out, force=force)
     with RunDir(out, force=force) as writer:  # the temporary folder is made by the with
-        config = to_toml(to_dict(cfg.validate().resolved()))
+        resolved = cfg.validate().resolved()
+        config = to_toml(to_dict(resolved))
         resumed = (checkpoints.load(checkpoint, config, force) if checkpoint is not None
                    else None)
         if resumed is not None:  # its data is read again, not kept in the checkpoint
             sim = resumed.sim
-            sim.attach_split(load_data(cfg.validate().resolved())[1])
+            sim.attach_split(load_data(resolved)[1])
         else:
-            sim = prepare(cfg)
+            sim = prepare(resolved)
         if setup is not None:
             setup(sim, writer.path)
         if resumed is not None and (sim.observers or sim.aggregate_observers):
