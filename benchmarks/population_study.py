@@ -261,7 +261,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "seeds of a private cell; its verdict is against DP-MostPop)")
     parser.add_argument("--checkpoint-every", type=int, default=20,
                         help="rounds between a federated run's checkpoints (a checkpoint holds "
-                        "the model and each client's state, not the data: 20 MB for PFedRec "
+                        "the model and each client's state, not the data: 24 MB for PFedRec "
                         "at 10^5 users)")
     parser.add_argument("--only-table", action="store_true",
                         help="write study.csv, .md and .png from the finished runs")

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from fedem_private.experiments import checkpoint as checkpoints
-from fedem_private.experiments.runner import prepare
+from fedem_private.experiments.runner import load_data, prepare
 from fedem_private.simulation.config import load_toml, to_dict, to_toml, with_overrides
 
 
@@ -45,12 +45,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"round {sim.state.round}: {time.perf_counter() - t0:.1f} s", flush=True)
         t0 = time.perf_counter()
         checkpoints.save(ck, config, sim, [], 0.0, [])
-        print(f"save: {time.perf_counter() - t0:.1f} s, {ck.path.stat().st_size / 1e9:.2f} GB")
+        print(f"save: {time.perf_counter() - t0:.1f} s, {ck.path.stat().st_size / 1e6:.1f} MB")
     else:
         t0 = time.perf_counter()
         resumed = checkpoints.load(ck, config)
         assert resumed is not None, f"no checkpoint at {ck.path}"
         print(f"load: {time.perf_counter() - t0:.1f} s", flush=True)
+        t0 = time.perf_counter()  # a checkpoint holds no data: the config reads it again
+        resumed.sim.attach_split(load_data(cfg)[1])
+        print(f"data read again: {time.perf_counter() - t0:.1f} s", flush=True)
         t0 = time.perf_counter()
         resumed.sim.step()
         print(f"round {resumed.round} (resumed): {time.perf_counter() - t0:.1f} s")
