@@ -234,6 +234,12 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--dropout", "privacy.dropout", _number,
      "ddp-skellam: each participant drops after selection with this probability (half "
      "before sending its masked input, half after)"),
+    ("--public-population", "privacy.public_population", _integer,
+     "cdp-gaussian, dp-ftrl, ddp-skellam: the population N of the server's public divisor "
+     "q N, fixed before seeing the data (default: the number of users, then public)"),
+    ("--client-secret-seed", "privacy.client_secret_seed", _integer,
+     "ddp-skellam: derive the clients' secrets (keys, mask seeds, noise shares) from this "
+     "seed, which the simulated server never sees, so the run repeats (default: the OS)"),
     ("--epsilon", "privacy.epsilon", _number, "total epsilon target over the rounds (inf ok)"),
     ("--epsilon-round", "privacy.epsilon_round", _number, "per-round epsilon"),
     ("--delta", "privacy.delta", _number, "delta for accounting"),

@@ -26,8 +26,8 @@ def recorded(tmp_path_factory: pytest.TempPathFactory):
     inputs: dict[tuple[int, int], np.ndarray] = {}
     encode = skellam.encode
 
-    def spy(plan, clipped, *, seed, round_, clients):
-        enc = encode(plan, clipped, seed=seed, round_=round_, clients=clients)
+    def spy(plan, clipped, *, seed, round_, clients, secrets=None):
+        enc = encode(plan, clipped, seed=seed, round_=round_, clients=clients, secrets=secrets)
         for c, row in zip(np.asarray(clients).tolist(), enc.values, strict=True):
             inputs[(round_, int(c))] = row.copy()
         return enc

@@ -289,26 +289,42 @@ def test_without_noise_there_is_no_guarantee():
 
 # --------------------------------------------------------------------- (4) the sampler
 def test_the_sampler_enforces_cyclic_cohorts():
-    """(4) n = 23 clients, q = 0.2: G = 5 groups partitioning the clients (sizes 4 or 5), a
-    client's participations exactly 5 rounds apart, at most ceil(T / 5) of them."""
+    """(4) n = 23 clients, q = 0.2: G = 5 groups partitioning the clients, each client's
+    group a keyed function of its identity alone, its participations exactly 5 rounds
+    apart, at most ceil(T / 5) of them."""
     p = resolve_params(PrivacyConfig(mode="dp-ftrl", noise_multiplier=1.0, sample_rate=0.2),
                        37)
     assert p.ftrl is not None and p.ftrl.groups == 5
+    keys = np.arange(23) * 7 + 1000  # identities, not positions
     rounds: dict[int, list[int]] = {}
     for t in range(1, 38):
-        chosen = MECH.participants(p, seed=9, round_=t, n_clients=23)
+        chosen = MECH.participants(p, seed=9, round_=t, clients=keys)
         assert np.array_equal(chosen, np.sort(chosen))
-        assert np.array_equal(chosen, ftrl.CyclicCohorts(23, 5, 9).participants(t))
+        assert np.array_equal(chosen, ftrl.CyclicCohorts(5, 9).participants(keys, t))
         for c in chosen.tolist():
             rounds.setdefault(c, []).append(t)
     assert sorted(rounds) == list(range(23))
-    assert sorted({len(MECH.participants(p, 9, t, 23)) for t in range(1, 6)}) == [4, 5]
     for seen in rounds.values():
         assert len(seen) <= math.ceil(37 / 5) == p.ftrl.max_participations
         assert set(np.diff(seen).tolist()) == {5}
-    # another seed, another permutation; the same seed, the same one
-    assert not np.array_equal(ftrl.CyclicCohorts(23, 5, 10).group_of(),
-                              ftrl.CyclicCohorts(23, 5, 9).group_of())
+    # another seed, another assignment; the same seed, the same one
+    assert not np.array_equal(ftrl.CyclicCohorts(5, 10).group_of(keys),
+                              ftrl.CyclicCohorts(5, 9).group_of(keys))
+
+
+def test_a_clients_cohort_is_a_function_of_its_identity_alone():
+    """Issue 77: removing one user (anywhere) moves no other client between rounds; the
+    cohorts were a permutation cut into n/G blocks, and removing the last of 200 users
+    moved clients 74, 54 and 145 (seed 0, G = 4)."""
+    p = resolve_params(PrivacyConfig(mode="dp-ftrl", noise_multiplier=1.0, sample_rate=0.25),
+                       8)
+    keys = np.arange(200)
+    full = {t: set(keys[MECH.participants(p, 0, t, keys)].tolist()) for t in range(1, 5)}
+    for gone in (199, 74, 0):
+        rest = np.delete(keys, gone)
+        for t in range(1, 5):
+            without = set(rest[MECH.participants(p, 0, t, rest)].tolist())
+            assert without == full[t] - {gone}
 
 
 def test_options_and_compositions_it_refuses():

@@ -9,6 +9,7 @@ import pytest
 from scipy import special
 
 from fedem_private.privacy import skellam as S
+from fedem_private.privacy.client_secrets import ClientSecrets
 
 
 def test_hadamard_is_orthonormal_and_its_own_inverse() -> None:
@@ -24,7 +25,8 @@ def test_conditional_rounding_meets_the_norm_bound() -> None:
     rng = np.random.default_rng(1)
     y = rng.normal(size=(200, 256)) * 3
     bound = S.rounded_l2_bound(float(np.linalg.norm(y, axis=1).max()), 256, S.DEFAULT_BETA)
-    out, tries = S.round_conditionally(y, bound, seed=0, round_=1, clients=np.arange(200))
+    out, tries = S.round_conditionally(y, bound, secrets=ClientSecrets(0), round_=1,
+                                       clients=np.arange(200))
     assert np.all(np.linalg.norm(out, axis=1) <= bound)
     assert np.all(np.abs(out - y) < 1)
     assert tries.min() >= 1
@@ -45,7 +47,7 @@ def test_encode_decode_recovers_the_sum_within_rounding_and_noise() -> None:
 
 
 def test_the_noise_variance_is_the_planned_one() -> None:
-    n = S.skellam_noise((50, 2000), 40.0, seed=0, round_=1, clients=np.arange(50))
+    n = S.skellam_noise((50, 2000), 40.0, secrets=ClientSecrets(0), round_=1, clients=np.arange(50))
     assert abs(n.var() / 40.0 - 1) < 0.02 and abs(n.mean()) < 0.05
 
 

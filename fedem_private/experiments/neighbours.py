@@ -639,9 +639,11 @@ AXES = _axes()
 
 # ------------------------------------------------------- ddp-skellam (issue 68, item 4)
 # distributed Skellam under simulated secure aggregation: TARGET stays in the cohort of
-# world B with its contribution replaced by zero (it still adds its keyed noise share, which
-# the worlds share and which cancels with every other client's); the decoded aggregate's gap
-# is checked against the run's own bound Delta_2 / gamma (the secure sum's claimed_gap).
+# world B with its contribution replaced by zero (it still adds its noise share, which the
+# worlds share through one client-secret seed, and which cancels with every other client's);
+# the decoded aggregate's gap is checked against the run's own bound Delta_2 / gamma (the
+# secure sum's claimed_gap). The clients' secrets come from the OS unless a client-secret
+# seed is given; the harness gives one so that the two worlds' noise shares agree.
 MODE_SETTINGS["ddp-skellam"] = {"clip": 0.05, "noise_multiplier": 1.0, "sample_rate": 0.8,
-                                "ddp_bits": 16}
+                                "ddp_bits": 16, "client_secret_seed": 7}
 AXES = _axes()

@@ -79,17 +79,22 @@ class AdaptiveClip:
         return clip * math.exp(-self.lr * (unclipped_estimate - self.quantile))
 
 
-def poisson_participants(seed: int, round_: int, n_clients: int, sample_rate: float
-                         ) -> np.ndarray:
-    """Clients taking part in ``round_``: each independently with probability q (sorted ids).
+def poisson_participants(seed: int, round_: int, clients: int | np.ndarray,
+                         sample_rate: float) -> np.ndarray:
+    """Clients taking part in ``round_``: each independently with probability q (sorted
+    indices).
 
-    Client u is in iff its uniform draw keyed by (seed, POISSON, round, u) is
-    below q, so the count is Binomial(n, q) (mean q n) and runs repeat.
+    ``clients``: each client's identity key (``Split.source_users``), or a count n (the
+    keys are then the indices 0..n-1). Client u is in iff its uniform draw keyed by (seed,
+    POISSON, round, key_u) is below q, so the count is Binomial(n, q) (mean q n), runs
+    repeat, and removing one user moves no other client's draw.
     """
-    ids = np.arange(int(n_clients))
+    keys = (np.arange(int(clients), dtype=np.int64) if np.ndim(clients) == 0
+            else np.asarray(clients, dtype=np.int64))
+    ids = np.arange(keys.shape[0])
     if sample_rate >= 1.0:
         return ids
-    u = rng.uniform(rng.key(seed, rng.Stream.POISSON, round_, ids), 0)
+    u = rng.uniform(rng.key(seed, rng.Stream.POISSON, round_, keys), 0)
     return ids[u < sample_rate]
 
 

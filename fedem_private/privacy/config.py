@@ -143,6 +143,14 @@ class PrivacyConfig:
     ddp_scale: float | None = None
     ddp_tolerance: float = 0.1
     dropout: float = 0.0
+    # ddp-skellam: the clients' secrets (key pairs, mask seeds, rounding, noise shares) from
+    # HKDF of this seed, which the simulated server is never given (a reproducible run);
+    # None: from the OS (fedem_private/privacy/client_secrets.py)
+    client_secret_seed: int | None = None
+    # central mechanisms: the population size N of the server's public divisor q N (the
+    # expected cohort), fixed before any data is seen; None: the run's number of users,
+    # which the add/remove guarantee then takes as public
+    public_population: int | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -190,7 +198,20 @@ class PrivacyConfig:
         self._validate_central()
         self._validate_dpsgd()
         self._validate_ddp_fields()
+        self._validate_population()
         mech.validate(self)
+
+    def _validate_population(self) -> None:
+        """``public_population``: a positive integer, for the mechanisms with a public
+        divisor (cdp-gaussian, dp-ftrl, ddp-skellam)."""
+        n = self.public_population
+        if n is None:
+            return
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise UserError(f"--public-population must be a positive integer, got {n!r}")
+        if not self.mechanism.accepts("public_population"):
+            raise UserError(f"--public-population is for the central mechanisms (cdp-gaussian, "
+                            f"dp-ftrl, ddp-skellam), not privacy {self.mode!r}")
 
     def _validate_ddp_fields(self) -> None:
         """ddp-skellam's options set under another mode: refused in one line (they would

@@ -37,15 +37,23 @@ from fedem_private import rng
 from fedem_private.errors import UserError
 from fedem_private.privacy import skellam
 from fedem_private.privacy.central import CentralRoundStats, SumPart, clipped_deltas
+from fedem_private.privacy.client_secrets import ClientSecrets
 from fedem_private.privacy.clipping import ClipStats
 
 
-def fixed_cohort(seed: int, round_: int, n_clients: int, size: int) -> np.ndarray:
-    """The round's cohort: ``size`` clients by a keyed random order of the ids (sorted)."""
-    ids = np.arange(int(n_clients))
-    if size >= n_clients:
+def fixed_cohort(seed: int, round_: int, clients: int | np.ndarray, size: int) -> np.ndarray:
+    """The round's cohort: the ``size`` clients with the smallest draws keyed by (seed,
+    COHORT, round, identity) (sorted indices). ``clients``: each client's identity key
+    (``Split.source_users``; a count n: the keys 0..n-1). A client's draw depends on its
+    identity alone: removing a user outside the cohort moves nobody, removing a member lets
+    in the next-smallest draw (a fixed size cannot avoid that; the mechanism's relation is
+    zero-out, under which the cohort never moves)."""
+    keys = (np.arange(int(clients), dtype=np.int64) if np.ndim(clients) == 0
+            else np.asarray(clients, dtype=np.int64))
+    ids = np.arange(keys.shape[0])
+    if size >= ids.shape[0]:
         return ids
-    u = rng.uniform(rng.key(seed, skellam.COHORT, round_, ids), 0)
+    u = rng.uniform(rng.key(seed, skellam.COHORT, round_, keys), 0)
     return ids[rng.smallest(u, size)]
 
 
@@ -95,7 +103,8 @@ class DdpSecureSum:
 
     def __init__(self, *, clip: float, bits: int, scale: float | None, tolerance: float,
                  dropout: float, expected_count: float, cohort: int, seed: int, rounds: int,
-                 delta: float, epsilon: float | None, noise_multiplier: float | None) -> None:
+                 delta: float, epsilon: float | None, noise_multiplier: float | None,
+                 client_secret_seed: int | None = None) -> None:
         self.clip = self.round_clip = float(clip)
         self.bits, self.scale, self.tolerance = int(bits), scale, float(tolerance)
         self.dropout = float(dropout)
@@ -110,6 +119,8 @@ class DdpSecureSum:
         self.records: list[RoundRecord] = []
         self.charges: dict[int, int] = {}  # client -> released rounds it took part in
         self.last_view: Any = None
+        # the clients' secrets, never the run seed (docs/design.md section 5)
+        self.secrets = ClientSecrets(client_secret_seed)
         self._reset()
 
     def configure(self, *, rounds: int) -> None:
@@ -160,7 +171,7 @@ class DdpSecureSum:
         flat = clipped.reshape(clipped.shape[0], -1).cpu().numpy()
         plan = self._plan_for(flat.shape[1])
         enc = skellam.encode(plan, flat, seed=self.seed, round_=self.round,
-                             clients=np.asarray(clients, dtype=np.int64))
+                             clients=np.asarray(clients, dtype=np.int64), secrets=self.secrets)
         self._ids.append(np.asarray(clients, dtype=np.int64))
         self._values.append(enc.values)
         self._raw.append(enc.raw)
@@ -201,10 +212,14 @@ class DdpSecureSum:
             rec.reason = (f"ddp-skellam: round {t}: only {rec.senders} inputs reached the sum, "
                           f"the noise needs {plan.noise_clients}; nothing released")
             return base
-        protocol = secagg.run_round if self.simulate_protocol else secagg.plain_round
         try:
-            view = protocol(values, ids, plan.bits, seed=self.seed, round_=t,
-                            drop_before=before, drop_after=after)
+            if self.simulate_protocol:
+                view = secagg.run_round(values, ids, plan.bits, seed=self.seed, round_=t,
+                                        drop_before=before, drop_after=after,
+                                        secrets=self.secrets)
+            else:
+                view = secagg.plain_round(values, ids, plan.bits, seed=self.seed, round_=t,
+                                          drop_before=before, drop_after=after)
         except secagg.SecAggAbort as err:
             rec.reason = str(err)
             return base

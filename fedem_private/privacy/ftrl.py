@@ -5,12 +5,16 @@ Learning without Sampling or Shuffling" (ICML 2021), Algorithm 1 (DP-FTRL) with
 the binary-tree mechanism for prefix sums (Dwork, Naor, Pitassi and Rothblum
 2010; Chan, Shi and Song 2011), implemented here as follows.
 
-**Participation: cyclic cohorts.** The clients are split once, by a keyed
-permutation of their ids (:class:`CyclicCohorts`), into G = ceil(1/q) groups of
-sizes floor(n/G) or ceil(n/G) (q = ``--sample-rate``, the cohort fraction); group
-(t - 1) mod G takes part in round t. A client therefore takes part in at most
-k = ceil(T/G) of T rounds, exactly G rounds apart. The schedule is a public
-function of the run seed and the public client ids; it never depends on data.
+**Participation: cyclic cohorts.** Each client's group is a keyed function of its
+identity alone (:class:`CyclicCohorts`): g(u) = floor(G U(seed, key_u)), U the keyed
+uniform of the stable key of u's source id, G = ceil(1/q) (q = ``--sample-rate``, the
+cohort fraction), a public constant; group (t - 1) mod G takes part in round t. A
+client therefore takes part in at most k = ceil(T/G) of T rounds, exactly G rounds
+apart. The schedule is a public function of the run seed and the client's identity;
+it never depends on data nor on which other clients exist, so adding or removing one
+user moves no other client between rounds (issue 77: the cohorts were once a
+permutation cut into n/G blocks, and removing one user moved up to G - 1 others).
+The group sizes are Binomial(n, 1/G), not equal.
 
 **The tree.** Round t's leaf x_t is the sum of the round's clipped deltas (each
 L2 <= C). The tree's node e (e = 1, 2, ..., one per round) is the dyadic interval
@@ -26,17 +30,18 @@ Node e is first used at round e, so releasing P~_1..P~_T is a bijective linear
 map of releasing the T noisy nodes: the release IS the Gaussian mechanism on the
 vector of node sums with i.i.d. noise sigma per entry.
 
-**FTRL.** The model after round t is theta_t = theta_0 + P~_t / m with m = n / G the
-expected cohort (a public constant) and server learning rate 1: with no noise this is
-FedAvg with uniform weights and server rate 1. The server is handed the increment
-theta_t = theta_{t-1} + (x_t + N_t - N_{t-1}) / m (:class:`TreeSecureSum`), which
-equals theta_0 + P~_t / m whenever theta_{t-1} is the previous release, and is
-post-processing of P~ in any case. The noise increment N_t - N_{t-1} is data-free,
-so the aggregator needs no private state between rounds beyond the secret node
-noise (regenerated from its key). Variant: the plain online tree, **no** restarts
-and no Honaker variance reduction. Should the released table change shape
-(a FedPEFT codec's warm-up ending), the new shape gets its own tree over the same
-round indices (noise keyed by (seed, phase, node)), whose leaves before the switch are
+**FTRL.** The model after round t is theta_t = theta_0 + P~_t / m with m the public
+divisor (the layer's ``expected_count``: q N, N = ``--public-population`` or, unset, the
+run's number of users, which the guarantee then takes as public) and server learning
+rate 1: with no noise this is FedAvg with uniform weights and server rate 1. The server
+is handed the increment theta_t = theta_{t-1} + (x_t + N_t - N_{t-1}) / m
+(:class:`TreeSecureSum`), which equals theta_0 + P~_t / m whenever theta_{t-1} is the
+previous release, and is post-processing of P~ in any case. The noise increment N_t -
+N_{t-1} is data-free, so the aggregator needs no private state between rounds beyond the
+secret node noise (regenerated from its key). Variant: the plain online tree, **no**
+restarts and no Honaker variance reduction. Should the released table change shape (a
+FedPEFT codec's warm-up ending), the new shape gets its own tree over the same round
+indices (noise keyed by (seed, phase, node)), whose leaves before the switch are
 zero: every node is still released in exactly one phase with at most the counts
 below, so the bound holds unchanged.
 
@@ -200,37 +205,29 @@ def prefix_noise(shape: tuple[int, ...] | torch.Size, sigma: float, *, seed: int
 class CyclicCohorts:
     """The fixed cohorts of DP-FTRL's participation pattern (module docstring).
 
-    Clients are ordered by a keyed permutation of their ids (key (seed, PARTICIPATION,
-    COHORT_ROUND, id)) and cut into ``groups`` consecutive blocks of sizes floor(n/G) or
-    ceil(n/G); group (t - 1) mod G takes part in round t. Each client takes part every
-    G rounds, at most ceil(T/G) times in T rounds. Public: a function of the seed and
-    the ids only.
+    Client u's group is floor(G U), U the keyed uniform of (seed, PARTICIPATION,
+    COHORT_ROUND, key_u) and key_u the stable key of its source id
+    (``Split.source_users``): a function of u's identity alone, so no other user's
+    presence moves it. Group (t - 1) mod G takes part in round t; each client takes part
+    every G rounds, at most ceil(T/G) times in T rounds. Public: a function of the seed
+    and the identities only.
     """
 
-    n_clients: int
     groups: int
     seed: int
 
-    def group_of(self) -> np.ndarray:
-        """Each client's group, an int64 array (n,)."""
-        ids = np.arange(int(self.n_clients))
-        u = rng.uniform(rng.key(self.seed, rng.Stream.PARTICIPATION, COHORT_ROUND, ids), 0)
-        order = np.argsort(u, kind="stable")
-        out = np.empty(ids.shape[0], dtype=np.int64)
-        for g, block in enumerate(np.array_split(order, int(self.groups))):
-            out[block] = g
-        return out
+    def group_of(self, keys: np.ndarray) -> np.ndarray:
+        """The group of each client of identity ``keys``, an int64 array."""
+        keys = np.asarray(keys, dtype=np.int64)
+        u = rng.uniform(rng.key(self.seed, rng.Stream.PARTICIPATION, COHORT_ROUND, keys), 0)
+        return rng.randbelow(u, int(self.groups))
 
-    def participants(self, round_: int) -> np.ndarray:
-        """The sorted ids of round ``round_``'s cohort, group (round - 1) mod G."""
+    def participants(self, keys: np.ndarray, round_: int) -> np.ndarray:
+        """The sorted indices (into ``keys``) of round ``round_``'s cohort, group
+        (round - 1) mod G."""
         if round_ < 1:
             raise ValueError(f"rounds are numbered from 1, got {round_}")
-        return np.flatnonzero(self.group_of() == (int(round_) - 1) % int(self.groups))
-
-    @property
-    def expected_count(self) -> float:
-        """m = n / G, the public divisor of the FTRL update."""
-        return int(self.n_clients) / int(self.groups)
+        return np.flatnonzero(self.group_of(keys) == (int(round_) - 1) % int(self.groups))
 
 
 # ------------------------------------------------------------------------- the plan
@@ -334,8 +331,8 @@ def ftrl_params(cfg: PrivacyConfig, rounds: int) -> MechanismParams:
     ``cfg.accountant`` (no composition over rounds: the tree is one mechanism; no
     amplification). Every node's std is sigma = z C sqrt(S_T). ``epsilon_round`` is one
     participation's eps as the ledger charges it (:func:`participation_multiplier`), and
-    ``sample_rate`` becomes 1/G, so that the layer's expected count q n is the FTRL
-    divisor m = n / G.
+    ``sample_rate`` becomes 1/G, so that the layer's expected count q N is the FTRL
+    divisor m = N / G (N the public population).
     """
     from fedem_private.privacy.accounting import gaussian_epsilon
     from fedem_private.privacy.calibration import gaussian_noise_multiplier

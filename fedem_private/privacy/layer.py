@@ -62,7 +62,8 @@ class PrivacyLayer:
     """
 
     def __init__(self, cfg: PrivacyConfig, *, rounds: int, n_clients: int, lr: float,
-                 sizes: np.ndarray, seed: int = 0) -> None:
+                 sizes: np.ndarray, seed: int = 0,
+                 client_keys: np.ndarray | None = None) -> None:
         self.cfg = cfg
         self.rounds = rounds
         self.round = 0
@@ -73,6 +74,13 @@ class PrivacyLayer:
         self.ledger = PrivacyLedger(self.params)
         self.auto_clip: dict[str, Any] | None = None
         self.n_clients = int(n_clients)
+        # each client's identity (the stable key of its source id, Split.source_users): the
+        # participation draws are keyed by it, so removing one user moves no other client
+        self.client_keys = (np.arange(self.n_clients, dtype=np.int64) if client_keys is None
+                            else np.asarray(client_keys, dtype=np.int64))
+        if self.client_keys.shape != (self.n_clients,):
+            raise ValueError(f"client_keys has shape {self.client_keys.shape}, expected "
+                             f"({self.n_clients},)")
         self.rounds_released = 0
         self._nsr: list[float] = []  # noise-to-signal per round (modes with noise)
         # the server-side hook: a secure sum noised once (central mechanisms), else None
@@ -96,15 +104,24 @@ class PrivacyLayer:
     @property
     def _own_sampler(self) -> Any:
         """A central mechanism's own participation sampler (dp-ftrl: ``participants(params,
-        seed, round, n_clients)``), or None: Poisson sampling at q, whose amplification
-        cdp-gaussian's observer view claims (:meth:`_observer_bounds`)."""
+        seed, round, client_keys)``, the indices of the round's clients), or None: Poisson
+        sampling at q, whose amplification cdp-gaussian's observer view claims
+        (:meth:`_observer_bounds`)."""
         return getattr(self.mechanism, "participants", None)
 
     @property
+    def population(self) -> int:
+        """N of the public divisor q N: ``--public-population``, else the run's users."""
+        fixed = self.cfg.public_population
+        return int(fixed) if fixed is not None else self.n_clients
+
+    @property
     def expected_count(self) -> float:
-        """q n, the divisor of the central mean (cdp-gaussian); n without sampling."""
+        """q N, the public divisor of the central mean (cdp-gaussian; dp-ftrl's N / G);
+        N without sampling. N = :attr:`population`, a constant both neighbouring worlds
+        share when it is given (``--public-population``)."""
         q = self.params.sample_rate if self.params.sample_rate is not None else 1.0
-        return q * self.n_clients
+        return q * self.population
 
     def set_auto_clip(self, clip: float, clients: np.ndarray) -> None:
         """Adopt the ``--clip auto`` estimate C and charge its warm-up (before round 1).
@@ -213,9 +230,10 @@ class PrivacyLayer:
             return None
         sampler = self._own_sampler
         if sampler is not None:
-            return sampler(self.params, self.seed, round_, self.n_clients)
+            return sampler(self.params, self.seed, round_, self.client_keys)
         assert self.params.sample_rate is not None
-        return poisson_participants(self.seed, round_, self.n_clients, self.params.sample_rate)
+        return poisson_participants(self.seed, round_, self.client_keys,
+                                    self.params.sample_rate)
 
     def contribute(self, sent: torch.Tensor, local: torch.Tensor, clients: np.ndarray) -> None:
         """cdp-gaussian: add one chunk's clipped deltas (encoded tables (k, ...)) to the

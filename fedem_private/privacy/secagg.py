@@ -31,16 +31,19 @@ an honest-but-curious server and up to t - 1 colluding neighbours of any client,
 server learns only the sum of the senders' inputs. Not simulated: signatures against an
 active server, consistency checks, real networking.
 
-Keys and seeds: the simulated clients derive them from keyed randomness (seed, round,
-client) so that a run repeats; ``secure_random=True`` draws them from the OS as a
-deployment must. All cryptography is the ``cryptography`` package's (X25519, HKDF-SHA256,
-AES-CTR, AES-GCM) and pycryptodome's (Shamir); nothing here is hand-written crypto.
+Two kinds of randomness (docs/design.md section 5): the server's, keyed by the run seed,
+fixes only the graph's relabelling; every client's secrets (both key pairs, beta_u,
+sigma_u) come from a :class:`~fedem_private.privacy.client_secrets.ClientSecrets`, which
+the server's half never receives: the OS by default, or HKDF of a client-secret seed the
+server is not given (a reproducible run). With the run seed, the cohort and the recorded
+view alone the masked inputs stay uniform (``tests/test_secure_path.py``). All cryptography
+is the ``cryptography`` package's (X25519, HKDF-SHA256, AES-CTR, AES-GCM) and
+pycryptodome's (Shamir); nothing here is hand-written crypto.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import dataclass, field
 
@@ -53,9 +56,9 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from fedem_private import rng
+from fedem_private.privacy.client_secrets import ClientSecrets
 
-GRAPH = 1101  # key stream of the graph's relabelling
-KEYS = 1102  # key stream of the simulated clients' key material
+GRAPH = 1101  # key stream of the graph's relabelling (the server's randomness)
 SEED_BYTES = 16
 PUBLIC_KEY_BYTES = 32
 NONCE_BYTES = 12
@@ -167,14 +170,11 @@ def _mask_key(sigma: bytes) -> X25519PrivateKey:
     return X25519PrivateKey.from_private_bytes(_hkdf(sigma, b"fedem secagg mask key"))
 
 
-def _client(seed: int, round_: int, u: int, secure_random: bool) -> _Client:
-    if secure_random:
-        c_bytes, beta, sigma = os.urandom(32), os.urandom(SEED_BYTES), os.urandom(SEED_BYTES)
-    else:
-        k = int(rng.key(seed, KEYS, round_, u)).to_bytes(8, "little")
-        c_bytes = _hkdf(k, b"fedem secagg c")
-        beta = _hkdf(k, b"fedem secagg beta", SEED_BYTES)
-        sigma = _hkdf(k, b"fedem secagg sigma", SEED_BYTES)
+def _client(secrets: ClientSecrets, round_: int, u: int) -> _Client:
+    """Client u's round secrets, from its own secret source (never the run seed)."""
+    c_bytes = secrets.material(b"secagg c", round_, u, 32)
+    beta = secrets.material(b"secagg beta", round_, u, SEED_BYTES)
+    sigma = secrets.material(b"secagg sigma", round_, u, SEED_BYTES)
     c_key = X25519PrivateKey.from_private_bytes(c_bytes)
     s_key = _mask_key(sigma)
     return _Client(c_key, s_key, beta, sigma, _raw(c_key.public_key()),
@@ -190,11 +190,12 @@ def run_round(inputs: np.ndarray, ids: np.ndarray, bits: int, *, seed: int, roun
               degree: int | None = None, threshold: int | None = None,
               drop_before: np.ndarray | tuple[int, ...] = (),
               drop_after: np.ndarray | tuple[int, ...] = (),
-              secure_random: bool = False) -> RoundView:
+              secrets: ClientSecrets | None = None) -> RoundView:
     """One round of secure aggregation of ``inputs`` ((m, L) integers in Z_{2^b}, row i
-    client ``ids[i]``); clients in ``drop_before`` drop before sending their masked input,
-    those in ``drop_after`` after it (before unmasking). The returned view's ``total`` is
-    the modular sum of the senders' inputs; :class:`SecAggAbort` when unmasking fails."""
+    client ``ids[i]``); the clients' secrets from ``secrets`` (None: the OS); clients in
+    ``drop_before`` drop before sending their masked input, those in ``drop_after`` after
+    it (before unmasking). The returned view's ``total`` is the modular sum of the
+    senders' inputs; :class:`SecAggAbort` when unmasking fails."""
     ids = np.asarray(ids, dtype=np.int64)
     x = np.asarray(inputs)
     m, length = x.shape
@@ -216,7 +217,8 @@ def run_round(inputs: np.ndarray, ids: np.ndarray, bits: int, *, seed: int, roun
 
     # 0. advertise keys
     tick = time.perf_counter()
-    clients = {int(u): _client(seed, round_, int(u), secure_random) for u in ids}
+    secrets = ClientSecrets() if secrets is None else secrets
+    clients = {int(u): _client(secrets, round_, int(u)) for u in ids}
     costs.client_seconds += time.perf_counter() - tick
     costs.upload_keys += m * 2 * PUBLIC_KEY_BYTES
     costs.download += sum(len(nbrs[u]) * 2 * PUBLIC_KEY_BYTES for u in nbrs)

@@ -46,11 +46,11 @@ is a fixed-size draw the aggregator sees), converted to (eps, delta) by dp-accou
 RDP conversion. Modular reduction is post-processing: a wrap-around costs accuracy, not
 privacy; its probability is bounded (:func:`wrap_bound`) and reported.
 
-Randomness: the rotation's signs are keyed by (seed, ROTATION, round); a client's rounding
-by (seed, ROUNDING, round, client) and the attempt; its noise by (seed, SKELLAM, round,
-client) through numpy's counter-based Philox generator keyed at full width. Like every
-mechanism here the randomness is a seeded statistical generator (docs/design.md section 5,
-"Not claimed"); a deployment draws it from the OS.
+Randomness: the rotation's signs are the server's, public, keyed by (seed, ROTATION, round);
+a client's rounding and its noise share are its own secrets (docs/design.md section 5, "Two
+kinds of randomness"): keys from :class:`~fedem_private.privacy.client_secrets.ClientSecrets`
+(the OS by default, or a client-secret seed the server is not given), the rounding's
+uniforms by counter, the noise through numpy's Philox generator keyed at full width.
 """
 
 from __future__ import annotations
@@ -61,11 +61,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedem_private import rng
+from fedem_private.privacy.client_secrets import ClientSecrets
 
 # key streams of this module (above rng.Stream's range, so no key collides with theirs)
 ROTATION = 1001  # the public per-round signs of the rotation
-ROUNDING = 1002  # a client's randomised rounding
-SKELLAM = 1003  # a client's Skellam noise share
 DROPOUT = 1004  # --dropout: whether a participant drops, and when
 COHORT = 1005  # the round's fixed-size cohort
 
@@ -347,18 +346,19 @@ class Encoded:
     raw: np.ndarray  # the same before the reduction mod 2^b (int64; a diagnostic)
 
 
-def round_conditionally(y: np.ndarray, bound: float, *, seed: int, round_: int,
+def round_conditionally(y: np.ndarray, bound: float, *, secrets: ClientSecrets, round_: int,
                         clients: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each row of ``y`` rounded randomly to integers (floor + Bernoulli(fraction)), redrawn
     (the next attempt's keyed uniforms) until its L2 norm is <= ``bound``: int64 rows and
-    the attempts each needed. RuntimeError after MAX_ROUNDING_TRIES (a bound too tight)."""
+    the attempts each needed. RuntimeError after MAX_ROUNDING_TRIES (a bound too tight).
+    The uniforms are the client's own secret (``secrets``), never the run seed's."""
     k, n = y.shape
     base = np.floor(y)
     frac = y - base
     out = np.empty((k, n), dtype=np.int64)
     tries = np.zeros(k, dtype=np.int64)
     todo = np.arange(k)
-    keys = rng.key(seed, ROUNDING, round_, np.asarray(clients, dtype=np.int64))[:, None]
+    keys = secrets.keys(b"rounding", round_, np.asarray(clients, dtype=np.int64))[:, None]
     ctr = np.arange(n, dtype=np.int64)[None, :]
     for attempt in range(MAX_ROUNDING_TRIES):
         u = rng.uniform(keys[todo], ctr + attempt * n)
@@ -373,14 +373,15 @@ def round_conditionally(y: np.ndarray, bound: float, *, seed: int, round_: int,
                        f"{MAX_ROUNDING_TRIES} attempts")
 
 
-def skellam_noise(shape: tuple[int, int], variance: float, *, seed: int, round_: int,
-                  clients: np.ndarray) -> np.ndarray:
+def skellam_noise(shape: tuple[int, int], variance: float, *, secrets: ClientSecrets,
+                  round_: int, clients: np.ndarray) -> np.ndarray:
     """Each client's (row's) Skellam share, Poisson(v/2) - Poisson(v/2) per entry, int64,
-    from numpy's Philox keyed by (seed, SKELLAM, round, client)."""
+    from numpy's Philox keyed by the client's own secret key for (round, client)
+    (``secrets``: the OS, or the client-secret seed; never the run seed)."""
     out = np.zeros(shape, dtype=np.int64)
     if variance <= 0:
         return out
-    keys = rng.key(seed, SKELLAM, round_, np.asarray(clients, dtype=np.int64))
+    keys = secrets.keys(b"skellam", round_, np.asarray(clients, dtype=np.int64))
     lam = variance / 2.0
     for j, k in enumerate(keys.tolist()):
         g = np.random.Generator(np.random.Philox(key=int(k)))
@@ -389,15 +390,19 @@ def skellam_noise(shape: tuple[int, int], variance: float, *, seed: int, round_:
 
 
 def encode(plan: DdpPlan, clipped: np.ndarray, *, seed: int, round_: int,
-           clients: np.ndarray) -> Encoded:
+           clients: np.ndarray, secrets: ClientSecrets | None = None) -> Encoded:
     """Clients' clipped deltas ((k, d) float64, L2 norm <= C each) to their b-bit inputs:
-    rotate, scale, round conditionally, add the noise share, reduce mod 2^b."""
+    rotate (public signs keyed by ``seed``), scale, round conditionally, add the noise
+    share, reduce mod 2^b. The rounding and the noise are the clients' secrets
+    (``secrets``; None: the OS)."""
+    secrets = ClientSecrets() if secrets is None else secrets
     if clipped.ndim != 2 or clipped.shape[1] != plan.dim:
         raise ValueError(f"expected (k, {plan.dim}) clipped deltas, got {clipped.shape}")
     signs = rotation_signs(seed, round_, plan.padded)
     y = rotate(clipped, signs) * plan.scale
-    ints, tries = round_conditionally(y, plan.l2, seed=seed, round_=round_, clients=clients)
-    ints += skellam_noise(ints.shape, plan.client_variance, seed=seed, round_=round_,
+    ints, tries = round_conditionally(y, plan.l2, secrets=secrets, round_=round_,
+                                      clients=clients)
+    ints += skellam_noise(ints.shape, plan.client_variance, secrets=secrets, round_=round_,
                           clients=clients)
     values = np.mod(ints, 1 << plan.bits).astype(np.uint32)
     return Encoded(values, tries, ints)

@@ -34,6 +34,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -54,12 +55,14 @@ from fedem_private.server.graph import graph_tables
 from fedem_private.server.options import FedMergeOptions, GraphOptions, SimilarityOptions
 
 
-def aggregated_uploads(part_mask: Tensor, agg_ratio: float, seed: int, round_: int
-                       ) -> Tensor:
+def aggregated_uploads(part_mask: Tensor, agg_ratio: float, seed: int, round_: int,
+                       keys: np.ndarray | None = None) -> Tensor:
     """The uploads a round aggregates, (n,) bool: all participants (``agg_ratio`` 1), or the
     ceil(q n_t) participants with the smallest draws keyed by (seed, AGG_SAMPLE, round,
-    client): the FedEM code's ``agg_clients_ratio`` q (docs/design.md 2a), which only the owners of
-    the sampled uploads hear back from next round."""
+    client identity): ``keys[client]``, the stable key of its source id (None: the index),
+    so that no other user's presence moves a client's draw; the FedEM code's
+    ``agg_clients_ratio`` q (docs/design.md 2a), which only the owners of the sampled
+    uploads hear back from next round."""
     if agg_ratio >= 1.0:
         return part_mask
     part = part_mask.nonzero().squeeze(1).cpu().numpy()
@@ -67,7 +70,8 @@ def aggregated_uploads(part_mask: Tensor, agg_ratio: float, seed: int, round_: i
     if part.shape[0] == 0:
         return mask
     k = max(1, math.ceil(agg_ratio * part.shape[0]))
-    u = rng.uniform(rng.key(seed, rng.Stream.AGG_SAMPLE, round_, part), 0)
+    ident = part if keys is None else np.asarray(keys, dtype=np.int64)[part]
+    u = rng.uniform(rng.key(seed, rng.Stream.AGG_SAMPLE, round_, ident), 0)
     chosen = part[rng.smallest(u, k)]
     mask[torch.from_numpy(chosen).to(part_mask.device)] = True
     return mask
@@ -94,12 +98,15 @@ class _Sampled:
         # the clients whose uploads the last round aggregated (agg_ratio < 1); None: all
         self.receiving = None
         self._chosen = None
+        # each client's identity key (Split.source_users), set by the simulation; None: index
+        self.client_keys: np.ndarray | None = None
 
     def begin_round(self, part_mask: Tensor) -> None:
         """Counts the round and samples its share (``_chosen``), then the aggregator's own
         :meth:`Aggregator.begin_round` (the mixin comes first in the bases)."""
         self.round += 1
-        self._chosen = aggregated_uploads(part_mask, self.agg_ratio, self.seed, self.round)
+        self._chosen = aggregated_uploads(part_mask, self.agg_ratio, self.seed, self.round,
+                                          self.client_keys)
         super().begin_round(part_mask)  # type: ignore[misc]
 
     def receives(self, idx: Tensor) -> Tensor | None:

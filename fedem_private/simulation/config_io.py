@@ -48,6 +48,8 @@ LATER_FIELDS: dict[tuple[str, ...], Any] = {
     ("privacy", "ddp_scale"): None,
     ("privacy", "ddp_tolerance"): 0.1,
     ("privacy", "dropout"): 0.0,
+    ("privacy", "client_secret_seed"): None,
+    ("privacy", "public_population"): None,
     ("federation", "backbone"): "mf",
     ("federation", "codec"): "full",
     ("federation", "graph_threshold"): 1.0,

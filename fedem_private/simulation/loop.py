@@ -447,7 +447,8 @@ class Simulation:
         self.merge_schedule = MergeEveryOptions.from_config(fed)  # issue 69: --merge-every
         self.privacy = PrivacyLayer(self.cfg.privacy, rounds=tr.rounds,
                                     n_clients=split.n_users, lr=tr.lr,
-                                    sizes=split.train_counts, seed=self.seed)
+                                    sizes=split.train_counts, seed=self.seed,
+                                    client_keys=split.source_users)
         self.local_cfg = LocalTrainConfig(epochs=tr.local_epochs, batch_size=tr.batch_size,
                                           lr=tr.lr, num_negatives=tr.num_negatives,
                                           grad_clip=self.privacy.local_grad_clip,
@@ -617,6 +618,8 @@ class Simulation:
             graph=GraphOptions.from_config(fed), fedmerge=FedMergeOptions.from_config(fed),
             seed=self.seed, server=server,
             similarity=similarity, agg_ratio=fed.agg_clients_ratio, store=store)
+        if hasattr(self.aggregator, "client_keys"):  # sampled shares keyed by identity
+            self.aggregator.client_keys = self.split.source_users
         self.dense = (aggregators.DenseFedAvg(self.sizes, dense0, server=server) if dense0
                       else None)
         peft = codecs.PeftConfig.from_config(fed)
@@ -709,7 +712,8 @@ class Simulation:
 
     def participants(self, round_: int) -> np.ndarray:
         """Clients taking part in a round: the privacy layer's Poisson sample (cdp-gaussian),
-        else all, or the ceil(q n) with the smallest draws (``client_fraction`` q)."""
+        else all, or the ceil(q n) with the smallest draws (``client_fraction`` q), each
+        draw keyed by the client's identity (``Split.source_users``), not its index."""
         sampled = self.privacy.participants(round_)
         if sampled is not None:
             return sampled
@@ -717,7 +721,8 @@ class Simulation:
         if q >= 1.0:
             return np.arange(n)
         k = self.cfg.train.cohort_size or max(1, int(np.ceil(q * n)))
-        u = rng.uniform(rng.key(self.seed, rng.Stream.PARTICIPATION, round_, np.arange(n)), 0)
+        u = rng.uniform(rng.key(self.seed, rng.Stream.PARTICIPATION, round_,
+                                self.split.source_users), 0)
         return rng.smallest(u, k)
 
     def _chunk_size(self) -> int:

@@ -54,7 +54,8 @@ class CdpGaussian(Mechanism):
     takes_budget = True
     noise_kind = "gaussian"
     norm = "l2"
-    options = SHARED_OPTIONS + SAMPLED_BUDGET + ("clip",) + CENTRAL_OPTIONS
+    options = (SHARED_OPTIONS + SAMPLED_BUDGET + ("clip",) + CENTRAL_OPTIONS
+               + ("public_population",))
 
     @classmethod
     def calibrate(cls, cfg: PrivacyConfig, rounds: int,

@@ -77,7 +77,8 @@ class DdpSkellam(Mechanism):
     takes_budget = True
     noise_kind = None  # Skellam: accounted by its own RDP, not the ledger's Gaussian
     norm = "l2"
-    options = SHARED_OPTIONS + SAMPLED_BUDGET + ("clip", "sample_rate") + DDP_OPTIONS
+    options = (SHARED_OPTIONS + SAMPLED_BUDGET + ("clip", "sample_rate", "public_population")
+               + DDP_OPTIONS)
     # the harness keeps the target in the cohort with its contribution zeroed
     neighbour_zeroes_contribution = True
 
@@ -138,16 +139,19 @@ class DdpSkellam(Mechanism):
             cohort=max(1, round(expected_count)), seed=seed, rounds=1,
             delta=cfg.delta, epsilon=None if cfg.noise_multiplier is not None else cfg.epsilon,
             noise_multiplier=cfg.noise_multiplier if cfg.noise_multiplier is not None
-            else (None if cfg.epsilon is not None and math.isfinite(cfg.epsilon) else z))
+            else (None if cfg.epsilon is not None and math.isfinite(cfg.epsilon) else z),
+            client_secret_seed=cfg.client_secret_seed)
 
     @classmethod
     def participants(cls, params: MechanismParams, seed: int, round_: int,
-                     n_clients: int) -> np.ndarray:
-        """A fixed-size cohort of round(q n) clients, a keyed draw per round."""
+                     clients: int | np.ndarray) -> np.ndarray:
+        """A fixed-size cohort of round(q n) clients, a draw per round keyed by each
+        client's identity (``clients``: the identity keys, or a count n)."""
         from fedem_private.privacy.ddp import fixed_cohort
 
         q = params.sample_rate if params.sample_rate is not None else 1.0
-        return fixed_cohort(seed, round_, n_clients, max(1, round(q * n_clients)))
+        n = int(clients) if np.ndim(clients) == 0 else int(np.asarray(clients).shape[0])
+        return fixed_cohort(seed, round_, clients, max(1, round(q * n)))
 
     @classmethod
     def central_summary(cls, layer: PrivacyLayer, out: dict[str, Any]) -> dict[str, Any]:

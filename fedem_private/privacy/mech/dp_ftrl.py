@@ -2,10 +2,11 @@
 
 DP-FTRL with tree aggregation (Kairouz, McMahan, Song, Thakkar, Thakurta and Xu,
 ICML 2021); the math is in :mod:`fedem_private.privacy.ftrl`. Participation: fixed
-cyclic cohorts, G = ceil(1/q) groups by a keyed permutation of the client ids, group
+cyclic cohorts, G = ceil(1/q) groups by a keyed hash of each client's identity, group
 (t - 1) mod G in round t (each client at most ceil(T/G) times, G rounds apart). Each
 participant's encoded delta is L2-clipped to C and summed under secure aggregation;
-the server releases theta_0 + (noisy prefix sum of the sums) / (n / G), the prefix sums
+the server releases theta_0 + (noisy prefix sum of the sums) / (N / G), N the public
+population (``--public-population``, else the run's number of users), the prefix sums
 noised by the binary tree (every node N(0, sigma^2)). Neighbouring relation: user-level
 add/remove of one client's whole data. Trust model: central, as cdp-gaussian (secure
 aggregation or a trusted server adds the noise). Sensitivity: C per round's sum;
@@ -15,7 +16,7 @@ The release is accounted as ONE Gaussian mechanism; no amplification is claimed.
 
 from __future__ import annotations
 
-import functools
+import hashlib
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -36,13 +37,14 @@ if TYPE_CHECKING:
     from fedem_private.privacy.layer import PrivacyLayer
     from fedem_private.privacy.params import MechanismParams
 
-PARTICIPATION = ("cyclic cohorts: the clients are split once by a keyed permutation of their ids "
-                 "into G = ceil(1/q) groups of sizes floor(n/G) or ceil(n/G); group (t - 1) mod G "
-                 "takes part in round t, so each client takes part at most ceil(T/G) times, "
-                 "exactly G rounds apart (a public schedule, independent of the data)")
+PARTICIPATION = ("cyclic cohorts: each client's group is a keyed hash of its identity (its source "
+                 "id) into G = ceil(1/q) groups, so no other user's presence moves it; group "
+                 "(t - 1) mod G takes part in round t, so each client takes part at most "
+                 "ceil(T/G) times, exactly G rounds apart (a public schedule, independent of "
+                 "the data and of the other clients)")
 VARIANT = ("online binary tree (Fenwick: node e covers rounds e - lowbit(e) + 1 .. e), "
            "no restarts, no Honaker variance reduction; model = initial + noisy prefix sum / "
-           "(n / G), server learning rate 1")
+           "(N / G), N the public population, server learning rate 1")
 ACCOUNTING = ("the tree release up to round t is one Gaussian mechanism on the node sums "
               "(each node N(0, sigma^2)) of L2 sensitivity C sqrt(max_g sum_{e <= t} "
               "n_e(g)^2), computed exactly for the cyclic pattern; converted with "
@@ -54,13 +56,24 @@ ACCOUNTING = ("the tree release up to round t is one Gaussian mechanism on the n
               "sampling or shuffling")
 
 
-@functools.lru_cache(maxsize=8)
-def _cohorts(n_clients: int, groups: int, seed: int) -> np.ndarray:
-    """Each client's group (cached: the permutation is drawn once per run)."""
+_GROUPS: dict[tuple[int, int, int, bytes], np.ndarray] = {}
+
+
+def _cohorts(keys: np.ndarray, groups: int, seed: int) -> np.ndarray:
+    """Each client's group (kept for the run's keys: drawn once, not every round)."""
     from fedem_private.privacy.ftrl import CyclicCohorts
 
-    out = CyclicCohorts(n_clients, groups, seed).group_of()
-    out.setflags(write=False)
+    keys = np.ascontiguousarray(keys, dtype=np.int64)
+    # the keys' own digest identifies the population (a cheap hash of its bytes)
+    tag = (keys.shape[0], int(groups), int(seed),
+           hashlib.blake2b(keys.tobytes(), digest_size=16).digest())
+    out = _GROUPS.get(tag)
+    if out is None:
+        if len(_GROUPS) >= 8:
+            _GROUPS.clear()
+        out = CyclicCohorts(int(groups), int(seed)).group_of(keys)
+        out.setflags(write=False)
+        _GROUPS[tag] = out
     return out
 
 
@@ -92,7 +105,7 @@ class DpFtrl(Mechanism):
     norm = "l2"
     # no adaptive clipping nor in-run canaries (privacy/canaries.py): both are built for
     # cdp-gaussian's round-by-round noise and Poisson sampling
-    options = SHARED_OPTIONS + SAMPLED_BUDGET + ("clip", "sample_rate")
+    options = SHARED_OPTIONS + SAMPLED_BUDGET + ("clip", "sample_rate", "public_population")
     # the certified canary audit (attacks/canary.py, "dp-ftrl"): each canary is a client of
     # the group with the largest tree sensitivity, present or absent by a fair coin, through
     # every round of the run's own TreeSecureSum; scored by the Neyman-Pearson statistic of
@@ -158,15 +171,17 @@ class DpFtrl(Mechanism):
     # -- the layer's hooks for a central mechanism with its own participation -----------------
     @classmethod
     def participants(cls, params: MechanismParams, seed: int, round_: int,
-                     n_clients: int) -> np.ndarray:
+                     clients: int | np.ndarray) -> np.ndarray:
         """Round ``round_``'s cohort: group (round - 1) mod G of the cyclic cohorts
-        (:class:`~fedem_private.privacy.ftrl.CyclicCohorts`), sorted ids."""
+        (:class:`~fedem_private.privacy.ftrl.CyclicCohorts`), sorted indices.
+        ``clients``: each client's identity key (a count n: the keys 0..n-1)."""
         assert params.ftrl is not None
         if round_ < 1:
             raise ValueError(f"rounds are numbered from 1, got {round_}")
+        keys = (np.arange(int(clients), dtype=np.int64) if np.ndim(clients) == 0
+                else np.asarray(clients, dtype=np.int64))
         groups = params.ftrl.groups
-        return np.flatnonzero(_cohorts(int(n_clients), groups, int(seed))
-                              == (int(round_) - 1) % groups)
+        return np.flatnonzero(_cohorts(keys, groups, int(seed)) == (int(round_) - 1) % groups)
 
     @classmethod
     def release_epsilon(cls, params: MechanismParams, round_: int) -> dict[str, float | None]:
@@ -200,7 +215,7 @@ class DpFtrl(Mechanism):
             "sample_rate": layer.cfg.sample_rate,
             "expected_participants": layer.expected_count,
             "aggregation_weights": ("uniform: sum of clipped deltas over the expected cohort "
-                                    "n / G (FedAvg's data-size weights are not used: they "
+                                    "N / G (FedAvg's data-size weights are not used: they "
                                     "would raise the sensitivity)"),
             "participation": {"pattern": PARTICIPATION, "groups": plan.groups,
                               "max_participations": plan.max_participations,
