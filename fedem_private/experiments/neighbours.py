@@ -45,7 +45,11 @@ from fedem_private.data import SyntheticConfig, generate, leave_one_out
 from fedem_private.data.split import Split
 from fedem_private.privacy import registry
 from fedem_private.privacy.config import PrivacyConfig
-from fedem_private.privacy.mech.base import ADD_REMOVE_CLIENT, ADD_REMOVE_INTERACTION
+from fedem_private.privacy.mech.base import (
+    ADD_REMOVE_CLIENT,
+    ADD_REMOVE_INTERACTION,
+    ZERO_OUT_CLIENT,
+)
 from fedem_private.simulation.config import (
     DataConfig,
     FederationConfig,
@@ -117,7 +121,7 @@ def neighbour_split(split: Split, mode: str, sizes: str = "private") -> Split | 
     keeps |D_u|: the replacement has as many items."""
     own = split.train_of(TARGET)
     relation = registry.mechanism_for(mode).relation
-    if relation == ADD_REMOVE_CLIENT:
+    if relation in (ADD_REMOVE_CLIENT, ZERO_OUT_CLIENT):
         return None
     if relation == ADD_REMOVE_INTERACTION:  # one interaction removed
         return _with_items(split, TARGET, own[1:])
@@ -227,7 +231,7 @@ def _hook(sim: Simulation, record: _Record, replay: _Record | None, findings: Fi
                     f"round {t}: the aggregate's gap {ratio:.3g}x its sensitivity")
         return ref.to(out.dtype)
 
-    zeroes = drop_target and getattr(layer.mechanism, "neighbour_zeroes_contribution", False)
+    zeroes = drop_target and layer.mechanism.relation == ZERO_OUT_CLIENT
 
     def _participants(round_: int) -> np.ndarray | None:
         chosen = participants(round_)
@@ -287,6 +291,51 @@ def _pair(cfg: RunConfig, split: Split | None) -> tuple[Findings, Simulation, Si
     _hook(world_a, _Record(), seen, findings, sensitivity(cfg), drop_target=False)
     world_a.run()
     return findings, world_a, world_b
+
+
+def split_without(split: Split, user: int) -> Split:
+    """``split`` with ``user`` removed from the data (add/remove by removal): every other
+    user keeps its rows, its validation and test items and its identity key; the users after
+    ``user`` move down one index (none when ``user`` is the last)."""
+    keep = np.delete(np.arange(split.n_users), int(user))
+    per_user = [split.train_of(u) for u in keep.tolist()]
+    indptr = np.zeros(keep.shape[0] + 1, dtype=split.train_indptr.dtype)
+    indptr[1:] = np.cumsum([p.shape[0] for p in per_user])
+    items = (np.concatenate(per_user) if per_user
+             else np.zeros(0, dtype=split.train_items.dtype))
+    return replace(split, n_users=int(keep.shape[0]), train_indptr=indptr, train_items=items,
+                   val_items=split.val_items[keep], test_items=split.test_items[keep],
+                   users=split.users[keep], source_users=split.source_users[keep])
+
+
+def removal_pair(cfg: RunConfig, split: Split, user: int | None = None) -> Findings:
+    """Add/remove by removal (issue 77): world B is world A's data without ``user`` (default
+    the last, so that no other user's index moves), both run under one seed and the same
+    configuration; a central mechanism's released aggregates are compared round by round
+    (B's replayed into A) against its sensitivity. Unlike :func:`run_pair`, which keeps the
+    target out of the participants, this catches a sampler or divisor that depends on the
+    population: a cohort cut from the whole list of clients moves others when one leaves.
+    ``cfg`` should fix the public divisor (``privacy.public_population``), else the two
+    worlds divide by different counts."""
+    if not cfg.privacy.mechanism.central:
+        raise ValueError("removal_pair checks a central mechanism's released aggregates")
+    user = split.n_users - 1 if user is None else int(user)
+    findings = Findings()
+    world_b = Simulation(cfg, split_without(split, user))
+    seen = _Record()
+    _hook(world_b, seen, None, findings, None, drop_target=False)
+    world_b.run()
+    world_a = Simulation(cfg, split)
+    _hook(world_a, _Record(), seen, findings, sensitivity(cfg), drop_target=False)
+    world_a.run()
+    return findings
+
+
+def population_split(n_users: int = 200, n_items: int = 80, seed: int = 3) -> Split:
+    """The audit's world of issue 77: 200 synthetic users over 80 items."""
+    data = generate(SyntheticConfig(n_users=n_users, n_items=n_items, n_clusters=4,
+                                    mean_activity=10, activity_sigma=0.3), seed=seed)
+    return leave_one_out(data, seed)
 
 
 @dataclass

@@ -336,11 +336,18 @@ class PrivacyLayer:
             # a mechanism accounted as one release over the rounds (dp-ftrl's tree) states
             # the eps of that release so far instead of the per-client composition
             whole = getattr(self.mechanism, "release_epsilon", None)
+            own: dict[str, Any] | None = None
             if whole is not None:
-                reported = whole(self.params, self.round)["reported"]
+                own = whole(self.params, self.round)
+                reported = own["reported"]
             spent = getattr(self.secure, "epsilon_spent", None)
             if spent is not None:  # a secure sum that accounts its own rounds (ddp-skellam)
                 reported = spent()
+                own = {"reported": None if math.isinf(reported) else reported,
+                       "rdp": None if math.isinf(reported) else reported}
+            if own is not None:  # the ledger's log states the run's figure (issue 77)
+                entry["epsilon_ledger"] = entry["epsilon"]
+                entry["epsilon"] = dict(own)
             out["eps_spent"] = math.inf if reported is None else float(reported)
         if self.central:
             out["participants_expected"] = self.expected_count
@@ -465,8 +472,36 @@ class PrivacyLayer:
         if self.auto_clip is not None:
             out["clip_auto"] = {k: (None if isinstance(v, float) and math.isinf(v) else v)
                                 for k, v in self.auto_clip.items()}
+        # issue 77: the guarantee per adversary, computed from the figures above, and what
+        # the simulated server holds; the figures no guarantee covers are named
+        out["adversaries"] = self.mechanism.adversaries(out)
+        out["simulated_server_knows"] = self.mechanism.server_knows
+        private_free = [k for k in ("noise_to_signal",) if k in out]
+        if (out.get("ddp_skellam") or {}).get("wrapped_entries_total") is not None:
+            private_free.append("ddp_skellam.wrapped_entries_total")
+        if private_free:
+            out["not_private"] = {
+                "fields": private_free,
+                "note": ("diagnostics the simulator computes from the true clipped values "
+                         "(not released by the mechanism, not covered by its guarantee); "
+                         "read them as the experimenter, never as the server")}
         return out
 
     def ledger_dict(self) -> dict[str, Any]:
-        """The whole ledger, JSON-ready (written as privacy_ledger.json)."""
-        return self.ledger.to_dict()
+        """The whole ledger, JSON-ready (written as privacy_ledger.json).
+
+        Its summary states the run's reported eps, the same as ``summary.json``'s (issue 77),
+        and each adversary's; where a mechanism accounts outside the per-client Gaussian
+        ledger (dp-ftrl's tree, cdp-gaussian's observer view, ddp-skellam's Skellam RDP)
+        the ledger's own composition stays beside it as ``epsilon_ledger``."""
+        out = self.ledger.to_dict()
+        run = self.summary()
+        ledger = out["summary"]
+        if ledger.get("epsilon") != run.get("epsilon"):
+            ledger["epsilon_ledger"] = ledger.get("epsilon")
+            ledger["epsilon"] = run.get("epsilon")
+        for key in ("epsilon_round", "worst_client_rounds"):
+            if key in run and run[key] != ledger.get(key):
+                ledger[key] = run[key]
+        ledger["adversaries"] = run["adversaries"]
+        return out

@@ -72,6 +72,9 @@ def stated_relation(neighbouring: str, *, guarantee: bool = True,
 NO_RELATION = "none"
 REPLACE_ONE = "replace-one"  # user-level: one client's whole dataset replaced
 ADD_REMOVE_CLIENT = "add-remove-client"  # user-level: one client's data present or absent
+# user-level: one client's contribution present or replaced by zero, the client still
+# taking part (its participation is public: ddp-skellam's fixed-size cohorts)
+ZERO_OUT_CLIENT = "zero-out-client"
 ADD_REMOVE_INTERACTION = "add-remove-interaction"  # one positive of one client
 
 # privacy options, grouped by what they set (PrivacyConfig's field names)
@@ -253,3 +256,29 @@ class Mechanism:
                           clients: np.ndarray) -> np.ndarray | None:
         """A per-client heuristic eps of the round, reported beside the ledger (None)."""
         return None
+
+    # -- the guarantee per adversary (summary.json's ``adversaries``; issue 77) ---------------
+    #: what the simulated server holds beyond the released values (docs/privacy.md's table)
+    server_knows: ClassVar[str] = (
+        "the run seed (so every key of the server's randomness), the public parameters, who "
+        "took part, and every upload it receives")
+
+    @classmethod
+    def adversaries(cls, summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        """The guarantee against each adversary, computed from the run's ``summary`` (its
+        accounted figures): the observer of the released models, and the aggregator (the
+        server that receives the uploads). A local mechanism gives both the same: the
+        aggregator sees exactly the released uploads. No guarantee: both None."""
+        eps = (summary.get("epsilon") or {}).get("reported") if cls.claims_guarantee else None
+        reason = ("" if cls.claims_guarantee else
+                  "no guarantee: the mechanism claims none (a nominal or heuristic figure at "
+                  "most, reported beside)")
+        return {
+            "observer": {"against": "observers of the released models and uploads",
+                         "epsilon": eps, "basis": reason or "the accounted per-client eps "
+                         "(worst client; no amplification over clients)"},
+            "aggregator": {"against": "the aggregator: receives every client's released "
+                           "upload, knows who took part", "epsilon": eps,
+                           "basis": reason or "local DP: it sees only the noised uploads, "
+                           "so its guarantee is the observer's"},
+        }

@@ -10,7 +10,7 @@ claimed only against observers of the released models.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fedem_private.privacy.mech.base import (
     ADD_REMOVE_CLIENT,
@@ -56,6 +56,28 @@ class CdpGaussian(Mechanism):
     norm = "l2"
     options = (SHARED_OPTIONS + SAMPLED_BUDGET + ("clip",) + CENTRAL_OPTIONS
                + ("public_population",))
+
+    server_knows = (
+        "the run seed, which also keys the central noise: the aggregator figure holds only "
+        "for the idealised trust model (clipped deltas summed under secure aggregation, the "
+        "noise added by a trusted party before anyone reads the sum); who took part")
+
+    @classmethod
+    def adversaries(cls, summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        """Observer: Poisson-amplified DP-FedAvg; aggregator: no amplification (it knows
+        who took part), the worst client's rounds composed (the ledger's figure)."""
+        guarantees = summary.get("guarantees") or {}
+        observer = ((guarantees.get("observer") or {}).get("epsilon") or {}).get("reported")
+        aggregator = (summary.get("epsilon_aggregator") or {}).get("reported")
+        return {
+            "observer": {"against": "observers of the released global models, not told who "
+                         "took part", "epsilon": observer,
+                         "basis": "Poisson subsampling amplification (dp-accounting PLD/RDP)"},
+            "aggregator": {"against": "the aggregator under secure aggregation: sees only the "
+                           "noisy sums, knows who took part", "epsilon": aggregator,
+                           "basis": "no amplification: the worst client's participations "
+                           "composed; assumes the noise is added before it reads the sum"},
+        }
 
     @classmethod
     def calibrate(cls, cfg: PrivacyConfig, rounds: int,

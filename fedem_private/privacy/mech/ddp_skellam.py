@@ -27,10 +27,10 @@ import numpy as np
 
 from fedem_private.errors import UserError
 from fedem_private.privacy.mech.base import (
-    ADD_REMOVE_CLIENT,
     DDP_OPTIONS,
     SAMPLED_BUDGET,
     SHARED_OPTIONS,
+    ZERO_OUT_CLIENT,
     Mechanism,
 )
 from fedem_private.privacy.registry import register
@@ -69,7 +69,9 @@ class DdpSkellam(Mechanism):
     neighbouring = RELATION
     trust_model = TRUST
     amplification = "none: fixed-size cohorts the aggregator sees"
-    relation = ADD_REMOVE_CLIENT
+    # zero-out, not add/remove: the aggregator sees who sends, the cohort has a fixed size
+    # and the abort rule counts the inputs, so one client's presence is not hidden
+    relation = ZERO_OUT_CLIENT
     cli_clause = " (user-level distributed DP, Skellam noise under simulated secure aggregation)"
     floor = "central"
     central = True
@@ -79,8 +81,28 @@ class DdpSkellam(Mechanism):
     norm = "l2"
     options = (SHARED_OPTIONS + SAMPLED_BUDGET + ("clip", "sample_rate", "public_population")
                + DDP_OPTIONS)
-    # the harness keeps the target in the cohort with its contribution zeroed
-    neighbour_zeroes_contribution = True
+
+    server_knows = (
+        "the run seed (the cohort, the secagg graph, the rotation's signs, the dropout draws), "
+        "the public keys, the encrypted shares it relays, the masked inputs, the unmasking "
+        "shares and the modular sum; not the clients' secrets (key pairs, mask seeds, "
+        "rounding, noise shares: the OS, or a --client-secret-seed it is never given)")
+
+    @classmethod
+    def adversaries(cls, summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        """Both adversaries see the same decoded sum: the Skellam eps of the worst client's
+        released participations, under the assumptions of the trust model."""
+        eps = (summary.get("epsilon") or {}).get("reported")
+        basis = ("the clients add the noise: the aggregator sees masked inputs (uniform to it) "
+                 "and the noisy modular sum, the observer the decoded model; assumed: honest "
+                 "noise shares, at least n_t honest inputs a round, fewer than t colluding "
+                 "neighbours of any client")
+        return {
+            "observer": {"against": "observers of the released models", "epsilon": eps,
+                         "basis": basis},
+            "aggregator": {"against": "the aggregator running secure aggregation", "epsilon":
+                           eps, "basis": basis},
+        }
 
     @classmethod
     def validate(cls, cfg: PrivacyConfig) -> None:
@@ -167,6 +189,11 @@ class DdpSkellam(Mechanism):
             "epsilon": {"reported": None if math.isinf(eps) else eps, "rdp": eps},
             "epsilon_view": "every observer, the aggregator included (no amplification)",
             "worst_client_rounds": getattr(sec, "worst_rounds", None),
+            # one released participation's eps under the run's plan (the calibration's
+            # Gaussian-equivalent figure stays in the params as the plan's guide)
+            "epsilon_round": None if plan is None else plan.epsilon(1),
+            "client_secrets": (sec.secrets.describe()  # type: ignore[union-attr]
+                               if sec is not None else None),
             "sample_rate": layer.cfg.sample_rate,
             "expected_participants": layer.expected_count,
             "aggregation_weights": "uniform: decoded sum of clipped deltas over q n",

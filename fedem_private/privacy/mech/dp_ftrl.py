@@ -93,7 +93,8 @@ class DpFtrl(Mechanism):
                    "server); the aggregator adds the tree's noise increment, the node noise "
                    "stays secret")
     amplification = ("none: participation is a fixed public schedule of cyclic cohorts; "
-                     "every observer, the aggregator included, gets the same guarantee")
+                     "the guarantee is for observers of the released models (the aggregator "
+                     "adds the noise itself and is trusted)")
     relation = ADD_REMOVE_CLIENT
     cli_clause = (" (user-level central DP-FTRL, tree aggregation, cyclic cohorts; no "
                   "amplification claimed)")
@@ -114,6 +115,27 @@ class DpFtrl(Mechanism):
     audit_gdp = True
     audit_at_delta = True
     audit_claim_kind = "accounted eps of the whole tree release (one Gaussian, every round)"
+
+    server_knows = (
+        "the run seed, which keys the tree's node noise, and each round's clipped sum before "
+        "it adds the noise (trust model: the aggregator adds the noise): it is trusted, and "
+        "no guarantee holds against it; who took part (the public cohort schedule)")
+
+    @classmethod
+    def adversaries(cls, summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        """Observer: the tree release's eps (one Gaussian, no amplification); aggregator:
+        none, since it adds the noise to sums it reads first."""
+        return {
+            "observer": {"against": "observers of the released models (every one, told who "
+                         "took part or not)", "epsilon": (summary.get("epsilon") or {}).get(
+                             "reported"),
+                         "basis": "the tree release as one Gaussian mechanism, no "
+                         "amplification"},
+            "aggregator": {"against": "the aggregator, which adds the tree noise", "epsilon":
+                           None, "basis": "no guarantee: it reads each round's clipped sum "
+                           "before adding the noise (a trusted aggregator; run ddp-skellam "
+                           "for noise the clients add)"},
+        }
 
     @classmethod
     def calibrate(cls, cfg: PrivacyConfig, rounds: int,
@@ -211,7 +233,8 @@ class DpFtrl(Mechanism):
         out.update({
             "epsilon": cls.release_epsilon(p, layer.round),
             "epsilon_ledger": out["epsilon"],
-            "epsilon_view": "every observer, the aggregator included (no amplification)",
+            "epsilon_view": ("observers of the released models (no amplification); none "
+                             "against the aggregator, which adds the noise"),
             "sample_rate": layer.cfg.sample_rate,
             "expected_participants": layer.expected_count,
             "aggregation_weights": ("uniform: sum of clipped deltas over the expected cohort "
