@@ -283,7 +283,12 @@ RUN_GROUPS = {"data": "data and evaluation protocol", "train": "training",
 
 
 def _add_run_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", metavar="FILE", help="TOML config file; flags override it")
+    p.add_argument("--config", metavar="FILE",
+                   help="TOML config file; flags override it. A --dataset other than "
+                        "synthetic drops the file's data.calibrate_to and data.users, and a "
+                        "baseline --method (mostpop, ...) its [federation] settings and "
+                        "train.client_tables, eval_finetune and cohort_size, each with a note "
+                        "(the same settings given as flags are still refused)")
     groups = {section: p.add_argument_group(title) for section, title in RUN_GROUPS.items()}
     for flag, key, typ, text in RUN_FLAGS:
         default = _default_of(key)
@@ -470,11 +475,59 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def config_from_args(args: argparse.Namespace):
-    """Config file (if any) plus command-line overrides, validated."""
-    from fedem_private.simulation.config import RunConfig, load_toml, with_overrides
+# keys of a settings file that only the synthetic population reads (docs/design.md section
+# 17): dropped, with a note, when the command line picks another dataset
+POPULATION_KEYS = {"data": ("calibrate_to", "users")}
+# keys of a settings file that only federated training reads: dropped, with a note, when the
+# command line picks a non-federated baseline (docs/design.md section 14); None: every key
+# of the table but the method
+FEDERATED_KEYS = {"federation": None,
+                  "train": ("client_tables", "eval_finetune", "cohort_size")}
 
-    base = load_toml(args.config) if args.config else RunConfig()
+
+def _fit_file_to_flags(args: argparse.Namespace, values: dict) -> list[str]:
+    """Drop from a settings file's ``values`` (in place) the keys the command line made
+    inapplicable, and say which: a ``--dataset`` other than synthetic drops
+    :data:`POPULATION_KEYS`, a baseline ``--method`` :data:`FEDERATED_KEYS`. A key given as
+    a flag too is kept, so the flag is refused as before. Returns the notes, one a cause,
+    naming the dropped keys that differ from their built-in default."""
+    from fedem_private.simulation.config import BASELINE_METHODS, RunConfig
+
+    notes = []
+    dataset, method = getattr(args, "data.dataset"), getattr(args, "federation.method")
+    for sections, applies, why in (
+            (POPULATION_KEYS, dataset not in (None, "synthetic"),
+             f"--dataset {dataset}: they calibrate the synthetic population"),
+            (FEDERATED_KEYS, method in BASELINE_METHODS,
+             f"--method {method} is a non-federated baseline")):
+        if not applies:
+            continue
+        named = []
+        for section, keys in sections.items():
+            table = values.get(section)
+            if not isinstance(table, dict):
+                continue
+            default = getattr(RunConfig(), section)
+            for key in [k for k in table if k != "method"] if keys is None else keys:
+                if key in table and getattr(args, f"{section}.{key}", None) is None:
+                    if table.pop(key) != getattr(default, key, None):
+                        named.append(f"{section}.{key}")
+        if named:
+            notes.append(f"ignoring {', '.join(named)} of {args.config} ({why})")
+    return notes
+
+
+def config_from_args(args: argparse.Namespace):
+    """Config file (if any) plus command-line overrides, validated. Keys of the file that a
+    flag made inapplicable are dropped with a note on stderr (:func:`_fit_file_to_flags`)."""
+    from fedem_private.simulation.config import RunConfig, from_dict, read_toml, with_overrides
+
+    base = RunConfig()
+    if args.config:
+        values = read_toml(args.config)
+        for note in _fit_file_to_flags(args, values):
+            print(f"{PROG}: note: {note}", file=sys.stderr)
+        base = from_dict(values)
     overrides = {key: getattr(args, key) for _, key, _, _ in RUN_FLAGS}
     overrides.update({key: getattr(args, key) for _, key, _ in RUN_SWITCHES})
     if overrides.get("privacy.clip") == "auto":
