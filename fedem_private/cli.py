@@ -356,7 +356,11 @@ def _add_output_flags(group: Any) -> None:
     group.add_argument("--dry-run", action="store_true",
                        help="print the resolved configuration (TOML, as config.toml would hold "
                             "it) and stop: nothing is trained or written")
-    group.add_argument("--no-progress", action="store_true", help="no progress bar")
+    group.add_argument("--no-progress", action="store_true",
+                       help="no progress bar: a plain line on stderr at each evaluation (and "
+                            "each tenth of the rounds) with the round, seconds a round and the "
+                            "ETA. Either way, while it runs, the run directory holds "
+                            "metrics.csv so far and progress.json (the round reached)")
     group.add_argument("--record-rounds", metavar="ROUNDS",
                        help="record what the server saw in these rounds for the attacks, "
                             "e.g. 1,50,last")
@@ -679,9 +683,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
         print(to_toml(to_dict(cfg)), end="")
         return 0
-    res = api.run(cfg, args.out, force=args.force, progress=not args.no_progress, warn=False,
-                  checkpoint_every=args.checkpoint_every, ray=args.ray,
-                  ray_shards=args.ray_shards)
+    try:
+        res = api.run(cfg, args.out, force=args.force,
+                      progress="lines" if args.no_progress else True, warn=False,
+                      checkpoint_every=args.checkpoint_every, ray=args.ray,
+                      ray_shards=args.ray_shards)
+    except KeyboardInterrupt as exc:  # main says what was kept, and how to go on
+        exc.kept = _kept_of_run(args)  # type: ignore[attr-defined]
+        raise
     summary = res.summary
     m = summary["metrics"] or {}
     print(f"wrote {args.out or res.run_dir}")
@@ -718,6 +727,22 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
         print(log_run(res.run_dir, args.mlflow).line())
     return 0
+
+
+def _kept_of_run(args: argparse.Namespace) -> str:
+    """What an interrupted ``run`` kept: its checkpoint, then the same command resumes; or
+    nothing, and how to keep progress next time."""
+    from fedem_private import api
+
+    every = args.checkpoint_every
+    if every is not None and args.out is not None:
+        path = api.checkpoint_path(args.out)
+        if path.exists():
+            return f"the checkpoint {path} was kept: run the same command again to resume"
+        return (f"nothing of this run was kept (its first checkpoint, after round {every}, "
+                f"was not written yet)")
+    return ("nothing of this run was kept (no checkpoint: --checkpoint-every N with --out "
+            "saves its state every N rounds, and the same command then resumes)")
 
 
 def _attack_options(items: list[str]) -> dict[str, dict[str, str]]:
@@ -834,9 +859,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main else None
     try:
         return _main(argv)
-    except Terminated:
-        print(f"{PROG}: terminated; finished run directories are intact (run the same "
-              f"command again to resume)", file=sys.stderr)
+    except Terminated as exc:
+        kept = getattr(exc, "kept", None) or ("finished run directories are intact (run the "
+                                              "same command again to resume)")
+        print(f"{PROG}: terminated; {kept}", file=sys.stderr)
         return 143
     finally:
         if previous is not None:
@@ -896,7 +922,8 @@ def _main(argv: Sequence[str] | None) -> int:
     except KeyboardInterrupt as exc:
         if isinstance(exc, Terminated):
             raise
-        print(f"{PROG}: interrupted; finished run directories are intact", file=sys.stderr)
+        kept = getattr(exc, "kept", None) or "finished run directories are intact"
+        print(f"{PROG}: interrupted; {kept}", file=sys.stderr)
         return 130
 
 

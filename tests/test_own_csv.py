@@ -4,11 +4,14 @@ message when a run is killed, and a warning when a run ends at chance or in nois
 
 from __future__ import annotations
 
+import csv
 import json
+import os
+import socket
 
 import pytest
 
-from fedem_private.cli import main
+from fedem_private.cli import Terminated, main
 
 TINY = ["--rounds", "4", "--eval-every", "2", "--local-epochs", "1", "--dim", "4"]
 
@@ -67,3 +70,83 @@ def test_a_baseline_runs_from_a_federated_settings_file(tmp_path, capsys):
     assert "--aggregation fedavg does not apply" in capsys.readouterr().err
     assert main(["run", "--config", cfg, "--dry-run"]) == 0
     assert "note" not in capsys.readouterr().err
+
+
+def test_a_run_keeps_its_progress_under_out_as_it_goes(tmp_path, ratings, capsys,
+                                                       monkeypatch):
+    from fedem_private.simulation.loop import Simulation
+
+    out, seen = tmp_path / "run", {}
+    real_step = Simulation.step
+
+    def step(self):  # before round 4: what the folder holds after round 3
+        if self.state.round == 3:
+            seen["files"] = sorted(p.name for p in out.iterdir())
+            seen["progress"] = json.loads((out / "progress.json").read_text())
+            seen["rows"] = list(csv.DictReader((out / "metrics.csv").open()))
+        return real_step(self)
+
+    monkeypatch.setattr(Simulation, "step", step)
+    assert main(["run", "--dataset", "csv", "--data-dir", str(ratings), "--method", "fedmf",
+                 "--out", str(out), "--no-progress", *TINY]) == 0
+    assert seen["files"] == ["metrics.csv", "progress.json"]
+    assert [int(r["round"]) for r in seen["rows"]] == [2] and seen["rows"][0]["full_hr@10"]
+    progress = seen["progress"]
+    assert (progress["round"], progress["rounds"], progress["evaluated_round"]) == (3, 4, 2)
+    assert progress["eta_seconds"] == pytest.approx(progress["seconds_per_round"])
+    assert progress["pid"] == os.getpid()
+    # the finished directory replaces them: no progress record left, every row kept
+    assert sorted(p.name for p in out.iterdir()) == ["config.toml", "metrics.csv",
+                                                      "privacy_ledger.json", "summary.json"]
+    assert [int(r["round"]) for r in csv.DictReader((out / "metrics.csv").open())] == [2, 4]
+    lines = [line for line in capsys.readouterr().err.splitlines() if " s a round, ETA " in line]
+    assert [line.split(":")[0] for line in lines if "full HR@10" in line] == [
+        "fedmf round 2/4", "fedmf round 4/4"]
+
+
+def test_the_progress_of_a_run_killed_outright_does_not_hold_its_folder(tmp_path, ratings,
+                                                                        capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.csv").write_text("round\n2\n")
+    record = {"state": "running", "round": 3, "pid": os.getpid(),
+              "host": socket.gethostname()}
+    (out / "progress.json").write_text(json.dumps(record))
+    args = ["run", "--dataset", "csv", "--data-dir", str(ratings), "--method", "fedmf",
+            "--out", str(out), "--no-progress", *TINY]
+    assert main(args) == 2  # its writer (this process) is alive: not taken
+    assert "being written by a run in progress" in capsys.readouterr().err
+    (out / "progress.json").write_text(json.dumps({**record, "pid": 2 ** 30}))  # no process
+    assert main(args) == 0
+    assert (out / "summary.json").is_file() and not (out / "progress.json").exists()
+    (out / "progress.json").write_text(json.dumps({**record, "pid": 2 ** 30}))
+    assert main(args) == 2  # beside a finished run: never replaced without --force
+    assert "--force" in capsys.readouterr().err and (out / "summary.json").is_file()
+
+
+def test_a_terminated_run_says_resume_only_when_a_checkpoint_was_kept(tmp_path, ratings,
+                                                                      capsys, monkeypatch):
+    from fedem_private import api
+    from fedem_private.simulation.loop import Simulation
+
+    real_step = Simulation.step
+
+    def step_then_term(self):
+        stats = real_step(self)
+        if stats.round == 2:
+            raise Terminated
+        return stats
+
+    monkeypatch.setattr(Simulation, "step", step_then_term)
+    out = tmp_path / "run"
+    args = ["run", "--dataset", "csv", "--data-dir", str(ratings), "--method", "fedmf",
+            "--out", str(out), "--no-progress", *TINY]
+    assert main(args) == 143
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith("fedem-private: terminated; nothing of this run was kept")
+    assert "--checkpoint-every" in err and "run the same command again" not in err
+    assert not out.exists()  # its progress went with it
+    assert main([*args, "--checkpoint-every", "1"]) == 143
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert f"the checkpoint {api.checkpoint_path(out)} was kept" in err
+    assert "run the same command again to resume" in err
