@@ -40,7 +40,8 @@ __all__ = ["Result", "RunWarning", "attack", "load_results", "load_run", "resolv
 
 
 class RunWarning(UserWarning):
-    """A finished run that looks mis-set (most uploads clipped, most test items cold)."""
+    """A finished run that looks mis-set (most uploads clipped, most test items cold) or
+    learned nothing (HR@10 at chance, noise swamping the uploads)."""
 
 
 @dataclass(frozen=True)
@@ -197,8 +198,9 @@ def run(config: RunConfig | Mapping[str, Any] | str | Path | None = None,
     reached, seconds a round, ETA); the finished run directory replaces them.
     ``progress``: True (or "bar") a bar on stderr, "lines" a plain line on stderr at each
     evaluation (and each tenth of the rounds), False nothing.
-    ``warn``: the run's warnings (mis-set clipping, many cold test items) are issued
-    as :class:`RunWarning` (the command prints them itself). ``checkpoint_every``: save
+    ``warn``: the run's warnings (mis-set clipping, many cold test items, HR@10 at chance,
+    noise swamping the uploads) are issued as :class:`RunWarning` (the command prints them
+    itself). ``checkpoint_every``: save
     the run's state every that many rounds to ``<out>.checkpoint``; calling again with the
     same config and ``out`` resumes a killed run from it
     (:mod:`fedem_private.experiments.checkpoint`; needs ``out``, not with recording).
@@ -253,6 +255,8 @@ def run(config: RunConfig | Mapping[str, Any] | str | Path | None = None,
             text = (result.summary.get(part) or {}).get("warning")
             if text:
                 warnings.warn(f"{path}: {text}", RunWarning, stacklevel=2)
+        for text in result.summary.get("warnings") or ():
+            warnings.warn(f"{path}: {text}", RunWarning, stacklevel=2)
     return result
 
 

@@ -718,6 +718,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         warning = (summary.get(part) or {}).get("warning")
         if warning:
             print(f"{PROG}: warning: {warning}", file=sys.stderr)
+    for warning in summary.get("warnings") or ():  # the outcome's (experiments/outcome.py)
+        print(f"{PROG}: warning: {warning}", file=sys.stderr)
     if summary.get("seconds_per_round") is None:  # a baseline: no rounds
         print(f"seconds: {summary['seconds_total']:.3f}")
     else:

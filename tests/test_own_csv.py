@@ -150,3 +150,34 @@ def test_a_terminated_run_says_resume_only_when_a_checkpoint_was_kept(tmp_path, 
     err = capsys.readouterr().err.splitlines()[-1]
     assert f"the checkpoint {api.checkpoint_path(out)} was kept" in err
     assert "run the same command again to resume" in err
+
+
+def test_a_run_at_chance_or_in_noise_warns_and_says_so_in_its_summary(tmp_path, ratings):
+    from fedem_private.data import leave_one_out, load_dataset
+    from fedem_private.data.split import evaluation_exclusion_csr
+    from fedem_private.experiments.outcome import full_chance, outcome_warnings
+
+    split = leave_one_out(load_dataset("csv", str(ratings), seed=0), 0)
+    chance, candidates = full_chance(split)
+    indptr, _ = evaluation_exclusion_csr(split)  # the evaluation's own candidates
+    assert candidates == pytest.approx(split.n_items - (indptr[1:] - indptr[:-1]).mean())
+    assert chance == pytest.approx(10 / candidates)  # every user ranks 50 - 11 items
+    at_chance = outcome_warnings(split, {"full": {"hr@10": 0.0}}, None)
+    assert len(at_chance) == 1 and "not above chance (0.2564" in at_chance[0]
+    assert outcome_warnings(split, {"full": {"hr@10": 0.3}}, None) == []
+    noisy = outcome_warnings(split, {"full": {"hr@10": 0.3}},
+                             {"noise_to_signal": {"mean_over_rounds": 46.0}})
+    assert len(noisy) == 1 and "noise-to-signal ratio is 46" in noisy[0]
+    assert outcome_warnings(split, None, {"noise_to_signal": {"mean_over_rounds": 2.0}}) == []
+
+
+def test_a_noisy_run_prints_its_warning_and_records_it(tmp_path, ratings, capsys):
+    out = tmp_path / "run"
+    assert main(["run", "--dataset", "csv", "--data-dir", str(ratings), "--method", "fedmf",
+                 "--out", str(out), "--no-progress", "--privacy", "ldp-gaussian",
+                 "--epsilon", "1", "--clip", "1", *TINY]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert any("noise-to-signal ratio" in w for w in summary["warnings"])
+    err = capsys.readouterr().err.splitlines()
+    assert [line for line in err if "noise-to-signal" in line] == [
+        f"fedem-private: warning: {w}" for w in summary["warnings"] if "noise-to-signal" in w]

@@ -18,6 +18,7 @@ from fedem_private.errors import Diverged, UserError
 from fedem_private.evaluation.metrics import sampled_note
 from fedem_private.experiments import checkpoint as checkpoints
 from fedem_private.experiments.checkpoint import Checkpointing
+from fedem_private.experiments.outcome import outcome_warnings
 from fedem_private.experiments.rundir import NOT_PRIVATE, RunDir
 from fedem_private.hostmem import release_between_runs
 from fedem_private.simulation.config import (
@@ -206,6 +207,7 @@ def summarise(view: RunView, history: list[RoundStats], wall: float) -> dict[str
         "version": __version__,
         "not_private": NOT_PRIVATE,
     }
+    out["warnings"] = outcome_warnings(view.split, last, out["privacy"])
     if cfg.data.calibrate_to is not None:
         out["population"] = population_record(cfg.data.calibrate_to, cfg.data.data_dir,
                                               cfg.data.users)
