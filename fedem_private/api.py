@@ -40,7 +40,8 @@ __all__ = ["Result", "RunWarning", "attack", "load_results", "load_run", "resolv
 
 
 class RunWarning(UserWarning):
-    """A finished run that looks mis-set (most uploads clipped, most test items cold)."""
+    """A finished run that looks mis-set (most uploads clipped, most test items cold) or
+    learned nothing (HR@10 at chance, noise swamping the uploads)."""
 
 
 @dataclass(frozen=True)
@@ -143,9 +144,48 @@ def _progress_hooks(cfg: RunConfig) -> tuple[Callable, Callable, Callable]:
     return on_start, on_round, close
 
 
+def duration(seconds: float) -> str:
+    """``3725`` -> ``1h02m``, ``185`` -> ``3m05s``, ``12.3`` -> ``12s``."""
+    s = max(int(round(seconds)), 0)
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"
+
+
+# plain progress lines (progress="lines"): every evaluated round, the first round and each
+# tenth of the rounds
+LINE_SHARES = 10
+
+
+def _line_hooks(cfg: RunConfig) -> tuple[Callable, Callable, Callable]:
+    """on_start, on_round and close printing one plain line on stderr at each evaluated
+    round, the first round and each tenth of the rounds: the round, seconds a round (mean
+    of this process's rounds) and the ETA, for logs where a bar does not draw."""
+    rounds, seen = cfg.train.rounds, []
+    marks = {max(1, rounds * k // LINE_SHARES) for k in range(1, LINE_SHARES + 1)}
+
+    def on_start(sim: Any) -> None:
+        seen.clear()
+
+    def on_round(stats: Any) -> None:
+        seen.append(stats.seconds)
+        if stats.metrics is None and len(seen) > 1 and stats.round not in marks:
+            return
+        per_round = sum(seen) / len(seen)
+        text = (f"{cfg.federation.method} round {stats.round}/{rounds}: {per_round:.3g} s a "
+                f"round, ETA {duration(per_round * (rounds - stats.round))}")
+        if stats.metrics and "full" in stats.metrics:
+            text += f"; full HR@10 {stats.metrics['full']['hr@10']:.4f}"
+        print(text, file=sys.stderr, flush=True)
+
+    return on_start, on_round, lambda: None
+
+
 def run(config: RunConfig | Mapping[str, Any] | str | Path | None = None,
         out: str | Path | None = None, *, overrides: Mapping[str, Any] | None = None,
-        force: bool = False, progress: bool = False, warn: bool = True,
+        force: bool = False, progress: bool | str = False, warn: bool = True,
         checkpoint_every: int | None = None, ray: str | None = None,
         ray_shards: int | None = None) -> Result:
     """Train one configuration and write its run directory; returns the :class:`Result`.
@@ -153,9 +193,14 @@ def run(config: RunConfig | Mapping[str, Any] | str | Path | None = None,
     ``config``: see :func:`resolve_config` (``{"record": {"rounds": "last"}}``
     records what the server saw, so the run can be attacked). ``out``: the run
     directory (default ``runs/<dataset>-<method>-<time>``, ``-2`` added when taken); an existing
-    non-empty one is replaced only with ``force``. ``progress``: a bar on stderr.
-    ``warn``: the run's warnings (mis-set clipping, many cold test items) are issued
-    as :class:`RunWarning` (the command prints them itself). ``checkpoint_every``: save
+    non-empty one is replaced only with ``force``. While the rounds run, ``out`` holds
+    ``metrics.csv`` so far (rewritten at each evaluation) and ``progress.json`` (the round
+    reached, seconds a round, ETA); the finished run directory replaces them.
+    ``progress``: True (or "bar") a bar on stderr, "lines" a plain line on stderr at each
+    evaluation (and each tenth of the rounds), False nothing.
+    ``warn``: the run's warnings (mis-set clipping, many cold test items, HR@10 at chance,
+    noise swamping the uploads) are issued as :class:`RunWarning` (the command prints them
+    itself). ``checkpoint_every``: save
     the run's state every that many rounds to ``<out>.checkpoint``; calling again with the
     same config and ``out`` resumes a killed run from it
     (:mod:`fedem_private.experiments.checkpoint`; needs ``out``, not with recording).
@@ -187,13 +232,15 @@ def run(config: RunConfig | Mapping[str, Any] | str | Path | None = None,
                             "recording would miss the rounds before a resumption)")
         checkpoint = Checkpointing(checkpoint_path(out), checkpoint_every)
     path, made = (Path(out), []) if out is not None else reserve_default_out(cfg)
-    on_start, on_round, close = ((None, None, lambda: None) if baseline
+    if progress not in (True, False, "bar", "lines"):
+        raise UserError(f"progress must be True, False, 'bar' or 'lines', got {progress!r}")
+    on_start, on_round, close = ((None, None, lambda: None) if baseline or not progress
+                                 else _line_hooks(cfg) if progress == "lines"
                                  else _progress_hooks(cfg))
     try:
         execute(cfg, path, force=force, setup=None if baseline else recording_hook(cfg),
-                on_start=on_start if progress else None,
-                on_round=on_round if progress else None, checkpoint=checkpoint,
-                shards=shards)
+                on_start=on_start, on_round=on_round, checkpoint=checkpoint,
+                shards=shards, live=True)
     except BaseException:
         if out is None:  # free the name reserved for this run (and runs/ if made for it)
             with contextlib.suppress(OSError):
@@ -208,6 +255,8 @@ def run(config: RunConfig | Mapping[str, Any] | str | Path | None = None,
             text = (result.summary.get(part) or {}).get("warning")
             if text:
                 warnings.warn(f"{path}: {text}", RunWarning, stacklevel=2)
+        for text in result.summary.get("warnings") or ():
+            warnings.warn(f"{path}: {text}", RunWarning, stacklevel=2)
     return result
 
 

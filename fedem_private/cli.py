@@ -289,7 +289,12 @@ RUN_GROUPS = {"data": "data and evaluation protocol", "train": "training",
 
 
 def _add_run_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", metavar="FILE", help="TOML config file; flags override it")
+    p.add_argument("--config", metavar="FILE",
+                   help="TOML config file; flags override it. A --dataset other than "
+                        "synthetic drops the file's data.calibrate_to and data.users, and a "
+                        "baseline --method (mostpop, ...) its [federation] settings and "
+                        "train.client_tables, eval_finetune and cohort_size, each with a note "
+                        "(the same settings given as flags are still refused)")
     groups = {section: p.add_argument_group(title) for section, title in RUN_GROUPS.items()}
     for flag, key, typ, text in RUN_FLAGS:
         default = _default_of(key)
@@ -357,7 +362,11 @@ def _add_output_flags(group: Any) -> None:
     group.add_argument("--dry-run", action="store_true",
                        help="print the resolved configuration (TOML, as config.toml would hold "
                             "it) and stop: nothing is trained or written")
-    group.add_argument("--no-progress", action="store_true", help="no progress bar")
+    group.add_argument("--no-progress", action="store_true",
+                       help="no progress bar: a plain line on stderr at each evaluation (and "
+                            "each tenth of the rounds) with the round, seconds a round and the "
+                            "ETA. Either way, while it runs, the run directory holds "
+                            "metrics.csv so far and progress.json (the round reached)")
     group.add_argument("--record-rounds", metavar="ROUNDS",
                        help="record what the server saw in these rounds for the attacks, "
                             "e.g. 1,50,last")
@@ -476,11 +485,59 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def config_from_args(args: argparse.Namespace):
-    """Config file (if any) plus command-line overrides, validated."""
-    from fedem_private.simulation.config import RunConfig, load_toml, with_overrides
+# keys of a settings file that only the synthetic population reads (docs/design.md section
+# 17): dropped, with a note, when the command line picks another dataset
+POPULATION_KEYS = {"data": ("calibrate_to", "users")}
+# keys of a settings file that only federated training reads: dropped, with a note, when the
+# command line picks a non-federated baseline (docs/design.md section 14); None: every key
+# of the table but the method
+FEDERATED_KEYS = {"federation": None,
+                  "train": ("client_tables", "eval_finetune", "cohort_size")}
 
-    base = load_toml(args.config) if args.config else RunConfig()
+
+def _fit_file_to_flags(args: argparse.Namespace, values: dict) -> list[str]:
+    """Drop from a settings file's ``values`` (in place) the keys the command line made
+    inapplicable, and say which: a ``--dataset`` other than synthetic drops
+    :data:`POPULATION_KEYS`, a baseline ``--method`` :data:`FEDERATED_KEYS`. A key given as
+    a flag too is kept, so the flag is refused as before. Returns the notes, one a cause,
+    naming the dropped keys that differ from their built-in default."""
+    from fedem_private.simulation.config import BASELINE_METHODS, RunConfig
+
+    notes = []
+    dataset, method = getattr(args, "data.dataset"), getattr(args, "federation.method")
+    for sections, applies, why in (
+            (POPULATION_KEYS, dataset not in (None, "synthetic"),
+             f"--dataset {dataset}: they calibrate the synthetic population"),
+            (FEDERATED_KEYS, method in BASELINE_METHODS,
+             f"--method {method} is a non-federated baseline")):
+        if not applies:
+            continue
+        named = []
+        for section, keys in sections.items():
+            table = values.get(section)
+            if not isinstance(table, dict):
+                continue
+            default = getattr(RunConfig(), section)
+            for key in [k for k in table if k != "method"] if keys is None else keys:
+                if key in table and getattr(args, f"{section}.{key}", None) is None:
+                    if table.pop(key) != getattr(default, key, None):
+                        named.append(f"{section}.{key}")
+        if named:
+            notes.append(f"ignoring {', '.join(named)} of {args.config} ({why})")
+    return notes
+
+
+def config_from_args(args: argparse.Namespace):
+    """Config file (if any) plus command-line overrides, validated. Keys of the file that a
+    flag made inapplicable are dropped with a note on stderr (:func:`_fit_file_to_flags`)."""
+    from fedem_private.simulation.config import RunConfig, from_dict, read_toml, with_overrides
+
+    base = RunConfig()
+    if args.config:
+        values = read_toml(args.config)
+        for note in _fit_file_to_flags(args, values):
+            print(f"{PROG}: note: {note}", file=sys.stderr)
+        base = from_dict(values)
     overrides = {key: getattr(args, key) for _, key, _, _ in RUN_FLAGS}
     overrides.update({key: getattr(args, key) for _, key, _ in RUN_SWITCHES})
     if overrides.get("privacy.clip") == "auto":
@@ -632,9 +689,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
         print(to_toml(to_dict(cfg)), end="")
         return 0
-    res = api.run(cfg, args.out, force=args.force, progress=not args.no_progress, warn=False,
-                  checkpoint_every=args.checkpoint_every, ray=args.ray,
-                  ray_shards=args.ray_shards)
+    try:
+        res = api.run(cfg, args.out, force=args.force,
+                      progress="lines" if args.no_progress else True, warn=False,
+                      checkpoint_every=args.checkpoint_every, ray=args.ray,
+                      ray_shards=args.ray_shards)
+    except KeyboardInterrupt as exc:  # main says what was kept, and how to go on
+        exc.kept = _kept_of_run(args)  # type: ignore[attr-defined]
+        raise
     summary = res.summary
     m = summary["metrics"] or {}
     print(f"wrote {args.out or res.run_dir}")
@@ -662,6 +724,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         warning = (summary.get(part) or {}).get("warning")
         if warning:
             print(f"{PROG}: warning: {warning}", file=sys.stderr)
+    for warning in summary.get("warnings") or ():  # the outcome's (experiments/outcome.py)
+        print(f"{PROG}: warning: {warning}", file=sys.stderr)
     if summary.get("seconds_per_round") is None:  # a baseline: no rounds
         print(f"seconds: {summary['seconds_total']:.3f}")
     else:
@@ -671,6 +735,22 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
         print(log_run(res.run_dir, args.mlflow).line())
     return 0
+
+
+def _kept_of_run(args: argparse.Namespace) -> str:
+    """What an interrupted ``run`` kept: its checkpoint, then the same command resumes; or
+    nothing, and how to keep progress next time."""
+    from fedem_private import api
+
+    every = args.checkpoint_every
+    if every is not None and args.out is not None:
+        path = api.checkpoint_path(args.out)
+        if path.exists():
+            return f"the checkpoint {path} was kept: run the same command again to resume"
+        return (f"nothing of this run was kept (its first checkpoint, after round {every}, "
+                f"was not written yet)")
+    return ("nothing of this run was kept (no checkpoint: --checkpoint-every N with --out "
+            "saves its state every N rounds, and the same command then resumes)")
 
 
 def _attack_options(items: list[str]) -> dict[str, dict[str, str]]:
@@ -787,9 +867,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main else None
     try:
         return _main(argv)
-    except Terminated:
-        print(f"{PROG}: terminated; finished run directories are intact (run the same "
-              f"command again to resume)", file=sys.stderr)
+    except Terminated as exc:
+        kept = getattr(exc, "kept", None) or ("finished run directories are intact (run the "
+                                              "same command again to resume)")
+        print(f"{PROG}: terminated; {kept}", file=sys.stderr)
         return 143
     finally:
         if previous is not None:
@@ -849,7 +930,8 @@ def _main(argv: Sequence[str] | None) -> int:
     except KeyboardInterrupt as exc:
         if isinstance(exc, Terminated):
             raise
-        print(f"{PROG}: interrupted; finished run directories are intact", file=sys.stderr)
+        kept = getattr(exc, "kept", None) or "finished run directories are intact"
+        print(f"{PROG}: interrupted; {kept}", file=sys.stderr)
         return 130
 
 

@@ -21,6 +21,7 @@ from fedem_private.data import (
 )
 from fedem_private.data.split import Split, cold_share, set_aside
 from fedem_private.evaluation.metrics import sampled_note
+from fedem_private.experiments.outcome import outcome_warnings
 from fedem_private.experiments.rundir import NOT_PRIVATE, RunDir
 from fedem_private.simulation.config import RunConfig, to_dict, to_toml
 
@@ -84,7 +85,8 @@ def baseline_summary(cfg: RunConfig, dataset: str, split: Split, model: str,
         "cold_items": {"test_share": cold_share(split),
                        "val_share": cold_share(split, split.val_items), "warning": None},
         "sampled_candidates": sampled_note(split),
-        "baseline": info, "version": __version__, "not_private": NOT_PRIVATE,
+        "baseline": info, "warnings": outcome_warnings(split, metrics, privacy),
+        "version": __version__, "not_private": NOT_PRIVATE,
     }
 
 

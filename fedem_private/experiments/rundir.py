@@ -13,8 +13,10 @@ run of the same directory).
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import errno
+import io
 import json
 import math
 import os
@@ -143,12 +145,16 @@ class RunDir:
         self.final = Path(out).expanduser()
         if self.final.exists() and not self.final.is_dir():
             raise UserError(f"output path exists and is not a directory: {self.final}")
-        if self.final.is_dir() and any(self.final.iterdir()) and not force:
+        # what a run killed outright left of its progress (LIVE_FILES): nothing finished
+        self.stale_live = left_live(self.final)
+        if self.final.is_dir() and any(self.final.iterdir()) and not force \
+                and not self.stale_live:
             raise UserError(f"output directory {self.final} already exists and is not empty; "
                             f"pass --force to replace it")
         # what stood there when the run began: only that may be replaced (with force); a
         # run that finished into the same folder meanwhile is never overwritten
-        self.replaces = self.final.is_dir() and any(self.final.iterdir())
+        self.replaces = (self.final.is_dir() and any(self.final.iterdir())
+                         and not self.stale_live)
         self.parent = self.final.parent
         try:
             self.parent.mkdir(parents=True, exist_ok=True)
@@ -158,9 +164,13 @@ class RunDir:
         self.path = self.parent / (f".{self.final.name}.tmp-{os.getpid()}@{_host()}-"
                                    f"{secrets.token_hex(4)}")
         self.committed = False
+        self.live: Path | None = None  # where write_live wrote (the final folder or path)
+        self.made_final = False  # write_live made the final folder
 
     def __enter__(self) -> RunDir:
         remove_stale(self.parent, self.final.name)
+        if self.stale_live:
+            _remove_live(self.final)
         try:
             os.mkdir(self.path)  # 0777 minus the umask
         except FileExistsError:  # pragma: no cover - 32 random bits
@@ -175,7 +185,44 @@ class RunDir:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         if not self.committed:
+            self._drop_live()
             _remove_finishing(self.path)
+
+    def write_live(self, progress: dict[str, Any],
+                   rows: list[dict[str, Any]] | None = None) -> Path:
+        """The run's progress while it goes on: ``progress.json`` (``progress`` plus this
+        writer's pid and host) and, when ``rows`` are given, ``metrics.csv`` so far, each
+        replaced atomically. They go into the final folder itself when it held nothing at
+        the start (made if need be), else (``--force`` over a finished run, which stays whole
+        until the new one is complete) into the temporary folder. :meth:`commit` replaces
+        them by the finished run; an interrupted run removes them (:meth:`__exit__`), and one
+        killed outright leaves them for the next run into the folder to remove
+        (:func:`left_live`). Returns the folder written."""
+        folder = self.path if self.replaces else self.final
+        if folder == self.final and not folder.exists():
+            try:
+                folder.mkdir()
+                self.made_final = True
+            except FileExistsError:  # another run made it meanwhile: write beside ours
+                folder = self.path
+        self.live = folder
+        record = {**progress, "pid": os.getpid(), "host": _host(), "note": LIVE_NOTE}
+        if rows is not None:
+            write_text_atomic(folder / "metrics.csv", csv_text(rows))
+        write_text_atomic(folder / "progress.json", json.dumps(json_safe(record), indent=2)
+                          + "\n")
+        return folder
+
+    def _drop_live(self) -> None:
+        """Remove what :meth:`write_live` wrote into the final folder (and the folder, when it
+        made it and nothing else is there)."""
+        if self.live is None or self.live == self.path:
+            return
+        _remove_live(self.live)
+        if self.made_final:
+            with contextlib.suppress(OSError):
+                self.live.rmdir()
+        self.live = None
 
     def write_json(self, name: str, obj: Any) -> None:
         (self.path / name).write_text(json.dumps(json_safe(obj), indent=2) + "\n")
@@ -184,19 +231,15 @@ class RunDir:
         (self.path / name).write_text(text)
 
     def write_csv(self, name: str, rows: list[dict[str, Any]]) -> None:
-        columns: list[str] = []
-        for row in rows:
-            columns.extend(k for k in row if k not in columns)
-        with (self.path / name).open("w", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=columns)
-            writer.writeheader()
-            for row in rows:
-                writer.writerow(row)
+        (self.path / name).write_text(csv_text(rows), newline="")
 
     def commit(self) -> Path:
         """Move the finished directory into place (replacing an old one last); an interrupt
         part way puts the old one back."""
+        (self.path / "progress.json").unlink(missing_ok=True)  # a live record, not a result
         if not self.replaces:
+            if self.live == self.final:  # the final folder held only this run's progress
+                _remove_live(self.final)
             return self._commit_new()
         old = None
         try:
@@ -236,6 +279,55 @@ class RunDir:
             raise UserError(f"another run finished into {self.final} while this one ran; "
                             f"this run's results are in {target}")
         return target
+
+
+# what a run writes into its folder while it goes on (RunDir.write_live), and what the
+# progress record says of itself
+LIVE_FILES = ("metrics.csv", "progress.json")
+LIVE_NOTE = ("a run in progress: metrics.csv holds its evaluated rounds so far; the finished "
+             "run directory replaces both files")
+
+
+def csv_text(rows: list[dict[str, Any]]) -> str:
+    """``rows`` as CSV text, the columns in order of first appearance."""
+    columns: list[str] = []
+    for row in rows:
+        columns.extend(k for k in row if k not in columns)
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns)
+    writer.writeheader()
+    for row in rows:
+        writer.writerow(row)
+    return buffer.getvalue()
+
+
+def _remove_live(folder: Path) -> None:
+    for name in LIVE_FILES:
+        (folder / name).unlink(missing_ok=True)
+
+
+def left_live(folder: Path) -> bool:
+    """True when ``folder`` holds only the progress of a run that is gone (:data:`LIVE_FILES`,
+    its ``progress.json`` naming a process not alive on this machine): nothing finished, so a
+    new run may take the folder. A folder another live run is writing into is a UserError."""
+    progress = folder / "progress.json"
+    if not folder.is_dir() or not progress.is_file():
+        return False
+    if any(p.name not in LIVE_FILES for p in folder.iterdir()):
+        return False
+    try:
+        record = json.loads(progress.read_text(encoding="utf-8"))
+        pid, host = int(record["pid"]), str(record["host"])
+    except (ValueError, KeyError, TypeError, OSError):
+        return False
+    if host != _host():
+        raise UserError(f"output directory {folder} holds the progress of a run on {host} "
+                        f"(pid {pid}) that may still be going; choose another --out, or "
+                        f"remove the folder if that run is gone")
+    if _alive(pid):
+        raise UserError(f"output directory {folder} is being written by a run in progress "
+                        f"(pid {pid}); wait for it or choose another --out")
+    return True
 
 
 def _read_whole(path: Path, what: str) -> Any:

@@ -18,6 +18,7 @@ from fedem_private.errors import Diverged, UserError
 from fedem_private.evaluation.metrics import sampled_note
 from fedem_private.experiments import checkpoint as checkpoints
 from fedem_private.experiments.checkpoint import Checkpointing
+from fedem_private.experiments.outcome import outcome_warnings
 from fedem_private.experiments.rundir import NOT_PRIVATE, RunDir
 from fedem_private.hostmem import release_between_runs
 from fedem_private.simulation.config import (
@@ -206,6 +207,7 @@ def summarise(view: RunView, history: list[RoundStats], wall: float) -> dict[str
         "version": __version__,
         "not_private": NOT_PRIVATE,
     }
+    out["warnings"] = outcome_warnings(view.split, last, out["privacy"])
     if cfg.data.calibrate_to is not None:
         out["population"] = population_record(cfg.data.calibrate_to, cfg.data.data_dir,
                                               cfg.data.users)
@@ -259,7 +261,7 @@ def execute(cfg: RunConfig, out: str | Path,
             setup: Callable[[Simulation, Path], None] | None = None,
             on_start: Callable[[Simulation], None] | None = None,
             checkpoint: Checkpointing | None = None,
-            shards: dict[str, Any] | None = None) -> dict[str, Any]:
+            shards: dict[str, Any] | None = None, live: bool = False) -> dict[str, Any]:
     """Run ``cfg`` and write ``out`` atomically; returns the summary.
 
     ``setup`` may attach observers (e.g. recording) and write into the run
@@ -275,7 +277,10 @@ def execute(cfg: RunConfig, out: str | Path,
     (recording what the server saw) cannot resume one: they would miss the rounds before.
     ``shards``: compute each round's clients in shards on Ray
     (:func:`~fedem_private.experiments.ray_shards.ray_shards`'s keyword arguments,
-    ``shards`` and ``address``); the results are the same bits.
+    ``shards`` and ``address``); the results are the same bits. ``live``: while the rounds
+    run, ``metrics.csv`` (rewritten at each evaluation) and ``progress.json`` (the round
+    reached, seconds a round, ETA; every round) are kept under ``out``
+    (:meth:`~fedem_private.experiments.rundir.RunDir.write_live`).
     """
     if cfg.federation.resolved_method in BASELINE_METHODS:
         if shards is not None:
@@ -304,7 +309,8 @@ def execute(cfg: RunConfig, out: str | Path,
             on_start(sim)
         try:
             with _sharded(sim, shards):
-                history, wall, resumes = _rounds(sim, on_round, checkpoint, config, resumed)
+                history, wall, resumes = _rounds(sim, on_round, checkpoint, config, resumed,
+                                                 _live_progress(writer) if live else None)
         except Diverged:  # resuming would diverge again, round for round
             if checkpoint is not None:
                 checkpoints.discard(checkpoint)
@@ -336,18 +342,38 @@ def _sharded(sim: Simulation, shards: dict[str, Any] | None
     return ray_shards(sim, **shards)
 
 
+def _live_progress(writer: RunDir) -> Callable[[list[RoundStats], int, float], None]:
+    """What :func:`_rounds` calls after each round to keep the run's progress under its
+    folder: ``progress.json`` every round, ``metrics.csv`` too after an evaluation."""
+
+    def write(history: list[RoundStats], rounds: int, seconds: float) -> None:
+        last = history[-1]
+        evaluated = next((h.round for h in reversed(history) if h.metrics is not None), None)
+        per_round = seconds / max(last.round, 1)
+        writer.write_live({"state": "running", "round": last.round, "rounds": rounds,
+                           "evaluated_round": evaluated, "seconds": seconds,
+                           "seconds_per_round": per_round,
+                           "eta_seconds": per_round * (rounds - last.round)},
+                          [h.row() for h in history if h.metrics is not None]
+                          if last.metrics is not None else None)
+
+    return write
+
+
 def _rounds(sim: Simulation, on_round: Callable[[RoundStats], None] | None,
             checkpoint: Checkpointing | None, config: str,
-            resumed: checkpoints.Resumed | None
+            resumed: checkpoints.Resumed | None,
+            live: Callable[[list[RoundStats], int, float], None] | None = None
             ) -> tuple[list[RoundStats], float, list[dict[str, Any]]]:
     """The run's remaining rounds: every round's stats (those before a resumption
-    included), the seconds they took (writing checkpoints not counted) and the
-    resumptions; a checkpoint written when due."""
+    included), the seconds they took (writing checkpoints and progress not counted) and the
+    resumptions; a checkpoint written when due, and ``live`` called after each round with
+    the stats so far, the rounds planned and the seconds so far."""
     history = [] if resumed is None else resumed.history
     before = 0.0 if resumed is None else resumed.seconds
     resumes = [] if resumed is None else resumed.resumes
     rounds = sim.cfg.train.rounds
-    t0, saving = time.perf_counter(), 0.0  # the seconds spent writing checkpoints
+    t0, saving = time.perf_counter(), 0.0  # the seconds spent writing checkpoints, progress
 
     def wall() -> float:
         return before + time.perf_counter() - t0 - saving
@@ -355,6 +381,10 @@ def _rounds(sim: Simulation, on_round: Callable[[RoundStats], None] | None,
     while sim.state.round < rounds:
         stats = sim.step()
         history.append(stats)
+        if live is not None:
+            t_live = time.perf_counter()
+            live(history, rounds, wall())
+            saving += time.perf_counter() - t_live
         if on_round is not None:
             on_round(stats)
         if checkpoint is not None and checkpoint.due(stats.round, rounds):
