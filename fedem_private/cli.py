@@ -617,6 +617,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from fedem_private import api
 
     cfg = config_from_args(args)  # validated before anything heavy is imported
+    for kind, text in cfg.privacy.mechanism.notes(cfg.privacy, cfg.train.rounds):
+        print(f"{PROG}: {kind}: {text}", file=sys.stderr)
     if not args.dry_run:
         from fedem_private.experiments.tracking import check_uri
 
