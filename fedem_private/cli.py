@@ -48,7 +48,7 @@ def _integer(text: str) -> int:
 
 # flag -> (config key, type, help)
 RUN_FLAGS: list[tuple[str, str, Any, str]] = [
-    ("--dataset", "data.dataset", str, "synthetic, ml-100k, ml-1m, filmtrust, lastfm-2k, csv"),
+    ("--dataset", "data.dataset", str, "{datasets}"),
     ("--data-dir", "data.data_dir", str, "directory (or CSV file) holding the dataset"),
     ("--calibrate-to", "data.calibrate_to", str,
      "dataset synthetic: draw the users from a population fitted to this real dataset, whose "
@@ -199,10 +199,7 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--state-dtype", "train.state_dtype", str,
      "dtype of the per-client item tables kept between rounds: float32 (default) or "
      "bfloat16 (half the memory; arithmetic stays float32)"),
-    ("--privacy", "privacy.mode", str,
-     "none, ldp-laplace, ldp-gaussian, paper, ldp-touched-rows (INSECURE), cdp-gaussian "
-     "(central DP-FedAvg under secure aggregation), ldp-dpsgd (interaction-level local "
-     "DP-SGD), dp-ftrl (central DP-FTRL: tree aggregation, cyclic cohorts, no amplification)"),
+    ("--privacy", "privacy.mode", str, "{mechanisms}"),
     ("--sample-rate", "privacy.sample_rate", _number,
      "cdp-gaussian: each client takes part in a round with this probability (Poisson); "
      "dp-ftrl: the cohort fraction q, clients in G = ceil(1/q) fixed groups taking turns"),
@@ -288,6 +285,18 @@ RUN_GROUPS = {"data": "data and evaluation protocol", "train": "training",
               "privacy": "privacy"}
 
 
+def _registered() -> dict[str, str]:
+    """The help of the flags whose values are registries, from the registries themselves
+    (a dataset or mechanism added, a plugin's included, is listed without editing this)."""
+    from fedem_private.data import DATASETS
+    from fedem_private.privacy.registry import capability, names
+
+    mechanisms = ", ".join(n + " (INSECURE)" * capability(n, "nominal_only") for n in names())
+    return {"{datasets}": f"{', '.join(DATASETS)} (`{PROG} datasets list`: where each is "
+                          f"found)",
+            "{mechanisms}": f"{mechanisms} (`{PROG} list` says what each is)"}
+
+
 def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE",
                    help="TOML config file; flags override it. A --dataset other than "
@@ -296,7 +305,9 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
                         "train.client_tables, eval_finetune and cohort_size, each with a note "
                         "(the same settings given as flags are still refused)")
     groups = {section: p.add_argument_group(title) for section, title in RUN_GROUPS.items()}
+    registered = _registered()
     for flag, key, typ, text in RUN_FLAGS:
+        text = registered.get(text, text)
         default = _default_of(key)
         if default is not None:
             text = f"{text} (default: {default:g})" if isinstance(default, float) \
@@ -680,6 +691,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from fedem_private import api
 
     cfg = config_from_args(args)  # validated before anything heavy is imported
+    for kind, text in cfg.privacy.mechanism.notes(cfg.privacy, cfg.train.rounds):
+        print(f"{PROG}: {kind}: {text}", file=sys.stderr)
     if not args.dry_run:
         from fedem_private.experiments.tracking import check_uri
 

@@ -367,6 +367,31 @@ def test_a_run_end_to_end_prints_its_eps(tmp_path, capsys):
     assert seen[0] == seen[2] and seen[1] == seen[3] and not seen[0] & seen[1]
 
 
+@pytest.mark.parametrize("rate, rounds, said", [
+    # 3 of 10 cohorts trained: a warning naming what would reach them all
+    ("0.1", "3", ["warning: --privacy dp-ftrl: 3 rounds reach 3 of the 10 cyclic cohorts",
+                  "other 7 (70%) never take part", "--rounds 10 or more",
+                  "--sample-rate 0.3334 or more"]),
+    # q = 0.3 is G = 4 cohorts: a note of the fraction used
+    ("0.3", "8", ["note: --privacy dp-ftrl --sample-rate 0.3:", "G = ceil(1/q) = 4",
+                  "fraction 1/4 = 0.25 of them, not 0.3"]),
+    ("0.25", "4", []),  # q = 1/G and every cohort reached: nothing to say
+])
+def test_settings_that_misfit_the_cohorts_are_said_before_the_run(capsys, rate, rounds, said):
+    """issue 80: --sample-rate 0.1 --rounds 3 trained 3 of its 10 cohorts, and 0.3 became
+    0.25, without a word; each is now one line on stderr (the run itself is unchanged)."""
+    from fedem_private.cli import main
+
+    assert main(["run", "--privacy", "dp-ftrl", "--epsilon", "4", "--clip", "1",
+                 "--sample-rate", rate, "--rounds", rounds, "--dry-run"]) == 0
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == (len(said) > 0)
+    for words in said:
+        assert words in err
+    # the rate kept is 0.3334: ceil(1/q) = 3 cohorts, within 3 rounds (0.3333 would be 4)
+    assert ftrl.groups_for(0.3334) == 3 and ftrl.groups_for(0.3333) == 4
+
+
 # ------------------------------------------------------------- (6) the neighbour worlds
 def test_the_neighbour_harness_meets_dp_ftrl_and_would_catch_a_halved_claim(monkeypatch):
     """(6) The harness's table holds dp-ftrl (tests/test_neighbour_worlds.py runs it in every

@@ -21,10 +21,12 @@ from fedem_private.data import calibration as cal
 from fedem_private.data.population import (
     FitOptions,
     cache_path,
+    draw_bytes,
     draw_population,
     draw_users,
     fit_population,
     load_population,
+    mean_activity,
     save_population,
 )
 from fedem_private.data.synthetic import generate
@@ -293,3 +295,49 @@ def test_the_clip_only_probe_is_the_study_rung_with_a_fixed_multiplier():
     assert {k: v for k, v in cfg.items() if k != "privacy"} == {
         k: v for k, v in rung.items() if k != "privacy"}
     assert cfg["privacy"]["clip"] == rung["privacy"]["clip"] == pytest.approx(4.3633296)
+
+
+# ------------------------------------------------- a population too large to draw (issue 80)
+
+
+def test_the_expected_draw_matches_a_real_one(model) -> None:
+    """mean_activity is the mean of the activity the draw takes (within 5% on 4,000 users),
+    and draw_bytes what the drawn arrays hold, blocks and concatenation counted."""
+    data = draw_population(model, 3, 4000)
+    assert abs(data.users.shape[0] / 4000 / mean_activity(model) - 1) < 0.05
+    held = 2 * (data.items.nbytes + data.timestamps.nbytes) + data.users.nbytes
+    assert abs(draw_bytes(model, 4000) / held - 1) < 0.05
+
+
+def test_a_population_too_large_for_memory_is_refused_before_drawing(
+        model, csv_source, tmp_path, capsys, monkeypatch) -> None:
+    """--users 10^9 drew for hours before the kernel killed it; now one line, exit 2, naming
+    the GiB it needs and the GiB available, and no user is drawn. (The run's population is
+    this module's quick fit, not a fit of the CSV: the refusal is what is tested.)"""
+    from fedem_private import hostmem
+    from fedem_private.data import population
+
+    # the CSV's fit, as this process's cache holds it, is the module's quick fit
+    fit = cache_path(load_dataset("csv", csv_source), FitOptions(),
+                     tmp_path / "cache" / "populations")
+    monkeypatch.setitem(population._FITTED, fit, model)
+    monkeypatch.setattr(hostmem, "available_bytes", lambda: 8 * 2**30)
+
+    def no_draw(*args, **kwargs):
+        raise AssertionError("drew users before refusing")
+
+    monkeypatch.setattr(population, "draw_users", no_draw)
+    assert main(["run", "--dataset", "synthetic", "--calibrate-to", "csv", "--data-dir",
+                 str(csv_source), "--users", "1000000000", "--no-progress",
+                 "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    need = hostmem.gib(draw_bytes(model, 10**9))
+    assert "\n" not in err and "--users 1,000,000,000" in err
+    assert f"needs about {need}" in err and "8.0 GiB is available" in err
+    assert not (tmp_path / "run").exists()
+    # where the host's memory is unknown, nothing is refused
+    monkeypatch.setattr(hostmem, "available_bytes", lambda: None)
+    population.check_draw_fits(model, 10**9)
+    # and a population that fits is not refused
+    monkeypatch.setattr(hostmem, "available_bytes", lambda: 8 * 2**30)
+    population.check_draw_fits(model, 1000)

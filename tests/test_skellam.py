@@ -120,3 +120,38 @@ def test_wrap_bound_and_derived_scale() -> None:
                     delta=1e-5, epsilon=5.0)
     # a wrap-around bound that can fail: far too large a scale
     assert S.wrap_bound(16, 1e6, 1.0, 4096, 100, plan.variance, plan.beta) == 1.0
+
+
+PLAN = {"clip": 1.0, "dim": 3000, "cohort": 100, "noise_clients": 90, "rounds": 20,
+        "delta": 1e-5, "epsilon": 5.0, "noise_multiplier": None, "scale": None}
+
+
+def test_too_few_bits_are_refused_with_the_fewest_that_hold_the_sum() -> None:
+    """issue 80: --ddp-bits 4 was refused without the bits that would do; the refusal now
+    names the smallest, found by trying each in turn (12 here: 11 still fails)."""
+    from fedem_private.errors import UserError
+    from fedem_private.privacy.ddp import DdpSecureSum
+
+    assert S.smallest_bits(bits=4, **PLAN) == 12
+    with pytest.raises(ValueError, match="cannot hold"):
+        S.make_plan(bits=11, **PLAN)
+    assert S.make_plan(bits=12, **PLAN).wrap <= S.WRAP_TARGET
+    ddp = DdpSecureSum(clip=1.0, bits=4, scale=None, tolerance=0.1, dropout=0.0,
+                       expected_count=100.0, cohort=100, seed=0, rounds=20, delta=1e-5,
+                       epsilon=5.0, noise_multiplier=None)
+    with pytest.raises(UserError, match=r"4 bits cannot hold .*; give --ddp-bits 12 or more"):
+        ddp._plan_for(3000)
+    # more inputs than 2^31 a round: no bits up to 32 hold the sum, and the refusal says so
+    assert S.smallest_bits(bits=4, **{**PLAN, "cohort": 3 * 10**9}) is None
+    ddp.cohort = 3 * 10**9
+    with pytest.raises(UserError, match="not even --ddp-bits 32 holds it"):
+        ddp._plan_for(3000)
+
+
+def test_a_cohort_of_thousands_gets_a_plan_not_an_overflow() -> None:
+    """(1 - beta)^-K overflowed a float from K ~ 760 (OverflowError out of make_plan, a
+    traceback for a cohort of 800); in logs, the plan is found and meets the target."""
+    plan = S.make_plan(bits=16, **{**PLAN, "cohort": 1000, "noise_clients": 1000})
+    assert 0 < plan.wrap <= S.WRAP_TARGET
+    assert S.wrap_bound(16, plan.scale, 1.0, plan.padded, 1000, plan.variance,
+                        plan.beta) == plan.wrap

@@ -336,6 +336,7 @@ def draw_population(model: PopulationModel, seed: int, n_users: int,
     """
     if n_users < 1:
         raise UserError(f"a population needs at least one user, got {n_users}")
+    check_draw_fits(model, n_users)
     rows = block or max(1, _BLOCK // model.n_items)
     parts = [draw_users(model, seed, np.arange(lo, min(n_users, lo + rows)))
              for lo in range(0, n_users, rows)]
@@ -346,6 +347,42 @@ def draw_population(model: PopulationModel, seed: int, n_users: int,
     return Interactions(f"synthetic:{model.source}", users, items, stamps, n_users,
                         model.n_items, np.arange(n_users), np.arange(model.n_items),
                         public_catalogue=True)
+
+
+def mean_activity(model: PopulationModel) -> float:
+    """The expected interactions of a drawn user: the mixture's mean of each component's
+    quantile function, interpolated linearly between its points as the draw is (the
+    trapezoid rule is exact for that), clipped to the draw's [3, m - 1]."""
+    q = np.clip(model.activity, 3, model.n_items - 1)
+    weights = model.mix_weights / model.mix_weights.sum()
+    return float(weights @ ((q[:, :-1] + q[:, 1:]) / 2).mean(axis=1))
+
+
+# bytes :func:`draw_population` holds at its end per drawn interaction: items and timestamps
+# (int64, float64) in the blocks and again concatenated, and the user ids (int64); per user:
+# the counts, in the blocks and concatenated
+_DRAW_BYTES, _USER_BYTES = 2 * (8 + 8) + 8, 2 * 8
+
+
+def draw_bytes(model: PopulationModel, n_users: int) -> float:
+    """The memory drawing ``n_users`` users takes, in expectation: what
+    :func:`draw_population` holds at its end (the split and the run need more)."""
+    return n_users * (mean_activity(model) * _DRAW_BYTES + _USER_BYTES)
+
+
+def check_draw_fits(model: PopulationModel, n_users: int) -> None:
+    """Refuse, in one line and before drawing, a population whose draw alone would not fit
+    in the memory the host has available (``MemAvailable``; not checked where unknown):
+    ``--users 1000000000`` would otherwise draw for hours and then be killed."""
+    from ..hostmem import available_bytes, gib
+
+    need, free = draw_bytes(model, n_users), available_bytes()
+    if free is None or need <= free:
+        return
+    raise UserError(f"--users {n_users:,}: drawing the population needs about {gib(need)} "
+                    f"({n_users:,} users x {mean_activity(model):.1f} interactions each on "
+                    f"average over {model.n_items:,} items, {_DRAW_BYTES} B an interaction), "
+                    f"and {gib(free)} is available; use fewer --users")
 
 
 def draw_users(model: PopulationModel, seed: int, users: np.ndarray

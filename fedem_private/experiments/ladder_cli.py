@@ -55,7 +55,9 @@ def add_ladder_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tuned", nargs="+", default=[], metavar="FILE",
                    help="`fedem-private tune` best.toml files, e.g. tuned on another dataset: "
                         "each serves the rung of its method and privacy mode; its [data] "
-                        "section is replaced by this command's")
+                        "section is replaced by this command's. Those tuned on ML-100K, "
+                        "FilmTrust and LastFM-2K are in a checkout's "
+                        "benchmarks/results/ladder/tuning/*-best.toml (not in the wheel)")
     p.add_argument("--tune", nargs="+", default=[], metavar="TUNE_FILE",
                    help="tuning files run here on this dataset first (resumable, in "
                         "<out>/tune/<name>); a private one needs [tune.private] (accounted)")

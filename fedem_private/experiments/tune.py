@@ -652,9 +652,9 @@ def run_tuning(spec: str | Path, out: str | Path, trials: int | None = None,
     ``best_by``: a searched choice (``federation.merge``); the best trial of each of its
     values is also written, as ``best-<value>.toml``.
     """
-    optuna = _import_optuna()
-    base, space, file_trials, seed = load_tune_spec(spec)
+    base, space, file_trials, seed = load_tune_spec(spec)  # a bad file: said first
     private = load_private(spec)
+    optuna = _import_optuna()
     if best_by is not None and "choices" not in space.get(best_by, {}):
         raise UserError(f"--best-by {best_by}: not a searched choice of [tune.space] "
                         f"(choices: {', '.join(k for k, v in space.items() if 'choices' in v)})")

@@ -147,13 +147,18 @@ class DdpSecureSum:
 
     def _plan_for(self, dim: int) -> skellam.DdpPlan:
         if self.plan is None or self.plan.dim != dim:
+            plan = {"clip": self.clip, "dim": dim, "cohort": self.cohort,
+                    "noise_clients": self.noise_clients, "rounds": self.rounds,
+                    "delta": self.delta, "epsilon": self.epsilon,
+                    "noise_multiplier": self.z, "scale": self.scale}
             try:
-                self.plan = skellam.make_plan(
-                    bits=self.bits, clip=self.clip, dim=dim, cohort=self.cohort,
-                    noise_clients=self.noise_clients, rounds=self.rounds, delta=self.delta,
-                    epsilon=self.epsilon, noise_multiplier=self.z, scale=self.scale)
+                self.plan = skellam.make_plan(bits=self.bits, **plan)
             except ValueError as err:  # too few bits for this noise, cohort and dimension
-                raise UserError(f"ddp-skellam: {err}; give more --ddp-bits") from err
+                enough = skellam.smallest_bits(bits=self.bits, **plan)
+                fix = (f"give --ddp-bits {enough} or more" if enough is not None else
+                       f"not even --ddp-bits {skellam.MAX_BITS} holds it: fewer clients a "
+                       f"round (--sample-rate, --cohort-size) or a smaller upload need fewer")
+                raise UserError(f"ddp-skellam: {err}; {fix}") from err
         return self.plan
 
     def add(self, sent: torch.Tensor, local: torch.Tensor) -> ClipStats:

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -74,6 +75,7 @@ RDP_ORDERS: tuple[int, ...] = tuple(range(2, 129)) + (160, 192, 256, 384, 512, 1
 DEFAULT_BETA = math.exp(-0.5)
 # the round's wrap-around probability bound that a derived scale gamma must meet
 WRAP_TARGET = 1e-6
+MAX_BITS = 32  # --ddp-bits' range is [2, MAX_BITS]: the modular sum's words are uint32
 MAX_ROUNDING_TRIES = 1000
 
 
@@ -187,15 +189,19 @@ def calibrate_variance(epsilon: float, rounds: int, l1: float, l2: float, delta:
     return hi
 
 
-def _tails(margin: float, parts: list[tuple[float, object]]) -> float:
-    """Sum of tail bounds, the margin split between the parts in proportion to their
-    scales (any split is valid)."""
+def _log_tails(margin: float, parts: list[tuple[float, object]]) -> float:
+    """The log of a sum of tail bounds, each part given as (its scale, the log of its tail
+    bound at a margin), the margin split between the parts in proportion to their scales
+    (any split is valid). In logs, as the (1 - beta)^-senders inflation it meets is: far
+    tails underflow a float, and 0 times that inflation would claim a bound that is not."""
     total = sum(s for s, _ in parts)
     if margin <= 0:
         return math.inf
     if total == 0:
-        return 0.0
-    return sum(tail(margin * s / total) for s, tail in parts if s > 0)  # type: ignore[operator]
+        return -math.inf
+    logs = [log_tail(margin * s / total) for s, log_tail in parts if s > 0]  # type: ignore[operator]
+    top = max(logs)
+    return top + math.log(math.fsum(math.exp(v - top) for v in logs))
 
 
 def wrap_bound(bits: int, scale: float, clip: float, dim: int, senders: int,
@@ -219,20 +225,23 @@ def wrap_bound(bits: int, scale: float, clip: float, dim: int, senders: int,
     sa = scale * senders * clip / math.sqrt(dim)
     sn = math.sqrt(max(variance, 0.0))
 
+    log2 = math.log(2.0)
+
     def tail_a(t: float) -> float:
-        return 2.0 * math.exp(-t ** 2 * dim / (2.0 * (scale * senders * clip) ** 2))
+        return log2 - t ** 2 * dim / (2.0 * (scale * senders * clip) ** 2)
 
     def tail_n(t: float) -> float:
-        return 2.0 * math.exp(-t ** 2 / (2.0 * (variance + t / 3.0)))
+        return log2 - t ** 2 / (2.0 * (variance + t / 3.0))
 
     def tail_r(t: float) -> float:
-        return 2.0 * math.exp(-2.0 * t ** 2 / senders)
+        return log2 - 2.0 * t ** 2 / senders
 
-    sure = _tails(margin - senders, [(sa, tail_a), (sn, tail_n)])
-    inflate = (1.0 - beta) ** (-senders) if beta > 0 else 1.0
-    hoeffding = inflate * _tails(margin, [(sa, tail_a), (math.sqrt(senders) / 2.0, tail_r),
-                                          (sn, tail_n)])
-    return min(1.0, dim * min(sure, hoeffding))
+    sure = _log_tails(margin - senders, [(sa, tail_a), (sn, tail_n)])
+    # the inflation in logs too: (1 - beta)^-senders overflows a float from ~760 senders
+    inflate = -senders * math.log1p(-beta) if beta > 0 else 0.0
+    hoeffding = inflate + _log_tails(margin, [(sa, tail_a), (math.sqrt(senders) / 2.0, tail_r),
+                                              (sn, tail_n)])
+    return math.exp(min(0.0, math.log(dim) + min(sure, hoeffding)))
 
 
 @dataclass(frozen=True)
@@ -334,6 +343,19 @@ def make_plan(*, bits: int, clip: float, dim: int, cohort: int, noise_clients: i
     return DdpPlan(bits=bits, clip=clip, dim=dim, padded=padded, scale=scale, beta=beta,
                    l2=l2, l1=l1, variance=mu, cohort=cohort, noise_clients=noise_clients,
                    rounds=rounds, delta=delta, wrap=wrap)
+
+
+def smallest_bits(*, bits: int, **plan: Any) -> int | None:
+    """The fewest bits above ``bits``, up to :data:`MAX_BITS`, with which :func:`make_plan`
+    of the other arguments ``plan`` succeeds (None: not even that many), trying each in
+    turn: what a refusal for too few bits names."""
+    for more in range(int(bits) + 1, MAX_BITS + 1):
+        try:
+            make_plan(bits=more, **plan)
+        except ValueError:
+            continue
+        return more
+    return None
 
 
 @dataclass

@@ -8,6 +8,7 @@ privacy options it accepts, and its hooks:
 
 - :meth:`Mechanism.validate`: its own checks of a
   :class:`~fedem_private.privacy.config.PrivacyConfig` (the shared ones stay there);
+  :meth:`Mechanism.notes`: what valid settings do that their user may not expect;
 - :meth:`Mechanism.calibrate`: the config to its per-round
   :class:`~fedem_private.privacy.params.MechanismParams`;
 - the client-side hook, on the upload (:meth:`Mechanism.release`) or inside local
@@ -177,6 +178,12 @@ class Mechanism:
     @classmethod
     def validate(cls, cfg: PrivacySettings) -> None:
         """Its own checks of ``cfg`` beyond the shared ones (UserError, one line)."""
+
+    @classmethod
+    def notes(cls, cfg: PrivacySettings, rounds: int) -> list[tuple[str, str]]:
+        """What valid settings do that their user may not expect, as ("warning" | "note",
+        one line) pairs, said before the run (the CLI prints them on stderr); none here."""
+        return []
 
     @classmethod
     def calibrate(cls, cfg: PrivacySettings, rounds: int,

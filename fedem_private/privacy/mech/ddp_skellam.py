@@ -106,9 +106,11 @@ class DdpSkellam(Mechanism):
 
     @classmethod
     def validate(cls, cfg: PrivacyConfig) -> None:
+        from fedem_private.privacy.skellam import MAX_BITS
+
         bits = cfg.ddp_bits
-        if isinstance(bits, bool) or not isinstance(bits, int) or not 2 <= bits <= 32:
-            raise UserError(f"--ddp-bits must be an integer in [2, 32], got {bits!r}")
+        if isinstance(bits, bool) or not isinstance(bits, int) or not 2 <= bits <= MAX_BITS:
+            raise UserError(f"--ddp-bits must be an integer in [2, {MAX_BITS}], got {bits!r}")
         if cfg.ddp_scale is not None and not 0 < float(cfg.ddp_scale) < math.inf:
             raise UserError(f"--ddp-scale must be finite and > 0, got {cfg.ddp_scale}")
         if not 0 <= float(cfg.ddp_tolerance) < 1:

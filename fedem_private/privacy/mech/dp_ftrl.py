@@ -138,6 +138,31 @@ class DpFtrl(Mechanism):
         }
 
     @classmethod
+    def notes(cls, cfg: PrivacyConfig, rounds: int) -> list[tuple[str, str]]:
+        """The cohort fraction actually used, 1/G, where it is not --sample-rate's q; a
+        warning where the run ends before every cohort took part (rounds < G)."""
+        from fedem_private.privacy.ftrl import groups_for
+
+        q = float(cfg.sample_rate)
+        groups = groups_for(q)
+        out = []
+        if abs(1.0 / groups - q) > 1e-9:
+            out.append(("note", f"--privacy dp-ftrl --sample-rate {q:g}: the clients are "
+                                f"split into G = ceil(1/q) = {groups} cyclic cohorts, so each "
+                                f"round's cohort is a fraction 1/{groups} = {1 / groups:.4g} "
+                                f"of them, not {q:g}"))
+        if rounds < groups:
+            # the smallest q of 4 decimals whose ceil(1/q) is at most the rounds
+            enough = math.ceil(10_000 / rounds) / 10_000
+            out.append(("warning", f"--privacy dp-ftrl: {rounds} round{'s' * (rounds > 1)} "
+                                   f"reach {rounds} of the {groups} cyclic cohorts of "
+                                   f"--sample-rate {q:g}; the clients of the other "
+                                   f"{groups - rounds} ({(groups - rounds) / groups:.0%}) never "
+                                   f"take part: give --rounds {groups} or more, or "
+                                   f"--sample-rate {enough:g} or more"))
+        return out
+
+    @classmethod
     def calibrate(cls, cfg: PrivacyConfig, rounds: int,
                   n_clients: int | None = None) -> MechanismParams:
         """sigma per node from z and the tree's sensitivity
