@@ -282,8 +282,11 @@ class PrivacyLayer:
         """The uploads of one chunk of clients (see :mod:`mechanisms`); local modes only."""
         if self.central:
             raise RuntimeError("a central mechanism releases no upload: use contribute()")
+        # each client's noise keyed by its identity, not its index (issue 77): removing
+        # another user from the data moves no one's noise
+        keys = self.client_keys[np.asarray(clients, dtype=np.int64)]
         out, stats = release(self.params, sent, local, seed=self.seed, round_=self.round,
-                             clients=clients, touched=touched)
+                             clients=keys, touched=touched)
         k = stats.n_clients
         self._n += k
         self._noised += stats.noised_fraction * k
