@@ -88,6 +88,15 @@ def key(seed: int, stream: int, round_: int | np.ndarray, client: int | np.ndarr
     return k
 
 
+def identities(clients: int | np.ndarray) -> np.ndarray:
+    """Clients' identity keys (int64): ``clients`` itself, or for a count n the indices
+    0..n-1 (a population whose identities are its positions). The participation draws
+    are keyed by these, so that removing one client moves no other's draw."""
+    if np.ndim(clients) == 0:
+        return np.arange(int(clients), dtype=np.int64)
+    return np.asarray(clients, dtype=np.int64)
+
+
 def bits(k: np.ndarray, counter: np.ndarray | int) -> np.ndarray:
     """64 random bits for each (key, counter) pair; broadcasts."""
     with np.errstate(over="ignore"):

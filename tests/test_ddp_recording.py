@@ -8,13 +8,11 @@ import pytest
 pytest.importorskip("Crypto", reason="the [secagg] extra (pycryptodome) is not installed")
 
 import numpy as np  # noqa: E402
+from recorded_runs import ddp_recorded_round  # noqa: E402
 from scipy import stats  # noqa: E402
 
 from attacks.observations import load_observations, load_public  # noqa: E402
-from fedem_private.experiments import neighbours as nb  # noqa: E402
-from fedem_private.experiments.recording import RecordSpec, recording_setup  # noqa: E402
 from fedem_private.privacy import skellam  # noqa: E402
-from fedem_private.simulation.loop import Simulation  # noqa: E402
 
 BITS = 12
 
@@ -23,29 +21,9 @@ BITS = 12
 def recorded(tmp_path_factory: pytest.TempPathFactory):
     """A tiny ddp-skellam run recording its last round, and every client's b-bit input
     (before masking) as its encoding produced it."""
-    inputs: dict[tuple[int, int], np.ndarray] = {}
-    encode = skellam.encode
-
-    def spy(plan, clipped, *, seed, round_, clients, secrets=None):
-        enc = encode(plan, clipped, seed=seed, round_=round_, clients=clients, secrets=secrets)
-        for c, row in zip(np.asarray(clients).tolist(), enc.values, strict=True):
-            inputs[(round_, int(c))] = row.copy()
-        return enc
-
-    mp = pytest.MonkeyPatch()
-    mp.setattr(skellam, "encode", spy)
-    try:
-        cfg = nb.make_config("ddp-skellam", settings={
-            "clip": 0.05, "epsilon": 8.0, "sample_rate": 0.8, "ddp_bits": BITS})
-        sim = Simulation(cfg, nb.base_split())
-        run_dir = tmp_path_factory.mktemp("ddp-rec")
-        recording_setup(RecordSpec(("last",), 10))(sim, run_dir)
-        sim.run()
-    finally:
-        mp.undo()
-    with np.load(run_dir / "observations" / "secagg" / f"round_{nb.ROUNDS:04d}.npz") as z:
-        transcript = {k: z[k] for k in z.files}
-    return run_dir, transcript, inputs
+    rec = ddp_recorded_round(tmp_path_factory.mktemp("ddp-rec"), {
+        "clip": 0.05, "epsilon": 8.0, "sample_rate": 0.8, "ddp_bits": BITS})
+    return rec.run_dir, rec.transcript, rec.inputs
 
 
 def test_public_json_names_the_transcript(recorded) -> None:

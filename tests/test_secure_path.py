@@ -20,12 +20,12 @@ import pytest
 
 pytest.importorskip("Crypto", reason="the [secagg] extra (pycryptodome) is not installed")
 
+from recorded_runs import ddp_recorded_round  # noqa: E402
 from scipy import stats  # noqa: E402
 
 from fedem_private import rng  # noqa: E402
 from fedem_private.experiments import neighbours as nb  # noqa: E402
-from fedem_private.experiments.recording import RecordSpec, recording_setup  # noqa: E402
-from fedem_private.privacy import secagg, skellam  # noqa: E402
+from fedem_private.privacy import secagg  # noqa: E402
 from fedem_private.privacy.client_secrets import ClientSecrets  # noqa: E402
 from fedem_private.simulation.loop import Simulation  # noqa: E402
 
@@ -39,38 +39,10 @@ OLD_SKELLAM = 1003
 def recorded(tmp_path_factory: pytest.TempPathFactory):
     """A tiny ddp-skellam run recording its last round; every client's b-bit input and
     Skellam share as the clients produced them (a spy on the client side)."""
-    inputs: dict[tuple[int, int], np.ndarray] = {}
-    shares: dict[tuple[int, int], np.ndarray] = {}
-    encode, noise = skellam.encode, skellam.skellam_noise
-
-    def spy_encode(plan, clipped, *, seed, round_, clients, secrets=None):
-        enc = encode(plan, clipped, seed=seed, round_=round_, clients=clients, secrets=secrets)
-        for c, row in zip(np.asarray(clients).tolist(), enc.values, strict=True):
-            inputs[(round_, int(c))] = row.copy()
-        return enc
-
-    def spy_noise(shape, variance, *, secrets, round_, clients):
-        out = noise(shape, variance, secrets=secrets, round_=round_, clients=clients)
-        for c, row in zip(np.asarray(clients).tolist(), out, strict=True):
-            shares[(round_, int(c))] = row.copy()
-        return out
-
-    mp = pytest.MonkeyPatch()
-    mp.setattr(skellam, "encode", spy_encode)
-    mp.setattr(skellam, "skellam_noise", spy_noise)
-    try:
-        cfg = nb.make_config("ddp-skellam", settings={
-            "clip": 1.0, "epsilon": 4.0, "sample_rate": 0.8, "ddp_bits": BITS,
-            "client_secret_seed": CLIENT_SECRET_SEED})
-        sim = Simulation(cfg, nb.base_split())
-        run_dir = tmp_path_factory.mktemp("secure-path")
-        recording_setup(RecordSpec(("last",), 10))(sim, run_dir)
-        sim.run()
-    finally:
-        mp.undo()
-    with np.load(run_dir / "observations" / "secagg" / f"round_{nb.ROUNDS:04d}.npz") as z:
-        transcript = {k: z[k] for k in z.files}
-    return sim, transcript, inputs, shares
+    rec = ddp_recorded_round(tmp_path_factory.mktemp("secure-path"), {
+        "clip": 1.0, "epsilon": 4.0, "sample_rate": 0.8, "ddp_bits": BITS,
+        "client_secret_seed": CLIENT_SECRET_SEED})
+    return rec.sim, rec.transcript, rec.inputs, rec.shares
 
 
 def _audit_secrets(seed: int):

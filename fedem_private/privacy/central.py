@@ -89,8 +89,7 @@ def poisson_participants(seed: int, round_: int, clients: int | np.ndarray,
     POISSON, round, key_u) is below q, so the count is Binomial(n, q) (mean q n), runs
     repeat, and removing one user moves no other client's draw.
     """
-    keys = (np.arange(int(clients), dtype=np.int64) if np.ndim(clients) == 0
-            else np.asarray(clients, dtype=np.int64))
+    keys = rng.identities(clients)
     ids = np.arange(keys.shape[0])
     if sample_rate >= 1.0:
         return ids

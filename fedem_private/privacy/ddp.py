@@ -48,8 +48,7 @@ def fixed_cohort(seed: int, round_: int, clients: int | np.ndarray, size: int) -
     identity alone: removing a user outside the cohort moves nobody, removing a member lets
     in the next-smallest draw (a fixed size cannot avoid that; the mechanism's relation is
     zero-out, under which the cohort never moves)."""
-    keys = (np.arange(int(clients), dtype=np.int64) if np.ndim(clients) == 0
-            else np.asarray(clients, dtype=np.int64))
+    keys = rng.identities(clients)
     ids = np.arange(keys.shape[0])
     if size >= ids.shape[0]:
         return ids

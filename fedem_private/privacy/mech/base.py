@@ -93,6 +93,15 @@ DDP_OPTIONS: tuple[str, ...] = ("ddp_bits", "ddp_scale", "ddp_tolerance", "dropo
                                  "client_secret_seed")
 
 
+def adversary_views(observer: tuple[str, float | None, str],
+                    aggregator: tuple[str, float | None, str]) -> dict[str, dict[str, Any]]:
+    """``summary.json``'s ``adversaries`` block (issue 77): for the observer of the released
+    models and for the aggregator, (whom it is against, its eps or None, the basis)."""
+    return {name: {"against": against, "epsilon": eps, "basis": basis}
+            for name, (against, eps, basis) in (("observer", observer),
+                                                 ("aggregator", aggregator))}
+
+
 class Mechanism:
     """A privacy mechanism: self-description, capabilities, options and hooks.
 
@@ -280,12 +289,10 @@ class Mechanism:
         reason = ("" if cls.claims_guarantee else
                   "no guarantee: the mechanism claims none (a nominal or heuristic figure at "
                   "most, reported beside)")
-        return {
-            "observer": {"against": "observers of the released models and uploads",
-                         "epsilon": eps, "basis": reason or "the accounted per-client eps "
-                         "(worst client; no amplification over clients)"},
-            "aggregator": {"against": "the aggregator: receives every client's released "
-                           "upload, knows who took part", "epsilon": eps,
-                           "basis": reason or "local DP: it sees only the noised uploads, "
-                           "so its guarantee is the observer's"},
-        }
+        return adversary_views(
+            ("observers of the released models and uploads", eps,
+             reason or "the accounted per-client eps (worst client; no amplification over "
+             "clients)"),
+            ("the aggregator: receives every client's released upload, knows who took part",
+             eps, reason or "local DP: it sees only the noised uploads, so its guarantee is "
+             "the observer's"))

@@ -18,6 +18,7 @@ from fedem_private.privacy.mech.base import (
     SAMPLED_BUDGET,
     SHARED_OPTIONS,
     Mechanism,
+    adversary_views,
 )
 from fedem_private.privacy.registry import register
 
@@ -69,15 +70,12 @@ class CdpGaussian(Mechanism):
         guarantees = summary.get("guarantees") or {}
         observer = ((guarantees.get("observer") or {}).get("epsilon") or {}).get("reported")
         aggregator = (summary.get("epsilon_aggregator") or {}).get("reported")
-        return {
-            "observer": {"against": "observers of the released global models, not told who "
-                         "took part", "epsilon": observer,
-                         "basis": "Poisson subsampling amplification (dp-accounting PLD/RDP)"},
-            "aggregator": {"against": "the aggregator under secure aggregation: sees only the "
-                           "noisy sums, knows who took part", "epsilon": aggregator,
-                           "basis": "no amplification: the worst client's participations "
-                           "composed; assumes the noise is added before it reads the sum"},
-        }
+        return adversary_views(
+            ("observers of the released global models, not told who took part", observer,
+             "Poisson subsampling amplification (dp-accounting PLD/RDP)"),
+            ("the aggregator under secure aggregation: sees only the noisy sums, knows who "
+             "took part", aggregator, "no amplification: the worst client's participations "
+             "composed; assumes the noise is added before it reads the sum"))
 
     @classmethod
     def calibrate(cls, cfg: PrivacyConfig, rounds: int,

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fedem_private import rng
 from fedem_private.errors import UserError
 from fedem_private.privacy.mech.base import (
     DDP_OPTIONS,
@@ -32,6 +33,7 @@ from fedem_private.privacy.mech.base import (
     SHARED_OPTIONS,
     ZERO_OUT_CLIENT,
     Mechanism,
+    adversary_views,
 )
 from fedem_private.privacy.registry import register
 
@@ -97,12 +99,8 @@ class DdpSkellam(Mechanism):
                  "and the noisy modular sum, the observer the decoded model; assumed: honest "
                  "noise shares, at least n_t honest inputs a round, fewer than t colluding "
                  "neighbours of any client")
-        return {
-            "observer": {"against": "observers of the released models", "epsilon": eps,
-                         "basis": basis},
-            "aggregator": {"against": "the aggregator running secure aggregation", "epsilon":
-                           eps, "basis": basis},
-        }
+        return adversary_views(("observers of the released models", eps, basis),
+                               ("the aggregator running secure aggregation", eps, basis))
 
     @classmethod
     def validate(cls, cfg: PrivacyConfig) -> None:
@@ -174,8 +172,8 @@ class DdpSkellam(Mechanism):
         from fedem_private.privacy.ddp import fixed_cohort
 
         q = params.sample_rate if params.sample_rate is not None else 1.0
-        n = int(clients) if np.ndim(clients) == 0 else int(np.asarray(clients).shape[0])
-        return fixed_cohort(seed, round_, clients, max(1, round(q * n)))
+        keys = rng.identities(clients)
+        return fixed_cohort(seed, round_, keys, max(1, round(q * keys.shape[0])))
 
     @classmethod
     def central_summary(cls, layer: PrivacyLayer, out: dict[str, Any]) -> dict[str, Any]:

@@ -22,11 +22,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fedem_private import rng
 from fedem_private.privacy.mech.base import (
     ADD_REMOVE_CLIENT,
     SAMPLED_BUDGET,
     SHARED_OPTIONS,
     Mechanism,
+    adversary_views,
 )
 from fedem_private.privacy.registry import register
 
@@ -125,17 +127,13 @@ class DpFtrl(Mechanism):
     def adversaries(cls, summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
         """Observer: the tree release's eps (one Gaussian, no amplification); aggregator:
         none, since it adds the noise to sums it reads first."""
-        return {
-            "observer": {"against": "observers of the released models (every one, told who "
-                         "took part or not)", "epsilon": (summary.get("epsilon") or {}).get(
-                             "reported"),
-                         "basis": "the tree release as one Gaussian mechanism, no "
-                         "amplification"},
-            "aggregator": {"against": "the aggregator, which adds the tree noise", "epsilon":
-                           None, "basis": "no guarantee: it reads each round's clipped sum "
-                           "before adding the noise (a trusted aggregator; run ddp-skellam "
-                           "for noise the clients add)"},
-        }
+        return adversary_views(
+            ("observers of the released models (every one, told who took part or not)",
+             (summary.get("epsilon") or {}).get("reported"),
+             "the tree release as one Gaussian mechanism, no amplification"),
+            ("the aggregator, which adds the tree noise", None,
+             "no guarantee: it reads each round's clipped sum before adding the noise (a "
+             "trusted aggregator; run ddp-skellam for noise the clients add)"))
 
     @classmethod
     def notes(cls, cfg: PrivacyConfig, rounds: int) -> list[tuple[str, str]]:
@@ -225,10 +223,9 @@ class DpFtrl(Mechanism):
         assert params.ftrl is not None
         if round_ < 1:
             raise ValueError(f"rounds are numbered from 1, got {round_}")
-        keys = (np.arange(int(clients), dtype=np.int64) if np.ndim(clients) == 0
-                else np.asarray(clients, dtype=np.int64))
         groups = params.ftrl.groups
-        return np.flatnonzero(_cohorts(keys, groups, int(seed)) == (int(round_) - 1) % groups)
+        return np.flatnonzero(_cohorts(rng.identities(clients), groups, int(seed))
+                              == (int(round_) - 1) % groups)
 
     @classmethod
     def release_epsilon(cls, params: MechanismParams, round_: int) -> dict[str, float | None]:
