@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedem_private import rng
 from fedem_private.errors import UserError
 from fedem_private.privacy.mech.base import (
     DDP_OPTIONS,
@@ -169,6 +168,7 @@ class DdpSkellam(Mechanism):
                      clients: int | np.ndarray) -> np.ndarray:
         """A fixed-size cohort of round(q n) clients, a draw per round keyed by each
         client's identity (``clients``: the identity keys, or a count n)."""
+        from fedem_private import rng
         from fedem_private.privacy.ddp import fixed_cohort
 
         q = params.sample_rate if params.sample_rate is not None else 1.0

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedem_private import rng
 from fedem_private.privacy.mech.base import (
     ADD_REMOVE_CLIENT,
     SAMPLED_BUDGET,
@@ -223,6 +222,8 @@ class DpFtrl(Mechanism):
         assert params.ftrl is not None
         if round_ < 1:
             raise ValueError(f"rounds are numbered from 1, got {round_}")
+        from fedem_private import rng
+
         groups = params.ftrl.groups
         return np.flatnonzero(_cohorts(rng.identities(clients), groups, int(seed))
                               == (int(round_) - 1) % groups)
