@@ -172,6 +172,56 @@ def sum_part(sent: torch.Tensor, local: torch.Tensor, clip: float) -> SumPart:
     return SumPart(clipped.sum(dim=0, keepdim=True), stats, float(clip))
 
 
+def packed_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids (k, R), valid (k, R)): each client's marked rows of ``rows`` (k, n) bool, in
+    order, padded to the largest count R (at least 1)."""
+    k, n = rows.shape
+    counts = rows.sum(dim=1)
+    width = max(int(counts.max()) if k else 1, 1)
+    j, col = rows.nonzero(as_tuple=True)
+    rank = torch.cumsum(rows, dim=1, dtype=torch.int64)[j, col] - 1
+    ids = torch.zeros((k, width), dtype=torch.int64, device=rows.device)
+    ids[j, rank] = col
+    valid = torch.arange(width, device=rows.device)[None, :] < counts[:, None]
+    return ids, valid
+
+
+def sparse_sum_part(sent: torch.Tensor, local: torch.Tensor, rows: torch.Tensor,
+                    clip: float) -> SumPart:
+    """:func:`sum_part` for uploads that differ from what was sent only on ``rows``.
+
+    ``sent`` and ``local`` are encoded tables (k, n, d); ``rows`` (k, n) bool marks the
+    rows each client trained (the codec's touched rows). Where ``local_u`` equals
+    ``sent_u`` outside client u's marked rows, its delta is zero there, so its L2 norm
+    and its clipped delta are those of the marked rows alone: each client's marked rows
+    are packed into a (k, R, d) float64 table (zero padding adds nothing to a norm),
+    clipped by the same :func:`~fedem_private.privacy.clipping.clip_rows`, and added
+    into the (1, n, d) sum at their rows. The result equals :func:`sum_part`'s up to the
+    order of float64 additions (``tests/test_sparse_uploads.py`` checks the two), at a
+    cost in touched rows rather than k n d. The caller guarantees the precondition
+    (:meth:`~fedem_private.simulation.loop.SecureSumUploads.upload`); what a client
+    sends on the wire is unchanged (under secure aggregation a sparse upload would show
+    the server which rows it trained).
+    """
+    if sent.shape != local.shape or local.dim() != 3 or rows.shape != local.shape[:2]:
+        raise ValueError(f"sent {tuple(sent.shape)}, local {tuple(local.shape)} and rows "
+                         f"{tuple(rows.shape)} do not align")
+    k, n, d = local.shape
+    ids, valid = packed_rows(rows.to(local.device))
+    index = ids[:, :, None].expand(k, ids.shape[1], d)
+    delta = torch.gather(local.detach(), 1, index).to(torch.float64)
+    delta.sub_(torch.gather(sent.detach(), 1, index).to(torch.float64))
+    delta.mul_(valid[:, :, None])
+    if not bool(torch.isfinite(delta).all()):
+        bad = (~finite_rows(delta.reshape(k, -1))).nonzero().squeeze(1).tolist()
+        raise Diverged(f"non-finite value (NaN or Inf) in the upload of chunk row(s) "
+                       f"{bad[:10]}")
+    clipped, stats = clip_rows(delta, clip, "l2")
+    total = torch.zeros((1, n, d), dtype=torch.float64, device=local.device)
+    total[0].index_add_(0, ids[valid], clipped[valid])
+    return SumPart(total, stats, float(clip))
+
+
 @dataclass
 class CentralRoundStats:
     """Clipping figures of one round's contributions (for the per-round log)."""
@@ -228,10 +278,14 @@ class SecureSum:
         self.stats = CentralRoundStats()
         self.round_clip = self.clip
 
-    def add(self, sent: torch.Tensor, local: torch.Tensor) -> ClipStats:
+    def add(self, sent: torch.Tensor, local: torch.Tensor,
+            rows: torch.Tensor | None = None) -> ClipStats:
         """Add the clipped deltas of k clients ((k, ...) encoded tables) to the round's sum:
-        :func:`sum_part` of the chunk at the round's clip, then :meth:`add_part`."""
-        part = sum_part(sent, local, self.clip)
+        :func:`sum_part` of the chunk at the round's clip (:func:`sparse_sum_part` where
+        ``rows`` (k, n) marks the only rows in which each upload differs from what it was
+        sent), then :meth:`add_part`."""
+        part = (sum_part(sent, local, self.clip) if rows is None
+                else sparse_sum_part(sent, local, rows, self.clip))
         self.add_part(part)
         return part.stats
 

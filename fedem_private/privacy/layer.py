@@ -235,9 +235,13 @@ class PrivacyLayer:
         return poisson_participants(self.seed, round_, self.client_keys,
                                     self.params.sample_rate)
 
-    def contribute(self, sent: torch.Tensor, local: torch.Tensor, clients: np.ndarray) -> None:
+    def contribute(self, sent: torch.Tensor, local: torch.Tensor, clients: np.ndarray,
+                   rows: torch.Tensor | None = None) -> None:
         """cdp-gaussian: add one chunk's clipped deltas (encoded tables (k, ...)) to the
-        round's secure sum; nothing is returned (no per-client value leaves)."""
+        round's secure sum; nothing is returned (no per-client value leaves). ``rows``
+        (k, n) bool, where given, marks the only rows in which each upload differs from
+        what it was sent: the sum is then formed from those rows alone (the same sum,
+        :func:`~fedem_private.privacy.central.sparse_sum_part`)."""
         assert self.secure is not None, "contribute() is for central mechanisms"
         if np.asarray(clients).shape != (local.shape[0],):
             raise ValueError("clients must align with the tables' leading axis")
@@ -245,7 +249,7 @@ class PrivacyLayer:
         if keyed is not None:  # per-client encoding keyed by the client's id (ddp-skellam)
             keyed(sent, local, clients)
         else:
-            self.secure.add(sent, local)
+            self.secure.add(sent, local, rows)
 
     def contribute_part(self, part: SumPart, clients: np.ndarray) -> None:
         """A central mechanism: add one chunk's share of the secure sum formed elsewhere (a

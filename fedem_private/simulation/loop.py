@@ -388,8 +388,25 @@ class SecureSumUploads(ReleasedUploads):
     def upload(self, rnd: RoundWork, work: ChunkWork) -> None:
         """Into the secure sum: no upload is released or observed."""
         sim = self.sim
-        sim.privacy.contribute(work.enc_sent, work.enc_new, work.chunk)
+        sim.privacy.contribute(work.enc_sent, work.enc_new, work.chunk,
+                               self.sum_rows(rnd, work))
         rnd.up_bytes += work.k * wire_bytes(sim.wire(rnd).decode(work.enc_new[:1]))
+
+    def sum_rows(self, rnd: RoundWork, work: ChunkWork) -> torch.Tensor | None:
+        """The encoded rows (k, n) outside which each client's upload is exactly the table
+        it was sent, so the secure sum may be formed from them alone (the cost of a round
+        then grows with the rows trained, not the catalogue; docs/design.md section 19),
+        or None where that is not known: the same conditions as
+        :meth:`ReleasedUploads._trained_rows` (no codec, no merge, every client sent the
+        table, training through the table's own rows), and :attr:`sparse_sums` on."""
+        if not self.sparse_sums or (rnd.peft or work.recv is not None or work.merged
+                                    or work.rows is not None):
+            return None
+        return work.touched_rows
+
+    #: whether the secure sum is formed from the trained rows where that is exact (off:
+    #: the dense reference over every row, for tests)
+    sparse_sums: bool = True
 
     def finish(self, rnd: RoundWork) -> None:
         """The round's one noisy aggregate to the aggregator and the dense groups."""

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from fedem_private.errors import UserError
-from fedem_private.privacy.central import SumPart, sum_part
+from fedem_private.privacy.central import SumPart, sparse_sum_part, sum_part
 
 if TYPE_CHECKING:
     from fedem_private.simulation.loop import RoundWork, Simulation
@@ -151,7 +151,7 @@ def run_shard(sim: Simulation, task: ShardTask) -> list[ChunkResult]:
     each chunk the loop's send, merge, train and encode and the chunk's share of the
     secure sum. Nothing of the worker's server side (aggregator sums, privacy layer,
     ledger) is used or changed beyond the sent tables."""
-    from fedem_private.simulation.loop import RoundWork, wire_bytes
+    from fedem_private.simulation.loop import RoundWork, SecureSumUploads, wire_bytes
 
     check_shardable(sim)
     sim.aggregator.adopt(task.items)
@@ -172,7 +172,11 @@ def run_shard(sim: Simulation, task: ShardTask) -> list[ChunkResult]:
         sim._encode(rnd, work)
         assert work.new is not None and work.enc_sent is not None and work.enc_new is not None
         up = work.k * wire_bytes(sim.wire(rnd).decode(work.enc_new[:1]))
-        out.append(ChunkResult(chunk, sum_part(work.enc_sent, work.enc_new, task.clip),
+        assert isinstance(sim.uploads, SecureSumUploads)
+        rows = sim.uploads.sum_rows(rnd, work)  # the one-process round's rule, so same bits
+        part = (sum_part(work.enc_sent, work.enc_new, task.clip) if rows is None
+                else sparse_sum_part(work.enc_sent, work.enc_new, rows, task.clip))
+        out.append(ChunkResult(chunk, part,
                                dict(work.new.private), dict(work.new.dense), up,
                                rnd.down_bytes))
     return out
