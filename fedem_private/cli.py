@@ -212,6 +212,12 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
      "inserted and as many held out; changes the run slightly"),
     ("--clip-count-noise", "privacy.clip_count_noise", _number,
      "cdp-gaussian adaptive clipping: noise std on the unclipped count (default q n / 20)"),
+    ("--select-rows", "privacy.select_rows", _integer,
+     "cdp-gaussian: private row selection, for large catalogues: train, upload and noise only "
+     "the K item rows with the largest noisy counts of the participants' items so far (the "
+     "counts ride in the secure sum, accounted in the same budget); 0: every row"),
+    ("--select-share", "privacy.select_share", _number,
+     "cdp-gaussian --select-rows: the noisy counts' share of each round's budget (default 0.1)"),
     ("--dpsgd-rate", "privacy.dpsgd_rate", _number,
      "ldp-dpsgd: Poisson rate of a client's positives in each local step"),
     ("--dpsgd-steps", "privacy.dpsgd_steps", _integer, "ldp-dpsgd: local steps per round"),

@@ -166,6 +166,31 @@ def make_config(mode: str, *, method: str = "fedmf", backbone: str | None = None
 class _Record:
     releases: dict[int, dict[int, torch.Tensor]] = field(default_factory=dict)
     aggregates: dict[int, torch.Tensor] = field(default_factory=dict)
+    counts: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+def _hook_counts(layer: Any, record: _Record, replay: _Record | None, findings: Findings,
+                 checked: bool) -> None:
+    """Private row selection's second release, the round's noisy item counts: recorded,
+    replayed from world B, and (``checked``) its gap held to its L2 sensitivity 1."""
+    release_counts = layer.release_counts
+
+    def _release_counts() -> torch.Tensor:
+        out = release_counts()
+        t = layer.round
+        record.counts[t] = out.detach().clone()
+        if replay is None:
+            return out
+        ref = replay.counts[t]
+        if checked:
+            ratio = float((out.double() - ref.double()).norm(p=2))
+            findings.target_gap = max(findings.target_gap, ratio)
+            if ratio > 1 + BOUND_SLACK:
+                findings.violations.append(
+                    f"round {t}: the item counts' gap {ratio:.3g}x their sensitivity 1")
+        return ref.to(out.dtype)
+
+    layer.release_counts = _release_counts
 
 
 def _hook(sim: Simulation, record: _Record, replay: _Record | None, findings: Findings,
@@ -253,6 +278,8 @@ def _hook(sim: Simulation, record: _Record, replay: _Record | None, findings: Fi
     layer.release = _release  # type: ignore[method-assign]
     layer.release_aggregate = _release_aggregate  # type: ignore[method-assign]
     layer.participants = _participants  # type: ignore[method-assign]
+    if layer.central and layer.selects_rows:
+        _hook_counts(layer, record, replay, findings, bound is not None)
 
 
 def sensitivity(cfg: RunConfig) -> tuple[int, float] | None:

@@ -54,6 +54,8 @@ from fedem_private.privacy.clipping import ClipStats, clip_rows
 AGGREGATE_KEY = 1 << 41
 # ... and the one that keys the noise on adaptive clipping's count
 COUNT_KEY = AGGREGATE_KEY + 1
+# ... and the one that keys the noise on private row selection's item counts
+SELECT_KEY = AGGREGATE_KEY + 2
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,82 @@ class AdaptiveClip:
     def next_clip(self, clip: float, unclipped_estimate: float) -> float:
         """C_{t+1} = C_t exp(-eta (b - gamma))."""
         return clip * math.exp(-self.lr * (unclipped_estimate - self.quantile))
+
+
+class RowSelection:
+    """Private row selection for large catalogues (docs/design.md section 19).
+
+    The idea of DP-FEST / DP-AdaFEST (Ghazi et al., NeurIPS 2023: train only the embedding
+    rows a private frequency count selects) and of private frequent-item selection (Chien et
+    al., ICML 2021), in a federated round. Each round every participant u adds, beside its
+    clipped delta, its item indicator c_u with c_u[i] = [i in D_u] / sqrt(|D_u|) (L2 norm
+    1; zero for a client without items) to the secure sum. The server receives
+    sum_u c_u + N(0, z_c^2 I_m) once (noise keyed by (seed, round, :data:`SELECT_KEY`)),
+    adds it to its running noisy counts, and from the next round on only the K item rows
+    with the largest running counts (ties to the lower index) are uploaded, summed, noised
+    and updated; no item row in round 1, before any count. Rows outside stay at their
+    public value (the initial table, or what they reached while selected).
+
+    Neighbouring relation: user-level add/remove of one client's whole data. Trust model:
+    that of cdp-gaussian (a secure sum, noise added once). Sensitivity: the counts move by
+    at most 1 in L2, the table's sum by C; with noise z_c on the counts and z_s C on the
+    table the round is the Gaussian mechanism at z with z^-2 = z_s^-2 + z_c^-2 (the
+    composition of two Gaussian queries on the same participants), so the accounting of z
+    is unchanged (:func:`~fedem_private.privacy.params._central_params`). Which rows are
+    selected is a function of earlier releases only, so the set is public.
+    """
+
+    def __init__(self, rows: int, noise_multiplier: float) -> None:
+        if rows < 1:
+            raise ValueError(f"rows to select must be >= 1, got {rows}")
+        self.rows = int(rows)
+        self.noise_multiplier = float(noise_multiplier)
+        self.counts: torch.Tensor | None = None  # (m,) float64 running noisy counts
+        self.selected: torch.Tensor | None = None  # (m,) bool this round's rows; None: none
+        self._sum: torch.Tensor | None = None  # (m,) this round's secure sum of the c_u
+
+    def add(self, indptr: np.ndarray, items: np.ndarray, n_items: int,
+            device: torch.device) -> None:
+        """Add k clients' indicators c_u (their items in CSR: ``items[indptr[j]:indptr[j+1]]``,
+        each client's distinct items) to the round's sum."""
+        if self._sum is None:
+            self._sum = torch.zeros(n_items, dtype=torch.float64, device=device)
+        lengths = np.diff(np.asarray(indptr, dtype=np.int64))
+        weight = np.repeat(1.0 / np.sqrt(np.maximum(lengths, 1)), lengths)
+        self._sum.index_add_(0, torch.from_numpy(np.asarray(items, dtype=np.int64)).to(device),
+                             torch.from_numpy(weight).to(device))
+
+    def row_mask(self, n_rows: int, n_items: int, device: torch.device) -> torch.Tensor:
+        """(n_rows,) bool: the encoded rows this round releases, the selected item rows and
+        every row past the catalogue (dense groups, always released)."""
+        mask = torch.ones(n_rows, dtype=torch.bool, device=device)
+        mask[:n_items] = False
+        if self.selected is not None:
+            mask[:n_items] = self.selected.to(device)
+        return mask
+
+    def release(self, seed: int, round_: int, n_items: int) -> torch.Tensor:
+        """The round's noisy counts sum_u c_u + N(0, z_c^2 I_m) (float64, (m,), on the CPU),
+        the one value of the selection that leaves the secure sum."""
+        total = (self._sum if self._sum is not None
+                 else torch.zeros(n_items, dtype=torch.float64))
+        noisy = total.detach().cpu().clone()
+        self._sum = None
+        if self.noise_multiplier > 0:
+            noisy += rng.client_noise(seed, round_, np.array([SELECT_KEY]), n_items, "gaussian",
+                                      self.noise_multiplier,
+                                      stream=rng.Stream.CENTRAL_NOISE).reshape(-1).double()
+        return noisy
+
+    def take(self, noisy: torch.Tensor) -> None:
+        """Post-processing of released counts only: add them to the running counts and
+        select the next round's rows, the top K (ties to the lower index)."""
+        self.counts = noisy.clone() if self.counts is None else self.counts + noisy
+        n_items = int(self.counts.shape[0])
+        order = np.lexsort((np.arange(n_items), -self.counts.numpy()))
+        selected = torch.zeros(n_items, dtype=torch.bool)
+        selected[torch.from_numpy(order[: self.rows])] = True
+        self.selected = selected
 
 
 def poisson_participants(seed: int, round_: int, clients: int | np.ndarray,
@@ -257,8 +335,11 @@ class SecureSum:
 
     def __init__(self, clip: float, noise_multiplier: float, expected_count: float,
                  seed: int, adaptive: AdaptiveClip | None = None,
-                 canaries: CanaryAudit | None = None) -> None:
+                 canaries: CanaryAudit | None = None,
+                 selection: RowSelection | None = None) -> None:
         self.canaries = canaries  # the one-shot audit's canary clients (fixed clip only)
+        self.selection = selection  # private row selection (large catalogues)
+        self.n_items: int | None = None  # the catalogue's rows in the encoded table
         self.clip = float(clip)
         self.noise_multiplier = float(noise_multiplier)
         self.expected_count = float(expected_count)
@@ -279,11 +360,24 @@ class SecureSum:
         self.round_clip = self.clip
 
     def add(self, sent: torch.Tensor, local: torch.Tensor,
-            rows: torch.Tensor | None = None) -> ClipStats:
+            rows: torch.Tensor | None = None,
+            items: tuple[np.ndarray, np.ndarray, int] | None = None) -> ClipStats:
         """Add the clipped deltas of k clients ((k, ...) encoded tables) to the round's sum:
         :func:`sum_part` of the chunk at the round's clip (:func:`sparse_sum_part` where
         ``rows`` (k, n) marks the only rows in which each upload differs from what it was
-        sent), then :meth:`add_part`."""
+        sent), then :meth:`add_part`.
+
+        With private row selection (:class:`RowSelection`) only the round's released rows
+        enter (the delta is clipped on them alone), and ``items`` (indptr, items, m: the
+        k clients' distinct items in CSR and the catalogue size) adds their indicators to
+        the round's counts."""
+        if self.selection is not None:
+            if items is None:
+                raise ValueError("private row selection needs each client's items")
+            indptr, item_ids, self.n_items = items
+            mask = self.selection.row_mask(local.shape[1], self.n_items, local.device)
+            rows = mask.expand(local.shape[0], -1) if rows is None else rows & mask
+            self.selection.add(indptr, item_ids, self.n_items, local.device)
         part = (sum_part(sent, local, self.clip) if rows is None
                 else sparse_sum_part(sent, local, rows, self.clip))
         self.add_part(part)
@@ -326,16 +420,39 @@ class SecureSum:
         if self.canaries is not None:  # inserted canaries join the secure sum
             extra = self.canaries.contribution(self.round, delta_sum.shape)
             delta_sum = delta_sum + extra.to(delta_sum.device)
-        mean = noisy_mean_delta(delta_sum, clip=self.clip,
-                                noise_multiplier=self.noise_multiplier,
-                                expected_count=self.expected_count, seed=self.seed,
-                                round_=self.round)
+        if self.selection is None:
+            mean = noisy_mean_delta(delta_sum, clip=self.clip,
+                                    noise_multiplier=self.noise_multiplier,
+                                    expected_count=self.expected_count, seed=self.seed,
+                                    round_=self.round)
+        else:
+            mean = self._selected_mean(delta_sum)
         if self.canaries is not None:  # what the aggregator sees: the noisy sum
             self.canaries.observe(mean * self.expected_count)
         self._sum = None
         if self.adaptive is not None:
             self._adapt_clip()
         return (base.detach().to(torch.float64) + mean).to(base.dtype)
+
+    def _selected_mean(self, delta_sum: torch.Tensor) -> torch.Tensor:
+        """Private row selection: the noisy mean delta on the round's released rows only
+        (:func:`noisy_mean_delta` of those rows; zero elsewhere). The round's counts are
+        released next, by :meth:`release_counts`."""
+        assert self.selection is not None
+        n_items = self.n_items if self.n_items is not None else delta_sum.shape[1]
+        mask = self.selection.row_mask(delta_sum.shape[1], n_items, delta_sum.device)
+        mean = torch.zeros_like(delta_sum, dtype=torch.float64)
+        if bool(mask.any()):
+            mean[:, mask] = noisy_mean_delta(
+                delta_sum[:, mask], clip=self.clip, noise_multiplier=self.noise_multiplier,
+                expected_count=self.expected_count, seed=self.seed, round_=self.round)
+        return mean
+
+    def release_counts(self) -> torch.Tensor:
+        """Private row selection: the round's noisy item counts (float64, (m,)); called once
+        a round, after :meth:`release`."""
+        assert self.selection is not None and self.n_items is not None
+        return self.selection.release(self.seed, self.round, self.n_items)
 
     def _adapt_clip(self) -> None:
         """Adaptive clipping: the noisy unclipped fraction, and the next round's clip."""

@@ -119,6 +119,13 @@ class PrivacyConfig:
     clip_quantile: float | None = None
     clip_lr: float = 0.2
     clip_count_noise: float | None = None
+    # cdp-gaussian private row selection (docs/design.md section 19): each round the
+    # participants also add their normalised item indicators to the secure sum, released with
+    # Gaussian noise; only the select_rows item rows with the largest noisy counts so far are
+    # uploaded, noised and updated (0: every row). select_share: the counts' share of the
+    # round's 1 / z^2 (the rest goes to the table)
+    select_rows: int = 0
+    select_share: float = 0.1
     # cdp-gaussian: canary clients of the one-shot audit (Andrew et al. 2024), this many
     # inserted and as many held out (0: no audit; see fedem_private.privacy.canaries)
     canaries: int = 0
@@ -274,6 +281,24 @@ class PrivacyConfig:
                 raise UserError(f"--clip-count-noise (privacy.clip_count_noise) must be finite "
                                 f"and > 0, got {sb}")
 
+    def _validate_select_rows(self) -> None:
+        k = self.select_rows
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise UserError(f"--select-rows (privacy.select_rows) must be an integer >= 0, "
+                            f"got {k!r}")
+        share = _number("select_share", self.select_share)
+        if not 0 < share < 1:
+            raise UserError(f"--select-share (privacy.select_share) must be in (0, 1), "
+                            f"got {share}")
+        if k == 0:
+            return
+        if not self.mechanism.accepts("select_rows"):
+            raise UserError(f"--select-rows (private row selection) is for cdp-gaussian, not "
+                            f"privacy {self.mode!r}")
+        if self.clip_quantile is not None or self.canaries:
+            raise UserError("--select-rows is built for a fixed clip without the canary audit; "
+                            "drop --clip-quantile and --canaries")
+
     def _validate_canaries(self) -> None:
         n = self.canaries
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
@@ -294,6 +319,7 @@ class PrivacyConfig:
         if not 0 < q <= 1:
             raise UserError(f"--sample-rate (privacy.sample_rate) must be in (0, 1], got {q}")
         self._validate_adaptive_clip()
+        self._validate_select_rows()
         if not self.mechanism.central:
             if q != 1:
                 raise UserError(f"--sample-rate (privacy.sample_rate) is the Poisson rate of "

@@ -236,12 +236,15 @@ class PrivacyLayer:
                                     self.params.sample_rate)
 
     def contribute(self, sent: torch.Tensor, local: torch.Tensor, clients: np.ndarray,
-                   rows: torch.Tensor | None = None) -> None:
+                   rows: torch.Tensor | None = None,
+                   items: tuple[np.ndarray, np.ndarray, int] | None = None) -> None:
         """cdp-gaussian: add one chunk's clipped deltas (encoded tables (k, ...)) to the
         round's secure sum; nothing is returned (no per-client value leaves). ``rows``
         (k, n) bool, where given, marks the only rows in which each upload differs from
         what it was sent: the sum is then formed from those rows alone (the same sum,
-        :func:`~fedem_private.privacy.central.sparse_sum_part`)."""
+        :func:`~fedem_private.privacy.central.sparse_sum_part`). ``items`` (the clients'
+        distinct training items in CSR, and the catalogue size) feeds private row
+        selection where the mechanism has it (:attr:`selects_rows`)."""
         assert self.secure is not None, "contribute() is for central mechanisms"
         if np.asarray(clients).shape != (local.shape[0],):
             raise ValueError("clients must align with the tables' leading axis")
@@ -249,7 +252,7 @@ class PrivacyLayer:
         if keyed is not None:  # per-client encoding keyed by the client's id (ddp-skellam)
             keyed(sent, local, clients)
         else:
-            self.secure.add(sent, local, rows)
+            self.secure.add(sent, local, rows, items)
 
     def contribute_part(self, part: SumPart, clients: np.ndarray) -> None:
         """A central mechanism: add one chunk's share of the secure sum formed elsewhere (a
@@ -259,6 +262,18 @@ class PrivacyLayer:
         if np.asarray(clients).shape != (part.k,):
             raise ValueError("clients must align with the part's clients")
         self.secure.add_part(part)
+
+    @property
+    def selects_rows(self) -> bool:
+        """Whether the secure sum selects the item rows it releases (``--select-rows``)."""
+        return getattr(self.secure, "selection", None) is not None
+
+    def released_rows(self, n_rows: int) -> int:
+        """Private row selection: how many of the n_rows encoded rows this round releases."""
+        secure = self.secure
+        assert secure is not None and self.selects_rows
+        mask = secure.selection.row_mask(n_rows, secure.n_items, torch.device("cpu"))  # type: ignore[attr-defined]
+        return int(mask.sum())
 
     @property
     def sum_clip(self) -> float:
@@ -276,10 +291,19 @@ class PrivacyLayer:
                                                     stats.norm_sum)
         self._noised = 1.0 if self.params.noise_scale > 0 else 0.0
         out = self.secure.release(base)
+        if self.selects_rows:  # the round's noisy counts, which choose the next rows
+            self.secure.selection.take(self.release_counts())  # type: ignore[union-attr]
         # the log's noise-to-signal (CDP_NSR), read after the release: a diagnostic for the
         # run's reader, which nothing in the round uses
         self._signal_sum, self._signal_n = stats.signal_abs_sum, stats.signal_entries
         return out
+
+    def release_counts(self) -> torch.Tensor:
+        """Private row selection (``--select-rows``): the round's noisy item counts, released
+        beside the aggregate (:meth:`~fedem_private.privacy.central.SecureSum.release_counts`;
+        L2 sensitivity 1 under add/remove of one client)."""
+        assert self.secure is not None and self.selects_rows
+        return self.secure.release_counts()  # type: ignore[attr-defined]
 
     def release(self, sent: torch.Tensor, local: torch.Tensor, clients: np.ndarray,
                 touched: torch.Tensor | None) -> torch.Tensor:

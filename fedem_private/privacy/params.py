@@ -77,6 +77,10 @@ class MechanismParams:
     clip_lr: float | None = None
     count_noise: float | None = None
     sum_noise_multiplier: float | None = None
+    # cdp-gaussian with private row selection (see _central_params): rows kept K and the
+    # counts' own multiplier z_c (sensitivity 1); ``sum_noise_multiplier`` is the table's z_s
+    select_rows: int | None = None
+    select_noise_multiplier: float | None = None
     # ldp-dpsgd (see _dpsgd_params): Poisson rate of positives per local step, steps per
     # round, negatives per step, local SGD learning rate; ``clip`` is then C_e
     dpsgd_rate: float | None = None
@@ -156,6 +160,8 @@ class MechanismParams:
             "clip_lr": self.clip_lr,
             "count_noise": self.count_noise,
             "sum_noise_multiplier": self.sum_noise_multiplier,
+            "select_rows": self.select_rows,
+            "select_noise_multiplier": self.select_noise_multiplier,
             "dpsgd_rate": self.dpsgd_rate,
             "dpsgd_steps": self.dpsgd_steps,
             "dpsgd_negatives": self.dpsgd_negatives,
@@ -285,6 +291,13 @@ def _central_params(cfg: PrivacyConfig, rounds: int,
             z_sum = (z ** -2 - (2.0 * sigma_b) ** -2) ** -0.5
         extra = {"clip_quantile": float(cfg.clip_quantile), "clip_lr": float(cfg.clip_lr),
                  "count_noise": sigma_b, "sum_noise_multiplier": z_sum}
+    if cfg.select_rows:
+        # the counts (sensitivity 1) and the table (sensitivity C) share the round: with
+        # z_c^-2 = f z^-2 and z_s^-2 = (1 - f) z^-2 the pair is the Gaussian mechanism at z
+        share = float(cfg.select_share)
+        z_sum = z / math.sqrt(1.0 - share) if z > 0 else 0.0
+        extra = {"select_rows": int(cfg.select_rows), "sum_noise_multiplier": z_sum,
+                 "select_noise_multiplier": z / math.sqrt(share) if z > 0 else 0.0}
     return MechanismParams(
         mode=cfg.mode, delta=cfg.delta, norm="l2", clip=clip, sensitivity=clip,
         noise_kind="gaussian", noise_scale=z_sum * clip, noise_multiplier=z,

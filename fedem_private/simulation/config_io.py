@@ -38,6 +38,8 @@ LATER_FIELDS: dict[tuple[str, ...], Any] = {
     ("privacy", "clip_quantile"): None,
     ("privacy", "clip_lr"): 0.2,
     ("privacy", "clip_count_noise"): None,
+    ("privacy", "select_rows"): 0,
+    ("privacy", "select_share"): 0.1,
     ("privacy", "canaries"): 0,
     ("privacy", "dpsgd_rate"): 0.1,
     ("privacy", "dpsgd_steps"): 20,

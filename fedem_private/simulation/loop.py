@@ -388,9 +388,15 @@ class SecureSumUploads(ReleasedUploads):
     def upload(self, rnd: RoundWork, work: ChunkWork) -> None:
         """Into the secure sum: no upload is released or observed."""
         sim = self.sim
+        items = self.items_of(work.chunk)
         sim.privacy.contribute(work.enc_sent, work.enc_new, work.chunk,
-                               self.sum_rows(rnd, work))
-        rnd.up_bytes += work.k * wire_bytes(sim.wire(rnd).decode(work.enc_new[:1]))
+                               self.sum_rows(rnd, work), items)
+        if items is None:
+            rnd.up_bytes += work.k * wire_bytes(sim.wire(rnd).decode(work.enc_new[:1]))
+        else:  # under secure aggregation: the released rows, dense, and the m item counts
+            released = int(sim.privacy.released_rows(work.enc_new.shape[1]))
+            rnd.up_bytes += work.k * (released * work.enc_new.shape[2]
+                                      * work.enc_new.element_size() + items[2] * 4)
 
     def sum_rows(self, rnd: RoundWork, work: ChunkWork) -> torch.Tensor | None:
         """The encoded rows (k, n) outside which each client's upload is exactly the table
@@ -403,6 +409,18 @@ class SecureSumUploads(ReleasedUploads):
                                     or work.rows is not None):
             return None
         return work.touched_rows
+
+    def items_of(self, chunk: np.ndarray) -> tuple[np.ndarray, np.ndarray, int] | None:
+        """The chunk's training items (indptr, items, m) in CSR, for private row selection
+        (each client's indicator of its own items joins the secure sum); None without it."""
+        sim = self.sim
+        if not sim.privacy.selects_rows:
+            return None
+        ptr, items = sim.split.train_indptr, sim.split.train_items
+        rows = [np.unique(items[ptr[u]:ptr[u + 1]]) for u in np.asarray(chunk).tolist()]
+        indptr = np.concatenate(([0], np.cumsum([r.shape[0] for r in rows]))).astype(np.int64)
+        flat = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
+        return indptr, flat, int(sim.split.n_items)
 
     #: whether the secure sum is formed from the trained rows where that is exact (off:
     #: the dense reference over every row, for tests)
@@ -669,6 +687,8 @@ class Simulation:
         # how uploads travel, chosen once: a secure sum under a central mechanism
         self.uploads = (SecureSumUploads(self) if self.privacy.central
                         else ReleasedUploads(self))
+        if self.privacy.selects_rows:  # the catalogue's rows, before any client adds its items
+            self.privacy.secure.n_items = int(self.split.n_items)  # type: ignore[union-attr]
 
     # ---------------------------------------------------------------- helpers
     def _index(self, clients: np.ndarray) -> torch.Tensor:

@@ -115,6 +115,8 @@ def check_shardable(sim: Simulation) -> None:
         why = "local DP-SGD is not sharded"
     elif cfg.federation.agg_clients_ratio < 1.0:
         why = "--agg-clients-ratio < 1 is not sharded"
+    elif sim.privacy.selects_rows:
+        why = "--select-rows (private row selection) is not sharded"
     if why is not None:
         raise UserError(f"sharded rounds: {why}")
 

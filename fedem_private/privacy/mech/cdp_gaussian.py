@@ -56,7 +56,7 @@ class CdpGaussian(Mechanism):
     noise_kind = "gaussian"
     norm = "l2"
     options = (SHARED_OPTIONS + SAMPLED_BUDGET + ("clip",) + CENTRAL_OPTIONS
-               + ("public_population",))
+               + ("public_population", "select_rows", "select_share"))
 
     server_knows = (
         "the run seed, which also keys the central noise: the aggregator figure holds only "
@@ -97,14 +97,16 @@ class CdpGaussian(Mechanism):
         """The round's secure sum of clipped deltas, noised once (with adaptive clipping and
         the canary audit where configured; :mod:`fedem_private.privacy.central`)."""
         from fedem_private.privacy.canaries import CanaryAudit
-        from fedem_private.privacy.central import AdaptiveClip, SecureSum
+        from fedem_private.privacy.central import AdaptiveClip, RowSelection, SecureSum
 
         p = params
         assert p.clip is not None and p.sample_rate is not None
         assert p.noise_multiplier is not None
         audit = (CanaryAudit(cfg.canaries, p.clip, p.noise_multiplier, p.sample_rate,
                              seed) if cfg.canaries else None)
-        return SecureSum(p.clip, p.sum_noise_multiplier if p.adaptive_clip
+        return SecureSum(p.clip, p.sum_noise_multiplier if p.sum_noise_multiplier is not None
                          else p.noise_multiplier, expected_count, seed,
                          adaptive=AdaptiveClip(p.clip_quantile, p.clip_lr, p.count_noise)
-                         if p.adaptive_clip else None, canaries=audit)
+                         if p.adaptive_clip else None, canaries=audit,
+                         selection=RowSelection(p.select_rows, p.select_noise_multiplier or 0.0)
+                         if p.select_rows else None)
