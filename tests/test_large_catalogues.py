@@ -201,3 +201,18 @@ def test_row_selection_is_refused_where_it_does_not_apply(privacy, words):
 
     with pytest.raises(UserError, match=words):
         PrivacyConfig(**privacy).validate()
+
+
+def test_items_never_selected_rank_below_the_selected_by_their_noisy_counts(split):
+    sim = _selecting(split, rows=5)
+    sim.step()
+    sim.step()
+    selection = sim.privacy.secure.selection
+    scores = torch.randn(3, split.n_items, dtype=torch.float64)
+    ranked = sim.privacy.selection_prior(scores)
+    chosen = selection.ever
+    assert torch.equal(ranked[:, chosen], scores[:, chosen])  # the model ranks the selected
+    assert bool((ranked[:, ~chosen].amax(dim=1) < ranked[:, chosen].amin(dim=1)).all())
+    order = torch.argsort(ranked[0, ~chosen], descending=True)
+    counts = selection.counts[~chosen]
+    assert bool((counts[order][:-1] >= counts[order][1:]).all())  # then by noisy count

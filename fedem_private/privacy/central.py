@@ -111,6 +111,7 @@ class RowSelection:
         self.noise_multiplier = float(noise_multiplier)
         self.counts: torch.Tensor | None = None  # (m,) float64 running noisy counts
         self.selected: torch.Tensor | None = None  # (m,) bool this round's rows; None: none
+        self.ever: torch.Tensor | None = None  # (m,) bool rows selected in any round so far
         self._sum: torch.Tensor | None = None  # (m,) this round's secure sum of the c_u
 
     def add(self, indptr: np.ndarray, items: np.ndarray, n_items: int,
@@ -155,6 +156,7 @@ class RowSelection:
         selected = torch.zeros(n_items, dtype=torch.bool)
         selected[torch.from_numpy(order[: self.rows])] = True
         self.selected = selected
+        self.ever = selected.clone() if self.ever is None else self.ever | selected
 
 
 def poisson_participants(seed: int, round_: int, clients: int | np.ndarray,

@@ -126,6 +126,9 @@ class PrivacyConfig:
     # round's 1 / z^2 (the rest goes to the table)
     select_rows: int = 0
     select_share: float = 0.1
+    # ... and at ranking: items never selected rank below the selected, by their noisy counts
+    # (the two-stage recommender); False ranks every item by the model alone
+    select_prior: bool = True
     # cdp-gaussian: canary clients of the one-shot audit (Andrew et al. 2024), this many
     # inserted and as many held out (0: no audit; see fedem_private.privacy.canaries)
     canaries: int = 0

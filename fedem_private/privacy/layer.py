@@ -268,6 +268,26 @@ class PrivacyLayer:
         """Whether the secure sum selects the item rows it releases (``--select-rows``)."""
         return getattr(self.secure, "selection", None) is not None
 
+    def selection_prior(self, scores: torch.Tensor) -> torch.Tensor:
+        """Private row selection, at ranking: the two-stage recommender of docs/design.md
+        section 19. Items whose rows were never selected (never trained by the server) rank
+        below every selected item, among themselves by their running noisy counts (private
+        popularity as the candidate generator, the personalised model re-ranking its top K).
+        ``scores`` (k, m); unchanged before the first counts. Post-processing of released
+        values only (the counts and the selection)."""
+        selection = self.secure.selection if self.secure is not None else None  # type: ignore[attr-defined]
+        if selection is None or selection.counts is None:
+            return scores
+        counts = selection.counts.to(scores.device)
+        chosen = selection.ever.to(scores.device)
+        m = counts.shape[0]
+        order = torch.argsort(torch.argsort(-counts, stable=True), stable=True)
+        prior = 1.0 - order.to(scores.dtype) / m  # in (0, 1], larger for larger counts
+        low = torch.where(chosen, scores, torch.full_like(scores, math.inf)).amin(
+            dim=1, keepdim=True)
+        low = torch.where(torch.isfinite(low), low, torch.zeros_like(low))
+        return torch.where(chosen, scores, low - 2.0 + prior)
+
     def released_rows(self, n_rows: int) -> int:
         """Private row selection: how many of the n_rows encoded rows this round releases."""
         secure = self.secure

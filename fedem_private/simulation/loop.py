@@ -1051,7 +1051,10 @@ class Simulation:
                     params.items = self.merger.evaluated(idx, params.items,
                                                          self.aggregator.sent(idx),
                                                          self.aggregator.receives(idx))
-                acc.add_scores(users, self.backbone.scores(params), self.eval_sets)
+                scores = self.backbone.scores(params)
+                if self.privacy.selects_rows and self.cfg.privacy.select_prior:
+                    scores = self.privacy.selection_prior(scores)
+                acc.add_scores(users, scores, self.eval_sets)
         return acc
 
     def _finetuned(self, users: np.ndarray, idx: torch.Tensor) -> ClientParams:
