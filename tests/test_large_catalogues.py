@@ -216,3 +216,23 @@ def test_items_never_selected_rank_below_the_selected_by_their_noisy_counts(spli
     order = torch.argsort(ranked[0, ~chosen], descending=True)
     counts = selection.counts[~chosen]
     assert bool((counts[order][:-1] >= counts[order][1:]).all())  # then by noisy count
+
+
+@pytest.mark.parametrize("method", ["fedmf", "mostpop"])
+def test_a_sampled_evaluation_writes_each_users_ranks_for_paired_tests(tmp_path, method):
+    import csv
+    import json
+
+    from fedem_private import api
+
+    cfg = {"data": {"dataset": "synthetic", "synthetic": {"n_users": 50, "n_items": 150}},
+           "train": {"rounds": 2, "local_epochs": 1, "dim": 4, "eval_users": 30},
+           "federation": {"method": method}}
+    api.run(cfg, out=tmp_path / "r")
+    rows = list(csv.DictReader((tmp_path / "r" / "ranks.csv").open()))
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert len(rows) == 30 and len({r["user"] for r in rows}) == 30
+    hits = np.mean([int(r["full_rank"]) < 10 for r in rows])
+    assert hits == pytest.approx(summary["metrics"]["full"]["hr@10"])
+    sampled = np.mean([int(r["sampled_rank"]) < 10 for r in rows])
+    assert sampled == pytest.approx(summary["metrics"]["sampled"]["hr@10"])

@@ -36,10 +36,11 @@ def fit(cfg: RunConfig, split: Split) -> Fitted:
 
 
 def evaluate(cfg: RunConfig, split: Split, scores: np.ndarray,
-             chunk: int = 512) -> dict[str, dict[str, float]]:
+             chunk: int = 512, keep: list[RankAccumulator] | None = None
+             ) -> dict[str, dict[str, float]]:
     """HR/NDCG of a score matrix ((m,) for all users alike, or (n, m)) on the run's
     evaluation sets: the same candidates, exclusions and validation draw as a federated
-    run with this config and seed."""
+    run with this config and seed. ``keep``, where given, receives the ranks."""
     chosen = eval_sample(split.n_users, cfg.train.eval_users, cfg.train.seed)
     sets = build_eval_sets(split, cfg.data.protocol, cfg.train.seed,
                            validation=validation_kind(cfg),
@@ -50,5 +51,7 @@ def evaluate(cfg: RunConfig, split: Split, scores: np.ndarray,
         users = chosen[start:start + chunk]
         block = s.expand(users.shape[0], -1) if s.dim() == 1 else s[users]
         acc.add_scores(users, block.clone(), sets)
+    if keep is not None:
+        keep.append(acc)
     return acc.result()
 

@@ -241,6 +241,14 @@ class RankAccumulator:
             # the excluded entries hold the validation item itself; the test item is left out
             self.val_full[users_t] = _full_ranks(scores, s_val, at, cols, own, test).cpu()
 
+    def per_user(self, source_users: np.ndarray) -> list[dict[str, int]]:
+        """Each ranked user's test ranks (0-based: full over the catalogue, sampled among its
+        candidates), keyed by its source id: ``ranks.csv`` of a run evaluated on a sample of
+        users, for paired comparisons of runs ranked on the same users."""
+        done = (self.sampled >= 0).nonzero().squeeze(1).numpy()
+        return [{"user": int(source_users[u]), "full_rank": int(self.full[u]),
+                 "sampled_rank": int(self.sampled[u])} for u in done.tolist()]
+
     def result(self) -> dict[str, dict[str, float]]:
         done = self.sampled >= 0
         out = {"sampled": self._metrics(self.sampled[done]),

@@ -100,13 +100,16 @@ def execute_baseline(cfg: RunConfig, out: str | Path, force: bool = False) -> di
         writer.write_text("config.toml", to_toml(to_dict(cfg)))
         t0 = time.perf_counter()
         fitted = baselines.fit(cfg, split)
-        metrics = baselines.evaluate(cfg, split, fitted.scores)
+        kept: list = []
+        metrics = baselines.evaluate(cfg, split, fitted.scores, keep=kept)
         wall = time.perf_counter() - t0
         row: dict[str, Any] = {"round": 0, "seconds": wall, "participants": 0}
         for kind, values in metrics.items():
             for name, value in values.items():
                 row[f"{kind}_{name}"] = value
         writer.write_csv("metrics.csv", [row])
+        if cfg.train.eval_users:  # each sampled user's ranks, for paired comparisons
+            writer.write_csv("ranks.csv", kept[0].per_user(split.source_users))
         summary = baseline_summary(cfg, dataset, split, fitted.model, metrics,
                                    fitted.privacy, fitted.info, wall, fitted.clipping)
         if cfg.data.calibrate_to is not None:  # docs/design.md section 17

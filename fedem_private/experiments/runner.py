@@ -323,6 +323,9 @@ def execute(cfg: RunConfig, out: str | Path,
             summary["checkpoint"] = resumption
         writer.write_json("summary.json", summary)
         writer.write_json("privacy_ledger.json", sim.view.privacy_ledger())
+        if sim.cfg.train.eval_users and sim.last_ranks is not None:
+            # each sampled user's ranks at the last evaluation, for paired comparisons
+            writer.write_csv("ranks.csv", sim.last_ranks.per_user(sim.split.source_users))
         writer.commit()
     if checkpoint is not None:
         checkpoints.discard(checkpoint)

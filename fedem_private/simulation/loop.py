@@ -464,6 +464,8 @@ class Simulation:
         self.config = cfg.validate().resolved()
         self.cfg = with_cohort(self.config, split.n_users)
         self.split = split
+        #: the ranks of the last evaluation (:meth:`ranks`), None before one
+        self.last_ranks: RankAccumulator | None = None
         self.dataset_name = dataset_name or self.cfg.data.dataset
         self.demographics = demographics or {}
         # (m, k_p) item attributes, row i = item i (FedPEFT's pre-training); None: none
@@ -1055,6 +1057,7 @@ class Simulation:
                 if self.privacy.selects_rows and self.cfg.privacy.select_prior:
                     scores = self.privacy.selection_prior(scores)
                 acc.add_scores(users, scores, self.eval_sets)
+        self.last_ranks = acc
         return acc
 
     def _finetuned(self, users: np.ndarray, idx: torch.Tensor) -> ClientParams:
