@@ -1,4 +1,4 @@
-"""Large catalogues under user-level DP (issue 78, item 1; docs/design.md section 19): the
+"""Large catalogues under user-level DP (issue 78, item 1; docs/design.md section 18): the
 secure sum formed from the rows each client trained (equal to the dense reference, taken only
 where exact), and private row selection (accounted, harnessed, only its rows released)."""
 
@@ -236,3 +236,21 @@ def test_a_sampled_evaluation_writes_each_users_ranks_for_paired_tests(tmp_path,
     assert hits == pytest.approx(summary["metrics"]["full"]["hr@10"])
     sampled = np.mean([int(r["sampled_rank"]) < 10 for r in rows])
     assert sampled == pytest.approx(summary["metrics"]["sampled"]["hr@10"])
+
+
+def test_a_selecting_runs_evaluation_ranks_through_the_prior(split, monkeypatch):
+    from fedem_private.privacy.layer import PrivacyLayer
+
+    calls: list[int] = []
+    original = PrivacyLayer.selection_prior
+
+    def spy(self, scores):
+        calls.append(scores.shape[0])
+        return original(self, scores)
+
+    monkeypatch.setattr(PrivacyLayer, "selection_prior", spy)
+    sim = _selecting(split)
+    sim.step()
+    calls.clear()
+    sim.evaluate()
+    assert sum(calls) == split.n_users  # every evaluated user's scores went through it

@@ -82,7 +82,7 @@ class AdaptiveClip:
 
 
 class RowSelection:
-    """Private row selection for large catalogues (docs/design.md section 19).
+    """Private row selection for large catalogues (docs/design.md section 18).
 
     The idea of DP-FEST / DP-AdaFEST (Ghazi et al., NeurIPS 2023: train only the embedding
     rows a private frequency count selects) and of private frequent-item selection (Chien et

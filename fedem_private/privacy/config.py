@@ -119,7 +119,7 @@ class PrivacyConfig:
     clip_quantile: float | None = None
     clip_lr: float = 0.2
     clip_count_noise: float | None = None
-    # cdp-gaussian private row selection (docs/design.md section 19): each round the
+    # cdp-gaussian private row selection (docs/design.md section 18): each round the
     # participants also add their normalised item indicators to the secure sum, released with
     # Gaussian noise; only the select_rows item rows with the largest noisy counts so far are
     # uploaded, noised and updated (0: every row). select_share: the counts' share of the

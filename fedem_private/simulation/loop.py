@@ -401,7 +401,7 @@ class SecureSumUploads(ReleasedUploads):
     def sum_rows(self, rnd: RoundWork, work: ChunkWork) -> torch.Tensor | None:
         """The encoded rows (k, n) outside which each client's upload is exactly the table
         it was sent, so the secure sum may be formed from them alone (the cost of a round
-        then grows with the rows trained, not the catalogue; docs/design.md section 19),
+        then grows with the rows trained, not the catalogue; docs/design.md section 18),
         or None where that is not known: the same conditions as
         :meth:`ReleasedUploads._trained_rows` (no codec, no merge, every client sent the
         table, training through the table's own rows), and :attr:`sparse_sums` on."""

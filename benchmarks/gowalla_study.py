@@ -1,0 +1,259 @@
+"""The population study on real users: gowalla (issue 78, item 2; docs/population.md).
+
+    python -m benchmarks.gowalla_study --users all --seeds 0 1 2 --epsilons 4
+    python -m benchmarks.gowalla_study --users 1000 3000 10000 all --seeds 0 --epsilons 1 4 8
+    python -m benchmarks.gowalla_study --report-only
+
+Populations. Gowalla's 29,858 users are put in a public random order (a permutation drawn
+from :data:`ORDER_SEED`, which depends on the user ids only). The first :data:`PROXY`
+users are the **proxy population**: settings were chosen on it and nothing of it enters
+the study, so the study's users spend no privacy on tuning. The study's population
+"all" is the other 26,858 users; N = 1,000, 3,000 and 10,000 are the first N of those.
+Each is written once as a CSV under ``--cache`` (default ``runs/gowalla-study/data``) and
+run with ``--dataset csv`` (strict leave-one-out, the items renumbered per subset).
+
+Rungs at each N and seed (a finished run is not run again; ``runs/gowalla-study/N<n>/``):
+
+- ``mostpop``; ``als`` (the centralised ceiling, implicit ALS);
+- ``dp-mostpop`` central at each eps, for each k in :data:`K_GRID`; the reported k at a
+  (N, eps) is the one with the best validation full HR@10 (the validation item of the
+  same users: a non-private choice, which can only raise the floor FedMF must beat);
+- ``fedmf-none`` and ``fedmf-cdp-eps<e>``: FedMF under DP-FedAvg with private row
+  selection (``--select-rows``), the settings of :data:`SETTINGS` (chosen on the proxy).
+
+Every run ranks the same ``--eval-users`` users at a seed (the sample is keyed by the
+seed) and writes ``ranks.csv``; verdicts are paired on those users
+(:func:`paired`): per user the difference of the two test hits, its mean and standard
+error, pooled over seeds with each seed's mean weighted equally. The seeds' spread (a
+run's training randomness and its users) enters as the larger of the pooled paired
+standard error and the seeds' standard error of the mean difference. A cell's one-sided
+p-value is that of the mean over its standard error (normal); the verdict "beats" needs
+it below 0.05 after Holm's rule over every (N, eps) cell of the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SOURCE = Path("../shared/datasets/gowalla/interactions.csv")
+ORDER_SEED = 20261202
+PROXY = 3000
+K_GRID = (10, 25, 50, 100, 200, 400)
+#: FedMF's settings: the population study's (benchmarks/results/population/tuned-10k) with
+#: the cohort, clip, rows selected and rounds chosen on the proxy population
+SETTINGS: dict[str, dict[str, Any]] = {
+    "train": {"rounds": 80, "local_epochs": 6, "lr": 0.2325193438902574, "batch_size": 256,
+              "dim": 16, "num_negatives": 4, "cohort_size": 1000, "client_tables": "global",
+              "eval_finetune": 3, "select_round": "last"},
+    "federation": {"method": "fedmf", "server_lr": 2.6164065370985132},
+    "privacy": {"clip": 10.0, "select_rows": 1000},
+}
+
+
+def populations(cache: Path, sizes: list[str]) -> dict[str, Path]:
+    """The CSV of each population ("proxy", "all", or a size N), written once."""
+    import pandas as pd
+
+    frame = pd.read_csv(SOURCE)
+    users = np.unique(frame["user"].to_numpy())
+    order = users[np.random.default_rng(ORDER_SEED).permutation(users.shape[0])]
+    rest = order[PROXY:]
+    chosen = {"proxy": order[:PROXY], "all": rest}
+    for s in sizes:
+        if s not in chosen:
+            chosen[s] = rest[:int(s)]
+    cache.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for name, ids in chosen.items():
+        path = cache / f"gowalla-{name}.csv"
+        if not path.is_file():
+            frame[frame["user"].isin(ids)].to_csv(path.with_suffix(".tmp"), index=False)
+            path.with_suffix(".tmp").rename(path)
+        out[name] = path
+    return out
+
+
+def rungs(data: Path, seed: int, epsilons: list[float], eval_users: int
+          ) -> list[tuple[str, dict[str, Any]]]:
+    """(name, config) of every run on population ``data`` at ``seed``."""
+    d = {"dataset": "csv", "data_dir": str(data), "protocol": "strict"}
+    common = {"seed": seed, "eval_users": eval_users}
+    val = {**common, "select_round": "best-val-full"}  # dp-mostpop: its k by validation
+    out: list[tuple[str, dict[str, Any]]] = [
+        (f"mostpop-seed{seed}", {"data": d, "train": common, "federation": {"method": "mostpop"}}),
+        (f"als-seed{seed}", {"data": d, "train": common, "federation": {"method": "als"}})]
+    for eps in epsilons:
+        for k in K_GRID:
+            out.append((f"dp-mostpop-k{k}-eps{eps:g}-seed{seed}", {
+                "data": d, "train": val, "federation": {"method": "dp-mostpop"},
+                "baseline": {"architecture": "central", "epsilon": eps, "k": k}}))
+    train = {**SETTINGS["train"], **common, "eval_every": SETTINGS["train"]["rounds"]}
+    out.append((f"fedmf-none-seed{seed}", {"data": d, "train": train,
+                                           "federation": SETTINGS["federation"]}))
+    for eps in epsilons:
+        out.append((f"fedmf-cdp-eps{eps:g}-seed{seed}", {
+            "data": d, "train": train, "federation": SETTINGS["federation"],
+            "privacy": {"mode": "cdp-gaussian", "epsilon": eps, "delta": 1e-5,
+                        **SETTINGS["privacy"]}}))
+    return out
+
+
+def ensure(path: Path, cfg: dict[str, Any]) -> None:
+    """Run ``cfg`` into ``path`` unless it finished there."""
+    import fedem_private as fp
+
+    if not (path / "summary.json").is_file():
+        print(f"gowalla_study: {path}", file=sys.stderr, flush=True)
+        fp.run(cfg, out=path, force=True, checkpoint_every=20)
+
+
+def hits(run: Path) -> dict[int, int]:
+    """Each evaluated user's full-ranking hit@10 (source id -> 0/1) from ``ranks.csv``."""
+    import pandas as pd
+
+    r = pd.read_csv(run / "ranks.csv")
+    return dict(zip(r["user"].tolist(), (r["full_rank"] < 10).astype(int).tolist(), strict=True))
+
+
+def paired(a: list[dict[int, int]], b: list[dict[int, int]]) -> tuple[float, float, int]:
+    """(mean of a - b, its standard error, users) over seeds: per seed, the users both runs
+    ranked, each user's hit difference; the seeds' means averaged with equal weight. The
+    standard error is the larger of the pooled paired one (root-sum-square of each seed's
+    sd / sqrt(users), over the number of seeds) and, with two seeds or more, the seeds'
+    standard deviation of their mean differences over sqrt(seeds)."""
+    means, ses, n = [], [], 0
+    for x, y in zip(a, b, strict=True):
+        users = sorted(set(x) & set(y))
+        d = np.array([x[u] - y[u] for u in users], dtype=np.float64)
+        means.append(float(d.mean()))
+        ses.append(float(d.std(ddof=1)) / math.sqrt(len(d)) if len(d) > 1 else math.inf)
+        n += len(d)
+    k = len(means)
+    se = math.sqrt(sum(s * s for s in ses)) / k
+    if k > 1:
+        se = max(se, float(np.std(means, ddof=1)) / math.sqrt(k))
+    return float(np.mean(means)), se, n
+
+
+def holm(pvalues: list[float], alpha: float = 0.05) -> list[bool]:
+    """Holm's step-down rule: which hypotheses are rejected at family-wise level alpha."""
+    order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
+    rejected = [False] * len(pvalues)
+    for rank, i in enumerate(order):
+        if pvalues[i] > alpha / (len(pvalues) - rank):
+            break
+        rejected[i] = True
+    return rejected
+
+
+def summary_of(run: Path) -> dict[str, Any]:
+    return json.loads((run / "summary.json").read_text())
+
+
+def report(root: Path, out: Path) -> str:
+    """study.csv (a row per run) and study.md (a row per (N, eps) with the paired verdict)."""
+    import pandas as pd
+
+    rows = []
+    for run in sorted(root.glob("N*/*-seed*")):
+        if not (run / "summary.json").is_file():
+            continue
+        s = summary_of(run)
+        full = s["metrics"]["full"]
+        rung, _, seed = run.name.rpartition("-seed")
+        val = (s["metrics"].get("val_full") or {}).get("hr@10")
+        rows.append({"population": run.parent.name[1:], "users": s["n_users"],
+                     "items": s["n_items"], "rung": rung, "seed": int(seed),
+                     "hr10_full": full["hr@10"], "hr10_full_se": full.get("hr@10_se"),
+                     "val_hr10_full": val, "seconds_per_round": s.get("seconds_per_round"),
+                     "eps": (s.get("privacy") or {}).get("epsilon", {}).get("reported")
+                     if isinstance((s.get("privacy") or {}).get("epsilon"), dict) else None,
+                     "run": str(run)})
+    frame = pd.DataFrame(rows)
+    out.mkdir(parents=True, exist_ok=True)
+    frame.drop(columns=["run"]).to_csv(out / "study.csv", index=False)
+    cells = []
+    for pop, g in frame.groupby("population"):
+        for rung in sorted(r for r in g.rung.unique() if r.startswith("fedmf-cdp-eps")):
+            eps = rung.rsplit("-eps", 1)[1]
+            seeds = sorted(g[g.rung == rung].seed)
+            floors = g[g.rung.str.startswith("dp-mostpop-k") & g.rung.str.endswith(f"-eps{eps}")]
+            if floors.empty:
+                continue
+            best_k = floors.groupby("rung").val_hr10_full.mean().idxmax()
+            seeds = [s for s in seeds if s in set(floors[floors.rung == best_k].seed)]
+            runs = {r: {int(x.seed): Path(x.run) for x in g[g.rung == r].itertuples()}
+                    for r in (rung, best_k, "mostpop", "als", "fedmf-none")}
+            fed = [hits(runs[rung][s]) for s in seeds]
+            dpm = [hits(runs[best_k][s]) for s in seeds]
+            diff, se, n = paired(fed, dpm)
+            z = diff / se if se > 0 else math.inf
+            p = 0.5 * math.erfc(z / math.sqrt(2))
+
+            def mean(r: str, seeds: list[int] = seeds, runs: dict = runs) -> str:
+                vals = [summary_of(runs[r][s])["metrics"]["full"]["hr@10"]
+                        for s in seeds if s in runs.get(r, {})]
+                return f"{np.mean(vals):.4f}" if vals else "-"
+
+            cells.append({"population": pop, "N": int(g.users.iloc[0]), "eps": float(eps),
+                          "seeds": len(seeds), "chance": 10 / int(g["items"].iloc[0]),
+                          "mostpop": mean("mostpop"),
+                          "dp_mostpop": f"{mean(best_k)} (k {best_k.split('-k')[1].split('-')[0]})",
+                          "fedmf_cdp": mean(rung), "fedmf_none": mean("fedmf-none"),
+                          "als": mean("als"), "paired_diff": diff, "se": se, "users": n,
+                          "p": p})
+    rejected = holm([c["p"] for c in cells])
+    lines = ["| N | eps | seeds | chance | MostPop | DP-MostPop (k by validation) | "
+             "FedMF DP-FedAvg + row selection | FedMF no noise | ALS (central) | "
+             "paired diff ± SE (users) | one-sided p | verdict (Holm, 0.05) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for c, rej in sorted(zip(cells, rejected, strict=True), key=lambda x: (x[0]["N"], x[0]["eps"])):
+        verdict = "beats" if rej else ("below" if c["paired_diff"] + 2 * c["se"] < 0
+                                       else "not shown")
+        lines.append(f"| {c['N']:,} | {c['eps']:g} | {c['seeds']} | {c['chance']:.5f} | "
+                     f"{c['mostpop']} | {c['dp_mostpop']} | {c['fedmf_cdp']} | "
+                     f"{c['fedmf_none']} | {c['als']} | {c['paired_diff']:+.4f} ± "
+                     f"{c['se']:.4f} ({c['users']:,}) | {c['p']:.3g} | {verdict} |")
+    text = "\n".join(lines) + "\n"
+    (out / "study.md").write_text(
+        "# The population study on gowalla (benchmarks/gowalla_study.py)\n\n" + text)
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--users", nargs="+", default=["all"])
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0])
+    ap.add_argument("--epsilons", nargs="+", type=float, default=[4.0])
+    ap.add_argument("--eval-users", type=int, default=2000)
+    ap.add_argument("--only", nargs="+", help="run only rungs whose name starts so")
+    ap.add_argument("--runs", type=Path, default=Path("runs/gowalla-study"))
+    ap.add_argument("--cache", type=Path, default=Path("runs/gowalla-study/data"))
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/population/gowalla"))
+    ap.add_argument("--report-only", action="store_true")
+    a = ap.parse_args(argv)
+    if not a.report_only:
+        if not SOURCE.is_file():
+            print(f"gowalla_study: {SOURCE} not found (../shared/datasets is not part of the "
+                  f"project)", file=sys.stderr)
+            return 2
+        paths = populations(a.cache, [u for u in a.users if u != "all"])
+        for name in a.users:
+            for seed in a.seeds:
+                for rung, cfg in rungs(paths[name], seed, a.epsilons, a.eval_users):
+                    if a.only and not any(rung.startswith(o) for o in a.only):
+                        continue
+                    ensure(a.runs / f"N{name}" / rung, cfg)
+    print(report(a.runs, a.out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
