@@ -163,7 +163,8 @@ class DpFtrl(Mechanism):
     audit_canaries = 50_000
     audit_gdp = True
     audit_at_delta = True
-    audit_claim_kind = "accounted eps of the whole tree release (one Gaussian, every round)"
+    audit_claim_kind = ("accounted eps of the whole tree release (or banded, --ftrl-strategy; "
+                        "one Gaussian, every round)")
 
     server_knows = (
         "the run seed, which keys the tree's node noise, and each round's clipped sum before "
