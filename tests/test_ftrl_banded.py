@@ -451,3 +451,16 @@ def test_the_canary_audit_runs_the_banded_release_and_catches_half_the_noise():
     assert sound["audit_ok"] is True and sound["eps_lower_bound"] <= 4.0
     half = canary_audit(params, seed=4, n_clients=20_000, noise_factor=0.5)
     assert half["audit_ok"] is False and half["eps_lower_bound"] > 4.0
+
+
+def test_a_tree_runs_identity_is_unchanged_and_banded_enters_it():
+    """Run directories written before issue 81 keep their identity: the new options enter
+    a config's identity only when set."""
+    from fedem_private.simulation.config import RunConfig, identity_dict, with_overrides
+
+    base = {"privacy.mode": "dp-ftrl", "privacy.epsilon": 4.0, "privacy.sample_rate": 0.25}
+    tree = identity_dict(with_overrides(RunConfig(), base).validate().resolved())["privacy"]
+    assert "ftrl_strategy" not in tree and "ftrl_bands" not in tree
+    banded = identity_dict(with_overrides(RunConfig(), {
+        **base, "privacy.ftrl_strategy": "banded"}).validate().resolved())["privacy"]
+    assert banded["ftrl_strategy"] == "banded"
