@@ -44,7 +44,12 @@ Each of ``n_clients`` canary clients gets a fair coin b and a tiny table
   node~_e, with node~_e = P~_e - P~_{e - lowbit(e)}; present, its mean is
   C S_T against sd sigma sqrt(S_T), so mu = C sqrt(S_T) / sigma = 1 / z exactly.
   The claim audited is the whole release's eps (:meth:`DpFtrl.audit_claim`),
-  not one round's.
+  not one round's. Under ``--ftrl-strategy banded`` (issue 81) the trials run
+  through the run's :class:`fedem_private.privacy.ftrl.BandedSecureSum` instead;
+  the auditor recovers C x + z = C y from the released increments y_t = P~_t -
+  P~_{t-1}, and scores sum_t v_t (C y)_t with v = C 1_{g*}, 1_{g*} the indicator
+  of the worst cohort's rounds (||v||^2 = S_T): again mean C S_T against sd
+  sigma sqrt(S_T), mu = 1 / z.
 
 - ``ldp-dpsgd`` (interaction-level: one positive added or removed): gradient
   canaries through the accounted mechanism of one round. The canary client
@@ -233,19 +238,27 @@ def _ftrl_scores(params: MechanismParams, coins: np.ndarray, seed: int,
     module docstring), (n,). The trials are the n entries of one release vector: the
     tree's node noise is i.i.d. per entry, so they are independent."""
     from fedem_private.privacy.central import SumPart, clipped_deltas
-    from fedem_private.privacy.ftrl import TreeSecureSum, lowbit, node_counts
+    from fedem_private.privacy.ftrl import lowbit, node_counts, secure_sum_for
 
     plan = params.ftrl
     assert plan is not None and params.clip is not None
     rounds, groups = int(plan.rounds), int(plan.groups)
-    counts = node_counts(rounds, groups)  # (T, G): n_e(g)
-    worst = int(np.argmax((counts.astype(np.float64) ** 2).sum(axis=0)))  # s2_T(g*) = S_T
+    if plan.strategy == "banded":
+        from fedem_private.privacy.mf import toeplitz_matrix
+
+        cmat = toeplitz_matrix(np.asarray(plan.coefs), rounds)
+        member = np.arange(rounds)[None, :] % groups == np.arange(groups)[:, None]  # (G, T)
+        shifts = member.astype(np.float64) @ cmat.T  # row g: C 1_g
+        worst = int(np.argmax((shifts ** 2).sum(axis=1)))  # ||C 1_g*||^2 = S_T
+    else:
+        counts = node_counts(rounds, groups)  # (T, G): n_e(g)
+        worst = int(np.argmax((counts.astype(np.float64) ** 2).sum(axis=0)))  # s2_T(g*)
     c, n = float(params.clip), coins.shape[0]
     sent = torch.zeros((n, 1), dtype=torch.float64)
     local = torch.where(torch.from_numpy(coins)[:, None], 2.0 * c, 0.0).to(torch.float64)
     clipped, stats = clipped_deltas(sent, local, c)  # C (present) or 0, trial by trial
     leaf = SumPart(clipped.reshape(1, n), stats, c)
-    tree = TreeSecureSum(c, float(params.noise_scale) * noise_factor, 1.0, seed, rounds)
+    tree = secure_sum_for(plan, c, float(params.noise_scale) * noise_factor, 1.0, seed)
     prefix = np.zeros((rounds + 1, n), dtype=np.float64)  # P~_0 = 0, P~_1 .. P~_T
     released = torch.zeros((1, n), dtype=torch.float64)
     for t in range(1, rounds + 1):
@@ -254,6 +267,8 @@ def _ftrl_scores(params: MechanismParams, coins: np.ndarray, seed: int,
             tree.add_part(leaf)
         released = tree.release(released)  # theta_0 = 0, m = 1: theta_t = P~_t
         prefix[t] = released.numpy()[0]
+    if plan.strategy == "banded":  # C y = C x + z from the increments y
+        return shifts[worst] @ (cmat @ np.diff(prefix, axis=0))
     score = np.zeros(n, dtype=np.float64)
     for e in range(1, rounds + 1):
         weight = counts[e - 1, worst]

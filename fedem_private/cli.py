@@ -203,6 +203,10 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--sample-rate", "privacy.sample_rate", _number,
      "cdp-gaussian: each client takes part in a round with this probability (Poisson); "
      "dp-ftrl: the cohort fraction q, clients in G = ceil(1/q) fixed groups taking turns"),
+    ("--ftrl-strategy", "privacy.ftrl_strategy", str, "{ftrl_strategies}"),
+    ("--ftrl-bands", "privacy.ftrl_bands", _integer,
+     "dp-ftrl --ftrl-strategy banded: the number b of bands, 1 <= b <= G = ceil(1/q) "
+     "(0: min(G, rounds), the most whose guarantee needs only the cohorts' separation)"),
     ("--clip-quantile", "privacy.clip_quantile", _number,
      "cdp-gaussian: adaptive clipping to this quantile of the delta norms (Andrew et al. "
      "2021); --clip is then the first round's clip"),
@@ -295,12 +299,14 @@ def _registered() -> dict[str, str]:
     """The help of the flags whose values are registries, from the registries themselves
     (a dataset or mechanism added, a plugin's included, is listed without editing this)."""
     from fedem_private.data import DATASETS
+    from fedem_private.privacy.mech.dp_ftrl import strategy_help
     from fedem_private.privacy.registry import capability, names
 
     mechanisms = ", ".join(n + " (INSECURE)" * capability(n, "nominal_only") for n in names())
     return {"{datasets}": f"{', '.join(DATASETS)} (`{PROG} datasets list`: where each is "
                           f"found)",
-            "{mechanisms}": f"{mechanisms} (`{PROG} list` says what each is)"}
+            "{mechanisms}": f"{mechanisms} (`{PROG} list` says what each is)",
+            "{ftrl_strategies}": strategy_help()}
 
 
 def _add_run_flags(p: argparse.ArgumentParser) -> None:

@@ -37,6 +37,7 @@ def catalogue() -> list[tuple[str, str, str]]:
                                        else "")) for m in strategies.REGISTRY]
     rows += [("codec", c, "--codec (upload)") for c in codec_kinds.REGISTRY]
     rows += [("privacy", p, mechanism_for(p).description or "--privacy") for p in names()]
+    rows += [row for p in names() for row in mechanism_for(p).listed()]
     rows += [("dataset", d, "--dataset") for d in DATASETS]
     rows += [("protocol", p, "--protocol") for p in PROTOCOLS_ALL]
     rows += [("attack", a, "attack --attacks") for a in known_attacks() or ()]

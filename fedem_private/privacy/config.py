@@ -41,10 +41,12 @@ from typing import Any
 
 from fedem_private.errors import UserError
 from fedem_private.privacy import registry
-from fedem_private.privacy.mech.base import DDP_OPTIONS, DPSGD_OPTIONS, Mechanism
+from fedem_private.privacy.mech.base import DDP_OPTIONS, DPSGD_OPTIONS, FTRL_OPTIONS, Mechanism
 
 # the settings of ldp-dpsgd alone (refused at a non-default value under any other mode)
 DPSGD_FIELDS: tuple[str, ...] = DPSGD_OPTIONS
+# the settings of dp-ftrl alone (refused at a non-default value under any other mode)
+FTRL_FIELDS: tuple[str, ...] = FTRL_OPTIONS
 # the settings of ddp-skellam alone (the same: refused at a non-default value elsewhere)
 DDP_FIELDS: tuple[str, ...] = DDP_OPTIONS
 
@@ -161,6 +163,10 @@ class PrivacyConfig:
     # expected cohort), fixed before any data is seen; None: the run's number of users,
     # which the add/remove guarantee then takes as public
     public_population: int | None = None
+    # dp-ftrl (fedem_private/privacy/ftrl.py, mf.py): the factorisation of the prefix sums,
+    # "tree" or "banded" (ftrl.STRATEGIES), and a banded one's b (0: min(G, T))
+    ftrl_strategy: str = "tree"
+    ftrl_bands: int = 0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -209,6 +215,7 @@ class PrivacyConfig:
         self._validate_dpsgd()
         self._validate_ddp_fields()
         self._validate_population()
+        self._validate_ftrl_fields()
         mech.validate(self)
 
     def _validate_population(self) -> None:
@@ -222,6 +229,17 @@ class PrivacyConfig:
         if not self.mechanism.accepts("public_population"):
             raise UserError(f"--public-population is for the central mechanisms (cdp-gaussian, "
                             f"dp-ftrl, ddp-skellam), not privacy {self.mode!r}")
+
+    def _validate_ftrl_fields(self) -> None:
+        """dp-ftrl's strategy options: refused at a non-default value under another mode
+        (their ranges are DpFtrl.validate's)."""
+        defaults = PrivacyConfig.__dataclass_fields__
+        changed = [n for n in FTRL_FIELDS if not self.mechanism.accepts(n)
+                   and getattr(self, n) != defaults[n].default]
+        if changed:
+            flag = "--" + changed[0].replace("_", "-")
+            raise UserError(f"{flag} (privacy.{changed[0]}) is for --privacy dp-ftrl, not "
+                            f"privacy {self.mode!r}")
 
     def _validate_ddp_fields(self) -> None:
         """ddp-skellam's options set under another mode: refused in one line (they would

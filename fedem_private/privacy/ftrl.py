@@ -68,6 +68,14 @@ up to t): a client's k_t participations compose to z_p / sqrt(k_t) <= sigma / (C
 sqrt(s2_t(g))), so its figure is a valid, more conservative upper bound at every round
 (r k_max exceeds S_T by 10 to 25% at T = 100). No amplification by sampling or
 shuffling is claimed.
+
+**Strategies** (``--ftrl-strategy``, issue 81). The tree above is one factorisation of the
+prefix sums; ``banded`` is another, a b-banded lower-triangular Toeplitz C with b <= G
+(:mod:`fedem_private.privacy.mf`: the noise w = C^{-1} z streamed in O(b) memory, every
+z_t N(0, sigma^2) keyed like node t, and the exact sensitivity, which for b <= G is also
+that of any (k, G)-min-separated participation). Everything else above (participation,
+the release as ONE Gaussian of multiplier sigma / (C sqrt(S_t)), calibration at T, the
+ledger's r) is the same, S_t and r being the strategy's (:class:`FtrlPlan`).
 """
 
 from __future__ import annotations
@@ -231,14 +239,30 @@ class CyclicCohorts:
 
 
 # ------------------------------------------------------------------------- the plan
+@functools.lru_cache(maxsize=16)
+def _banded_curves(rounds: int, groups: int, coefs: tuple[float, ...]
+                   ) -> tuple[np.ndarray, float, int]:
+    from fedem_private.privacy import mf
+
+    return mf.cyclic_squared_curve(np.asarray(coefs), rounds, groups)
+
+
+def default_bands(rounds: int, groups: int) -> int:
+    """b = min(G, T): the most bands whose columns never overlap for one cohort."""
+    return max(1, min(int(groups), int(rounds)))
+
+
 @dataclass(frozen=True)
 class FtrlPlan:
-    """The tree and participation pattern a run is accounted for (module docstring).
+    """The strategy and participation pattern a run is accounted for (module docstring).
 
-    ``tree_sq`` = S_T = max_g s2_T(g) and ``participation_sq`` = r are in units of C^2;
-    ``max_participations`` = ceil(T/G). The whole release's L2 sensitivity is
-    C sqrt(tree_sq) (what is reported); the per-client ledger's bound at T is that of
-    C sqrt(r k_max) >= it (conservative, valid at every round).
+    ``strategy`` is "tree" or "banded" (``coefs``: the banded C's c_0..c_{b-1}, empty for
+    the tree). ``tree_sq`` = S_T = max_g s2_T(g) is the whole release's squared
+    sensitivity and ``participation_sq`` = r the ledger's per participation, both in units
+    of C^2, whichever the strategy; ``max_participations`` = ceil(T/G). The whole
+    release's L2 sensitivity is C sqrt(tree_sq) (what is reported); the per-client
+    ledger's bound at T is that of C sqrt(r k_max) >= it (conservative, valid at every
+    round).
     """
 
     rounds: int
@@ -246,23 +270,53 @@ class FtrlPlan:
     tree_sq: float
     participation_sq: float
     max_participations: int
+    strategy: str = "tree"
+    coefs: tuple[float, ...] = ()
 
     @classmethod
-    def for_run(cls, rounds: int, groups: int) -> FtrlPlan:
-        tree_sq, ratio, k_max = tree_squared_sensitivity(rounds, groups)
-        return cls(int(rounds), int(groups), tree_sq, ratio, k_max)
+    def for_run(cls, rounds: int, groups: int, strategy: str = "tree",
+                bands: int | None = None, coefs: tuple[float, ...] | None = None) -> FtrlPlan:
+        """The plan of ``strategy`` for T = ``rounds`` and G = ``groups``; a banded one
+        optimised for (T, b, G) (b = ``bands``, default :func:`default_bands`) unless its
+        ``coefs`` are given (a logged plan read back)."""
+        if strategy == "tree":
+            tree_sq, ratio, k_max = tree_squared_sensitivity(rounds, groups)
+            return cls(int(rounds), int(groups), tree_sq, ratio, k_max)
+        if strategy != "banded":
+            raise ValueError(f"unknown dp-ftrl strategy {strategy!r}")
+        if coefs is None:
+            from fedem_private.privacy import mf
+
+            b = default_bands(rounds, groups) if bands is None else int(bands)
+            coefs = mf.optimise_banded(int(rounds), b, int(groups))
+        coefs = tuple(float(x) for x in coefs)
+        curve, ratio, k_max = _banded_curves(int(rounds), int(groups), coefs)
+        return cls(int(rounds), int(groups), float(curve[-1]), ratio, k_max, "banded", coefs)
+
+    @property
+    def bands(self) -> int | None:
+        """b of a banded plan; None for the tree."""
+        return len(self.coefs) if self.strategy == "banded" else None
 
     def squared_at(self, round_: int) -> float:
         """S_t = max_g s2_t(g): the squared sensitivity (units of C^2) of the release up to
         round ``round_`` <= T (it does not depend on the rounds after it)."""
         if not 1 <= round_ <= self.rounds:
             raise ValueError(f"round {round_} outside the planned 1..{self.rounds}")
-        return float(_curves(self.rounds, self.groups)[0][int(round_) - 1])
+        if self.strategy == "banded":
+            curve = _banded_curves(self.rounds, self.groups, self.coefs)[0]
+        else:
+            curve = _curves(self.rounds, self.groups)[0]
+        return float(curve[int(round_) - 1])
 
     def as_log(self) -> dict[str, float | int]:
-        return {"rounds": self.rounds, "groups": self.groups, "tree_sq": self.tree_sq,
-                "participation_sq": self.participation_sq,
-                "max_participations": self.max_participations}
+        out = {"rounds": self.rounds, "groups": self.groups, "tree_sq": self.tree_sq,
+               "participation_sq": self.participation_sq,
+               "max_participations": self.max_participations}
+        if self.strategy != "tree":  # a tree plan logs as before issue 81
+            out.update({"strategy": self.strategy, "bands": len(self.coefs),
+                        "coefs": list(self.coefs)})
+        return out
 
 
 # ------------------------------------------------------------------- the secure sum
@@ -291,6 +345,14 @@ class TreeSecureSum(SecureSum):
         phase = self._phases.get(shape, (len(self._phases), 0))[0]
         return prefix_noise(shape, self.sigma, seed=self.seed, round_=round_, phase=phase)
 
+    def _noise_increment(self, shape: tuple[int, ...], phase: int, last: int,
+                         t: int) -> torch.Tensor:
+        """N_t - N_last of the phase (N_0 = 0): the data-free noise of the increment."""
+        noise = prefix_noise(shape, self.sigma, seed=self.seed, round_=t, phase=phase)
+        if last:
+            noise -= prefix_noise(shape, self.sigma, seed=self.seed, round_=last, phase=phase)
+        return noise
+
     def release(self, base: torch.Tensor) -> torch.Tensor:
         """The new encoded global: ``base`` + (x_t + N_t - N_prev) / m, in ``base``'s dtype.
 
@@ -310,15 +372,58 @@ class TreeSecureSum(SecureSum):
         phase, last = self._phases.get(shape, (len(self._phases), 0))
         increment = delta_sum.detach().to(torch.float64, copy=True)
         if self.sigma > 0:
-            noise = prefix_noise(shape, self.sigma, seed=self.seed, round_=t, phase=phase)
-            if last:
-                noise -= prefix_noise(shape, self.sigma, seed=self.seed, round_=last,
-                                      phase=phase)
-            increment.add_(noise.to(increment.device))
+            increment.add_(self._noise_increment(shape, phase, last, t).to(increment.device))
         self._phases[shape] = (phase, t)
         self._sum = None
         increment.div_(self.expected_count)
         return (base.detach().to(torch.float64) + increment).to(base.dtype)
+
+
+class BandedSecureSum(TreeSecureSum):
+    """One run's banded DP-FTRL aggregation (``--ftrl-strategy banded``): each round's
+    clipped sum plus w_t = (C^{-1} z)_t, released as theta_{t-1} + (x_t + w_t) / m, so
+    that theta_t = theta_0 + (A x + B z)_t / m with B = A C^{-1}
+    (:mod:`fedem_private.privacy.mf`).
+
+    Mechanism dp-ftrl, strategy banded. Neighbouring relation: user-level add/remove of
+    one client's whole data. Trust model: as :class:`TreeSecureSum` (secure aggregation or
+    a trusted server sums the clipped deltas; the aggregator adds the data-free noise,
+    whose z stays secret). Sensitivity: one round's sum moves by at most C (the
+    neighbour-world harness); the whole release C x + z by C sqrt(S_T) (the plan's,
+    :func:`fedem_private.privacy.mf.cyclic_squared_curve`). ``sigma`` is every z_t's std.
+    State: per released shape, the last b - 1 vectors w (O(b) memory; pickled with the
+    run, so a resumed run continues the same noise).
+    """
+
+    def __init__(self, clip: float, sigma: float, expected_count: float, seed: int,
+                 rounds: int, coefs: tuple[float, ...]) -> None:
+        super().__init__(clip, sigma, expected_count, seed, rounds)
+        self.coefs = tuple(float(x) for x in coefs)
+        self._streams: dict[int, object] = {}  # phase -> its BandedNoise
+
+    def _noise_increment(self, shape: tuple[int, ...], phase: int, last: int,
+                         t: int) -> torch.Tensor:
+        """w_{last+1} + ... + w_t of the phase (rounds it did not release count as leaves
+        of zero, their noise still summed): the prefix noise (B z)_t - (B z)_last."""
+        from fedem_private.privacy.mf import BandedNoise
+
+        stream = self._streams.get(phase)
+        if stream is None:
+            stream = self._streams[phase] = BandedNoise(self.coefs)
+        assert isinstance(stream, BandedNoise) and stream.round == last
+        out = torch.zeros(shape, dtype=torch.float64)
+        for r in range(last + 1, t + 1):
+            out += stream.step(node_noise(shape, self.sigma, seed=self.seed, node=r,
+                                          phase=phase))
+        return out
+
+
+def secure_sum_for(plan: FtrlPlan, clip: float, sigma: float, expected_count: float,
+                   seed: int) -> TreeSecureSum:
+    """The secure sum of ``plan``'s strategy."""
+    if plan.strategy == "banded":
+        return BandedSecureSum(clip, sigma, expected_count, seed, plan.rounds, plan.coefs)
+    return TreeSecureSum(clip, sigma, expected_count, seed, plan.rounds)
 
 
 # ---------------------------------------------------------------------- calibration
@@ -338,7 +443,12 @@ def ftrl_params(cfg: PrivacyConfig, rounds: int) -> MechanismParams:
     from fedem_private.privacy.calibration import gaussian_noise_multiplier
     from fedem_private.privacy.params import MechanismParams
 
-    plan = FtrlPlan.for_run(rounds, groups_for(cfg.sample_rate))
+    groups = groups_for(cfg.sample_rate)
+    if cfg.ftrl_bands > rounds:
+        from fedem_private.errors import UserError
+
+        raise UserError(f"--ftrl-bands {cfg.ftrl_bands}: at most the {rounds} planned rounds")
+    plan = FtrlPlan.for_run(rounds, groups, cfg.ftrl_strategy, cfg.ftrl_bands or None)
     clip = float(cfg.clip)
     if cfg.noise_multiplier is not None:
         z = float(cfg.noise_multiplier)

@@ -53,6 +53,8 @@ LATER_FIELDS: dict[tuple[str, ...], Any] = {
     ("privacy", "dropout"): 0.0,
     ("privacy", "client_secret_seed"): None,
     ("privacy", "public_population"): None,
+    ("privacy", "ftrl_strategy"): "tree",
+    ("privacy", "ftrl_bands"): 0,
     ("federation", "backbone"): "mf",
     ("federation", "codec"): "full",
     ("federation", "graph_threshold"): 1.0,

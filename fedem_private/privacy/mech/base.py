@@ -89,6 +89,7 @@ CENTRAL_OPTIONS: tuple[str, ...] = ("sample_rate", "clip_quantile", "clip_lr",
                                     "clip_count_noise", "canaries")
 DPSGD_OPTIONS: tuple[str, ...] = ("dpsgd_rate", "dpsgd_steps", "dpsgd_negatives", "dpsgd_lr",
                                   "dpsgd_adapter_steps")
+FTRL_OPTIONS: tuple[str, ...] = ("ftrl_strategy", "ftrl_bands")
 DDP_OPTIONS: tuple[str, ...] = ("ddp_bits", "ddp_scale", "ddp_tolerance", "dropout",
                                  "client_secret_seed")
 
@@ -162,6 +163,12 @@ class Mechanism:
         """A run log's parameter values (``MechanismParams.as_log``) with its own plan
         rebuilt from its log entry, for the audit to read them back; unchanged here."""
         return values
+
+    @classmethod
+    def listed(cls) -> list[tuple[str, str, str]]:
+        """Rows ``fedem-private list`` prints for its own choices (kind, name, note), e.g.
+        dp-ftrl's strategies; none here."""
+        return []
 
     @classmethod
     def accepts(cls, option: str) -> bool:

@@ -12,6 +12,13 @@ add/remove of one client's whole data. Trust model: central, as cdp-gaussian (se
 aggregation or a trusted server adds the noise). Sensitivity: C per round's sum;
 C sqrt(max_g s2_T(g)) for the whole release (exact, ``ftrl.tree_squared_sensitivity``).
 The release is accounted as ONE Gaussian mechanism; no amplification is claimed.
+
+``--ftrl-strategy banded`` (issue 81) replaces the tree by a b-banded Toeplitz
+factorisation, b <= G (:mod:`fedem_private.privacy.mf`): the same relation, trust model,
+participation and accounting; the sensitivity C sqrt(S_T) is the banded C's, exact for the
+cyclic cohorts and equal to the bound for any participation at least G rounds apart and at
+most ceil(T/G) times (its columns never overlap), so the guarantee also holds for a
+deployment that enforces only that separation and cap.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import numpy as np
 
 from fedem_private.privacy.mech.base import (
     ADD_REMOVE_CLIENT,
+    FTRL_OPTIONS,
     SAMPLED_BUDGET,
     SHARED_OPTIONS,
     Mechanism,
@@ -43,6 +51,33 @@ PARTICIPATION = ("cyclic cohorts: each client's group is a keyed hash of its ide
                  "(t - 1) mod G takes part in round t, so each client takes part at most "
                  "ceil(T/G) times, exactly G rounds apart (a public schedule, independent of "
                  "the data and of the other clients)")
+# --ftrl-strategy: name -> when it applies (``fedem-private list``, ``run --help``)
+STRATEGIES: dict[str, str] = {
+    "tree": ("the online binary tree (Kairouz et al. 2021), the default: any G; each round's "
+             "noise sums ~log2 T nodes and the sensitivity grows as participations share "
+             "ancestors"),
+    "banded": ("a b-banded Toeplitz factorisation (Choquette-Choo et al. 2023) optimised for "
+               "the run's T, b <= G (--ftrl-bands, default min(G, T)): less error than the "
+               "tree at every G; its guarantee holds for any participation at least G "
+               "rounds apart, at most ceil(T/G) times"),
+}
+# printed under privacy.participation beside PARTICIPATION for a banded plan
+MINSEP = ("min-separation: the banded strategy's b <= G columns never overlap, so the "
+          "accounted sensitivity is also the bound for every participation at least G rounds "
+          "apart and at most ceil(T/G) times (Choquette-Choo et al. 2023, Theorem 2): the "
+          "guarantee holds for any schedule a deployment enforces by that separation and cap")
+BANDED_VARIANT = ("banded Toeplitz matrix factorisation A = B C (C lower-triangular Toeplitz, "
+                  "b bands, c_0 = 1, optimised for T and G by L-BFGS on ||B||_F^2 x sens^2); "
+                  "each round adds w_t = (C^{-1} z)_t by the recurrence C w = z (O(b) memory); "
+                  "model = initial + noisy prefix sum / (N / G), server learning rate 1")
+
+
+def strategy_help() -> str:
+    """``--ftrl-strategy``'s help: each strategy and when it applies."""
+    return "dp-ftrl's factorisation of the prefix sums: " + "; ".join(
+        f"{name}: {text}" for name, text in STRATEGIES.items())
+
+
 VARIANT = ("online binary tree (Fenwick: node e covers rounds e - lowbit(e) + 1 .. e), "
            "no restarts, no Honaker variance reduction; model = initial + noisy prefix sum / "
            "(N / G), N the public population, server learning rate 1")
@@ -55,6 +90,17 @@ ACCOUNTING = ("the tree release up to round t is one Gaussian mechanism on the n
               "sigma / (C sqrt(r)), r the largest squared sensitivity per participation over "
               "every prefix: valid at every round, more conservative. No amplification by "
               "sampling or shuffling")
+
+BANDED_ACCOUNTING = ("the release up to round t is one Gaussian mechanism C x + z (each z_t "
+                     "N(0, sigma^2)) of L2 sensitivity C sqrt(max_g sum_{s in g, s <= t} "
+                     "||C_t[:, s]||^2), exact for the cyclic pattern (b <= G: one client's "
+                     "columns never overlap); converted with dp-accounting (PLD, RDP) and the "
+                     "exact Gaussian curve, reported = min (zCDP's closed form beside it); "
+                     "calibrated at the planned last round. The per-client ledger "
+                     "(epsilon_ledger) charges each participation a Gaussian of multiplier "
+                     "sigma / (C sqrt(r)), r <= ||c||^2 the largest squared sensitivity per "
+                     "participation over every prefix: valid at every round. No amplification "
+                     "by sampling or shuffling")
 
 
 _GROUPS: dict[tuple[int, int, int, bytes], np.ndarray] = {}
@@ -87,7 +133,8 @@ class DpFtrl(Mechanism):
         "user-level central DP-FTRL (Kairouz et al. 2021, add/remove one client's data): fixed "
         "cyclic cohorts (G = ceil(1/q) groups, each client every G rounds), L2-clip each delta "
         "to C, noisy prefix sums of the cohorts' sums by a binary tree (N(0, sigma^2) per "
-        "node) under secure aggregation; no sampling amplification"
+        "node) or a banded matrix factorisation (--ftrl-strategy) under secure aggregation; "
+        "no sampling amplification"
     )
     neighbouring = "user-level: add/remove one client's whole data"
     trust_model = ("central: clipped deltas summed under secure aggregation (or by a trusted "
@@ -97,8 +144,8 @@ class DpFtrl(Mechanism):
                      "the guarantee is for observers of the released models (the aggregator "
                      "adds the noise itself and is trusted)")
     relation = ADD_REMOVE_CLIENT
-    cli_clause = (" (user-level central DP-FTRL, tree aggregation, cyclic cohorts; no "
-                  "amplification claimed)")
+    cli_clause = (" (user-level central DP-FTRL, tree or banded factorisation "
+                  "(--ftrl-strategy), cyclic cohorts; no amplification claimed)")
     floor = "central"
     central = True
     claims_guarantee = True
@@ -107,7 +154,8 @@ class DpFtrl(Mechanism):
     norm = "l2"
     # no adaptive clipping nor in-run canaries (privacy/canaries.py): both are built for
     # cdp-gaussian's round-by-round noise and Poisson sampling
-    options = SHARED_OPTIONS + SAMPLED_BUDGET + ("clip", "sample_rate", "public_population")
+    options = (SHARED_OPTIONS + SAMPLED_BUDGET + ("clip", "sample_rate", "public_population")
+               + FTRL_OPTIONS)
     # the certified canary audit (attacks/canary.py, "dp-ftrl"): each canary is a client of
     # the group with the largest tree sensitivity, present or absent by a fair coin, through
     # every round of the run's own TreeSecureSum; scored by the Neyman-Pearson statistic of
@@ -115,7 +163,8 @@ class DpFtrl(Mechanism):
     audit_canaries = 50_000
     audit_gdp = True
     audit_at_delta = True
-    audit_claim_kind = "accounted eps of the whole tree release (one Gaussian, every round)"
+    audit_claim_kind = ("accounted eps of the whole tree release (or banded, --ftrl-strategy; "
+                        "one Gaussian, every round)")
 
     server_knows = (
         "the run seed, which keys the tree's node noise, and each round's clipped sum before "
@@ -133,6 +182,36 @@ class DpFtrl(Mechanism):
             ("the aggregator, which adds the tree noise", None,
              "no guarantee: it reads each round's clipped sum before adding the noise (a "
              "trusted aggregator; run ddp-skellam for noise the clients add)"))
+
+    @classmethod
+    def validate(cls, cfg: PrivacyConfig) -> None:
+        """--ftrl-strategy one of :data:`STRATEGIES`; --ftrl-bands an integer, only with
+        banded, in 0..G (0: min(G, T)): more bands than cohorts would overlap one
+        client's columns, which the sensitivity here does not cover."""
+        from fedem_private.errors import UserError
+        from fedem_private.privacy.ftrl import groups_for
+
+        if cfg.ftrl_strategy not in STRATEGIES:
+            raise UserError(f"unknown --ftrl-strategy {cfg.ftrl_strategy!r} (choose one of "
+                            f"{', '.join(STRATEGIES)})")
+        b = cfg.ftrl_bands
+        if isinstance(b, bool) or not isinstance(b, int) or b < 0:
+            raise UserError(f"--ftrl-bands (privacy.ftrl_bands) must be an integer >= 0, "
+                            f"got {b!r}")
+        if b and cfg.ftrl_strategy != "banded":
+            raise UserError(f"--ftrl-bands is for --ftrl-strategy banded, not "
+                            f"{cfg.ftrl_strategy!r}")
+        groups = groups_for(cfg.sample_rate)
+        if b > groups:
+            raise UserError(f"--ftrl-bands {b}: at most G = ceil(1/q) = {groups} bands under "
+                            f"--sample-rate {cfg.sample_rate:g} (a client returns every G "
+                            f"rounds; more bands would overlap its columns)")
+
+    @classmethod
+    def listed(cls) -> list[tuple[str, str, str]]:
+        """``fedem-private list``'s rows for its strategies: (kind, name, note)."""
+        return [("ftrl-strategy", name, f"--privacy dp-ftrl --ftrl-strategy {name}: {text}")
+                for name, text in STRATEGIES.items()]
 
     @classmethod
     def notes(cls, cfg: PrivacyConfig, rounds: int) -> list[tuple[str, str]]:
@@ -177,12 +256,13 @@ class DpFtrl(Mechanism):
     @classmethod
     def server_sum(cls, params: MechanismParams, cfg: PrivacyConfig, seed: int,
                    expected_count: float) -> SecureSum | None:
-        """The run's tree aggregation (:class:`~fedem_private.privacy.ftrl.TreeSecureSum`)."""
-        from fedem_private.privacy.ftrl import TreeSecureSum
+        """The run's aggregation: :class:`~fedem_private.privacy.ftrl.TreeSecureSum`, or
+        :class:`~fedem_private.privacy.ftrl.BandedSecureSum` for a banded plan."""
+        from fedem_private.privacy.ftrl import FtrlPlan, secure_sum_for
 
-        assert params.clip is not None and params.ftrl is not None
-        return TreeSecureSum(params.clip, params.noise_scale, expected_count, seed,
-                             params.ftrl.rounds)
+        assert params.clip is not None and isinstance(params.ftrl, FtrlPlan)
+        return secure_sum_for(params.ftrl, params.clip, params.noise_scale, expected_count,
+                              seed)
 
     @classmethod
     def guaranteed_event(cls, params: MechanismParams) -> RoundMechanism:
@@ -208,8 +288,10 @@ class DpFtrl(Mechanism):
 
         plan = values.get("ftrl")
         if isinstance(plan, dict):
-            values = {**values, "ftrl": FtrlPlan.for_run(int(plan["rounds"]),
-                                                          int(plan["groups"]))}
+            coefs = plan.get("coefs")
+            values = {**values, "ftrl": FtrlPlan.for_run(
+                int(plan["rounds"]), int(plan["groups"]), str(plan.get("strategy", "tree")),
+                coefs=None if coefs is None else tuple(float(x) for x in coefs))}
         return values
 
     # -- the layer's hooks for a central mechanism with its own participation -----------------
@@ -253,6 +335,12 @@ class DpFtrl(Mechanism):
         p = layer.params
         plan, clip, sigma = p.ftrl, p.clip, p.noise_scale
         assert plan is not None and clip is not None and p.noise_multiplier is not None
+        banded = plan.strategy == "banded"
+        participation = {"pattern": PARTICIPATION, "groups": plan.groups,
+                         "max_participations": plan.max_participations,
+                         "min_separation": plan.groups}
+        if banded:
+            participation["also_valid_for"] = MINSEP
         out.update({
             "epsilon": cls.release_epsilon(p, layer.round),
             "epsilon_ledger": out["epsilon"],
@@ -263,20 +351,21 @@ class DpFtrl(Mechanism):
             "aggregation_weights": ("uniform: sum of clipped deltas over the expected cohort "
                                     "N / G (FedAvg's data-size weights are not used: they "
                                     "would raise the sensitivity)"),
-            "participation": {"pattern": PARTICIPATION, "groups": plan.groups,
-                              "max_participations": plan.max_participations,
-                              "min_separation": plan.groups},
+            "participation": participation,
             "dp_ftrl": {
-                "variant": VARIANT,
+                "strategy": plan.strategy,
+                "bands": plan.bands,
+                "coefficients": list(plan.coefs) if banded else None,
+                "variant": BANDED_VARIANT if banded else VARIANT,
                 "rounds_planned": plan.rounds,
                 "rounds_released": layer.round,
-                "noise_std_per_node": sigma,
+                "noise_std_per_node": sigma,  # per row of C x + z for banded
                 "sensitivity": p.sensitivity,
                 "noise_multiplier": p.noise_multiplier,
                 "participation_noise_multiplier": (
                     p.noise_multiplier * math.sqrt(plan.tree_sq / plan.participation_sq)),
                 "epsilon_planned": cls.release_epsilon(p, plan.rounds),
-                "accounting": ACCOUNTING,
+                "accounting": BANDED_ACCOUNTING if banded else ACCOUNTING,
             },
         })
         return out
