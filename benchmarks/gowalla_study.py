@@ -80,9 +80,11 @@ def populations(cache: Path, sizes: list[str]) -> dict[str, Path]:
     return out
 
 
-def rungs(data: Path, seed: int, epsilons: list[float], eval_users: int
-          ) -> list[tuple[str, dict[str, Any]]]:
-    """(name, config) of every run on population ``data`` at ``seed``."""
+def rungs(data: Path, seed: int, epsilons: list[float], eval_users: int,
+          rounds: int | None = None) -> list[tuple[str, dict[str, Any]]]:
+    """(name, config) of every run on population ``data`` at ``seed``; ``rounds`` other
+    than :data:`SETTINGS`' gives FedMF rungs named ``fedmf-none-r<T>``,
+    ``fedmf-cdp-r<T>-eps<e>``."""
     d = {"dataset": "csv", "data_dir": str(data), "protocol": "strict"}
     common = {"seed": seed, "eval_users": eval_users}
     val = {**common, "select_round": "best-val-full"}  # dp-mostpop: its k by validation
@@ -94,11 +96,13 @@ def rungs(data: Path, seed: int, epsilons: list[float], eval_users: int
             out.append((f"dp-mostpop-k{k}-eps{eps:g}-seed{seed}", {
                 "data": d, "train": val, "federation": {"method": "dp-mostpop"},
                 "baseline": {"architecture": "central", "epsilon": eps, "k": k}}))
-    train = {**SETTINGS["train"], **common, "eval_every": SETTINGS["train"]["rounds"]}
-    out.append((f"fedmf-none-seed{seed}", {"data": d, "train": train,
-                                           "federation": SETTINGS["federation"]}))
+    t = rounds or SETTINGS["train"]["rounds"]
+    tag = "" if t == SETTINGS["train"]["rounds"] else f"-r{t}"
+    train = {**SETTINGS["train"], **common, "rounds": t, "eval_every": t}
+    out.append((f"fedmf-none{tag}-seed{seed}", {"data": d, "train": train,
+                                               "federation": SETTINGS["federation"]}))
     for eps in epsilons:
-        out.append((f"fedmf-cdp-eps{eps:g}-seed{seed}", {
+        out.append((f"fedmf-cdp{tag}-eps{eps:g}-seed{seed}", {
             "data": d, "train": train, "federation": SETTINGS["federation"],
             "privacy": {"mode": "cdp-gaussian", "epsilon": eps, "delta": 1e-5,
                         **SETTINGS["privacy"]}}))
@@ -181,8 +185,9 @@ def report(root: Path, out: Path) -> str:
     frame.drop(columns=["run"]).to_csv(out / "study.csv", index=False)
     cells = []
     for pop, g in frame.groupby("population"):
-        for rung in sorted(r for r in g.rung.unique() if r.startswith("fedmf-cdp-eps")):
-            eps = rung.rsplit("-eps", 1)[1]
+        for rung in sorted(r for r in g.rung.unique() if r.startswith("fedmf-cdp")):
+            tag, _, eps = rung[len("fedmf-cdp"):].rpartition("-eps")
+            none = f"fedmf-none{tag}"
             seeds = sorted(g[g.rung == rung].seed)
             floors = g[g.rung.str.startswith("dp-mostpop-k") & g.rung.str.endswith(f"-eps{eps}")]
             if floors.empty:
@@ -190,7 +195,7 @@ def report(root: Path, out: Path) -> str:
             best_k = floors.groupby("rung").val_hr10_full.mean().idxmax()
             seeds = [s for s in seeds if s in set(floors[floors.rung == best_k].seed)]
             runs = {r: {int(x.seed): Path(x.run) for x in g[g.rung == r].itertuples()}
-                    for r in (rung, best_k, "mostpop", "als", "fedmf-none")}
+                    for r in (rung, best_k, "mostpop", "als", none)}
             fed = [hits(runs[rung][s]) for s in seeds]
             dpm = [hits(runs[best_k][s]) for s in seeds]
             diff, se, n = paired(fed, dpm)
@@ -206,18 +211,21 @@ def report(root: Path, out: Path) -> str:
                           "seeds": len(seeds), "chance": 10 / int(g["items"].iloc[0]),
                           "mostpop": mean("mostpop"),
                           "dp_mostpop": f"{mean(best_k)} (k {best_k.split('-k')[1].split('-')[0]})",
-                          "fedmf_cdp": mean(rung), "fedmf_none": mean("fedmf-none"),
+                          "rounds": int(tag[2:]) if tag else SETTINGS["train"]["rounds"],
+                          "fedmf_cdp": mean(rung), "fedmf_none": mean(none),
                           "als": mean("als"), "paired_diff": diff, "se": se, "users": n,
                           "p": p})
     rejected = holm([c["p"] for c in cells])
-    lines = ["| N | eps | seeds | chance | MostPop | DP-MostPop (k by validation) | "
+    lines = ["| N | eps | rounds | seeds | chance | MostPop | DP-MostPop (k by validation) | "
              "FedMF DP-FedAvg + row selection | FedMF no noise | ALS (central) | "
              "paired diff ± SE (users) | one-sided p | verdict (Holm, 0.05) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for c, rej in sorted(zip(cells, rejected, strict=True), key=lambda x: (x[0]["N"], x[0]["eps"])):
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for c, rej in sorted(zip(cells, rejected, strict=True),
+                         key=lambda x: (x[0]["N"], x[0]["eps"], x[0]["rounds"])):
         verdict = "beats" if rej else ("below" if c["paired_diff"] + 2 * c["se"] < 0
                                        else "not shown")
-        lines.append(f"| {c['N']:,} | {c['eps']:g} | {c['seeds']} | {c['chance']:.5f} | "
+        lines.append(f"| {c['N']:,} | {c['eps']:g} | {c['rounds']} | {c['seeds']} | "
+                     f"{c['chance']:.5f} | "
                      f"{c['mostpop']} | {c['dp_mostpop']} | {c['fedmf_cdp']} | "
                      f"{c['fedmf_none']} | {c['als']} | {c['paired_diff']:+.4f} ± "
                      f"{c['se']:.4f} ({c['users']:,}) | {c['p']:.3g} | {verdict} |")
@@ -233,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", nargs="+", type=int, default=[0])
     ap.add_argument("--epsilons", nargs="+", type=float, default=[4.0])
     ap.add_argument("--eval-users", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, help="FedMF's rounds (default SETTINGS')")
     ap.add_argument("--only", nargs="+", help="run only rungs whose name starts so")
     ap.add_argument("--runs", type=Path, default=Path("runs/gowalla-study"))
     ap.add_argument("--cache", type=Path, default=Path("runs/gowalla-study/data"))
@@ -247,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         paths = populations(a.cache, [u for u in a.users if u != "all"])
         for name in a.users:
             for seed in a.seeds:
-                for rung, cfg in rungs(paths[name], seed, a.epsilons, a.eval_users):
+                for rung, cfg in rungs(paths[name], seed, a.epsilons, a.eval_users, a.rounds):
                     if a.only and not any(rung.startswith(o) for o in a.only):
                         continue
                     ensure(a.runs / f"N{name}" / rung, cfg)
