@@ -254,3 +254,14 @@ def test_a_selecting_runs_evaluation_ranks_through_the_prior(split, monkeypatch)
     calls.clear()
     sim.evaluate()
     assert sum(calls) == split.n_users  # every evaluated user's scores went through it
+
+
+def test_the_summary_states_the_row_selection(split):
+    sim = _selecting(split, rows=7)
+    for _ in range(2):
+        sim.step()
+    block = sim.privacy.summary()["row_selection"]
+    assert block["rows"] == 7 and block["share"] == 0.1
+    assert block["counts_noise_multiplier"] ** -2 + block["table_noise_multiplier"] ** -2 == \
+        pytest.approx(sim.privacy.params.noise_multiplier ** -2)
+    assert 7 <= block["rows_ever_selected"] <= 14

@@ -447,6 +447,24 @@ class PrivacyLayer:
                                "multiplier z, z^-2 = z_sum^-2 + (2 sigma_b)^-2; the "
                                "guarantees below are for z"),
             },
+            "row_selection": None if not p.select_rows else {
+                "rule": ("each round the participants' indicators 1[D_u] / sqrt(|D_u|) join the "
+                         "secure sum with noise z_c; the next round releases only the K item "
+                         "rows with the largest running noisy counts (docs/design.md 18)"),
+                "rows": p.select_rows, "share": self.cfg.select_share,
+                "counts_noise_multiplier": p.select_noise_multiplier,
+                "table_noise_multiplier": p.sum_noise_multiplier,
+                "rows_ever_selected": (int(self.secure.selection.ever.sum())  # type: ignore[union-attr]
+                                       if self.secure is not None
+                                       and self.secure.selection.ever is not None  # type: ignore[union-attr]
+                                       else 0),
+                "ranking": ("items never selected rank below the selected, by noisy count"
+                            if self.cfg.select_prior else "by the model alone"),
+                "accounting": ("the table (sensitivity C, noise z_s C) and the counts "
+                               "(sensitivity 1, noise z_c) form one Gaussian mechanism of "
+                               "multiplier z, z^-2 = z_s^-2 + z_c^-2; the guarantees below are "
+                               "for z"),
+            },
             "aggregation_weights": ("uniform: sum of clipped deltas over the expected count "
                                     "q n (FedAvg's data-size weights are not used: they would "
                                     "raise the sensitivity)"),
