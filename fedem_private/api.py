@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedem_private.errors import UserError
+from fedem_private.errors import ResultsElsewhere, UserError
 from fedem_private.plugins import load_all
 from fedem_private.simulation.config import RunConfig, from_dict, load_toml, with_overrides
 
@@ -193,9 +193,12 @@ def run(config: RunConfig | Mapping[str, Any] | str | Path | None = None,
     ``config``: see :func:`resolve_config` (``{"record": {"rounds": "last"}}``
     records what the server saw, so the run can be attacked). ``out``: the run
     directory (default ``runs/<dataset>-<method>-<time>``, ``-2`` added when taken); an existing
-    non-empty one is replaced only with ``force``. While the rounds run, ``out`` holds
-    ``metrics.csv`` so far (rewritten at each evaluation) and ``progress.json`` (the round
-    reached, seconds a round, ETA); the finished run directory replaces them.
+    non-empty one is replaced only with ``force``. When another run finished into ``out``
+    while this one ran, this run's results go beside it (``-2``, ...): the returned
+    :class:`Result`'s ``run_dir`` says where (and, with ``warn``, a :class:`RunWarning`).
+    While the rounds run, ``out`` holds ``metrics.csv`` so far (rewritten at each
+    evaluation) and ``progress.json`` (the round reached, seconds a round, ETA); the
+    finished run directory replaces them.
     ``progress``: True (or "bar") a bar on stderr, "lines" a plain line on stderr at each
     evaluation (and each tenth of the rounds), False nothing.
     ``warn``: the run's warnings (mis-set clipping, many cold test items, HR@10 at chance,
@@ -237,10 +240,13 @@ def run(config: RunConfig | Mapping[str, Any] | str | Path | None = None,
     on_start, on_round, close = ((None, None, lambda: None) if baseline or not progress
                                  else _line_hooks(cfg) if progress == "lines"
                                  else _progress_hooks(cfg))
+    moved = None
     try:
         execute(cfg, path, force=force, setup=None if baseline else recording_hook(cfg),
                 on_start=on_start, on_round=on_round, checkpoint=checkpoint,
                 shards=shards, live=True)
+    except ResultsElsewhere as exc:  # finished, kept beside the folder another run took
+        moved, path = str(exc), Path(exc.path)
     except BaseException:
         if out is None:  # free the name reserved for this run (and runs/ if made for it)
             with contextlib.suppress(OSError):
@@ -250,6 +256,8 @@ def run(config: RunConfig | Mapping[str, Any] | str | Path | None = None,
     finally:
         close()
     result = load_run(path)
+    if warn and moved is not None:
+        warnings.warn(moved, RunWarning, stacklevel=2)
     if warn:
         for part in ("clipping", "cold_items", "sampled_candidates"):
             text = (result.summary.get(part) or {}).get("warning")

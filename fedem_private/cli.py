@@ -712,7 +712,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise
     summary = res.summary
     m = summary["metrics"] or {}
-    print(f"wrote {args.out or res.run_dir}")
+    print(f"wrote {res.run_dir}")
+    if args.out is not None and Path(args.out).expanduser() != res.run_dir:
+        # two runs into one --out: the other finished first; this one's results are kept
+        print(f"{PROG}: note: another run finished into {args.out} while this one ran; this "
+              f"run's results are in {res.run_dir}", file=sys.stderr)
     for kind in ("full", "sampled"):
         if kind in m:
             print(f"{kind:>7}: " + "  ".join(_with_se(m[kind], name, label) for name, label in

@@ -113,5 +113,7 @@ def execute_baseline(cfg: RunConfig, out: str | Path, force: bool = False) -> di
             summary["population"] = population_record(cfg.data.calibrate_to,
                                                       cfg.data.data_dir, cfg.data.users)
         writer.write_json("summary.json", summary)
-        writer.commit()
+        moved = writer.commit_or_moved()
+    if moved is not None:  # finished and kept, beside the folder another run took
+        raise moved
     return summary

@@ -323,12 +323,15 @@ def execute(cfg: RunConfig, out: str | Path,
             summary["checkpoint"] = resumption
         writer.write_json("summary.json", summary)
         writer.write_json("privacy_ledger.json", sim.view.privacy_ledger())
-        writer.commit()
+        moved = writer.commit_or_moved()
     if checkpoint is not None:
         checkpoints.discard(checkpoint)
     del sim, resumed  # they sit in reference cycles: collect them now, not some runs later
     release_between_runs()
+    if moved is not None:  # finished and kept, beside the folder another run took
+        raise moved
     return summary
+
 
 
 def _sharded(sim: Simulation, shards: dict[str, Any] | None
