@@ -110,9 +110,22 @@ def reserve_default_out(cfg: RunConfig) -> tuple[Path, list[Path]]:
     raise UserError(f"every run directory name {base}-N is taken")  # pragma: no cover
 
 
+# the progress bar's names of cdp-gaussian's two epsilons (docs/design.md section 5), and
+# the line that says what they are, written above the bar where they first appear
+EPS_OBSERVER = "eps (observers)"
+EPS_AGGREGATOR = "eps vs aggregator (unamplified)"
+EPS_LEGEND = (f"{EPS_OBSERVER}: spent against anyone who sees the released models (amplified "
+              f"by Poisson sampling; --epsilon is its target). {EPS_AGGREGATOR}: spent "
+              f"against the aggregator, who sees each round's sum before it is released (no "
+              f"amplification: it climbs past --epsilon, as it should)")
+
+
 def _progress_hooks(cfg: RunConfig) -> tuple[Callable, Callable, Callable]:
-    """on_start, on_round and close of a tqdm bar over the rounds (HR, NDCG, eps spent)."""
+    """on_start, on_round and close of a tqdm bar over the rounds (HR, NDCG, eps spent;
+    under a central mechanism both epsilons, named and explained by :data:`EPS_LEGEND` the
+    first time they show)."""
     bar = None
+    explained = False
 
     def on_start(sim: Any) -> None:
         nonlocal bar
@@ -123,6 +136,7 @@ def _progress_hooks(cfg: RunConfig) -> tuple[Callable, Callable, Callable]:
                    unit="round", file=sys.stderr, dynamic_ncols=True)
 
     def on_round(stats: Any) -> None:
+        nonlocal explained
         if bar is None:
             return
         post = {}
@@ -130,8 +144,11 @@ def _progress_hooks(cfg: RunConfig) -> tuple[Callable, Callable, Callable]:
             post["HR@10"] = f"{stats.metrics['full']['hr@10']:.4f}"
             post["NDCG@10"] = f"{stats.metrics['full']['ndcg@10']:.4f}"
         if stats.privacy.get("eps_spent_observer") is not None:  # cdp-gaussian: both views
-            post["eps"] = f"{stats.privacy['eps_spent_observer']:.3g}"
-            post["eps_aggregator"] = f"{stats.privacy['eps_spent']:.3g}"
+            post[EPS_OBSERVER] = f"{stats.privacy['eps_spent_observer']:.3g}"
+            post[EPS_AGGREGATOR] = f"{stats.privacy['eps_spent']:.3g}"
+            if not explained:
+                bar.write(EPS_LEGEND, file=sys.stderr)
+                explained = True
         elif stats.privacy.get("eps_spent") is not None:
             post["eps"] = f"{stats.privacy['eps_spent']:.3g}"
         bar.set_postfix(post, refresh=False)
