@@ -47,7 +47,7 @@ def test_the_losing_run_of_a_race_exits_0_and_says_where_its_results_went(
     assert (out / "summary.json").read_text() == "{}"  # the other run's, untouched
     notes = [line for line in captured.err.splitlines() if "another run" in line]
     assert len(notes) == 1 and f"this run's results are in {kept}" in notes[0]
-    assert "error" not in captured.err
+    assert "error:" not in captured.err
 
 
 # ------------------------------------------------ 4: the progress bar's two epsilons
@@ -100,3 +100,90 @@ def test_the_central_bar_names_the_aggregators_eps_and_says_once_what_it_is(monk
     assert len(_Bar.lines) == 1  # said once, where the figures first appear
     assert "eps vs aggregator (unamplified)" in _Bar.lines[0]
     assert "climbs past --epsilon" in _Bar.lines[0] and "released models" in _Bar.lines[0]
+
+
+# ------------------------------------ 1: chance and MostPop beside every run's figure
+def test_every_run_gives_chance_and_mostpop_on_its_own_evaluated_users(tmp_path, capsys):
+    """A single run printed full HR@10 with neither chance nor MostPop beside it: its summary
+    and its console line now carry both, computed on the users it evaluated (here a sample
+    of 30 of 40, --eval-users) with the same evaluation sets as a MostPop run."""
+    import json
+
+    import numpy as np
+
+    from fedem_private.api import resolve_config
+    from fedem_private.experiments.outcome import chance_reference
+    from fedem_private.experiments.results import collect
+    from fedem_private.experiments.runner import prepare
+
+    cfg = _synthetic(tmp_path)
+    out, pop = tmp_path / "fedmf", tmp_path / "mostpop"
+    common = ["--config", cfg, "--eval-users", "30", *TINY]
+    assert main(["run", "--out", str(out), *common]) == 0
+    line = next(t for t in capsys.readouterr().out.splitlines() if t.strip().startswith("full:"))
+    assert main(["run", "--method", "mostpop", "--out", str(pop), *common]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    refs = summary["references"]
+    assert refs["users"] == 30 == summary["metrics"]["full"]["users"]
+    own_pop = json.loads((pop / "summary.json").read_text())["metrics"]["full"]["hr@10"]
+    assert refs["mostpop"]["full"]["hr@10"] == pytest.approx(own_pop)  # the same users, sets
+    chance = refs["chance"]["full"]
+    assert 0 < chance["hr@10"] < 1 and 0 < chance["hr@10_se"] < chance["hr@10"]
+    everyone = chance_reference(prepare(resolve_config(cfg)).split)
+    assert everyone["users"] == 40 and everyone["hr@10"] != chance["hr@10"]  # not all users
+    assert np.isclose(chance["hr@10_se"] * 30, np.sqrt(30 * chance["hr@10"] * (
+        1 - chance["hr@10"])), rtol=0.05)  # ~ a binomial's: p varies little here
+    assert f"chance {chance['hr@10']:.4f} ± {chance['hr@10_se']:.4f}" in line
+    assert f"MostPop {own_pop:.4f}" in line and "same 30 users" in line
+    table = collect(tmp_path).set_index("method")
+    assert table.loc["fedmf", "mostpop_hr10_full"] == pytest.approx(own_pop)
+    assert table.loc["fedmf", "chance_hr10_full"] == pytest.approx(chance["hr@10"])
+    assert table.loc["fedmf", "chance_hr10_full_se"] == pytest.approx(chance["hr@10_se"])
+
+
+def test_a_figure_within_two_standard_errors_of_chance_reads_at_chance_not_below():
+    """FedEM at 0.042-0.050 against chance 0.033 read 'below': a figure statistically
+    indistinguishable from chance (within 2 of its standard errors over the evaluated users)
+    reads 'at chance'; one beneath that, 'below chance'; one above, nothing."""
+    from types import SimpleNamespace
+
+    from fedem_private.experiments.outcome import chance_reference, outcome_warnings
+
+    # 1,000 users with 300 items and 20 training items each: chance 10 / 279 = 0.0358,
+    # standard error sqrt(p (1 - p) / 1000) = 0.0059
+    split = SimpleNamespace(n_items=300, train_counts=[20] * 1000)
+    ref = chance_reference(split)
+    assert ref["hr@10"] == pytest.approx(10 / 279)
+    assert ref["hr@10_se"] == pytest.approx((10 / 279 * (1 - 10 / 279) / 1000) ** 0.5)
+    for hr in (0.042, 0.046):
+        (line,) = outcome_warnings(split, {"full": {"hr@10": hr}}, None)
+        assert "is at chance (0.03584 ± 0.0059" in line and "below" not in line
+    (line,) = outcome_warnings(split, {"full": {"hr@10": 0.02}}, None)
+    assert "is below chance" in line
+    assert outcome_warnings(split, {"full": {"hr@10": 0.06}}, None) == []
+
+
+def test_the_reports_verdict_counts_chances_own_standard_error():
+    """The quick sweep's FedEM at 0.042-0.050 (3 seeds) against chance 0.036 on 1,000
+    evaluated users read 'below (central ...)': the seeds agree closely, but chance's figure
+    over 1,000 users is itself uncertain by 0.006, so the point is at chance."""
+    import pandas as pd
+
+    from fedem_private.experiments import floors
+
+    def row(variant, mode, mean, std, **extra):
+        return {"dataset": "d", "protocol": "strict", "variant": variant, "mode": mode,
+                "eps_target": 8.0, "hr10_full_mean": mean, "hr10_full_std": std,
+                "n_seeds": 3, **extra}
+
+    chance = {"chance_hr10_full_mean": 10 / 279, "chance_hr10_full_se_mean": 0.0059}
+    agg = pd.DataFrame([row("dp-mostpop", "central-gaussian", 0.21, 0.003, **chance),
+                        row("fedem-em", "cdp-gaussian", 0.046, 0.004, **chance),
+                        row("fedmf", "cdp-gaussian", 0.31, 0.004, **chance)])
+    fl, models = floors.part(agg, "floors"), floors.part(agg, "models")
+    fedem, fedmf = models.iloc[0], models.iloc[1]
+    assert floors.verdict(fedem, fl) == "at chance (central 0.210)"
+    assert floors.verdict(fedmf, fl) == "beats (central 0.210)"
+    # without chance's standard error (the seeds' alone) it would not be at chance
+    no_se = fedem.drop(["chance_hr10_full_mean", "chance_hr10_full_se_mean"])
+    assert floors.verdict(no_se, fl, chance=10 / 279).startswith("below")

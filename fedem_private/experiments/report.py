@@ -193,11 +193,12 @@ def _sort(agg: pd.DataFrame) -> pd.DataFrame:
 
 
 def results_table(agg: pd.DataFrame, attacks: list[str], chance_full: float | None = None,
-                  floors: pd.DataFrame | None = None) -> str:
+                  floors: pd.DataFrame | None = None, chance_se: float = 0.0) -> str:
     """Utility, privacy and attack success per (variant, mode, eps) of one dataset/protocol;
     a private model's full HR@10 is judged against DP-MostPop of its relation at its
     epsilon (:func:`~fedem_private.experiments.floors.verdict`) when there is one
-    (``floors``: the dataset's DP-MostPop rows; default: this table's)."""
+    (``floors``: the dataset's DP-MostPop rows; default: this table's), and against chance
+    (its runs' own where their summaries give it, else ``chance_full`` ± ``chance_se``)."""
     floors = ladder.part(agg, "floors") if floors is None else floors
     models = ladder.part(agg, "models")
     judged = not floors.empty and bool(models["mode"].map(ladder.floor_mode).notna().any())
@@ -217,7 +218,7 @@ def results_table(agg: pd.DataFrame, attacks: list[str], chance_full: float | No
                  _pm(r, "hr10_full"), _pm(r, "ndcg10_full"), _pm(r, "hr10_sampled"),
                  _pm(r, "ndcg10_sampled"), _eps_spent(r)]
         if judged:
-            cells.append(ladder.verdict(r, floors, chance=chance_full)
+            cells.append(ladder.verdict(r, floors, chance=chance_full, chance_se=chance_se)
                          if r.name in models.index else "")
         for a in attacks:
             cells += [_pm(r, f"{a}_auc"), _pm(r, f"{a}_tpr@1%fpr"),
@@ -228,6 +229,15 @@ def results_table(agg: pd.DataFrame, attacks: list[str], chance_full: float | No
             cells.append("–" if math.isnan(kb) else f"{kb:,.1f}")
         rows.append(cells)
     return _table(header, rows)
+
+
+def _binomial_se(p: float, users: float) -> float:
+    """Chance's standard error over ``users`` evaluated users when each hits with
+    probability ``p`` (runs whose summaries predate their own chance figure); 0 when
+    unknown."""
+    if not (0 < p < 1) or not users or not math.isfinite(users) or users < 1:
+        return 0.0
+    return math.sqrt(p * (1 - p) / users)
 
 
 def _eps_spent(r: pd.Series) -> str:
@@ -457,6 +467,8 @@ def write_report(sources: str | Sequence[str], out_dir: str | None = None,
     for dataset in sorted(frame["dataset"].unique()):
         sub = agg[agg["dataset"] == dataset]
         n_items = frame.loc[frame["dataset"] == dataset, "n_items"].mean()
+        n_users = (frame.loc[frame["dataset"] == dataset, "n_users"].mean()
+                   if "n_users" in frame.columns else math.nan)
         slug = _slug(dataset)
         plots = [rp.utility_figure(sub, dataset, out / f"{slug}-hr10_vs_eps.png",
                                    10.0 / n_items if n_items > 10 else 0.0, n_seeds)]
@@ -479,7 +491,8 @@ def write_report(sources: str | Sequence[str], out_dir: str | None = None,
             rows = sub[sub["protocol"] == protocol]
             md += [f"Protocol `{protocol}`:", "",
                    results_table(rows, ds_attacks, 10.0 / n_items if n_items > 10 else None,
-                                 ladder.part(sub, "floors")),
+                                 ladder.part(sub, "floors"),
+                                 _binomial_se(10.0 / n_items, n_users)),
                    ""]
             if not ladder.part(rows, "references").empty:
                 near = sub[sub["protocol"].map(ladder.comparable) == ladder.comparable(protocol)]
@@ -502,8 +515,9 @@ def write_report(sources: str | Sequence[str], out_dir: str | None = None,
            "(cdp-gaussian: central; ldp-laplace and ldp-gaussian: local; ldp-dpsgd: "
            "interaction-local; docs/baselines.md). `beats` / `below`: the difference of the "
            f"means exceeds {ladder.NOISE_SE:g} standard errors over seeds; otherwise `within "
-           "noise`; `at chance` when the model is not that far above a random ranking "
-           "(10 / items), whatever the floor. The plots draw the non-private baselines as "
+           "noise`; `at chance` when the model is within that many standard errors (the "
+           "seeds' and, over the evaluated users, chance's own) of a random ranking's HR@10 "
+           "on the same users, whatever the floor. The plots draw the non-private baselines as "
            "horizontal lines and DP-MostPop as a dashed grey curve per architecture.",
            "- `ε spent (reported)` is the total over all rounds; the attacks see one upload, "
            "so their empirical ε lower bound is compared with the per-round ε accounted for "

@@ -34,7 +34,8 @@ from fedem_private.errors import ResultsElsewhere, UserError
 # release; everything else is the simulator's measurement of the private data
 NOT_PRIVATE = (
     "not private: every figure in this summary but the privacy block (metrics, selected, "
-    "clipping, cold_items, merge_rho_mean, server_stats, dropped_users, communication) is the "
+    "clipping, cold_items, merge_rho_mean, server_stats, dropped_users, communication, "
+    "references) is the "
     "simulator's exact measurement over the users' data, not a release of the mechanism; "
     "the eps covers the released models, not publishing these")
 
