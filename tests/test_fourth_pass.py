@@ -187,3 +187,130 @@ def test_the_reports_verdict_counts_chances_own_standard_error():
     # without chance's standard error (the seeds' alone) it would not be at chance
     no_se = fedem.drop(["chance_hr10_full_mean", "chance_hr10_full_se_mean"])
     assert floors.verdict(no_se, fl, chance=10 / 279).startswith("below")
+
+
+# ------------------------------------------------------------- 3: plots for people
+def test_display_names_are_the_docs_names():
+    from fedem_private.experiments.display import attack_display, variant_display
+
+    assert variant_display("fedem-em-fedavg") == "FedEM (FedAvg)"
+    assert variant_display("fedem-em") == "FedEM"
+    assert variant_display("fedmf") == "FedMF"
+    assert variant_display("fedmf-em") == "FedMF (EM merge)"
+    assert variant_display("fedmerge-em-k2") == "FedMerge (EM merge, K=2)"
+    assert variant_display("fedem-em+ncf~hash") == "FedEM (NCF, codec hash)"
+    assert variant_display("dp-mostpop") == "DP-MostPop"
+    assert variant_display("ease [ease_lambda=500]") == "EASE [ease_lambda=500]"
+    assert variant_display("fedmf [rounds=12]") == "FedMF [rounds=12]"
+    assert attack_display("projection_control") == "projection control"
+
+
+def _ladder_agg():
+    """A report's seed-aggregated rows: FedEM (FedAvg) near chance at every eps, FedMF,
+    DP-MostPop (central) meeting MostPop at large eps, and MostPop."""
+    import math
+
+    import pandas as pd
+
+    from fedem_private.experiments.report_plots import x_key
+
+    rows = []
+
+    def add(variant, mode, eps, hr, auc):
+        rows.append({"dataset": "d", "protocol": "strict", "variant": variant, "mode": mode,
+                     "eps_target": eps, "n_seeds": 3, "hr10_full_mean": hr,
+                     "hr10_full_std": 0.003, "hr10_sampled_mean": 5 * hr,
+                     "hr10_sampled_std": 0.01, "projection_control_auc_mean": auc,
+                     "projection_control_auc_std": 0.004,
+                     "x_key": x_key(mode, eps, eps)})
+
+    for eps, hr, auc in ((1.0, 0.0420, 0.5020), (4.0, 0.0440, 0.5070), (16.0, 0.0460, 0.5120),
+                         (64.0, 0.0480, 0.5170)):
+        add("fedem-em-fedavg", "cdp-gaussian", eps, hr, auc)
+        add("fedmf", "cdp-gaussian", eps, 0.2 + eps / 400, 0.55 + eps / 1000)
+        add("dp-mostpop", "central-gaussian", eps, 0.150 - 0.02 / eps, math.nan)
+    add("fedem-em-fedavg", "none", math.inf, 0.0500, 0.5220)
+    add("fedmf", "none", math.inf, 0.39, 0.62)
+    add("mostpop", "none", math.inf, 0.150, math.nan)
+    return pd.DataFrame(rows)
+
+
+def _capture(monkeypatch):
+    """Keep the figure a report_plots function would save (its artists, not its pixels)."""
+    from fedem_private.experiments import report_plots as rp
+
+    kept = []
+
+    def keep(fig, path):
+        fig.canvas.draw()
+        kept.append(fig)
+        return path
+
+    monkeypatch.setattr(rp, "_save", keep)
+    return kept
+
+
+def test_the_utility_plot_names_methods_for_people_and_keeps_dp_mostpop_in_view(
+        tmp_path, monkeypatch):
+    from fedem_private.experiments import report_plots as rp
+
+    kept = _capture(monkeypatch)
+    rp.utility_figure(_ladder_agg(), "d", tmp_path / "u.png", 10 / 279, "3")
+    fig = kept[0]
+    legend = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
+    assert "FedEM (FedAvg)" in legend and "FedMF" in legend
+    assert not any("fedem-em" in text or "_" in text for text in legend)
+    ax = fig.axes[0]
+    mostpop = next(line for line in ax.get_lines() if line.get_label() == "MostPop")
+    floor = next(c for c in ax.containers if c.get_label() == "DP-MostPop · central")
+    marker = floor.lines[0]
+    assert marker.get_zorder() > mostpop.get_zorder()  # drawn over the MostPop line
+    assert marker.get_marker() not in ("x", "+", "1", "2", "None", "") \
+        and marker.get_markersize() >= 6  # filled, not a thin cross that hides on a dash
+    models = [c.lines[0] for c in ax.containers if c.get_label() != "DP-MostPop · central"]
+    assert all(marker.get_zorder() > m.get_zorder() for m in models)
+
+
+def test_frontier_eps_labels_do_not_overlap_and_attacks_read_as_words(tmp_path, monkeypatch):
+    from fedem_private.experiments import report_plots as rp
+
+    kept = _capture(monkeypatch)
+    agg = _ladder_agg()
+    models = agg[~agg["variant"].isin(["dp-mostpop", "mostpop"])]
+    rp.frontier_figure(models, "d", ["projection_control"], tmp_path / "f.png", "3",
+                       agg[agg["variant"] == "mostpop"], 10 / 279)
+    fig = kept[0]
+    ax = fig.axes[0]
+    renderer = fig.canvas.get_renderer()
+    labels = [t for t in ax.texts if t.get_text().startswith(("ε=", "no DP"))]
+    assert len(labels) >= 6
+    boxes = [t.get_window_extent(renderer) for t in labels]
+    overlapping = [(labels[i].get_text(), labels[j].get_text())
+                   for i in range(len(boxes)) for j in range(i + 1, len(boxes))
+                   if boxes[i].overlaps(boxes[j])]
+    assert overlapping == []
+    assert "projection control" in ax.get_title() and "_" not in ax.get_xlabel()
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "FedEM (FedAvg)" in legend
+
+
+def test_the_ladder_figure_draws_dp_mostpop_over_the_mostpop_line():
+    import matplotlib.pyplot as plt
+
+    from fedem_private.experiments.ladder_plots import Point, draw
+
+    pts = [Point("MostPop", "popularity", "none", None, {"hr10_full": (0.15, 0.0)}),
+           *(Point("DP-MostPop, central", "floor", "central", eps,
+                   {"hr10_full": (0.15 - 0.01 / eps, 0.001)}) for eps in (1.0, 16.0, 64.0)),
+           *(Point("FedMF, fixed (cdp-gaussian)", "federated", "cdp-gaussian", eps,
+                   {"hr10_full": (0.2, 0.01)}) for eps in (1.0, 16.0, 64.0))]
+    fig, ax = plt.subplots()
+    try:
+        draw(ax, pts)
+        (mostpop,) = [line for line in ax.get_lines() if line.get_linestyle() == "-."]
+        floor = next(c for c in ax.containers if c.get_label() == "DP-MostPop, central")
+        marker = floor.lines[0]
+        assert marker.get_zorder() > mostpop.get_zorder()
+        assert marker.get_marker() not in ("x", "+", "1", "2", "None", "")
+    finally:
+        plt.close(fig)

@@ -370,7 +370,7 @@ def test_a_variants_lines_under_two_protocols_do_not_draw_alike():
         {"protocol": p, "mode": "cdp-gaussian", "variant": "pfedrec", "x_key": 4.0}
         for p in ("strict", "strict+bestvalfull")])
     got = {line.label: line for line in rp.lines(agg)}
-    plain, tuned = got["pfedrec · strict"], got["pfedrec · strict+bestvalfull"]
+    plain, tuned = got["PFedRec · strict"], got["PFedRec · strict+bestvalfull"]  # display names
     assert (plain.color, plain.marker) == (tuned.color, tuned.marker)
     assert (plain.hollow, plain.face) == (False, None)
     assert (tuned.hollow, tuned.face) == (True, "none")
