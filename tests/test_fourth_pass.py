@@ -314,3 +314,52 @@ def test_the_ladder_figure_draws_dp_mostpop_over_the_mostpop_line():
         assert marker.get_marker() not in ("x", "+", "1", "2", "None", "")
     finally:
         plt.close(fig)
+
+
+# ------------------------------------------------------------ 5: the ladder's tables
+def _table_after(out: str, title_word: str) -> list[str]:
+    """The lines of the table the command printed last (from its title on)."""
+    lines = out.splitlines()
+    start = max(i for i, t in enumerate(lines) if t.startswith(title_word))
+    return lines[start:]
+
+
+def test_the_ladders_table_shows_only_its_rungs_by_their_names(tmp_path, capsys,
+                                                                 monkeypatch):
+    """Rungs changed in one --out: the terminal table kept the earlier call's rung (it
+    showed every run under --out) and labelled rows by raw hyper-parameters; ladder.md
+    named some rungs not run and not others. Now the terminal shows this call's rows under
+    ladder.md's names, results.csv holds this call's runs, and ladder.md names each rung
+    not in its table with its reason."""
+    import pandas as pd
+
+    monkeypatch.chdir(tmp_path)
+    base = ["ladder", "--dataset", "synthetic", "--config", _synthetic(tmp_path), "--out",
+            "lad", "--seeds", "0", "--epsilons", "1", "--rounds", "2"]
+    assert main([*base, "--rungs", "chance", "mostpop", "fedmf"]) == 0
+    first = _table_after(capsys.readouterr().out, "ladder in lad")
+    assert any(t.startswith("FedMF, fixed") for t in first)
+    assert not any("[" in t or "rounds=" in t or t.startswith("fedmf") for t in first)
+    assert main([*base, "--rungs", "chance", "mostpop", "dp-mostpop:central"]) == 0
+    second = _table_after(capsys.readouterr().out, "ladder in lad")
+    assert [t.split("  ")[0] for t in second[2:]] == ["chance", "MostPop",
+                                                       "DP-MostPop, central, eps 1"]
+    assert not any("FedMF" in t or "fedmf" in t for t in second)  # no stale rung
+    md = (tmp_path / "lad" / "ladder.md").read_text()
+    assert "Not in this table:" in md
+    assert "not asked for" in md and "a centralised model" in md
+    assert "not in this call's --rungs" in md and "fedmf-seed0" in md
+    results = pd.read_csv(tmp_path / "lad" / "results.csv")
+    assert sorted(results["run"]) == ["dp-mostpop-central-eps1-seed0", "mostpop-seed0"]
+
+
+def test_ladder_md_names_a_rung_asked_for_with_no_finished_run():
+    from fedem_private.experiments import ladder
+
+    opts = ladder.LadderOptions(data={"dataset": "synthetic"}, seeds=(0,), epsilons=(1.0,),
+                                rounds=2)
+    rungs = ladder.build_rungs(["chance", "mostpop", "fedmf"], [], opts)
+    text = ladder.markdown([], "t", "last", ladder.missing_references(rungs),
+                           ladder.unfinished_rungs(rungs, []), [])
+    assert "asked for, no run finished: chance, MostPop, FedMF, fixed" in text
+    assert "DP-MostPop, a centralised model" in text

@@ -53,11 +53,10 @@ from pathlib import Path
 from typing import Any
 
 from fedem_private.errors import UserError
+from fedem_private.experiments.display import METHOD_NAMES
 from fedem_private.privacy.registry import no_privacy
 
-DISPLAY = {"fedmf": "FedMF", "fedem": "FedEM", "pfedrec": "PFedRec", "fedncf": "FedNCF",
-           "fedsim": "FedSim", "local": "Local", "gpfedrec": "GPFedRec", "fedrap": "FedRAP",
-           "fedmerge": "FedMerge"}
+DISPLAY = METHOD_NAMES  # a federated kind's name in tables (experiments/display.py)
 # the private federated settings fixed in advance (never tuned on these users): the
 # architectures' headline settings (benchmarks/specs/privacy/cdp_curve.toml, dpsgd.toml)
 PRIVATE_FIXED: dict[str, dict[str, Any]] = {
@@ -793,9 +792,12 @@ ROUND_WORDS = {"last": "the last round",
                "best-val": "the round chosen on the validation item (sampled HR@10)"}
 
 
-def markdown(rows_: Sequence[Row], title: str, rule: str, missing: Sequence[str]) -> str:
-    """ladder.md: the table (headline round in its header), the headline figure with the
-    settings table beside it, and the other panels."""
+def markdown(rows_: Sequence[Row], title: str, rule: str, missing: Sequence[str],
+             unfinished: Sequence[str] = (), stale: Sequence[str] = ()) -> str:
+    """ladder.md: the table (headline round in its header), every rung not in it and why
+    (:func:`not_in_table`: ``missing`` references not asked for, ``unfinished`` rungs asked
+    for with no finished run, ``stale`` runs of rungs no longer asked for), the headline
+    figure with the settings table beside it, and the other panels."""
     head = f"full HR@10 ({'last round' if rule == 'last' else 'val-selected round'})"
     lines = [f"# {title}", "",
              f"Headline round: {ROUND_WORDS[rule]}, for every federated rung (the "
@@ -808,9 +810,7 @@ def markdown(rows_: Sequence[Row], title: str, rule: str, missing: Sequence[str]
         lines.append(f"| {r.label} | {_eps_cell(r)} | {r.seeds} | "
                      + " | ".join(_cell(r.values[m], r.seeds) for m in METRICS)
                      + f" | {_seconds(r.training_s)} | {_seconds(r.wall_s)} |")
-    if missing:
-        lines += ["", "Not in this ladder (an accuracy reads against chance, MostPop, "
-                  f"DP-MostPop at the same eps and a centralised model): {', '.join(missing)}."]
+    lines += not_in_table(missing, unfinished, stale)
     seen = dict.fromkeys((r.rung.label, r.rung.settings) for r in rows_)
     lines += ["", "![headline](headline.png)", "",
               "Settings of each rung (the figure's legend carries the short labels only):",
@@ -818,6 +818,41 @@ def markdown(rows_: Sequence[Row], title: str, rule: str, missing: Sequence[str]
     lines += [f"| {label} | {settings} |" for label, settings in seen]
     lines += ["", "Other panels:", "", "![panels](panels.png)", ""]
     return "\n".join(lines)
+
+
+def not_in_table(missing: Sequence[str], unfinished: Sequence[str],
+                 stale: Sequence[str]) -> list[str]:
+    """ladder.md's lines on every rung the table lacks, each kind with its reason: the
+    references not asked for, the rungs asked for with no finished run, and the runs under
+    ``runs/`` of rungs this call did not ask for (a ladder whose rungs changed in one
+    ``--out``), which the table, ladder.csv and results.csv leave out."""
+    if not (missing or unfinished or stale):
+        return []
+    lines = ["", "Not in this table:", ""]
+    if missing:
+        lines.append("- not asked for (an accuracy reads against chance, MostPop, DP-MostPop "
+                     f"at the same eps and a centralised model): {', '.join(missing)}")
+    if unfinished:
+        lines.append(f"- asked for, no run finished: {', '.join(unfinished)}")
+    if stale:
+        lines.append("- run into this folder before, not in this call's --rungs (kept under "
+                     f"runs/, left out of ladder.csv and results.csv): {', '.join(stale)}")
+    return lines
+
+
+def unfinished_rungs(rungs: Sequence[Rung], rows_: Sequence[Row]) -> list[str]:
+    """The labels of the rungs asked for that have no row (no run of theirs finished)."""
+    shown = {r.rung.name for r in rows_}
+    return [r.label for r in rungs if r.name not in shown]
+
+
+def stale_runs(rungs: Sequence[Rung], runs_dir: Path) -> list[str]:
+    """The finished runs under ``runs_dir`` that no rung of this ladder has (sorted)."""
+    ours = {run.name for rung in rungs for run in rung.runs}
+    if not runs_dir.is_dir():
+        return []
+    return sorted(p.parent.name for p in runs_dir.glob("*/summary.json")
+                  if p.parent.name not in ours)
 
 
 def missing_references(rungs: Sequence[Rung]) -> list[str]:
@@ -857,19 +892,26 @@ def write_csv(rows_: Sequence[Row], path: Path) -> None:
 
 def write_outputs(rungs: Sequence[Rung], out: Path, opts: LadderOptions,
                   title: str) -> list[Path]:
-    """ladder.md, ladder.csv, results.csv, headline.png and panels.png under ``out``."""
+    """ladder.md, ladder.csv, results.csv (this ladder's runs only), headline.png and
+    panels.png under ``out``."""
     from fedem_private.experiments import ladder_plots
     from fedem_private.experiments.results import collect
 
     runs_dir = out / "runs"
     table = rows(rungs, runs_dir, opts.round_rule, opts.data, opts.seeds)
+    stale = stale_runs(rungs, runs_dir)
     (out / "ladder.md").write_text(markdown(table, title, opts.round_rule,
-                                            missing_references(rungs)))
+                                            missing_references(rungs),
+                                            unfinished_rungs(rungs, table), stale))
     write_csv(table, out / "ladder.csv")
     written = [out / "ladder.md", out / "ladder.csv"]
-    if any(runs_dir.glob("*/summary.json")):
-        collect(runs_dir).to_csv(out / "results.csv", index=False)
+    ours = {run.name for rung in rungs for run in rung.runs}
+    if any((runs_dir / name / "summary.json").is_file() for name in ours):
+        frame = collect(runs_dir)
+        frame[frame["run"].isin(ours)].to_csv(out / "results.csv", index=False)
         written.append(out / "results.csv")
+    elif (out / "results.csv").is_file():  # an earlier call's, of other rungs
+        (out / "results.csv").unlink()
     pts = points(table)
     ladder_plots.headline(pts, out / "headline.png", title)
     ladder_plots.panels(pts, out / "panels.png", title)
