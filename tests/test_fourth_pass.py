@@ -363,3 +363,85 @@ def test_ladder_md_names_a_rung_asked_for_with_no_finished_run():
                            ladder.unfinished_rungs(rungs, []), [])
     assert "asked for, no run finished: chance, MostPop, FedMF, fixed" in text
     assert "DP-MostPop, a centralised model" in text
+
+
+# ------------------------------------------------------------ 2: the report's verdict
+def test_the_verdict_names_the_winner_its_margin_and_its_references():
+    import math
+
+    import pandas as pd
+
+    from fedem_private.experiments.report import verdict_paragraph
+
+    def row(variant, mode, eps, mean, std):
+        return {"dataset": "synthetic", "protocol": "strict", "variant": variant,
+                "mode": mode, "eps_target": eps, "n_seeds": 3, "hr10_full_mean": mean,
+                "hr10_full_std": std, "chance_hr10_full_mean": 0.0358,
+                "chance_hr10_full_se_mean": 0.0059, "mostpop_hr10_full_mean": 0.152}
+
+    agg = pd.DataFrame([
+        row("fedmf", "none", math.inf, 0.39, 0.004),
+        row("fedem-em-fedavg", "none", math.inf, 0.050, 0.004),
+        row("fedmf", "cdp-gaussian", 8.0, 0.38, 0.004),
+        row("fedmf", "cdp-gaussian", 1.0, 0.31, 0.004),
+        row("fedem-em-fedavg", "cdp-gaussian", 8.0, 0.046, 0.004),
+        row("dp-mostpop", "central-gaussian", 8.0, 0.21, 0.003),
+        row("mostpop", "none", math.inf, 0.152, 0.0),
+    ])
+    text = verdict_paragraph(agg, {"synthetic": (10 / 300, 0.006)})
+    assert text.startswith("**Verdict**")
+    plain, private = text.split("On synthetic, protocol `strict`: ")[1].split("; under privacy")
+    assert "without privacy the best is FedMF at 0.390 ± 0.004" in plain
+    assert "+0.340, beyond seed noise" in plain and "against FedEM (FedAvg)" in plain
+    assert "above chance (0.036)" in plain and "+0.238 against MostPop (0.152)" in plain
+    assert "FedMF under cdp-gaussian at ε 8 at 0.380 ± 0.004" in private
+    assert "against FedEM (FedAvg) under cdp-gaussian at ε 8" in private
+    assert "against DP-MostPop of its relation at that ε: beats (central 0.210)" in private
+    # a model level with chance is said to be at chance, not ranked against the floor
+    alone = agg[agg["variant"].isin(["fedem-em-fedavg", "dp-mostpop", "mostpop"])]
+    assert "at chance (0.036)" in verdict_paragraph(alone, {})
+    assert verdict_paragraph(agg[agg["variant"] == "mostpop"], {}) == ""
+
+
+# ---------------------------------------------------------------- 7: the plan's time
+def test_the_plans_time_counts_the_catalogue_the_cohort_and_the_local_work():
+    """The ladder's plan said 'about 37 s' for FedMF under cdp-gaussian on a 610-user CSV
+    of 9,724 items and took minutes: its rule (3 ms per client and round) ignored the
+    catalogue and the local work. The time model counts both, and the cohort."""
+    from fedem_private.experiments import ladder
+
+    def cfg(**over):
+        base = {"data": {"dataset": "synthetic"}, "federation": {"method": "fedmf"},
+                "train": {"rounds": 40, "local_epochs": 10, "dim": 16, "num_negatives": 4,
+                          "eval_every": 40},
+                "privacy": {"mode": "cdp-gaussian", "delta": 1e-5, "sample_rate": 0.2,
+                            "clip": 50.0, "epsilon": 4.0}}
+        for section, values in over.items():  # None: the key left out
+            merged = {**base.get(section, {}), **values}
+            base[section] = {k: v for k, v in merged.items() if v is not None}
+        return ladder.resolved(base)
+
+    users, positives = 610, 160.0
+    private = cfg()
+    small, large = (ladder.estimate(private, users, m, {}, positives)[0] for m in (1682, 9724))
+    per_client_rounds = 40 * users * 0.2
+    extra = per_client_rounds * ladder.S_PER_ITEM_DIM * (9724 - 1682) * 16 \
+        + users * ladder.S_EVAL_ITEM_DIM * (9724 - 1682) * 16
+    assert large - small == pytest.approx(extra)  # the catalogue, participant by participant
+    more_epochs = ladder.estimate(cfg(train={"local_epochs": 20}), users, 9724, {},
+                                  positives)[0]
+    assert more_epochs - large == pytest.approx(
+        per_client_rounds * ladder.S_PER_EXAMPLE * 10 * positives * 5)  # local work
+    cohorts = cfg(train={"cohort_size": 61}, privacy={"sample_rate": None})
+    assert ladder._clients_per_round(cohorts, users) == 61
+    assert ladder.estimate(cohorts, users, 9724, {}, positives)[0] < large
+    # without noise a client moves only the rows it trained: no catalogue term per client
+    plain = cfg(privacy={"mode": "none", "sample_rate": None, "clip": None,
+                         "epsilon": None, "delta": None})
+    a, b = (ladder.estimate(plain, users, m, {}, positives)[0] for m in (1682, 9724))
+    assert b - a == pytest.approx(users * ladder.S_EVAL_ITEM_DIM * (9724 - 1682) * 16)
+    # a rate measured here is kept apart for runs with and without noise
+    assert ladder.rate_key(private) == ("fedmf", True)
+    assert ladder.rate_key(plain) == ("fedmf", False)
+    assert ladder.estimate(private, users, 9724, {("fedmf", False): 10.0}, positives)[1] \
+        is False

@@ -28,15 +28,16 @@ of the search and the run together (``privacy.json``).
 
 Before anything runs the plan is printed: each rung, its runs and an estimated time, from
 this ladder's finished runs of the same method where there are some (measured) or from
-:data:`ROUGH_RULE` (stated). Runs are directories ``<out>/runs/<name>``: a finished one is
-not run again (one of another config stops the ladder unless ``--force``, which redoes every
-run). A federated run expected to take more than ``--checkpoint-minutes`` keeps one
-checkpoint file, ``<run>.checkpoint``, rewritten at about that interval and removed once
-the run is finished. The headline round (``--round``: the last, or the one chosen on
-validation) is the same for every rung and stated in the table's header. The outputs:
-``ladder.md`` (the table, the settings beside the figure, the other panels),
-``ladder.csv``, ``results.csv`` (one row per run, as ``fedem-private report`` reads it),
-``headline.png`` and ``panels.png``.
+:data:`ROUGH_RULE` (stated; for a federated run the time model of :func:`federated_seconds`:
+participants, local work and, under noise, the catalogue). Runs are directories
+``<out>/runs/<name>``: a finished one is not run again (one of another config stops the
+ladder unless ``--force``, which redoes every run). A federated run expected to take more
+than ``--checkpoint-minutes`` keeps one checkpoint file, ``<run>.checkpoint``, rewritten at
+about that interval and removed once the run is finished. The headline round (``--round``:
+the last, or the one chosen on validation) is the same for every rung and stated in the
+table's header. The outputs: ``ladder.md`` (the table, the settings beside the figure, the
+other panels), ``ladder.csv``, ``results.csv`` (one row per run, as ``fedem-private report``
+reads it), ``headline.png`` and ``panels.png``.
 """
 
 from __future__ import annotations
@@ -72,10 +73,11 @@ ROUNDS = {"last": "last", "best-val": "best-val"}  # --round -> train.select_rou
 # the stated rough rule of the plan's estimates, where no run of the method finished here:
 # seconds per client and round (federated, one CPU core), or per run (baselines) at
 # ML-100K's size, scaled as written
-ROUGH_RULE = ("federated: 3 ms per client per round (FedMF on ML-100K, one core: 100 rounds of "
-              "943 clients in 130-360 s); centralised MF 0.5 ms per user per epoch; EASE 1 s "
-              "x (items / 1682)^3; MostPop, DP-MostPop, ALS 1 s")
-FED_S_PER_CLIENT_ROUND = 3e-3
+ROUGH_RULE = ("federated: the time model (a round: 36 us a participant, 0.41 us a trained "
+              "example, i.e. local epochs x positives x (1 + negatives), and under noise 16 ns "
+              "a participant x item x dim; an evaluation: 64 ns a user x item x dim; "
+              "BENCHMARKS.md); centralised MF 0.5 ms per user per epoch; EASE 1 s x "
+              "(items / 1682)^3; MostPop, DP-MostPop, ALS 1 s")
 FED_ALIASES = {"rounds": "train.rounds", "lr": "train.lr", "dim": "train.dim",
                "epochs": "train.local_epochs", "negatives": "train.num_negatives",
                "clip": "privacy.clip", "q": "privacy.sample_rate",
@@ -477,15 +479,56 @@ def check(rungs: Sequence[Rung]) -> None:
 
 
 def _clients_per_round(cfg: Any, users: int) -> float:
+    """A round's expected participants: ``train.cohort_size`` K (at most the users), a
+    sampling mechanism's rate q x users, else ``train.client_fraction`` x users."""
+    cohort = int(getattr(cfg.train, "cohort_size", 0) or 0)
+    if cohort:
+        return float(min(cohort, users))
     q = getattr(cfg.privacy, "sample_rate", None)
     if q and "sample_rate" in cfg.privacy.mechanism.options:  # it samples its participants
         return users * float(q)
     return users * float(cfg.train.client_fraction)
 
 
-def work_units(cfg: Any, users: int, items: int) -> float:
-    """The size of a run the estimate scales with: clients x rounds (federated), users x
-    epochs (centralised MF), (items / 1682)^3 (EASE), 1 (the others)."""
+#: the plan's time model of a federated run (BENCHMARKS.md, "The plan's time model", with
+#: the runs it was calibrated and checked on, and :mod:`benchmarks.probes.plan_time`):
+#: seconds per participant and round whatever its work ...
+S_PER_CLIENT = 3.6e-5
+#: ... per trained example (one positive or sampled negative of one client, one local
+#: epoch) ...
+S_PER_EXAMPLE = 4.1e-7
+#: ... per participant x catalogue item x dimension under a mechanism that adds noise
+#: (its upload is the whole table, clipped and noised; without noise a client moves only
+#: the rows it trained, which the examples' cost covers) ...
+S_PER_ITEM_DIM = 1.6e-8
+#: ... and per evaluated user x item x dimension at each evaluation (scoring every item)
+S_EVAL_ITEM_DIM = 6.4e-8
+
+
+def federated_seconds(cfg: Any, users: int, items: int, positives: float) -> float:
+    """Seconds a federated run of ``cfg`` takes by the time model: each round, every
+    participant (:func:`_clients_per_round`) costs :data:`S_PER_CLIENT`, trains
+    ``local_epochs`` x ``positives`` x (1 + ``num_negatives``) examples
+    (:data:`S_PER_EXAMPLE`) and, under a mechanism that adds noise, uploads its whole
+    ``items`` x ``dim`` table (:data:`S_PER_ITEM_DIM`); each evaluation scores the
+    evaluated users against every item (:data:`S_EVAL_ITEM_DIM`). ``positives``: the mean
+    training items of a user."""
+    tr = cfg.train
+    examples = float(tr.local_epochs) * positives * (1.0 + float(tr.num_negatives))
+    table = float(items) * float(tr.dim)
+    dense = table if cfg.privacy.mechanism.perturbs else 0.0
+    per_client = S_PER_CLIENT + S_PER_EXAMPLE * examples + S_PER_ITEM_DIM * dense
+    rounds = float(tr.rounds)
+    evaluations = math.ceil(rounds / max(int(tr.eval_every or rounds), 1))
+    evaluated = min(int(tr.eval_users or users), users)
+    return (rounds * _clients_per_round(cfg, users) * per_client
+            + evaluations * evaluated * S_EVAL_ITEM_DIM * table)
+
+
+def work_units(cfg: Any, users: int, items: int, positives: float = 0.0) -> float:
+    """The size of a run the estimate scales with: the time model's seconds (federated,
+    :func:`federated_seconds`), users x epochs (centralised MF), (items / 1682)^3 (EASE),
+    1 (the others)."""
     method = cfg.federation.resolved_method
     if method == "centralised":
         return users * float(cfg.baseline.epochs)
@@ -493,26 +536,36 @@ def work_units(cfg: Any, users: int, items: int) -> float:
         return (items / 1682) ** 3
     if method in ("mostpop", "dp-mostpop", "als"):
         return 1.0
-    return _clients_per_round(cfg, users) * float(cfg.train.rounds)
+    return federated_seconds(cfg, users, items, positives)
 
 
 ROUGH_S_PER_UNIT = {"centralised": 5e-4, "ease": 1.0, "mostpop": 1.0, "dp-mostpop": 1.0,
                     "als": 1.0}
+FEDERATED_RATE = 1.0  # a federated run's work units are the time model's seconds
 
 
-def measured_rates(runs_dir: Path) -> dict[str, float]:
-    """Seconds per work unit (:func:`work_units`) by method, from the finished runs here."""
-    rates: dict[str, list[float]] = {}
+def rate_key(cfg: Any) -> tuple[str, bool]:
+    """What a measured rate is kept by: the method, and whether its mechanism adds noise
+    (a private run of a method costs another rate than its run without noise)."""
+    return cfg.federation.resolved_method, bool(cfg.privacy.mechanism.perturbs)
+
+
+def measured_rates(runs_dir: Path, positives: float = 0.0) -> dict[tuple[str, bool], float]:
+    """Seconds per work unit (:func:`work_units`) by :func:`rate_key`, from the finished
+    runs here (for a federated method: its measured seconds over the time model's, a
+    correction for this machine and this method); ``positives``: the data's mean training
+    items a user."""
+    rates: dict[tuple[str, bool], list[float]] = {}
     for path in sorted(runs_dir.glob("*/summary.json")) if runs_dir.is_dir() else []:
         try:
             cfg = resolved(_toml(path.parent / "config.toml"))
             s = json.loads(path.read_text())
         except (UserError, OSError, ValueError):
             continue
-        units = work_units(cfg, int(s.get("n_users") or 1), int(s.get("n_items") or 1))
+        units = work_units(cfg, int(s.get("n_users") or 1), int(s.get("n_items") or 1),
+                           positives)
         if units > 0 and s.get("seconds_total"):
-            rates.setdefault(cfg.federation.resolved_method, []).append(
-                float(s["seconds_total"]) / units)
+            rates.setdefault(rate_key(cfg), []).append(float(s["seconds_total"]) / units)
     return {m: sum(v) / len(v) for m, v in rates.items()}
 
 
@@ -522,15 +575,18 @@ def _toml(path: Path) -> dict[str, Any]:
     return read_toml(str(path), "run config")
 
 
-def estimate(cfg: Any, users: int, items: int, rates: Mapping[str, float]
-             ) -> tuple[float, bool]:
-    """(estimated seconds, measured?) of one run of ``cfg``."""
+def estimate(cfg: Any, users: int, items: int, rates: Mapping[tuple[str, bool], float],
+             positives: float = 0.0) -> tuple[float, bool]:
+    """(estimated seconds, measured?) of one run of ``cfg``: its work units
+    (:func:`work_units`) at the rate measured here for its method with or without noise
+    (:func:`rate_key`), else at the stated rough rate (for a federated run the time
+    model's own seconds)."""
     method = cfg.federation.resolved_method
-    rate = rates.get(method)
+    units = work_units(cfg, users, items, positives)
+    rate = rates.get(rate_key(cfg))
     if rate is not None:
-        return rate * work_units(cfg, users, items), True
-    return ROUGH_S_PER_UNIT.get(method, FED_S_PER_CLIENT_ROUND) * work_units(cfg, users,
-                                                                               items), False
+        return rate * units, True
+    return ROUGH_S_PER_UNIT.get(method, FEDERATED_RATE) * units, False
 
 
 def _duration(seconds: float) -> str:
@@ -552,14 +608,15 @@ class Planned:
 
 
 def plan(rungs: Sequence[Rung], runs_dir: Path, users: int, items: int,
-         force: bool) -> list[tuple[Rung, list[Planned]]]:
-    """Each rung with its runs: finished (skipped unless ``force``) or to run, estimated."""
-    rates = measured_rates(runs_dir)
+         force: bool, positives: float = 0.0) -> list[tuple[Rung, list[Planned]]]:
+    """Each rung with its runs: finished (skipped unless ``force``) or to run, estimated
+    (``positives``: the data's mean training items a user, for the time model)."""
+    rates = measured_rates(runs_dir, positives)
     out = []
     for rung in rungs:
         items_ = []
         for run in rung.runs:
-            secs, measured = estimate(resolved(run.config), users, items, rates)
+            secs, measured = estimate(resolved(run.config), users, items, rates, positives)
             done = not force and (runs_dir / run.name / "summary.json").is_file()
             items_.append(Planned(run, done, secs, measured))
         out.append((rung, items_))
@@ -918,13 +975,14 @@ def write_outputs(rungs: Sequence[Rung], out: Path, opts: LadderOptions,
     return [*written, out / "headline.png", out / "panels.png"]
 
 
-def data_shape(data: Mapping[str, Any], seed: int) -> tuple[str, int, int]:
-    """(dataset name, users, items) of the ladder's split."""
+def data_shape(data: Mapping[str, Any], seed: int) -> tuple[str, int, int, float]:
+    """(dataset name, users, items, mean training items a user) of the ladder's split."""
     from fedem_private.experiments.baseline_run import load_split
 
     name, split = load_split(resolved({"data": dict(data), "train": {"seed": seed},
                                        "federation": {"method": "mostpop"}}))
-    return name, int(split.n_users), int(split.n_items)
+    users = int(split.n_users)
+    return name, users, int(split.n_items), float(split.train_items.size) / max(users, 1)
 
 
 def run_ladder(rung_texts: Sequence[str], out: str | Path, opts: LadderOptions, *,
@@ -954,8 +1012,8 @@ def run_ladder(rung_texts: Sequence[str], out: str | Path, opts: LadderOptions, 
         raise UserError("--round best-val: an accounted search's final run reports its last "
                         "round (choosing one on validation would be a release no eps covers)")
     check(rungs)
-    name, users, items = data_shape(opts.data, opts.seeds[0])
-    planned = plan(rungs, root / "runs", users, items, force)
+    name, users, items, positives = data_shape(opts.data, opts.seeds[0])
+    planned = plan(rungs, root / "runs", users, items, force, positives)
     title = f"Ladder: {name} ({users} users, {items} items)"
     say(f"{title}; headline round: {opts.round_rule}\nplan:\n{plan_text(planned)}")
     if dry_run:
