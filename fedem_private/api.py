@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedem_private.errors import UserError
+from fedem_private.errors import ResultsElsewhere, UserError
 from fedem_private.plugins import load_all
 from fedem_private.simulation.config import RunConfig, from_dict, load_toml, with_overrides
 
@@ -110,9 +110,22 @@ def reserve_default_out(cfg: RunConfig) -> tuple[Path, list[Path]]:
     raise UserError(f"every run directory name {base}-N is taken")  # pragma: no cover
 
 
+# the progress bar's names of cdp-gaussian's two epsilons (docs/design.md section 5), and
+# the line that says what they are, written above the bar where they first appear
+EPS_OBSERVER = "eps (observers)"
+EPS_AGGREGATOR = "eps vs aggregator (unamplified)"
+EPS_LEGEND = (f"{EPS_OBSERVER}: spent against anyone who sees the released models (amplified "
+              f"by Poisson sampling; --epsilon is its target). {EPS_AGGREGATOR}: spent "
+              f"against the aggregator, who sees each round's sum before it is released (no "
+              f"amplification: it climbs past --epsilon, as it should)")
+
+
 def _progress_hooks(cfg: RunConfig) -> tuple[Callable, Callable, Callable]:
-    """on_start, on_round and close of a tqdm bar over the rounds (HR, NDCG, eps spent)."""
+    """on_start, on_round and close of a tqdm bar over the rounds (HR, NDCG, eps spent;
+    under a central mechanism both epsilons, named and explained by :data:`EPS_LEGEND` the
+    first time they show)."""
     bar = None
+    explained = False
 
     def on_start(sim: Any) -> None:
         nonlocal bar
@@ -123,6 +136,7 @@ def _progress_hooks(cfg: RunConfig) -> tuple[Callable, Callable, Callable]:
                    unit="round", file=sys.stderr, dynamic_ncols=True)
 
     def on_round(stats: Any) -> None:
+        nonlocal explained
         if bar is None:
             return
         post = {}
@@ -130,8 +144,11 @@ def _progress_hooks(cfg: RunConfig) -> tuple[Callable, Callable, Callable]:
             post["HR@10"] = f"{stats.metrics['full']['hr@10']:.4f}"
             post["NDCG@10"] = f"{stats.metrics['full']['ndcg@10']:.4f}"
         if stats.privacy.get("eps_spent_observer") is not None:  # cdp-gaussian: both views
-            post["eps"] = f"{stats.privacy['eps_spent_observer']:.3g}"
-            post["eps_aggregator"] = f"{stats.privacy['eps_spent']:.3g}"
+            post[EPS_OBSERVER] = f"{stats.privacy['eps_spent_observer']:.3g}"
+            post[EPS_AGGREGATOR] = f"{stats.privacy['eps_spent']:.3g}"
+            if not explained:
+                bar.write(EPS_LEGEND, file=sys.stderr)
+                explained = True
         elif stats.privacy.get("eps_spent") is not None:
             post["eps"] = f"{stats.privacy['eps_spent']:.3g}"
         bar.set_postfix(post, refresh=False)
@@ -193,9 +210,12 @@ def run(config: RunConfig | Mapping[str, Any] | str | Path | None = None,
     ``config``: see :func:`resolve_config` (``{"record": {"rounds": "last"}}``
     records what the server saw, so the run can be attacked). ``out``: the run
     directory (default ``runs/<dataset>-<method>-<time>``, ``-2`` added when taken); an existing
-    non-empty one is replaced only with ``force``. While the rounds run, ``out`` holds
-    ``metrics.csv`` so far (rewritten at each evaluation) and ``progress.json`` (the round
-    reached, seconds a round, ETA); the finished run directory replaces them.
+    non-empty one is replaced only with ``force``. When another run finished into ``out``
+    while this one ran, this run's results go beside it (``-2``, ...): the returned
+    :class:`Result`'s ``run_dir`` says where (and, with ``warn``, a :class:`RunWarning`).
+    While the rounds run, ``out`` holds ``metrics.csv`` so far (rewritten at each
+    evaluation) and ``progress.json`` (the round reached, seconds a round, ETA); the
+    finished run directory replaces them.
     ``progress``: True (or "bar") a bar on stderr, "lines" a plain line on stderr at each
     evaluation (and each tenth of the rounds), False nothing.
     ``warn``: the run's warnings (mis-set clipping, many cold test items, HR@10 at chance,
@@ -237,10 +257,13 @@ def run(config: RunConfig | Mapping[str, Any] | str | Path | None = None,
     on_start, on_round, close = ((None, None, lambda: None) if baseline or not progress
                                  else _line_hooks(cfg) if progress == "lines"
                                  else _progress_hooks(cfg))
+    moved = None
     try:
         execute(cfg, path, force=force, setup=None if baseline else recording_hook(cfg),
                 on_start=on_start, on_round=on_round, checkpoint=checkpoint,
                 shards=shards, live=True)
+    except ResultsElsewhere as exc:  # finished, kept beside the folder another run took
+        moved, path = str(exc), Path(exc.path)
     except BaseException:
         if out is None:  # free the name reserved for this run (and runs/ if made for it)
             with contextlib.suppress(OSError):
@@ -250,6 +273,8 @@ def run(config: RunConfig | Mapping[str, Any] | str | Path | None = None,
     finally:
         close()
     result = load_run(path)
+    if warn and moved is not None:
+        warnings.warn(moved, RunWarning, stacklevel=2)
     if warn:
         for part in ("clipping", "cold_items", "sampled_candidates"):
             text = (result.summary.get(part) or {}).get("warning")

@@ -609,6 +609,22 @@ def _with_se(metrics: dict[str, Any], name: str, label: str) -> str:
     return text if se is None else f"{text} ± {se:.4f}"
 
 
+def references_text(refs: dict[str, Any] | None) -> str:
+    """The references beside a run's full HR@10 (summary.json's ``references``,
+    experiments/outcome.py): ``  [chance 0.0357 ± 0.0059, MostPop 0.1520; same 1,000
+    users]``; empty for a summary written without them."""
+    if not refs:
+        return ""
+    chance = (refs.get("chance") or {}).get("full") or {}
+    pop = ((refs.get("mostpop") or {}).get("full") or {}).get("hr@10")
+    parts = []
+    if chance.get("hr@10") is not None:
+        parts.append(f"chance {chance['hr@10']:.4f} ± {chance.get('hr@10_se', 0.0):.4f}")
+    if pop is not None:
+        parts.append(f"MostPop {pop:.4f}")
+    return f"  [{', '.join(parts)}; same {refs.get('users', 0):,} users]" if parts else ""
+
+
 def privacy_text(privacy: dict[str, Any] | None) -> str:
     """One line on the privacy a run spent, for people: rounded, and honest about no DP."""
     from fedem_private.privacy.registry import lookup, no_privacy
@@ -724,12 +740,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise
     summary = res.summary
     m = summary["metrics"] or {}
-    print(f"wrote {args.out or res.run_dir}")
+    print(f"wrote {res.run_dir}")
+    if args.out is not None and Path(args.out).expanduser() != res.run_dir:
+        # two runs into one --out: the other finished first; this one's results are kept
+        print(f"{PROG}: note: another run finished into {args.out} while this one ran; this "
+              f"run's results are in {res.run_dir}", file=sys.stderr)
     for kind in ("full", "sampled"):
         if kind in m:
             print(f"{kind:>7}: " + "  ".join(_with_se(m[kind], name, label) for name, label in
                                                (("hr@10", "HR@10"), ("ndcg@10", "NDCG@10")))
-                  + (f"  ({m[kind]['users']:,} users sampled)" if "users" in m[kind] else ""))
+                  + (f"  ({m[kind]['users']:,} users sampled)" if "users" in m[kind] else "")
+                  + (references_text(summary.get("references")) if kind == "full" else ""))
     if summary.get("protocol_options"):  # docs/design.md 2a: the authors' code's options
         opts = ", ".join(f"{k}={v}" for k, v in summary["protocol_options"].items())
         print(f"protocol: {summary['protocol_label']} ({opts})")

@@ -105,6 +105,60 @@ def float64():
     torch.set_default_dtype(old)
 
 
+# tox -e quick (pytest -m "not slow and not heavy"): a contributor's pass in a few minutes on
+# a 2-core machine. These files run whole commands end to end (sweeps, tunings, ladders,
+# Ray, subprocesses, the docs site, the wheel, recorded runs, neighbour worlds, audits):
+# their tests are marked ``heavy`` and run in the full suite (tox, CI) only. A new test file
+# is quick unless named here.
+HEAVY_FILES = frozenset({
+    "test_attacks_canary.py", "test_attacks_imia_shadow.py", "test_attacks_observations.py",
+    "test_benchmark_tables.py", "test_benchmarks_layout.py", "test_cdp_recording.py",
+    "test_checkpoint.py", "test_cli.py", "test_collapse_benchmark.py", "test_ddp_recording.py",
+    "test_ddp_skellam.py", "test_device.py", "test_doc_commands.py", "test_docs_site.py",
+    "test_dp_ftrl.py", "test_dp_mostpop_neighbours.py", "test_em_probes.py",
+    "test_holdout.py", "test_imia_peer_benchmark.py", "test_import_cycles.py",
+    "test_keep_runs.py", "test_ladder_command.py", "test_metrics_crosscheck.py",
+    "test_movielens_large.py", "test_neighbour_worlds.py", "test_newcomer.py",
+    "test_packaging.py", "test_paper_code.py", "test_peer_benchmark.py", "test_plugins.py",
+    "test_population.py", "test_privacy_audit_bounds.py", "test_privacy_canaries.py",
+    "test_prune_probe.py", "test_quick_sweep.py", "test_ray_shards.py", "test_ray_sweep.py",
+    "test_realdata.py", "test_recording.py", "test_rng_keyed.py", "test_row_mean_probe.py",
+    "test_secagg.py", "test_second_pass.py", "test_secure_path.py", "test_skellam.py",
+    "test_sweep.py", "test_tracking.py", "test_tune.py", "test_tuning_privacy.py",
+    # whole runs, sweeps or attacks in most of their tests (10-50 s a file)
+    "test_attacks_run.py", "test_backbones.py", "test_fourth_pass.py", "test_hostmem.py",
+    "test_pretrain.py", "test_report.py", "test_terminal.py",
+})
+# single tests of otherwise quick files that take seconds each (file, test function)
+HEAVY_TESTS = frozenset({
+    ("test_codecs.py", "test_report_has_bytes_column_and_figure"),
+    ("test_floors.py", "test_sweep_references_run_the_matched_floor_at_each_epsilon_and_report_it"),
+    ("test_accountants.py", "test_solving_for_eps_and_delta_round_trips"),
+    ("test_accountants.py", "test_the_public_functions_are_the_generic_calibration"),
+    ("test_accountants.py", "test_calibrated_noise_meets_the_target_and_barely"),
+    ("test_rng_streams.py", "test_no_two_keyed_states_repeat_at_ml1m_size_over_100_rounds"),
+    ("test_privacy_cdp.py", "test_calibration_round_trip"),
+    ("test_privacy_cdp.py", "test_refusal_on_the_command_line_is_one_line_exit_2"),
+    ("test_privacy_cdp.py", "test_end_to_end_cdp_run_records_both_guarantees"),
+    ("test_privacy_cdp.py", "test_adaptive_clipping_end_to_end_moves_the_clip_and_states_it"),
+    ("test_privacy_dpsgd.py", "test_calibration_round_trip"),
+    ("test_privacy_dpsgd.py", "test_adapter_steps_are_charged_every_round"),
+    ("test_privacy_dpsgd.py", "test_pfedrec_runs_end_to_end_and_noises_its_head"),
+    ("test_privacy_dpsgd.py", "test_fedem_runs_under_dpsgd_with_its_adapter_trained_privately"),
+    ("test_privacy_dpsgd.py", "test_end_to_end_run_states_the_relation_and_logs_the_steps"),
+    ("test_fedmerge.py", "test_recording_and_attacks_run_on_its_uploads"),
+})
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Mark the tests of :data:`HEAVY_FILES` and :data:`HEAVY_TESTS` ``heavy`` (left out of
+    ``tox -e quick``)."""
+    for item in items:
+        name = Path(str(item.path)).name
+        if name in HEAVY_FILES or (name, getattr(item, "originalname", item.name)) in HEAVY_TESTS:
+            item.add_marker(pytest.mark.heavy)
+
+
 def _skip_reason(report) -> str:
     """A skipped test's reason, without pytest's "Skipped: " prefix."""
     longrepr = report.longrepr

@@ -370,7 +370,18 @@ def test_a_variants_lines_under_two_protocols_do_not_draw_alike():
         {"protocol": p, "mode": "cdp-gaussian", "variant": "pfedrec", "x_key": 4.0}
         for p in ("strict", "strict+bestvalfull")])
     got = {line.label: line for line in rp.lines(agg)}
-    plain, tuned = got["pfedrec · strict"], got["pfedrec · strict+bestvalfull"]
+    plain, tuned = got["PFedRec · strict"], got["PFedRec · strict+bestvalfull"]  # display names
     assert (plain.color, plain.marker) == (tuned.color, tuned.marker)
     assert (plain.hollow, plain.face) == (False, None)
     assert (tuned.hollow, tuned.face) == (True, "none")
+
+
+def test_the_report_opens_with_its_verdict(sweep_root, tmp_path):
+    """Issue 80: report.md's first paragraph is its verdict, before the tables."""
+    root, _ = sweep_root
+    write_report(str(root), str(tmp_path / "rep"))
+    lines = (tmp_path / "rep" / "report.md").read_text().splitlines()
+    assert lines[0] == "# fedem-private report" and lines[2].startswith("**Verdict**")
+    assert "On synthetic, protocol `strict`: without privacy the best is" in lines[2]
+    assert "under privacy the best is" in lines[2] and "MostPop" in lines[2]
+    assert "chance" in lines[2]

@@ -183,8 +183,8 @@ def test_the_ladder_logs_its_runs_under_one_parent_and_prints_its_table(tmp_path
                  "--rungs", "mostpop", "dp-mostpop:central", "--seeds", "0", "--epsilons", "1",
                  "--mlflow", store]) == 0
     out = capsys.readouterr().out
-    table = out[out.index("ladder runs in lad"):].splitlines()
-    assert table[2].startswith("dp-mostpop") and table[3].startswith("mostpop")
+    table = out[out.index("ladder in lad"):].splitlines()  # ladder.md's rows (issue 80)
+    assert table[2].startswith("MostPop") and table[3].startswith("DP-MostPop, central, eps 1")
     parent = _by_dir(store, tmp_path / "lad")
     assert parent.data.tags[tracking.KIND_TAG] == "ladder"
     assert {"ladder.md", "ladder.csv", "results.csv"} <= _artifacts(store, parent.info.run_id)

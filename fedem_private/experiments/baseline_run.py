@@ -20,8 +20,8 @@ from fedem_private.data import (
     population_record,
 )
 from fedem_private.data.split import Split, cold_share, set_aside
-from fedem_private.evaluation.metrics import sampled_note
-from fedem_private.experiments.outcome import outcome_warnings
+from fedem_private.evaluation.metrics import eval_sample, sampled_note
+from fedem_private.experiments.outcome import outcome_warnings, references
 from fedem_private.experiments.rundir import NOT_PRIVATE, RunDir
 from fedem_private.simulation.config import RunConfig, to_dict, to_toml
 
@@ -85,7 +85,12 @@ def baseline_summary(cfg: RunConfig, dataset: str, split: Split, model: str,
         "cold_items": {"test_share": cold_share(split),
                        "val_share": cold_share(split, split.val_items), "warning": None},
         "sampled_candidates": sampled_note(split),
-        "baseline": info, "warnings": outcome_warnings(split, metrics, privacy),
+        "baseline": info,
+        # chance and MostPop on the users this run evaluated (experiments/outcome.py)
+        "references": references(cfg, split),
+        "warnings": outcome_warnings(split, metrics, privacy,
+                                     eval_sample(split.n_users, cfg.train.eval_users,
+                                                 cfg.train.seed)),
         "version": __version__, "not_private": NOT_PRIVATE,
     }
 
@@ -116,5 +121,7 @@ def execute_baseline(cfg: RunConfig, out: str | Path, force: bool = False) -> di
             summary["population"] = population_record(cfg.data.calibrate_to,
                                                       cfg.data.data_dir, cfg.data.users)
         writer.write_json("summary.json", summary)
-        writer.commit()
+        moved = writer.commit_or_moved()
+    if moved is not None:  # finished and kept, beside the folder another run took
+        raise moved
     return summary

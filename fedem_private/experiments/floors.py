@@ -22,11 +22,12 @@ import math
 
 import pandas as pd
 
+from fedem_private.experiments import outcome
 from fedem_private.privacy.registry import lookup, no_privacy
 
 REFERENCE_METHODS = ("mostpop", "centralised", "ease", "als")
 FLOOR_METHOD = "dp-mostpop"
-NOISE_SE = 2.0
+NOISE_SE = outcome.NOISE_SE
 # dp-mostpop's architecture (baseline.architecture) -> the mode its results rows carry
 DP_MOSTPOP_MODE = {"central": "central-gaussian", "local": "ldp-oue",
                    "interaction": "idp-laplace", "interaction-local": "ldp-interaction-laplace"}
@@ -94,17 +95,33 @@ def _difference(a: pd.Series, b: pd.Series, column: str) -> tuple[float, float]:
     return float(diff), math.sqrt(var) if not math.isnan(var) else math.nan
 
 
+def chance_of(row: pd.Series, column: str = "hr10_full", chance: float | None = None,
+              chance_se: float = 0.0) -> tuple[float | None, float]:
+    """(chance's value of ``column``, its standard error over the evaluated users) for a
+    seed-aggregated row: the row's own (``chance_hr10_full`` of its runs' summaries, on
+    their evaluated users, :mod:`~fedem_private.experiments.outcome`) where it has them,
+    else the ``chance`` and ``chance_se`` given."""
+    if column == "hr10_full":
+        own = row.get("chance_hr10_full_mean")
+        if own is not None and isinstance(own, float) and math.isfinite(own):
+            se = row.get("chance_hr10_full_se_mean")
+            return own, float(se) if se is not None and math.isfinite(se) else 0.0
+    return chance, chance_se
+
+
 def verdict(row: pd.Series, floors: pd.DataFrame, column: str = "hr10_full",
-            chance: float | None = None) -> str:
+            chance: float | None = None, chance_se: float = 0.0) -> str:
     """How a model row stands against the floor of its relation at its epsilon: ``beats``,
     ``below`` or ``within noise`` (with the floor's value), or ``–`` when not judged
     (no privacy, no matched floor, or none run at that epsilon).
 
-    With ``chance`` (the metric's value for a random ranking), a model whose mean is not
-    above it by :data:`NOISE_SE` standard errors is ``at chance`` whatever the floor does:
-    beating a floor that is itself at chance is no finding, and neither is being level
-    with one (a model below chance is never ``within noise``); one below its floor beyond
-    noise reads ``below (...), at chance``.
+    With a chance level (the row's own, :func:`chance_of`, else ``chance`` with its standard
+    error ``chance_se`` over the evaluated users), a model whose mean is within
+    :data:`NOISE_SE` standard errors of it (the seeds' and chance's together) is ``at
+    chance`` whatever the floor does (issue 80: 0.042-0.050 against chance 0.036 ± 0.006 is
+    no finding, and was read ``below``): beating a floor that is itself at chance is no
+    finding, and neither is being level with one or below it. A model below chance beyond
+    that noise and below its floor reads ``below (...), at chance``.
     """
     matched = floor_mode(row["mode"])
     eps = row["eps_target"]
@@ -118,10 +135,17 @@ def verdict(row: pd.Series, floors: pd.DataFrame, column: str = "hr10_full",
     floor = same.iloc[0]
     diff, se = _difference(row, floor, column)
     value = f"{FLOOR_LABEL[matched]} {floor[f'{column}_mean']:.3f}"
+    chance, chance_se = chance_of(row, column, chance, chance_se)
+    mean = row[f"{column}_mean"]
     if math.isnan(se) or row["n_seeds"] < 2 or floor["n_seeds"] < 2:
+        if chance is not None and chance_se > 0 and abs(mean - chance) <= NOISE_SE * chance_se:
+            return f"at chance, one seed ({value})"
         return f"{'above' if diff > 0 else 'below'}, one seed ({value})"
     own_se = row[f"{column}_std"] / math.sqrt(row["n_seeds"])
-    at_chance = chance is not None and row[f"{column}_mean"] - chance <= NOISE_SE * own_se
+    noise = NOISE_SE * math.sqrt(own_se ** 2 + chance_se ** 2)
+    at_chance = chance is not None and mean - chance <= noise
+    if at_chance and mean >= chance - noise:
+        return f"at chance ({value})"
     if -diff > NOISE_SE * se:
         return f"below ({value})" + (", at chance" if at_chance else "")
     if at_chance:

@@ -28,15 +28,16 @@ of the search and the run together (``privacy.json``).
 
 Before anything runs the plan is printed: each rung, its runs and an estimated time, from
 this ladder's finished runs of the same method where there are some (measured) or from
-:data:`ROUGH_RULE` (stated). Runs are directories ``<out>/runs/<name>``: a finished one is
-not run again (one of another config stops the ladder unless ``--force``, which redoes every
-run). A federated run expected to take more than ``--checkpoint-minutes`` keeps one
-checkpoint file, ``<run>.checkpoint``, rewritten at about that interval and removed once
-the run is finished. The headline round (``--round``: the last, or the one chosen on
-validation) is the same for every rung and stated in the table's header. The outputs:
-``ladder.md`` (the table, the settings beside the figure, the other panels),
-``ladder.csv``, ``results.csv`` (one row per run, as ``fedem-private report`` reads it),
-``headline.png`` and ``panels.png``.
+:data:`ROUGH_RULE` (stated; for a federated run the time model of :func:`federated_seconds`:
+participants, local work and, under noise, the catalogue). Runs are directories
+``<out>/runs/<name>``: a finished one is not run again (one of another config stops the
+ladder unless ``--force``, which redoes every run). A federated run expected to take more
+than ``--checkpoint-minutes`` keeps one checkpoint file, ``<run>.checkpoint``, rewritten at
+about that interval and removed once the run is finished. The headline round (``--round``:
+the last, or the one chosen on validation) is the same for every rung and stated in the
+table's header. The outputs: ``ladder.md`` (the table, the settings beside the figure, the
+other panels), ``ladder.csv``, ``results.csv`` (one row per run, as ``fedem-private report``
+reads it), ``headline.png`` and ``panels.png``.
 """
 
 from __future__ import annotations
@@ -53,11 +54,10 @@ from pathlib import Path
 from typing import Any
 
 from fedem_private.errors import UserError
+from fedem_private.experiments.display import METHOD_NAMES
 from fedem_private.privacy.registry import no_privacy
 
-DISPLAY = {"fedmf": "FedMF", "fedem": "FedEM", "pfedrec": "PFedRec", "fedncf": "FedNCF",
-           "fedsim": "FedSim", "local": "Local", "gpfedrec": "GPFedRec", "fedrap": "FedRAP",
-           "fedmerge": "FedMerge"}
+DISPLAY = METHOD_NAMES  # a federated kind's name in tables (experiments/display.py)
 # the private federated settings fixed in advance (never tuned on these users): the
 # architectures' headline settings (benchmarks/specs/privacy/cdp_curve.toml, dpsgd.toml)
 PRIVATE_FIXED: dict[str, dict[str, Any]] = {
@@ -73,10 +73,11 @@ ROUNDS = {"last": "last", "best-val": "best-val"}  # --round -> train.select_rou
 # the stated rough rule of the plan's estimates, where no run of the method finished here:
 # seconds per client and round (federated, one CPU core), or per run (baselines) at
 # ML-100K's size, scaled as written
-ROUGH_RULE = ("federated: 3 ms per client per round (FedMF on ML-100K, one core: 100 rounds of "
-              "943 clients in 130-360 s); centralised MF 0.5 ms per user per epoch; EASE 1 s "
-              "x (items / 1682)^3; MostPop, DP-MostPop, ALS 1 s")
-FED_S_PER_CLIENT_ROUND = 3e-3
+ROUGH_RULE = ("federated: the time model (a round: 36 us a participant, 0.41 us a trained "
+              "example, i.e. local epochs x positives x (1 + negatives), and under noise 16 ns "
+              "a participant x item x dim; an evaluation: 64 ns a user x item x dim; "
+              "BENCHMARKS.md); centralised MF 0.5 ms per user per epoch; EASE 1 s x "
+              "(items / 1682)^3; MostPop, DP-MostPop, ALS 1 s")
 FED_ALIASES = {"rounds": "train.rounds", "lr": "train.lr", "dim": "train.dim",
                "epochs": "train.local_epochs", "negatives": "train.num_negatives",
                "clip": "privacy.clip", "q": "privacy.sample_rate",
@@ -478,15 +479,56 @@ def check(rungs: Sequence[Rung]) -> None:
 
 
 def _clients_per_round(cfg: Any, users: int) -> float:
+    """A round's expected participants: ``train.cohort_size`` K (at most the users), a
+    sampling mechanism's rate q x users, else ``train.client_fraction`` x users."""
+    cohort = int(getattr(cfg.train, "cohort_size", 0) or 0)
+    if cohort:
+        return float(min(cohort, users))
     q = getattr(cfg.privacy, "sample_rate", None)
     if q and "sample_rate" in cfg.privacy.mechanism.options:  # it samples its participants
         return users * float(q)
     return users * float(cfg.train.client_fraction)
 
 
-def work_units(cfg: Any, users: int, items: int) -> float:
-    """The size of a run the estimate scales with: clients x rounds (federated), users x
-    epochs (centralised MF), (items / 1682)^3 (EASE), 1 (the others)."""
+#: the plan's time model of a federated run (BENCHMARKS.md, "The plan's time model", with
+#: the runs it was calibrated and checked on, and :mod:`benchmarks.probes.plan_time`):
+#: seconds per participant and round whatever its work ...
+S_PER_CLIENT = 3.6e-5
+#: ... per trained example (one positive or sampled negative of one client, one local
+#: epoch) ...
+S_PER_EXAMPLE = 4.1e-7
+#: ... per participant x catalogue item x dimension under a mechanism that adds noise
+#: (its upload is the whole table, clipped and noised; without noise a client moves only
+#: the rows it trained, which the examples' cost covers) ...
+S_PER_ITEM_DIM = 1.6e-8
+#: ... and per evaluated user x item x dimension at each evaluation (scoring every item)
+S_EVAL_ITEM_DIM = 6.4e-8
+
+
+def federated_seconds(cfg: Any, users: int, items: int, positives: float) -> float:
+    """Seconds a federated run of ``cfg`` takes by the time model: each round, every
+    participant (:func:`_clients_per_round`) costs :data:`S_PER_CLIENT`, trains
+    ``local_epochs`` x ``positives`` x (1 + ``num_negatives``) examples
+    (:data:`S_PER_EXAMPLE`) and, under a mechanism that adds noise, uploads its whole
+    ``items`` x ``dim`` table (:data:`S_PER_ITEM_DIM`); each evaluation scores the
+    evaluated users against every item (:data:`S_EVAL_ITEM_DIM`). ``positives``: the mean
+    training items of a user."""
+    tr = cfg.train
+    examples = float(tr.local_epochs) * positives * (1.0 + float(tr.num_negatives))
+    table = float(items) * float(tr.dim)
+    dense = table if cfg.privacy.mechanism.perturbs else 0.0
+    per_client = S_PER_CLIENT + S_PER_EXAMPLE * examples + S_PER_ITEM_DIM * dense
+    rounds = float(tr.rounds)
+    evaluations = math.ceil(rounds / max(int(tr.eval_every or rounds), 1))
+    evaluated = min(int(tr.eval_users or users), users)
+    return (rounds * _clients_per_round(cfg, users) * per_client
+            + evaluations * evaluated * S_EVAL_ITEM_DIM * table)
+
+
+def work_units(cfg: Any, users: int, items: int, positives: float = 0.0) -> float:
+    """The size of a run the estimate scales with: the time model's seconds (federated,
+    :func:`federated_seconds`), users x epochs (centralised MF), (items / 1682)^3 (EASE),
+    1 (the others)."""
     method = cfg.federation.resolved_method
     if method == "centralised":
         return users * float(cfg.baseline.epochs)
@@ -494,26 +536,36 @@ def work_units(cfg: Any, users: int, items: int) -> float:
         return (items / 1682) ** 3
     if method in ("mostpop", "dp-mostpop", "als"):
         return 1.0
-    return _clients_per_round(cfg, users) * float(cfg.train.rounds)
+    return federated_seconds(cfg, users, items, positives)
 
 
 ROUGH_S_PER_UNIT = {"centralised": 5e-4, "ease": 1.0, "mostpop": 1.0, "dp-mostpop": 1.0,
                     "als": 1.0}
+FEDERATED_RATE = 1.0  # a federated run's work units are the time model's seconds
 
 
-def measured_rates(runs_dir: Path) -> dict[str, float]:
-    """Seconds per work unit (:func:`work_units`) by method, from the finished runs here."""
-    rates: dict[str, list[float]] = {}
+def rate_key(cfg: Any) -> tuple[str, bool]:
+    """What a measured rate is kept by: the method, and whether its mechanism adds noise
+    (a private run of a method costs another rate than its run without noise)."""
+    return cfg.federation.resolved_method, bool(cfg.privacy.mechanism.perturbs)
+
+
+def measured_rates(runs_dir: Path, positives: float = 0.0) -> dict[tuple[str, bool], float]:
+    """Seconds per work unit (:func:`work_units`) by :func:`rate_key`, from the finished
+    runs here (for a federated method: its measured seconds over the time model's, a
+    correction for this machine and this method); ``positives``: the data's mean training
+    items a user."""
+    rates: dict[tuple[str, bool], list[float]] = {}
     for path in sorted(runs_dir.glob("*/summary.json")) if runs_dir.is_dir() else []:
         try:
             cfg = resolved(_toml(path.parent / "config.toml"))
             s = json.loads(path.read_text())
         except (UserError, OSError, ValueError):
             continue
-        units = work_units(cfg, int(s.get("n_users") or 1), int(s.get("n_items") or 1))
+        units = work_units(cfg, int(s.get("n_users") or 1), int(s.get("n_items") or 1),
+                           positives)
         if units > 0 and s.get("seconds_total"):
-            rates.setdefault(cfg.federation.resolved_method, []).append(
-                float(s["seconds_total"]) / units)
+            rates.setdefault(rate_key(cfg), []).append(float(s["seconds_total"]) / units)
     return {m: sum(v) / len(v) for m, v in rates.items()}
 
 
@@ -523,15 +575,18 @@ def _toml(path: Path) -> dict[str, Any]:
     return read_toml(str(path), "run config")
 
 
-def estimate(cfg: Any, users: int, items: int, rates: Mapping[str, float]
-             ) -> tuple[float, bool]:
-    """(estimated seconds, measured?) of one run of ``cfg``."""
+def estimate(cfg: Any, users: int, items: int, rates: Mapping[tuple[str, bool], float],
+             positives: float = 0.0) -> tuple[float, bool]:
+    """(estimated seconds, measured?) of one run of ``cfg``: its work units
+    (:func:`work_units`) at the rate measured here for its method with or without noise
+    (:func:`rate_key`), else at the stated rough rate (for a federated run the time
+    model's own seconds)."""
     method = cfg.federation.resolved_method
-    rate = rates.get(method)
+    units = work_units(cfg, users, items, positives)
+    rate = rates.get(rate_key(cfg))
     if rate is not None:
-        return rate * work_units(cfg, users, items), True
-    return ROUGH_S_PER_UNIT.get(method, FED_S_PER_CLIENT_ROUND) * work_units(cfg, users,
-                                                                               items), False
+        return rate * units, True
+    return ROUGH_S_PER_UNIT.get(method, FEDERATED_RATE) * units, False
 
 
 def _duration(seconds: float) -> str:
@@ -553,14 +608,15 @@ class Planned:
 
 
 def plan(rungs: Sequence[Rung], runs_dir: Path, users: int, items: int,
-         force: bool) -> list[tuple[Rung, list[Planned]]]:
-    """Each rung with its runs: finished (skipped unless ``force``) or to run, estimated."""
-    rates = measured_rates(runs_dir)
+         force: bool, positives: float = 0.0) -> list[tuple[Rung, list[Planned]]]:
+    """Each rung with its runs: finished (skipped unless ``force``) or to run, estimated
+    (``positives``: the data's mean training items a user, for the time model)."""
+    rates = measured_rates(runs_dir, positives)
     out = []
     for rung in rungs:
         items_ = []
         for run in rung.runs:
-            secs, measured = estimate(resolved(run.config), users, items, rates)
+            secs, measured = estimate(resolved(run.config), users, items, rates, positives)
             done = not force and (runs_dir / run.name / "summary.json").is_file()
             items_.append(Planned(run, done, secs, measured))
         out.append((rung, items_))
@@ -793,9 +849,12 @@ ROUND_WORDS = {"last": "the last round",
                "best-val": "the round chosen on the validation item (sampled HR@10)"}
 
 
-def markdown(rows_: Sequence[Row], title: str, rule: str, missing: Sequence[str]) -> str:
-    """ladder.md: the table (headline round in its header), the headline figure with the
-    settings table beside it, and the other panels."""
+def markdown(rows_: Sequence[Row], title: str, rule: str, missing: Sequence[str],
+             unfinished: Sequence[str] = (), stale: Sequence[str] = ()) -> str:
+    """ladder.md: the table (headline round in its header), every rung not in it and why
+    (:func:`not_in_table`: ``missing`` references not asked for, ``unfinished`` rungs asked
+    for with no finished run, ``stale`` runs of rungs no longer asked for), the headline
+    figure with the settings table beside it, and the other panels."""
     head = f"full HR@10 ({'last round' if rule == 'last' else 'val-selected round'})"
     lines = [f"# {title}", "",
              f"Headline round: {ROUND_WORDS[rule]}, for every federated rung (the "
@@ -808,9 +867,7 @@ def markdown(rows_: Sequence[Row], title: str, rule: str, missing: Sequence[str]
         lines.append(f"| {r.label} | {_eps_cell(r)} | {r.seeds} | "
                      + " | ".join(_cell(r.values[m], r.seeds) for m in METRICS)
                      + f" | {_seconds(r.training_s)} | {_seconds(r.wall_s)} |")
-    if missing:
-        lines += ["", "Not in this ladder (an accuracy reads against chance, MostPop, "
-                  f"DP-MostPop at the same eps and a centralised model): {', '.join(missing)}."]
+    lines += not_in_table(missing, unfinished, stale)
     seen = dict.fromkeys((r.rung.label, r.rung.settings) for r in rows_)
     lines += ["", "![headline](headline.png)", "",
               "Settings of each rung (the figure's legend carries the short labels only):",
@@ -818,6 +875,41 @@ def markdown(rows_: Sequence[Row], title: str, rule: str, missing: Sequence[str]
     lines += [f"| {label} | {settings} |" for label, settings in seen]
     lines += ["", "Other panels:", "", "![panels](panels.png)", ""]
     return "\n".join(lines)
+
+
+def not_in_table(missing: Sequence[str], unfinished: Sequence[str],
+                 stale: Sequence[str]) -> list[str]:
+    """ladder.md's lines on every rung the table lacks, each kind with its reason: the
+    references not asked for, the rungs asked for with no finished run, and the runs under
+    ``runs/`` of rungs this call did not ask for (a ladder whose rungs changed in one
+    ``--out``), which the table, ladder.csv and results.csv leave out."""
+    if not (missing or unfinished or stale):
+        return []
+    lines = ["", "Not in this table:", ""]
+    if missing:
+        lines.append("- not asked for (an accuracy reads against chance, MostPop, DP-MostPop "
+                     f"at the same eps and a centralised model): {', '.join(missing)}")
+    if unfinished:
+        lines.append(f"- asked for, no run finished: {', '.join(unfinished)}")
+    if stale:
+        lines.append("- run into this folder before, not in this call's --rungs (kept under "
+                     f"runs/, left out of ladder.csv and results.csv): {', '.join(stale)}")
+    return lines
+
+
+def unfinished_rungs(rungs: Sequence[Rung], rows_: Sequence[Row]) -> list[str]:
+    """The labels of the rungs asked for that have no row (no run of theirs finished)."""
+    shown = {r.rung.name for r in rows_}
+    return [r.label for r in rungs if r.name not in shown]
+
+
+def stale_runs(rungs: Sequence[Rung], runs_dir: Path) -> list[str]:
+    """The finished runs under ``runs_dir`` that no rung of this ladder has (sorted)."""
+    ours = {run.name for rung in rungs for run in rung.runs}
+    if not runs_dir.is_dir():
+        return []
+    return sorted(p.parent.name for p in runs_dir.glob("*/summary.json")
+                  if p.parent.name not in ours)
 
 
 def missing_references(rungs: Sequence[Rung]) -> list[str]:
@@ -857,32 +949,40 @@ def write_csv(rows_: Sequence[Row], path: Path) -> None:
 
 def write_outputs(rungs: Sequence[Rung], out: Path, opts: LadderOptions,
                   title: str) -> list[Path]:
-    """ladder.md, ladder.csv, results.csv, headline.png and panels.png under ``out``."""
+    """ladder.md, ladder.csv, results.csv (this ladder's runs only), headline.png and
+    panels.png under ``out``."""
     from fedem_private.experiments import ladder_plots
     from fedem_private.experiments.results import collect
 
     runs_dir = out / "runs"
     table = rows(rungs, runs_dir, opts.round_rule, opts.data, opts.seeds)
+    stale = stale_runs(rungs, runs_dir)
     (out / "ladder.md").write_text(markdown(table, title, opts.round_rule,
-                                            missing_references(rungs)))
+                                            missing_references(rungs),
+                                            unfinished_rungs(rungs, table), stale))
     write_csv(table, out / "ladder.csv")
     written = [out / "ladder.md", out / "ladder.csv"]
-    if any(runs_dir.glob("*/summary.json")):
-        collect(runs_dir).to_csv(out / "results.csv", index=False)
+    ours = {run.name for rung in rungs for run in rung.runs}
+    if any((runs_dir / name / "summary.json").is_file() for name in ours):
+        frame = collect(runs_dir)
+        frame[frame["run"].isin(ours)].to_csv(out / "results.csv", index=False)
         written.append(out / "results.csv")
+    elif (out / "results.csv").is_file():  # an earlier call's, of other rungs
+        (out / "results.csv").unlink()
     pts = points(table)
     ladder_plots.headline(pts, out / "headline.png", title)
     ladder_plots.panels(pts, out / "panels.png", title)
     return [*written, out / "headline.png", out / "panels.png"]
 
 
-def data_shape(data: Mapping[str, Any], seed: int) -> tuple[str, int, int]:
-    """(dataset name, users, items) of the ladder's split."""
+def data_shape(data: Mapping[str, Any], seed: int) -> tuple[str, int, int, float]:
+    """(dataset name, users, items, mean training items a user) of the ladder's split."""
     from fedem_private.experiments.baseline_run import load_split
 
     name, split = load_split(resolved({"data": dict(data), "train": {"seed": seed},
                                        "federation": {"method": "mostpop"}}))
-    return name, int(split.n_users), int(split.n_items)
+    users = int(split.n_users)
+    return name, users, int(split.n_items), float(split.train_items.size) / max(users, 1)
 
 
 def run_ladder(rung_texts: Sequence[str], out: str | Path, opts: LadderOptions, *,
@@ -912,8 +1012,8 @@ def run_ladder(rung_texts: Sequence[str], out: str | Path, opts: LadderOptions, 
         raise UserError("--round best-val: an accounted search's final run reports its last "
                         "round (choosing one on validation would be a release no eps covers)")
     check(rungs)
-    name, users, items = data_shape(opts.data, opts.seeds[0])
-    planned = plan(rungs, root / "runs", users, items, force)
+    name, users, items, positives = data_shape(opts.data, opts.seeds[0])
+    planned = plan(rungs, root / "runs", users, items, force, positives)
     title = f"Ladder: {name} ({users} users, {items} items)"
     say(f"{title}; headline round: {opts.round_rule}\nplan:\n{plan_text(planned)}")
     if dry_run:

@@ -96,12 +96,42 @@ def ladder_options(args: argparse.Namespace) -> Any:
                          rounds=args.rounds, round_rule=args.round_rule)
 
 
+def ladder_table(out: str, title: str) -> Any:
+    """The terminal table of the ladder just written into ``out``: its ladder.csv's rows
+    (ladder.md's rungs, labels and cells), so the terminal and ladder.md show the same
+    rungs under the same names, and no run of a rung this call did not ask for."""
+    import csv
+    from pathlib import Path
+
+    from fedem_private.experiments.ladder import METRICS
+    from fedem_private.experiments.terminal import ResultsTable
+
+    with (Path(out) / "ladder.csv").open(newline="") as fh:
+        records = list(csv.DictReader(fh))
+
+    def cell(r: dict[str, str], metric: str) -> str:
+        mean, sd = float(r[f"{metric}_mean"]), float(r[f"{metric}_sd"])
+        return f"{mean:.4f}" if int(r["seeds"]) < 2 else f"{mean:.4f} ± {sd:.4f}"
+
+    def eps(r: dict[str, str]) -> str:
+        if r["eps_with_search"]:
+            return f"{float(r['eps_reported']):.3g} ({float(r['eps_with_search']):.3g} " \
+                   "with the search)"
+        return f"{float(r['eps_reported']):.4g}" if r["eps_reported"] else "-"
+
+    header = ("rung", "eps (reported)", "seeds", "HR@10 full", "NDCG@10 full",
+              "HR@10 sampled", "NDCG@10 sampled")
+    body = tuple((r["label"], eps(r), r["seeds"], *(cell(r, m) for m in METRICS))
+                 for r in records)
+    return ResultsTable(title, header, body)
+
+
 def run_ladder_from_args(args: argparse.Namespace) -> int:
     """``fedem-private ladder``; returns the exit code."""
     from fedem_private.errors import UserError
     from fedem_private.experiments import tracking
     from fedem_private.experiments.ladder import run_ladder
-    from fedem_private.experiments.sweep_cli import show_finished
+    from fedem_private.experiments.terminal import show
 
     if args.rounds is not None and args.rounds < 1:
         raise UserError(f"--rounds must be a positive integer, got {args.rounds}")
@@ -112,8 +142,8 @@ def run_ladder_from_args(args: argparse.Namespace) -> int:
                          checkpoint_minutes=args.checkpoint_minutes, dry_run=args.dry_run)
     for path in written:
         print(f"wrote {path}")
-    if written:
-        show_finished(args.out, f"ladder runs in {args.out} (mean ± std over seeds)")
+    if written:  # this ladder's rows, as ladder.md has them (not every run under --out)
+        show(ladder_table(args.out, f"ladder in {args.out} (mean ± sd over seeds)"))
     if mlflow is not None:
         print(tracking.log_ladder(args.out, mlflow).line())
     return 0

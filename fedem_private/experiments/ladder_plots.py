@@ -35,7 +35,12 @@ COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:b
 #: its relation and trust model, Mechanism.floor): central solid, local dotted,
 #: interaction-level dashed; no floor: solid
 STYLES = {"central": "-", "interaction-local": "--", "local": ":"}
-FLOOR_STYLES = (("0.4", "--", "x"), ("0.6", ":", "+"), ("0.3", "-.", "1"), ("0.5", "--", "2"))
+# DP-MostPop's curves: greys, each its own dash and a filled marker no horizontal line has,
+# drawn above the references (FLOOR_ZORDER over REFERENCE_ZORDER): at large eps DP-MostPop
+# meets MostPop's line, where crosses hid (issue 80)
+FLOOR_STYLES = (("0.4", "--", "D"), ("0.6", ":", "s"), ("0.3", "-.", "^"), ("0.5", "--", "v"))
+REFERENCE_ZORDER = 1.5
+FLOOR_ZORDER = 3.0
 METRIC_WORDS = {"hr10_full": "HR@10, full ranking", "ndcg10_full": "NDCG@10, full ranking",
                 "hr10_sampled": "HR@10, sampled (1 + 99 negatives)",
                 "ndcg10_sampled": "NDCG@10, sampled (1 + 99 negatives)"}
@@ -76,7 +81,7 @@ def _no_dp_x(eps: list[float]) -> float:
 def _hline(ax: plt.Axes, point: Point, metric: str, text: str, style: str,
            at: float = 0.005) -> None:
     mean, sd = point.values[metric]
-    ax.axhline(mean, color="0.35", linestyle=style, linewidth=1.0)
+    ax.axhline(mean, color="0.35", linestyle=style, linewidth=1.0, zorder=REFERENCE_ZORDER)
     if point.role == "ceiling" and sd > 0:
         ax.axhspan(mean - sd, mean + sd, color="0.85", alpha=0.6, linewidth=0)
     ax.annotate(f"{text} {mean:.3f}", xy=(at, mean), xycoords=("axes fraction", "data"),
@@ -129,8 +134,10 @@ def draw(ax: plt.Axes, points: Sequence[Point], metric: str = "hr10_full") -> in
                 continue
             ax.errorbar([xs[i] for i in group], [ys[i] for i in group],
                         yerr=[sds[i] for i in group], color=color, linestyle=line,
-                        marker=marker, markersize=4, capsize=2, linewidth=1.3,
-                        label=fam if named else None)
+                        marker=marker, markersize=5 if floor else 4, capsize=2,
+                        linewidth=1.3, label=fam if named else None,
+                        zorder=FLOOR_ZORDER if floor else 2.0,
+                        markeredgecolor="white" if floor else None)
             named = False
         legend += legend < MAX_LEGEND
     ax.set_xscale("log")

@@ -193,11 +193,12 @@ def _sort(agg: pd.DataFrame) -> pd.DataFrame:
 
 
 def results_table(agg: pd.DataFrame, attacks: list[str], chance_full: float | None = None,
-                  floors: pd.DataFrame | None = None) -> str:
+                  floors: pd.DataFrame | None = None, chance_se: float = 0.0) -> str:
     """Utility, privacy and attack success per (variant, mode, eps) of one dataset/protocol;
     a private model's full HR@10 is judged against DP-MostPop of its relation at its
     epsilon (:func:`~fedem_private.experiments.floors.verdict`) when there is one
-    (``floors``: the dataset's DP-MostPop rows; default: this table's)."""
+    (``floors``: the dataset's DP-MostPop rows; default: this table's), and against chance
+    (its runs' own where their summaries give it, else ``chance_full`` ± ``chance_se``)."""
     floors = ladder.part(agg, "floors") if floors is None else floors
     models = ladder.part(agg, "models")
     judged = not floors.empty and bool(models["mode"].map(ladder.floor_mode).notna().any())
@@ -217,7 +218,7 @@ def results_table(agg: pd.DataFrame, attacks: list[str], chance_full: float | No
                  _pm(r, "hr10_full"), _pm(r, "ndcg10_full"), _pm(r, "hr10_sampled"),
                  _pm(r, "ndcg10_sampled"), _eps_spent(r)]
         if judged:
-            cells.append(ladder.verdict(r, floors, chance=chance_full)
+            cells.append(ladder.verdict(r, floors, chance=chance_full, chance_se=chance_se)
                          if r.name in models.index else "")
         for a in attacks:
             cells += [_pm(r, f"{a}_auc"), _pm(r, f"{a}_tpr@1%fpr"),
@@ -228,6 +229,111 @@ def results_table(agg: pd.DataFrame, attacks: list[str], chance_full: float | No
             cells.append("–" if math.isnan(kb) else f"{kb:,.1f}")
         rows.append(cells)
     return _table(header, rows)
+
+
+def _binomial_se(p: float, users: float) -> float:
+    """Chance's standard error over ``users`` evaluated users when each hits with
+    probability ``p`` (runs whose summaries predate their own chance figure); 0 when
+    unknown."""
+    if not (0 < p < 1) or not users or not math.isfinite(users) or users < 1:
+        return 0.0
+    return math.sqrt(p * (1 - p) / users)
+
+
+def _gap(a: pd.Series, b: pd.Series, column: str = "hr10_full") -> str:
+    """How far row ``a``'s mean is above ``b``'s, and whether beyond seed noise
+    (:data:`~fedem_private.experiments.floors.NOISE_SE` standard errors of the difference)."""
+    diff = a[f"{column}_mean"] - b[f"{column}_mean"]
+    var = sum(r[f"{column}_std"] ** 2 / r["n_seeds"] for r in (a, b))
+    if not math.isfinite(var) or min(a["n_seeds"], b["n_seeds"]) < 2:
+        return f"{diff:+.3f} (one seed: seed noise unknown)"
+    se = math.sqrt(var)
+    if se == 0:
+        return f"{diff:+.3f}"
+    beyond = abs(diff) > ladder.NOISE_SE * se
+    return (f"{diff:+.3f}, {'beyond' if beyond else 'within'} seed noise "
+            f"({abs(diff) / se:.1f} standard errors)")
+
+
+def _name(r: pd.Series) -> str:
+    """A row's method for people, with its privacy and budget (``FedMF under cdp-gaussian
+    at ε 8``)."""
+    from fedem_private.experiments.display import variant_display
+
+    text = variant_display(str(r["variant"]))
+    if no_privacy(r["mode"]):
+        return text
+    return f"{text} under {r['mode']} at ε {_eps_label(r)}"
+
+
+def _mostpop_of(rows: pd.DataFrame, refs: pd.DataFrame) -> float | None:
+    """MostPop's full HR@10 beside ``rows``: its reference run's, else the mean of the
+    figure every run's summary gives on its own users (``mostpop_hr10_full``)."""
+    pop = refs[refs["variant"].map(ladder.method_of) == "mostpop"]
+    if not pop.empty:
+        return float(pop["hr10_full_mean"].iloc[0])
+    if "mostpop_hr10_full_mean" in rows.columns and rows["mostpop_hr10_full_mean"].notna().any():
+        return float(rows["mostpop_hr10_full_mean"].mean())
+    return None
+
+
+def verdict_paragraph(agg: pd.DataFrame, chance: dict[str, tuple[float | None, float]]
+                      ) -> str:
+    """report.md's opening paragraph: per dataset and protocol, the best model without
+    privacy and by how much it leads the next method (beyond seed noise or not), the best
+    private model and how it stands against DP-MostPop of its relation at its budget
+    (:func:`~fedem_private.experiments.floors.verdict`), and each against chance and
+    MostPop. ``chance``: per dataset, (chance's full HR@10, its standard error), used where
+    a row has no chance figure of its own. Empty when no federated model ran."""
+    sentences = []
+    for (dataset, protocol), sub in agg.groupby(["dataset", "protocol"], sort=True):
+        models = ladder.part(sub, "models")
+        models = models[models["hr10_full_mean"].notna()]
+        if models.empty:
+            continue
+        near = agg[(agg["dataset"] == dataset) & (agg["protocol"].map(ladder.comparable)
+                                                  == ladder.comparable(protocol))]
+        refs, floors = ladder.part(near, "references"), ladder.part(near, "floors")
+        fallback, fallback_se = chance.get(dataset, (None, 0.0))
+        pop = _mostpop_of(models, refs)
+        where = f"{dataset}, protocol `{protocol}`"
+        plain = models[models["mode"].map(no_privacy).astype(bool)]
+        private = models[~models["mode"].map(no_privacy).astype(bool)
+                         & models["eps_target"].map(lambda e: isinstance(e, float)
+                                                    and math.isfinite(e))]
+        parts = []
+        for kind, rows in (("without privacy", plain), ("under privacy", private)):
+            if rows.empty:
+                continue
+            ranked = rows.sort_values("hr10_full_mean", ascending=False)
+            best = ranked.iloc[0]
+            text = (f"{kind} the best is {_name(best)} at {_pm(best, 'hr10_full')}")
+            others = ranked[ranked["variant"] != best["variant"]]
+            if not others.empty:
+                text += f", {_gap(best, others.iloc[0])} against {_name(others.iloc[0])}"
+            c, c_se = ladder.chance_of(best, "hr10_full", fallback, fallback_se)
+            refs_text = []
+            if c is not None:
+                own = best["hr10_full_std"] / math.sqrt(best["n_seeds"]) \
+                    if best["n_seeds"] > 1 and math.isfinite(best["hr10_full_std"]) else 0.0
+                at = best["hr10_full_mean"] - c <= ladder.NOISE_SE * math.hypot(own, c_se)
+                refs_text.append(f"{'at' if at else 'above'} chance ({c:.3f})")
+            if pop is not None:
+                refs_text.append(f"{best['hr10_full_mean'] - pop:+.3f} against MostPop "
+                                 f"({pop:.3f})")
+            if kind == "under privacy":
+                judged = ladder.verdict(best, floors, chance=fallback, chance_se=fallback_se)
+                if not judged.startswith("–"):
+                    refs_text.append(f"against DP-MostPop of its relation at that ε: {judged}")
+            if refs_text:
+                text += "; " + ", ".join(refs_text)
+            parts.append(text)
+        sentences.append(f"On {where}: " + "; ".join(parts) + ".")
+    if not sentences:
+        return ""
+    return ("**Verdict** (full HR@10, mean ± std over seeds; a difference is beyond seed "
+            f"noise past {ladder.NOISE_SE:g} standard errors, and a model within that of a "
+            "random ranking is at chance). " + " ".join(sentences))
 
 
 def _eps_spent(r: pd.Series) -> str:
@@ -429,6 +535,16 @@ def write_report(sources: str | Sequence[str], out_dir: str | None = None,
           f"({n_seeds} per setting). HR@10 / NDCG@10 of each client's own model on its "
           "held-out item; *full* ranks it against every item the client did not train on, "
           "*sampled* against 99 sampled negatives.", ""]
+    chances = {}
+    for dataset in frame["dataset"].unique():
+        rows = frame[frame["dataset"] == dataset]
+        items, users = rows["n_items"].mean(), (rows["n_users"].mean() if "n_users" in rows
+                                                else math.nan)
+        p = 10.0 / items if items > 10 else None
+        chances[dataset] = (p, _binomial_se(p, users) if p is not None else 0.0)
+    opening = verdict_paragraph(agg, chances)
+    if opening:
+        md[2:2] = [opening, ""]  # the report opens with its verdict
     if split:
         md += ["Runs differ in " + ", ".join(f"`{c.removeprefix(CONFIG_PREFIX)}`" for c in split)
                + ": they are not averaged together; each setting is its own row and line, "
@@ -457,6 +573,8 @@ def write_report(sources: str | Sequence[str], out_dir: str | None = None,
     for dataset in sorted(frame["dataset"].unique()):
         sub = agg[agg["dataset"] == dataset]
         n_items = frame.loc[frame["dataset"] == dataset, "n_items"].mean()
+        n_users = (frame.loc[frame["dataset"] == dataset, "n_users"].mean()
+                   if "n_users" in frame.columns else math.nan)
         slug = _slug(dataset)
         plots = [rp.utility_figure(sub, dataset, out / f"{slug}-hr10_vs_eps.png",
                                    10.0 / n_items if n_items > 10 else 0.0, n_seeds)]
@@ -479,7 +597,8 @@ def write_report(sources: str | Sequence[str], out_dir: str | None = None,
             rows = sub[sub["protocol"] == protocol]
             md += [f"Protocol `{protocol}`:", "",
                    results_table(rows, ds_attacks, 10.0 / n_items if n_items > 10 else None,
-                                 ladder.part(sub, "floors")),
+                                 ladder.part(sub, "floors"),
+                                 _binomial_se(10.0 / n_items, n_users)),
                    ""]
             if not ladder.part(rows, "references").empty:
                 near = sub[sub["protocol"].map(ladder.comparable) == ladder.comparable(protocol)]
@@ -502,8 +621,9 @@ def write_report(sources: str | Sequence[str], out_dir: str | None = None,
            "(cdp-gaussian: central; ldp-laplace and ldp-gaussian: local; ldp-dpsgd: "
            "interaction-local; docs/baselines.md). `beats` / `below`: the difference of the "
            f"means exceeds {ladder.NOISE_SE:g} standard errors over seeds; otherwise `within "
-           "noise`; `at chance` when the model is not that far above a random ranking "
-           "(10 / items), whatever the floor. The plots draw the non-private baselines as "
+           "noise`; `at chance` when the model is within that many standard errors (the "
+           "seeds' and, over the evaluated users, chance's own) of a random ranking's HR@10 "
+           "on the same users, whatever the floor. The plots draw the non-private baselines as "
            "horizontal lines and DP-MostPop as a dashed grey curve per architecture.",
            "- `ε spent (reported)` is the total over all rounds; the attacks see one upload, "
            "so their empirical ε lower bound is compared with the per-round ε accounted for "

@@ -25,6 +25,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from fedem_private.experiments.display import attack_display, variant_display  # noqa: E402
 from fedem_private.privacy.registry import capability, no_privacy  # noqa: E402
 
 CLIP_ONLY = "inf (clip only)"
@@ -43,6 +44,8 @@ class Line:
     marker: str
     points: pd.DataFrame  # rows of the seed-aggregated table, with column "x_key"
     hollow: bool = False  # a variant's line under its second (third...) protocol
+    zorder: float = 2.0  # above the horizontal references (REFERENCE_ZORDER) by default
+    markersize: float = 6.0
 
     @property
     def face(self) -> str | None:
@@ -152,7 +155,7 @@ def lines(agg: pd.DataFrame, palette: Sequence[str] | None = None) -> list[Line]
             pts = rows[(rows["mode"] == mode) & (rows["protocol"] == protocol)]
             if not _plain(mode):
                 pts = pd.concat([pts, none_rows[none_rows["protocol"] == protocol]])
-            label = v
+            label = variant_display(v)
             if len(modes) > 1 and not _plain(mode):
                 label += f" · {mode}" + (" (heuristic eps)"
                                          if capability(mode, "paper_heuristic") else "")
@@ -187,9 +190,11 @@ def _plot_vs_eps(ax: plt.Axes, all_lines: list[Line], axis: EpsAxis, column: str
         y, err = pts[f"{column}_mean"].to_numpy(), pts[f"{column}_std"].fillna(0).to_numpy()
         finite = np.array([not isinstance(k, str) for k in pts["x_key"]])
         # the finite epsilons only: the points past the axis break stand alone
-        ax.plot(x[finite], y[finite], color=line.color, linestyle=line.style)
+        ax.plot(x[finite], y[finite], color=line.color, linestyle=line.style,
+                zorder=line.zorder)
         ax.errorbar(x, y, yerr=err, fmt=line.marker, color=line.color, capsize=3,
-                    label=line.label, markersize=6, markerfacecolor=line.face)
+                    label=line.label, markersize=line.markersize, markerfacecolor=line.face,
+                    zorder=line.zorder)
     axis.decorate(ax)
     ax.grid(alpha=0.3)
 
@@ -301,7 +306,8 @@ def reference_lines(ax: plt.Axes, refs: pd.DataFrame, column: str
         if isinstance(value, float) and math.isnan(value):
             continue
         color, style, name = reference_look(str(r["variant"]), i)
-        ax.axhline(value, color=color, linestyle=style, linewidth=1.4, label=name)
+        ax.axhline(value, color=color, linestyle=style, linewidth=1.4, label=name,
+                   zorder=REFERENCE_ZORDER)
         ends.append((float(value), f"{name} {value:.3g}", color))
     return ends
 
@@ -310,7 +316,7 @@ def chance_line(ax: plt.Axes, value: float) -> tuple[float, str, str]:
     """The random ranking's HR@10 as a horizontal line; its end label, as reference_lines."""
     color, style, name = CHANCE_LOOK
     ax.axhline(value, color=color, linestyle=style, linewidth=1.2,
-               label=f"{name} (random ranking)")
+               label=f"{name} (random ranking)", zorder=REFERENCE_ZORDER)
     return value, f"{name} {value:.3g}", color
 
 
@@ -332,15 +338,27 @@ def end_labels(ax: plt.Axes, ends: Sequence[tuple[float, str, str]]) -> None:
                     va="center", annotation_clip=False)
 
 
+#: the horizontal references' (chance, MostPop, the ceilings) drawing order: under every
+#: curve, so that DP-MostPop's points, which approach MostPop at large eps, stay on top
+REFERENCE_ZORDER = 1.5
+#: DP-MostPop's curves: above the model curves too, in markers no reference line has
+#: (filled diamonds, squares, ...; a cross on MostPop's dashed line hid in it, issue 80)
+FLOOR_ZORDER = 3.0
+FLOOR_MARKERS = ("D", "s", "^", "v")
+
+
 def floor_lines(floors: pd.DataFrame) -> list[Line]:
-    """One dashed grey line per DP-MostPop architecture (its row's mode)."""
+    """One dashed grey line per DP-MostPop architecture (its row's mode), drawn above the
+    horizontal references and the models (:data:`FLOOR_ZORDER`) in filled markers of its
+    own (:data:`FLOOR_MARKERS`)."""
     from fedem_private.experiments.floors import FLOOR_LABEL
 
     out = []
     for i, mode in enumerate(sorted(floors["mode"].unique())):
         pts = floors[floors["mode"] == mode]
         out.append(Line(f"DP-MostPop · {FLOOR_LABEL.get(mode, mode)}", f"{0.25 + 0.2 * i:.2f}",
-                        "--", ("x", "+", "1", "2")[i % 4], pts))
+                        "--", FLOOR_MARKERS[i % len(FLOOR_MARKERS)], pts,
+                        zorder=FLOOR_ZORDER, markersize=7.0))
     return out
 
 
@@ -356,7 +374,8 @@ def attack_figure(agg: pd.DataFrame, dataset: str, attacks: Sequence[str], path:
             _plot_vs_eps(ax, all_lines, axis, f"{attack}_auc")
             ax.axhline(0.5, color="0.4", linestyle=":", linewidth=1, label="random guess (0.5)")
             ax.set_ylim(min(ax.get_ylim()[0], 0.45), 1.03)
-            ax.set_title(_titled(mode, f"{attack} attack (last recorded round)"))
+            ax.set_title(_titled(mode, f"{attack_display(attack)} attack (last recorded "
+                                       "round)"))
             ax.set_ylabel("attack AUC (further from 0.5 = more leakage)")
         legend(row[0], 8)
     fig.suptitle(f"{dataset}: attack success vs privacy budget ({_over(n_seeds)})")
@@ -429,9 +448,11 @@ def _frontier_row(row: Sequence[plt.Axes], all_lines: list[Line], axis: EpsAxis,
         ax.set_ylim(bottom=0)
         end_labels(ax, ends)
         _label_points(ax, labels)
-        ax.set_xlabel(f"{attack} attack AUC, better orientation: max(AUC, 1 - AUC)")
+        ax.set_xlabel(f"{attack_display(attack)} attack AUC, better orientation: "
+                      "max(AUC, 1 - AUC)")
         ax.set_ylabel("HR@10, full ranking")
-        ax.set_title(_titled(mode, f"{attack}: better is up and to the left"))
+        ax.set_title(_titled(mode, f"{attack_display(attack)}: better is up and to the "
+                                   "left"))
         ax.grid(alpha=0.3)
     # lower right (leaky and no better than chance) is where a frontier rarely has points;
     # "best" put the legend over the no-noise points at the top right
@@ -466,8 +487,8 @@ def bytes_figure(agg: pd.DataFrame, dataset: str, path: Path, n_seeds: str) -> P
             ax.errorbar(x, y, yerr=rows["hr10_full_std"].fillna(0).to_numpy(),
                         fmt=MARKERS[codecs.index(codec) % len(MARKERS)],
                         color=f"C{methods.index(method) % 10}", capsize=3, markersize=7,
-                        label=f"{method} · {codec}" + (f" · {_eps_text(key)}" if private
-                                                       else ""))
+                        label=f"{variant_display(method)} · {codec}"
+                        + (f" · {_eps_text(key)}" if private else ""))
             if private:
                 ax.annotate(_eps_text(key), (x[0], y[0]), xytext=(5, 3),
                             textcoords="offset points", fontsize=7)
@@ -510,13 +531,34 @@ def _label_points(ax: plt.Axes, labels: list[tuple[int, str, np.ndarray, np.ndar
                 near["lines"][i] = color
                 if text not in near["texts"]:
                     near["texts"].append(text)
+    renderer = ax.figure.canvas.get_renderer()
+    placed: list[object] = []  # the window extents of the labels written so far
     for c in clusters:
         (i, color), *others = c["lines"].items()
         shared = bool(others)
         text = _join_eps(c["texts"]) + (" (several methods)" if shared else "")
-        ax.annotate(text, (c["x"], c["y"]),
-                    xytext=(6, 4 - 11 * (i % 2) * (not shared)), textcoords="offset points",
-                    fontsize=7, color="0.3" if shared else color)
+        first = LABEL_OFFSETS.index((6, 4 - 11 * (i % 2) * (not shared)))
+        for offset in LABEL_OFFSETS[first:] + LABEL_OFFSETS[:first]:
+            note = ax.annotate(text, (c["x"], c["y"]), xytext=offset,
+                               textcoords="offset points", fontsize=7,
+                               color="0.3" if shared else color,
+                               ha="left" if offset[0] >= 0 else "right")
+            box = note.get_window_extent(renderer)
+            if not any(box.overlaps(other) for other in placed):
+                break
+            note.remove()  # it would cover a label already written: try the next place
+        else:  # no place is free: the first, over the others, rather than none
+            note = ax.annotate(text, (c["x"], c["y"]), xytext=LABEL_OFFSETS[first],
+                               textcoords="offset points", fontsize=7,
+                               color="0.3" if shared else color)
+            box = note.get_window_extent(renderer)
+        placed.append(box)
+
+
+#: where a point's eps label may go (points right and up of it; a negative x puts it on the
+#: left, right-aligned), in the order tried: beside the point, then further above and below
+LABEL_OFFSETS = [(6, 4), (6, -7), (-6, 4), (-6, -7), (6, 14), (6, -18), (-6, 14), (-6, -18),
+                 (6, 24), (6, -28), (-6, 24), (-6, -28)]
 
 
 def _join_eps(texts: list[str]) -> str:

@@ -2,7 +2,9 @@
 
 One row per run: what ran (dataset, method variant, protocol, privacy mode,
 target epsilon, seed), the epsilon spent by each accountant bound, HR@10 /
-NDCG@10 under sampled and full ranking, the attack scores of the last
+NDCG@10 under sampled and full ranking, chance's and MostPop's full HR@10 on the run's own
+evaluated users (``chance_hr10_full`` with its standard error ``chance_hr10_full_se``,
+``mostpop_hr10_full``; empty for runs written before), the attack scores of the last
 recorded round (``<attack>_<metric>``, e.g. ``projection_auc``), the audit
 verdict and timings. ``guarantee`` is true only for a finite reported
 epsilon (a clip-only run, eps = inf, guarantees nothing). Works for sweep
@@ -211,6 +213,12 @@ def run_row(run: Path, root: Path) -> dict[str, Any]:
         values = metrics.get(kind) or {}
         row[f"hr10_{kind}"] = _number(values.get("hr@10"))
         row[f"ndcg10_{kind}"] = _number(values.get("ndcg@10"))
+    refs = summary.get("references") or {}  # on the run's own evaluated users
+    chance = (refs.get("chance") or {}).get("full") or {}
+    row["chance_hr10_full"] = _number(chance.get("hr@10"))
+    row["chance_hr10_full_se"] = _number(chance.get("hr@10_se"))
+    row["mostpop_hr10_full"] = _number(((refs.get("mostpop") or {}).get("full") or {}).get(
+        "hr@10"))
     selected = summary.get("selected")
     if isinstance(selected, dict):  # docs/design.md 2a, option 4: the selected round
         row["selected_rule"] = selected.get("rule")

@@ -28,13 +28,14 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from fedem_private.errors import UserError
+from fedem_private.errors import ResultsElsewhere, UserError
 
 # what summary.json says of its own figures (issue 65): the privacy block describes the
 # release; everything else is the simulator's measurement of the private data
 NOT_PRIVATE = (
     "not private: every figure in this summary but the privacy block (metrics, selected, "
-    "clipping, cold_items, merge_rho_mean, server_stats, dropped_users, communication) is the "
+    "clipping, cold_items, merge_rho_mean, server_stats, dropped_users, communication, "
+    "references) is the "
     "simulator's exact measurement over the users' data, not a release of the mechanism; "
     "the eps covers the released models, not publishing these")
 
@@ -258,11 +259,22 @@ class RunDir:
                 shutil.rmtree(old, ignore_errors=True)
         return self.final
 
+    def commit_or_moved(self) -> ResultsElsewhere | None:
+        """:meth:`commit`; where another run had taken the folder meanwhile, the
+        :class:`~fedem_private.errors.ResultsElsewhere` naming where this run's results went,
+        for the caller to raise once it has wound the run up (else None)."""
+        try:
+            self.commit()
+        except ResultsElsewhere as exc:
+            return exc
+        return None
+
     def _commit_new(self) -> Path:
         """Move the finished directory to a path that held nothing when the run began, by
         one atomic rename: if another run finished into it meanwhile (two runs started
         together with one ``--out``), this run's results go to the first free ``-2``,
-        ``-3``, ... beside it and the run stops with one line saying where (issue 67)."""
+        ``-3``, ... beside it (issue 67), and :class:`~fedem_private.errors.ResultsElsewhere`
+        says where: the run is finished and kept, only not where it was asked to go."""
         target = self.final
         for n in range(2, 1000):
             try:
@@ -276,8 +288,8 @@ class RunDir:
         else:  # pragma: no cover - a thousand runs into one folder at once
             raise UserError(f"output directory {self.final} and its -2 to -999 are taken")
         if target != self.final:
-            raise UserError(f"another run finished into {self.final} while this one ran; "
-                            f"this run's results are in {target}")
+            raise ResultsElsewhere(f"another run finished into {self.final} while this one "
+                                   f"ran; this run's results are in {target}", target)
         return target
 
 

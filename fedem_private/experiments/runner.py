@@ -15,10 +15,10 @@ from fedem_private.data import leave_one_out, load_dataset, population_record
 from fedem_private.data.attributes import item_attributes
 from fedem_private.data.split import Split, cold_share, set_aside
 from fedem_private.errors import Diverged, UserError
-from fedem_private.evaluation.metrics import sampled_note
+from fedem_private.evaluation.metrics import eval_sample, sampled_note
 from fedem_private.experiments import checkpoint as checkpoints
 from fedem_private.experiments.checkpoint import Checkpointing
-from fedem_private.experiments.outcome import outcome_warnings
+from fedem_private.experiments.outcome import outcome_warnings, references
 from fedem_private.experiments.rundir import NOT_PRIVATE, RunDir
 from fedem_private.hostmem import release_between_runs
 from fedem_private.simulation.config import (
@@ -207,7 +207,10 @@ def summarise(view: RunView, history: list[RoundStats], wall: float) -> dict[str
         "version": __version__,
         "not_private": NOT_PRIVATE,
     }
-    out["warnings"] = outcome_warnings(view.split, last, out["privacy"])
+    # chance and MostPop on the users this run evaluated (experiments/outcome.py)
+    out["references"] = references(cfg, view.split)
+    out["warnings"] = outcome_warnings(view.split, last, out["privacy"],
+                                       _evaluated(cfg, view.split))
     if cfg.data.calibrate_to is not None:
         out["population"] = population_record(cfg.data.calibrate_to, cfg.data.data_dir,
                                               cfg.data.users)
@@ -221,6 +224,11 @@ def summarise(view: RunView, history: list[RoundStats], wall: float) -> dict[str
             selected.update(private=False, note=SELECTION_NOT_PRIVATE)
         out["selected"] = selected
     return out
+
+
+def _evaluated(cfg: RunConfig, split: Split) -> np.ndarray:
+    """The users a run of ``cfg`` evaluates (``train.eval_users``'s sample, or everyone)."""
+    return eval_sample(split.n_users, cfg.train.eval_users, cfg.train.seed)
 
 
 # what summary.json says beside a round selected under a mechanism (issue 65)
@@ -326,12 +334,15 @@ def execute(cfg: RunConfig, out: str | Path,
         if sim.cfg.train.eval_users and sim.last_ranks is not None:
             # each sampled user's ranks at the last evaluation, for paired comparisons
             writer.write_csv("ranks.csv", sim.last_ranks.per_user(sim.split.source_users))
-        writer.commit()
+        moved = writer.commit_or_moved()
     if checkpoint is not None:
         checkpoints.discard(checkpoint)
     del sim, resumed  # they sit in reference cycles: collect them now, not some runs later
     release_between_runs()
+    if moved is not None:  # finished and kept, beside the folder another run took
+        raise moved
     return summary
+
 
 
 def _sharded(sim: Simulation, shards: dict[str, Any] | None
