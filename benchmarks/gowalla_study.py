@@ -14,7 +14,8 @@ run with ``--dataset csv`` (strict leave-one-out, the items renumbered per subse
 
 Rungs at each N and seed (a finished run is not run again; ``runs/gowalla-study/N<n>/``):
 
-- ``mostpop``; ``als`` (the centralised ceiling, implicit ALS);
+- ``mostpop``; ``als`` (the centralised ceiling, implicit ALS); ``centralised`` (FedMF's
+  backbone and loss, BCE with sampled negatives, on the pooled data: 20 epochs);
 - ``dp-mostpop`` central at each eps, for each k in :data:`K_GRID`; the reported k at a
   (N, eps) is the one with the best validation full HR@10 (the validation item of the
   same users: a non-private choice, which can only raise the floor FedMF must beat);
@@ -90,7 +91,11 @@ def rungs(data: Path, seed: int, epsilons: list[float], eval_users: int,
     val = {**common, "select_round": "best-val-full"}  # dp-mostpop: its k by validation
     out: list[tuple[str, dict[str, Any]]] = [
         (f"mostpop-seed{seed}", {"data": d, "train": common, "federation": {"method": "mostpop"}}),
-        (f"als-seed{seed}", {"data": d, "train": common, "federation": {"method": "als"}})]
+        (f"als-seed{seed}", {"data": d, "train": common, "federation": {"method": "als"}}),
+        (f"centralised-seed{seed}", {  # FedMF's backbone and loss on the pooled data
+            "data": d, "federation": {"method": "centralised"}, "baseline": {"epochs": 20},
+            "train": {**common, **{k: SETTINGS["train"][k] for k in
+                                   ("lr", "batch_size", "dim", "num_negatives")}}})]
     for eps in epsilons:
         for k in K_GRID:
             out.append((f"dp-mostpop-k{k}-eps{eps:g}-seed{seed}", {
@@ -195,7 +200,7 @@ def report(root: Path, out: Path) -> str:
             best_k = floors.groupby("rung").val_hr10_full.mean().idxmax()
             seeds = [s for s in seeds if s in set(floors[floors.rung == best_k].seed)]
             runs = {r: {int(x.seed): Path(x.run) for x in g[g.rung == r].itertuples()}
-                    for r in (rung, best_k, "mostpop", "als", none)}
+                    for r in (rung, best_k, "mostpop", "als", "centralised", none)}
             fed = [hits(runs[rung][s]) for s in seeds]
             dpm = [hits(runs[best_k][s]) for s in seeds]
             diff, se, n = paired(fed, dpm)
@@ -213,13 +218,15 @@ def report(root: Path, out: Path) -> str:
                           "dp_mostpop": f"{mean(best_k)} (k {best_k.split('-k')[1].split('-')[0]})",
                           "rounds": int(tag[2:]) if tag else SETTINGS["train"]["rounds"],
                           "fedmf_cdp": mean(rung), "fedmf_none": mean(none),
-                          "als": mean("als"), "paired_diff": diff, "se": se, "users": n,
+                          "als": mean("als"), "central_mf": mean("centralised"),
+                          "paired_diff": diff, "se": se, "users": n,
                           "p": p})
     rejected = holm([c["p"] for c in cells])
     lines = ["| N | eps | rounds | seeds | chance | MostPop | DP-MostPop (k by validation) | "
-             "FedMF DP-FedAvg + row selection | FedMF no noise | ALS (central) | "
+             "FedMF DP-FedAvg + row selection | FedMF no noise | MF central (same loss) | "
+             "ALS (central) | "
              "paired diff ± SE (users) | one-sided p | verdict (Holm, 0.05) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c, rej in sorted(zip(cells, rejected, strict=True),
                          key=lambda x: (x[0]["N"], x[0]["eps"], x[0]["rounds"])):
         verdict = "beats" if rej else ("below" if c["paired_diff"] + 2 * c["se"] < 0
@@ -227,7 +234,8 @@ def report(root: Path, out: Path) -> str:
         lines.append(f"| {c['N']:,} | {c['eps']:g} | {c['rounds']} | {c['seeds']} | "
                      f"{c['chance']:.5f} | "
                      f"{c['mostpop']} | {c['dp_mostpop']} | {c['fedmf_cdp']} | "
-                     f"{c['fedmf_none']} | {c['als']} | {c['paired_diff']:+.4f} ± "
+                     f"{c['fedmf_none']} | {c['central_mf']} | {c['als']} | "
+                     f"{c['paired_diff']:+.4f} ± "
                      f"{c['se']:.4f} ({c['users']:,}) | {c['p']:.3g} | {verdict} |")
     text = "\n".join(lines) + "\n"
     (out / "study.md").write_text(
