@@ -72,6 +72,7 @@ from fedem_private.client.merging import (
     MergeConfig,
     Merger,
     MergeState,
+    merge_tables,
     merge_with_rho,
     take_clients,
 )
@@ -351,7 +352,9 @@ class ChunkWork:
     enc_sent: torch.Tensor | None = None  # the encoded release centre
     enc_new: torch.Tensor | None = None  # the encoded trained groups
     touched_rows: torch.Tensor | None = None
-    adapters: MergeState | None = None  # the adapters the merge used (sparse tables only)
+    # what equation 10 used beyond the two tables (sparse tables only): the adapters, or a
+    # pooled merge's rho (k,); None: a fixed rho
+    merge_used: MergeState | torch.Tensor | None = None
 
     @property
     def k(self) -> int:
@@ -945,8 +948,10 @@ class Simulation:
         rnd.rho_sum += float(rho.sum() if work.recv is None else rho[work.recv].sum())
         rnd.rho_n += work.n_recv
         work.merged = True
-        if self.state.sparse is not None and self.merger.state is not None:
-            work.adapters = take_clients(self.merger.state, work.idx)  # as equation 10 used them
+        if self.state.sparse is not None:  # as equation 10 used them
+            work.merge_used = (rho if self.merge_cfg.rule.pooled else
+                               None if self.merger.state is None else
+                               take_clients(self.merger.state, work.idx))
         if self.merger.every_batch:  # the FedEM code: merge on every batch
             work.rows = work.batch_rows = self.merger.batch_rows(work.idx, work.sent,
                                                                  work.recv)
@@ -963,12 +968,15 @@ class Simulation:
         return np.where(recv, MERGED if work.merged else SENT, OWN).astype(np.int64)
 
     def _remerge(self, clients: np.ndarray, q_prev: torch.Tensor, sent: torch.Tensor,
-                 adapters: MergeState | None) -> torch.Tensor:
+                 used: MergeState | torch.Tensor | None) -> torch.Tensor:
         """Equation 10 as :meth:`_merge` applied it to clients (numpy ids) whose own tables
-        were ``q_prev`` and who were sent ``sent`` (both (k, m, d)), with the adapters they
-        had then (``--merge-rows seen`` included): the replay of a merge under sparse
-        tables (:meth:`SparseTables.tables`)."""
-        start, _ = merge_with_rho(self.merge_cfg, adapters, q_prev, sent)
+        were ``q_prev`` and who were sent ``sent`` (both (k, m, d)), with what it used then
+        (``used``: the adapters, a pooled merge's rho (k,), or None), ``--merge-rows seen``
+        included: the replay of a merge under sparse tables (:meth:`SparseTables.tables`)."""
+        if isinstance(used, torch.Tensor):  # a pooled rho: the weight itself
+            start = merge_tables(q_prev, sent, used.to(q_prev.dtype).view(-1, 1))
+        else:
+            start, _ = merge_with_rho(self.merge_cfg, used, q_prev, sent)
         if self.merge_seen:
             start = merge_seen_rows(start, sent, self._merged_rows(clients))
         return start
@@ -1016,7 +1024,7 @@ class Simulation:
         st = self.state
         if st.sparse is not None:
             st.sparse.keep(rnd.t, work.idx, self._origins(work), work.start.items, new.items,
-                           work.sent if self.aggregator.sends_table else None, work.adapters)
+                           work.sent if self.aggregator.sends_table else None, work.merge_used)
         else:
             st.keep_items(work.idx, new.items)
         for name, value in new.private.items():

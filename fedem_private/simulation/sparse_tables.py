@@ -23,8 +23,10 @@ participation. What is stored per client is therefore:
 
 - the base round b (the sent tables G_t are one (m, d) table a round for the aggregations
   allowed, each kept once while a client refers to it);
-- for each merge since the base, its round t_j and a copy of the adapter it used (one
-  flat vector, :meth:`SparseTables._flat`; none for merges that learn nothing);
+- for each merge since the base, its round t_j and what it used besides the two tables:
+  a copy of the client's adapter (one flat vector, :meth:`SparseTables._flat`) where rho
+  on a row is learned from that row (em), the client's rho itself where it is pooled over
+  every row (dm), nothing where rho is fixed (sm);
 - each row that training changed since the base, with the participation it was last
   trained in (index j: 0 for the base's own training), and its value then.
 
@@ -33,7 +35,11 @@ index 0, then for j = 1, 2, ... equation 10 on the clients with a j-th merge (th
 ``remerge``, the same function on the same inputs as the round that made it) and the
 overlay of index j. Each step is rounded to the state dtype as ``kept`` rounds each stored
 table, so the result is the kept table (up to the order of float operations inside a
-batched product of a different batch shape).
+batched product of a different batch shape). A row trained again keeps only its latest
+value, so in the replay an earlier merge sees the base's value on that row, not the
+value it had then; the merge's output there is overwritten by the later training, and no
+other row's output depends on it: rho on a row depends on that row alone (sr, sm, em,
+``--merge-rows seen``) or is the stored pooled value (dm).
 
 Under merge ``sr`` every participation starts from the sent table, so a client stores only
 the rows it trained in its last round. Under ``--merge-rows seen`` equation 10 takes the
@@ -59,8 +65,9 @@ from fedem_private.client.adapter import MergeState
 OWN, SENT, MERGED = 0, 1, 2
 
 #: equation 10 for clients (numpy ids) from their tables (k, m, d), the tables sent to
-#: them (k, m, d) and their adapters then (None: the merge learns none)
-Remerge = Callable[[np.ndarray, Tensor, Tensor, MergeState | None], Tensor]
+#: them (k, m, d) and what the merge used then: their adapters, their pooled rho (k,), or
+#: None (a fixed rho)
+Remerge = Callable[[np.ndarray, Tensor, Tensor, MergeState | Tensor | None], Tensor]
 #: the rows (k, m) bool a merge takes from each client's own table (None: every row)
 MergedRows = Callable[[np.ndarray], Tensor | None]
 
@@ -101,6 +108,7 @@ class SparseTables:
         self.rows: list[Tensor | None] = [None] * n
         self._shapes: list[tuple[int, ...]] | None = None  # the adapter's tensors' shapes
         self._n_weights = 0
+        self._pooled = False  # whether merges record a pooled rho, not an adapter
 
     # ------------------------------------------------------------------ reading
     def tables(self, idx: Tensor) -> Tensor:
@@ -150,12 +158,13 @@ class SparseTables:
 
     # ------------------------------------------------------------------ writing
     def keep(self, round_: int, idx: Tensor, origin: np.ndarray, start: Tensor, new: Tensor,
-             sent: Tensor | None, adapters: MergeState | None) -> None:
+             sent: Tensor | None, adapters: MergeState | Tensor | None) -> None:
         """Record round ``round_``'s training of clients idx: ``origin`` (k,) says how each
         start was formed (:data:`OWN`, :data:`SENT`, :data:`MERGED`), ``start`` (k, m, d)
         is the table training started from and ``new`` (k, m, d) the trained one; ``sent``
         (k, m, d) the one table the server sent this round (None where it sent none) and
-        ``adapters`` the chunk's adapters as the merge used them. The rows of ``new`` that
+        ``adapters`` what the merge used: the chunk's adapters, its pooled rho (k,), or
+        None. The rows of ``new`` that
         differ from ``start`` are stored (all others are the start's, which the replay
         rebuilds)."""
         clients = idx.cpu().numpy()
@@ -225,22 +234,29 @@ class SparseTables:
         self.merges[u] = None
 
     # ------------------------------------------------------------------ adapters
-    def _flat(self, adapters: MergeState | None, j: int) -> Tensor | None:
-        """Client j of the chunk's adapter as one flat vector (None: no adapter)."""
+    def _flat(self, adapters: MergeState | Tensor | None, j: int) -> Tensor | None:
+        """Client j of the chunk's adapter as one flat vector, or its pooled rho (1,)
+        (None: neither)."""
         if adapters is None:
             return None
+        if isinstance(adapters, Tensor):
+            self._pooled = True
+            return adapters[j:j + 1].clone()
         parts = (*adapters.weights, *adapters.biases)
         if self._shapes is None:
             self._shapes = [tuple(t.shape[1:]) for t in parts]
             self._n_weights = len(adapters.weights)
         return torch.cat([t[j].reshape(-1) for t in parts])
 
-    def _adapters(self, flats: list[Tensor | None]) -> MergeState | None:
-        """The adapters of :meth:`_flat`'s vectors, stacked (None where there are none)."""
+    def _adapters(self, flats: list[Tensor | None]) -> MergeState | Tensor | None:
+        """The adapters of :meth:`_flat`'s vectors, stacked, or the pooled rho (k,) (None
+        where there are none)."""
         if not flats or flats[0] is None:
             return None
-        assert self._shapes is not None
         stacked = torch.stack(flats)  # type: ignore[arg-type]
+        if self._pooled:
+            return stacked.view(-1)
+        assert self._shapes is not None
         sizes = [int(np.prod(s)) for s in self._shapes]
         parts = [p.reshape(-1, *s) for p, s in
                  zip(torch.split(stacked, sizes, dim=1), self._shapes, strict=True)]
