@@ -225,6 +225,11 @@ def test_sparse_tables_refusals_exit_2(split, tmp_path, capsys):
         Simulation(_cfg("sparse", {"method": "fedrap"}), split)
     with pytest.raises(UserError, match="--client-tables global"):
         _cfg("sparse", METHODS["fedem"], eval_finetune=1).validate()
+    from fedem_private.simulation.shards import InProcessShards
+
+    sim = Simulation(_cfg("sparse", METHODS["fedmf"], MECHANISMS["cdp-gaussian"]), split)
+    with pytest.raises(UserError, match="--client-tables sparse keeps an item table"):
+        sim.shard(InProcessShards(sim, 2))
 
 
 def test_a_sparse_run_resumes_from_a_pickled_state(split):
