@@ -185,9 +185,11 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
      "--client-tables global: each evaluated user first trains E local epochs from the "
      "server's table on its own data (nothing uploaded) and is evaluated with that"),
     ("--client-tables", "train.client_tables", str,
-     "kept (each client keeps its trained item table and is evaluated with it) or global (no "
+     "kept (each client keeps its trained item table and is evaluated with it), global (no "
      "client keeps one: memory grows with the cohort, not the population; merge sr, one "
-     "shared table)"),
+     "shared table) or sparse (each client keeps only the rows it trained, the rest rebuilt "
+     "from the tables the server sent: the same results as kept, memory growing with the "
+     "interactions; one shared table)"),
     ("--nonce", "train.nonce", _integer,
      "the run's own key for its training and noise streams (0, the default: the seed's); "
      "the data and evaluation sets stay keyed by --seed"),

@@ -105,6 +105,11 @@ class Merge:
     batch_merge: ClassVar[bool] = False
     #: whether ldp-dpsgd can train its adapter by DP-SGD (:mod:`fedem_private.privacy.dpsgd`)
     dpsgd_adapter: ClassVar[bool] = False
+    #: whether rho is one value per client pooled over every row, so a row's merge depends
+    #: on the others (the start's mean rho is rho itself); otherwise rho on a row depends on
+    #: that row of Q_l and Q_g alone (``--client-tables sparse`` replays a merge from the
+    #: adapter, or from the pooled rho, accordingly: simulation/sparse_tables.py)
+    pooled: ClassVar[bool] = False
     #: its own options (read from the ``[federation]`` keys, docs/design.md section 15)
     Options: ClassVar[type[PartOptions]] = PartOptions
 
@@ -176,6 +181,7 @@ class DynamicMerge(AdapterMerge):
     """DM: one learned rho per client, the adapter's outputs averaged over all items."""
 
     name = "dm"
+    pooled = True
 
     def pool(self, rho: Tensor) -> Tensor:
         return rho.mean(dim=1, keepdim=True)

@@ -68,7 +68,14 @@ import torch
 
 from fedem_private import hostmem, models, rng
 from fedem_private.client import codecs
-from fedem_private.client.merging import MergeConfig, Merger
+from fedem_private.client.merging import (
+    MergeConfig,
+    Merger,
+    MergeState,
+    merge_tables,
+    merge_with_rho,
+    take_clients,
+)
 from fedem_private.client.variant_options import (
     MergeEveryOptions,
     MergeRowsOptions,
@@ -103,6 +110,13 @@ from fedem_private.server.options import (
 )
 from fedem_private.server.pretrain import pretrain_items
 from fedem_private.simulation.config import SGD_FIELDS, RunConfig, with_cohort
+from fedem_private.simulation.sparse_tables import (
+    MERGED,
+    OWN,
+    SENT,
+    SparseTables,
+    estimate_bytes,
+)
 from fedem_private.simulation.view import RunView, read_only
 
 SERVER = 1 << 40  # client id used to key the server's own random draws
@@ -189,14 +203,18 @@ FINETUNE_ROUND = 1 << 40
 
 
 def _check_state_fits(cfg: RunConfig, n: int, q0: torch.Tensor, store: torch.dtype,
-                      device: torch.device) -> None:
-    """Refuse, in one line, a run whose per-client item tables cannot fit: every client
-    keeps its own (m, d) table between rounds (``SimState.q_local``), n m d entries of
-    ``store`` before anything else, so a population of 10^6 users on ML-100K's catalogue
-    (d 16, float32) would need 100 GiB. Where the memory free for it is known (the host's
-    ``MemAvailable``; a GPU's free memory) and smaller, the run stops before allocating,
-    with the size it would need, instead of being killed by the kernel part way."""
-    need = n * q0.numel() * torch.empty((), dtype=store).element_size()
+                      device: torch.device, sparse: int | None = None) -> None:
+    """Refuse, in one line, a run whose per-client item tables cannot fit: under
+    ``--client-tables kept`` every client keeps its own (m, d) table between rounds
+    (``SimState.q_local``), n m d entries of ``store`` before anything else, so a
+    population of 10^6 users on ML-100K's catalogue (d 16, float32) would need 100 GiB;
+    under ``sparse`` the clients' stored rows, ``sparse`` bytes by the end of the run
+    (:func:`~fedem_private.simulation.sparse_tables.estimate_bytes`). Where the memory
+    free for it is known (the host's ``MemAvailable``; a GPU's free memory) and smaller,
+    the run stops before allocating, with the size it would need, instead of being killed
+    by the kernel part way."""
+    need = (n * q0.numel() * torch.empty((), dtype=store).element_size() if sparse is None
+            else sparse)
     if device.type == "cuda":
         free = int(torch.cuda.mem_get_info(device)[0])
     else:
@@ -204,6 +222,13 @@ def _check_state_fits(cfg: RunConfig, n: int, q0: torch.Tensor, store: torch.dty
     if free is None or need <= free:
         return
     m, d = q0.shape[0], q0.shape[-1]
+    if sparse is not None:
+        raise UserError(
+            f"{cfg.federation.resolved_method} with --client-tables sparse keeps the rows each "
+            f"client trained: about {hostmem.gib(need)} of state for {n:,} clients over "
+            f"{cfg.train.rounds} rounds (an estimate), and {hostmem.gib(free)} is free on "
+            f"{device.type}; use fewer users, a smaller cohort, fewer rounds, "
+            f"--state-dtype bfloat16, or a smaller --dim")
     raise UserError(
         f"{cfg.federation.resolved_method} keeps an item table per client: {n:,} clients x "
         f"{m:,} items x {d} x {torch.empty((), dtype=store).element_size()} B = "
@@ -229,7 +254,8 @@ class SimState:
 
     q_local: torch.Tensor | None  # (n, m, d) each client's table after its last training,
     # kept in train.state_dtype (read through params / items, which return the compute
-    # dtype); None under train.client_tables "global": no client keeps one (``shared``)
+    # dtype); None under train.client_tables "global": no client keeps one (``shared``),
+    # and under "sparse": each keeps the rows it trained (``sparse``)
     private: dict[str, torch.Tensor]  # (n, ...) groups that never leave a client (p_u, heads);
     # per-client tables among them (n, m, d: FedRAP's personal table) in train.state_dtype
     dense_local: dict[str, torch.Tensor]  # (n, ...) each client's own shared dense groups
@@ -238,10 +264,16 @@ class SimState:
     dtype: torch.dtype = torch.float32  # the compute dtype tables are read in
     # without q_local: the server's current table for clients idx (the aggregator's sent)
     shared: Callable[[torch.Tensor], torch.Tensor] | None = None
+    # train.client_tables "sparse": each client's table as the rows it trained since the
+    # tables the server sent it (rebuilt when read; Simulation._train keeps it)
+    sparse: SparseTables | None = None
 
     def items(self, idx: torch.Tensor) -> torch.Tensor:
-        """Clients idx's own item tables Q_l (k, m, d), in the compute dtype; without kept
+        """Clients idx's own item tables Q_l (k, m, d), in the compute dtype (under sparse
+        tables, rebuilt from their rows: :meth:`SparseTables.tables`); without kept
         tables, the server's current one."""
+        if self.sparse is not None:
+            return self.sparse.tables(idx)
         if self.q_local is None:
             assert self.shared is not None
             return self.shared(idx).to(self.dtype)
@@ -272,6 +304,8 @@ class SimState:
     def _dim(self) -> int:
         if self.q_local is not None:
             return int(self.q_local.shape[2])
+        if self.sparse is not None:
+            return self.sparse.dim
         assert self.shared is not None
         return int(self.shared(torch.zeros(0, dtype=torch.long)).shape[2])
 
@@ -318,6 +352,9 @@ class ChunkWork:
     enc_sent: torch.Tensor | None = None  # the encoded release centre
     enc_new: torch.Tensor | None = None  # the encoded trained groups
     touched_rows: torch.Tensor | None = None
+    # what equation 10 used beyond the two tables (sparse tables only): the adapters, or a
+    # pooled merge's rho (k,); None: a fixed rho
+    merge_used: MergeState | torch.Tensor | None = None
 
     @property
     def k(self) -> int:
@@ -641,8 +678,12 @@ class Simulation:
         store = getattr(torch, self.cfg.train.state_dtype) if q0.dtype == torch.float32 \
             else q0.dtype
         kept = self.cfg.train.client_tables == "kept"
+        sparse = self.cfg.train.client_tables == "sparse"
         if kept:
             _check_state_fits(self.cfg, n, q0, store, self.device)
+        if sparse:
+            _check_state_fits(self.cfg, n, q0, store, self.device,
+                              sparse=self._sparse_estimate(q0, store))
         q_local = q0.to(store).expand(n, *q0.shape).clone() if kept else None
         # Without noise an upload equals the client's new table, so the server's copy of
         # each last upload can share storage with q_local (it changes only on upload).
@@ -676,10 +717,14 @@ class Simulation:
                             else v.dtype)
                    for k, v in self.backbone.init_private(np.arange(n)).items()}
         if not kept and any(v.dim() >= 3 for v in private.values()):
-            raise UserError(f"--client-tables global: backbone {self.backbone.name!r} keeps a "
-                            f"private item table per client; use --client-tables kept")
+            raise UserError(f"--client-tables {self.cfg.train.client_tables}: backbone "
+                            f"{self.backbone.name!r} keeps a private item table per client; "
+                            f"use --client-tables kept")
         self.state = SimState(q_local, private, dense_local, self.aggregator.table,
-                              dtype=q0.dtype, shared=None if kept else self.aggregator.sent)
+                              dtype=q0.dtype,
+                              shared=None if kept or sparse else self.aggregator.sent)
+        if sparse:
+            self.state.sparse = SparseTables(n, q0, store, self._remerge, self._merged_rows)
         # under a perturbing mechanism with the share rule, the last encoded table the
         # server sent each client: the public centre of its release (_release_base)
         self._public_sent: torch.Tensor | None = None
@@ -691,6 +736,23 @@ class Simulation:
                         else ReleasedUploads(self))
         if self.privacy.selects_rows:  # the catalogue's rows, before any client adds its items
             self.privacy.secure.n_items = int(self.split.n_items)  # type: ignore[union-attr]
+
+    def _sparse_estimate(self, q0: torch.Tensor, store: torch.dtype) -> int:
+        """The bytes sparse tables will hold by the end of the run
+        (:func:`~fedem_private.simulation.sparse_tables.estimate_bytes`), at the round's
+        sampling rate (the mechanism's own, or the client fraction)."""
+        cfg = self.cfg
+        rate = (cfg.privacy.sample_rate if "sample_rate" in cfg.privacy.mechanism.options
+                else cfg.train.client_fraction)
+        adapter = 0
+        if self.merge_cfg.rule.learned:
+            fans = (2 * cfg.train.dim, *self.merge_cfg.adapter_layers)
+            adapter = 4 * sum(a * b + b for a, b in zip(fans[:-1], fans[1:], strict=True))
+        every_row = self.merge_cfg.rule.merges and not self.merge_seen
+        return estimate_bytes(self.split.train_counts, int(q0.shape[0]), int(q0.shape[-1]),
+                              torch.empty((), dtype=store).element_size(),
+                              cfg.train.num_negatives, cfg.train.rounds, min(1.0, rate),
+                              adapter, every_row)
 
     # ---------------------------------------------------------------- helpers
     def _index(self, clients: np.ndarray) -> torch.Tensor:
@@ -886,9 +948,46 @@ class Simulation:
         rnd.rho_sum += float(rho.sum() if work.recv is None else rho[work.recv].sum())
         rnd.rho_n += work.n_recv
         work.merged = True
+        if self.state.sparse is not None:  # as equation 10 used them
+            work.merge_used = (rho if self.merge_cfg.rule.pooled else
+                               None if self.merger.state is None else
+                               take_clients(self.merger.state, work.idx))
         if self.merger.every_batch:  # the FedEM code: merge on every batch
             work.rows = work.batch_rows = self.merger.batch_rows(work.idx, work.sent,
                                                                  work.recv)
+
+    def _origins(self, work: ChunkWork) -> np.ndarray:
+        """(k,) how each of the chunk's clients' start table was formed (sparse tables,
+        :mod:`~fedem_private.simulation.sparse_tables`): merged with the table sent
+        (:data:`MERGED`), the table sent itself (:data:`SENT`), or its own (:data:`OWN`:
+        sent nothing, or not merging in a round of ``--merge-every``)."""
+        if not self.aggregator.sends_table:
+            return np.full(work.k, OWN, dtype=np.int64)
+        recv = (np.ones(work.k, dtype=bool) if work.recv is None
+                else work.recv.cpu().numpy().astype(bool))
+        return np.where(recv, MERGED if work.merged else SENT, OWN).astype(np.int64)
+
+    def _remerge(self, clients: np.ndarray, q_prev: torch.Tensor, sent: torch.Tensor,
+                 used: MergeState | torch.Tensor | None) -> torch.Tensor:
+        """Equation 10 as :meth:`_merge` applied it to clients (numpy ids) whose own tables
+        were ``q_prev`` and who were sent ``sent`` (both (k, m, d)), with what it used then
+        (``used``: the adapters, a pooled merge's rho (k,), or None), ``--merge-rows seen``
+        included: the replay of a merge under sparse tables (:meth:`SparseTables.tables`)."""
+        if isinstance(used, torch.Tensor):  # a pooled rho: the weight itself
+            start = merge_tables(q_prev, sent, used.to(q_prev.dtype).view(-1, 1))
+        else:
+            start, _ = merge_with_rho(self.merge_cfg, used, q_prev, sent)
+        if self.merge_seen:
+            start = merge_seen_rows(start, sent, self._merged_rows(clients))
+        return start
+
+    def _merged_rows(self, clients: np.ndarray) -> torch.Tensor | None:
+        """(k, m) bool: the rows in which equation 10 keeps anything of clients' own tables
+        (their training items under ``--merge-rows seen``); None: every row."""
+        if not self.merge_seen:
+            return None
+        return seen_mask(clients, self.split.train_indptr, self.split.train_items,
+                         self.split.n_items, self.device)
 
     def _adapter_trainer(self, work: ChunkWork) -> Callable[..., object] | None:
         """The merge adapter's trainer: by the mechanism's DP-SGD when local training is
@@ -923,7 +1022,11 @@ class Simulation:
         if work.batch_rows is not None:
             self.merger.keep_trained(work.idx, work.batch_rows)
         st = self.state
-        st.keep_items(work.idx, new.items)
+        if st.sparse is not None:
+            st.sparse.keep(rnd.t, work.idx, self._origins(work), work.start.items, new.items,
+                           work.sent if self.aggregator.sends_table else None, work.merge_used)
+        else:
+            st.keep_items(work.idx, new.items)
         for name, value in new.private.items():
             st.keep_private(work.idx, name, value)
         for name, value in new.dense.items():

@@ -21,7 +21,7 @@ from fedem_private.errors import UserError
 from fedem_private.models import backbone_class, backbones_where
 from fedem_private.privacy.config import PrivacyConfig
 from fedem_private.privacy.registry import names, no_privacy
-from fedem_private.server.registry import aggregator_class
+from fedem_private.server.registry import aggregator_class, aggregators_where
 from fedem_private.simulation.presets import (
     PAPER_CODE_OPTIONS,
     UNBUILT_OPTIONS,
@@ -151,7 +151,10 @@ class RunConfig:
         """``train.cohort_size`` sets the round's rate from the population's size; it
         stands in for ``--sample-rate`` or ``--client-fraction``, never beside them.
         ``train.client_tables = "global"`` needs a merge and an aggregator that read no
-        client's own table (merge sr, one shared table, every upload's owner receives it)."""
+        client's own table (merge sr, one shared table, every upload's owner receives it);
+        ``"sparse"`` keeps each client's table as its rows that differ from tables the
+        server sent, so it needs one shared table that every participant receives, and
+        full tables on the wire (no FedPEFT codec)."""
         tr, fed = self.train, self.federation
         if tr.cohort_size:
             if tr.client_fraction != 1:
@@ -176,6 +179,19 @@ class RunConfig:
             if codec_class(fed.codec).peft:
                 raise UserError(f"--client-tables global keeps full item tables on the server "
                                 f"only; codec {fed.codec!r} is not built for it")
+        if tr.client_tables == "sparse":
+            agg = aggregator_class(fed.resolved_aggregation)
+            if not agg.one_table or fed.agg_clients_ratio != 1:
+                raise UserError(
+                    f"--client-tables sparse keeps each client's rows that differ from the one "
+                    f"table the server sends every participant, so it needs --aggregation "
+                    f"{_either(aggregators_where('one_table'))} and --agg-clients-ratio 1 (got "
+                    f"aggregation {fed.resolved_aggregation!r}, --agg-clients-ratio "
+                    f"{fed.agg_clients_ratio:g})")
+            if codec_class(fed.codec).peft:
+                raise UserError(f"--client-tables sparse rebuilds full item tables from their "
+                                f"rows; codec {fed.codec!r} trains its own parameters; use "
+                                f"--codec {_full_codecs()}")
 
     def _check_baseline(self) -> None:
         """A baseline (docs/design.md §14) trains no federation: the parts that shape uploads,

@@ -188,8 +188,10 @@ class DataConfig:
                             f"got {self.users}")
 
 
-#: train.client_tables: what a client keeps of its item table between rounds
-CLIENT_TABLES = ("kept", "global")
+#: train.client_tables: what a client keeps of its item table between rounds: all of it,
+#: none (the server's table stands in), or the rows it trained (the rest rebuilt from the
+#: tables the server sent: simulation/sparse_tables.py)
+CLIENT_TABLES = ("kept", "global", "sparse")
 
 #: seeds and nonces lie in [0, SEED_LIMIT); a run seed derived from a nonce lies in
 #: [SEED_LIMIT, 2 SEED_LIMIT), so it never equals a plain seed (and fits an int64 key)

@@ -103,8 +103,9 @@ def check_shardable(sim: Simulation) -> None:
         why = (f"--privacy {cfg.privacy.mode} releases each upload; only a central mechanism "
                f"(cdp-gaussian, dp-ftrl), whose uploads only enter the secure sum, is sharded")
     elif cfg.train.client_tables != "global":
-        why = ("--client-tables kept keeps an item table per client, which a shard would have "
-               "to ship each round; use --client-tables global")
+        why = (f"--client-tables {cfg.train.client_tables} keeps an item table (or its rows) "
+               f"per client, which a shard would have to ship each round; use "
+               f"--client-tables global")
     elif sim.device.type != "cpu":
         why = f"shards run on the CPU; this run's device is {sim.device.type}"
     elif sim.merger.merges or sim.merger.every_batch:
