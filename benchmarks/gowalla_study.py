@@ -82,10 +82,11 @@ def populations(cache: Path, sizes: list[str]) -> dict[str, Path]:
 
 
 def rungs(data: Path, seed: int, epsilons: list[float], eval_users: int,
-          rounds: int | None = None) -> list[tuple[str, dict[str, Any]]]:
-    """(name, config) of every run on population ``data`` at ``seed``; ``rounds`` other
-    than :data:`SETTINGS`' gives FedMF rungs named ``fedmf-none-r<T>``,
-    ``fedmf-cdp-r<T>-eps<e>``."""
+          rounds: int | None = None, select: int | None = None
+          ) -> list[tuple[str, dict[str, Any]]]:
+    """(name, config) of every run on population ``data`` at ``seed``; ``rounds`` or
+    ``select`` (rows selected, 0: none) other than :data:`SETTINGS`' give FedMF rungs tagged
+    ``-r<T>`` / ``-k<K>`` (``fedmf-none-r300``, ``fedmf-cdp-k0-eps4``)."""
     d = {"dataset": "csv", "data_dir": str(data), "protocol": "strict"}
     common = {"seed": seed, "eval_users": eval_users}
     val = {**common, "select_round": "best-val-full"}  # dp-mostpop: its k by validation
@@ -102,15 +103,17 @@ def rungs(data: Path, seed: int, epsilons: list[float], eval_users: int,
                 "data": d, "train": val, "federation": {"method": "dp-mostpop"},
                 "baseline": {"architecture": "central", "epsilon": eps, "k": k}}))
     t = rounds or SETTINGS["train"]["rounds"]
+    k = SETTINGS["privacy"]["select_rows"] if select is None else select
     tag = "" if t == SETTINGS["train"]["rounds"] else f"-r{t}"
+    ktag = "" if k == SETTINGS["privacy"]["select_rows"] else f"-k{k}"
     train = {**SETTINGS["train"], **common, "rounds": t, "eval_every": t}
     out.append((f"fedmf-none{tag}-seed{seed}", {"data": d, "train": train,
                                                "federation": SETTINGS["federation"]}))
     for eps in epsilons:
-        out.append((f"fedmf-cdp{tag}-eps{eps:g}-seed{seed}", {
+        out.append((f"fedmf-cdp{tag}{ktag}-eps{eps:g}-seed{seed}", {
             "data": d, "train": train, "federation": SETTINGS["federation"],
             "privacy": {"mode": "cdp-gaussian", "epsilon": eps, "delta": 1e-5,
-                        **SETTINGS["privacy"]}}))
+                        **SETTINGS["privacy"], "select_rows": k}}))
     return out
 
 
@@ -192,7 +195,8 @@ def report(root: Path, out: Path) -> str:
     for pop, g in frame.groupby("population"):
         for rung in sorted(r for r in g.rung.unique() if r.startswith("fedmf-cdp")):
             tag, _, eps = rung[len("fedmf-cdp"):].rpartition("-eps")
-            none = f"fedmf-none{tag}"
+            parts = dict((p[0], int(p[1:])) for p in tag.split("-")[1:])
+            none = "fedmf-none" + (f"-r{parts['r']}" if "r" in parts else "")
             seeds = sorted(g[g.rung == rung].seed)
             floors = g[g.rung.str.startswith("dp-mostpop-k") & g.rung.str.endswith(f"-eps{eps}")]
             if floors.empty:
@@ -216,22 +220,25 @@ def report(root: Path, out: Path) -> str:
                           "seeds": len(seeds), "chance": 10 / int(g["items"].iloc[0]),
                           "mostpop": mean("mostpop"),
                           "dp_mostpop": f"{mean(best_k)} (k {best_k.split('-k')[1].split('-')[0]})",
-                          "rounds": int(tag[2:]) if tag else SETTINGS["train"]["rounds"],
+                          "rounds": parts.get("r", SETTINGS["train"]["rounds"]),
+                          "rows": parts.get("k", SETTINGS["privacy"]["select_rows"]),
                           "fedmf_cdp": mean(rung), "fedmf_none": mean(none),
                           "als": mean("als"), "central_mf": mean("centralised"),
                           "paired_diff": diff, "se": se, "users": n,
                           "p": p})
     rejected = holm([c["p"] for c in cells])
-    lines = ["| N | eps | rounds | seeds | chance | MostPop | DP-MostPop (k by validation) | "
+    lines = ["| N | eps | rounds | rows K | seeds | chance | MostPop | "
+             "DP-MostPop (k by validation) | "
              "FedMF DP-FedAvg + row selection | FedMF no noise | MF central (same loss) | "
              "ALS (central) | "
              "paired diff ± SE (users) | one-sided p | verdict (Holm, 0.05) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c, rej in sorted(zip(cells, rejected, strict=True),
-                         key=lambda x: (x[0]["N"], x[0]["eps"], x[0]["rounds"])):
+                         key=lambda x: (x[0]["N"], x[0]["eps"], x[0]["rounds"], x[0]["rows"])):
         verdict = "beats" if rej else ("below" if c["paired_diff"] + 2 * c["se"] < 0
                                        else "not shown")
-        lines.append(f"| {c['N']:,} | {c['eps']:g} | {c['rounds']} | {c['seeds']} | "
+        lines.append(f"| {c['N']:,} | {c['eps']:g} | {c['rounds']} | {c['rows'] or 'all'} | "
+                     f"{c['seeds']} | "
                      f"{c['chance']:.5f} | "
                      f"{c['mostpop']} | {c['dp_mostpop']} | {c['fedmf_cdp']} | "
                      f"{c['fedmf_none']} | {c['central_mf']} | {c['als']} | "
@@ -250,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epsilons", nargs="+", type=float, default=[4.0])
     ap.add_argument("--eval-users", type=int, default=2000)
     ap.add_argument("--rounds", type=int, help="FedMF's rounds (default SETTINGS')")
+    ap.add_argument("--select", type=int, help="rows selected (0: none; default SETTINGS')")
     ap.add_argument("--only", nargs="+", help="run only rungs whose name starts so")
     ap.add_argument("--runs", type=Path, default=Path("runs/gowalla-study"))
     ap.add_argument("--cache", type=Path, default=Path("runs/gowalla-study/data"))
@@ -264,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
         paths = populations(a.cache, [u for u in a.users if u != "all"])
         for name in a.users:
             for seed in a.seeds:
-                for rung, cfg in rungs(paths[name], seed, a.epsilons, a.eval_users, a.rounds):
+                for rung, cfg in rungs(paths[name], seed, a.epsilons, a.eval_users, a.rounds,
+                                       a.select):
                     if a.only and not any(rung.startswith(o) for o in a.only):
                         continue
                     ensure(a.runs / f"N{name}" / rung, cfg)
