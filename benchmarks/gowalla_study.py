@@ -57,6 +57,10 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "privacy": {"clip": 10.0, "select_rows": 1000},
 }
 
+#: other FedMF settings, by name (``--variant NAME``; rungs tagged ``-v<NAME>``): overrides
+#: of :data:`SETTINGS`' train and federation keys, each chosen on the proxy population
+VARIANTS: dict[str, dict[str, dict[str, Any]]] = {}
+
 
 def populations(cache: Path, sizes: list[str]) -> dict[str, Path]:
     """The CSV of each population ("proxy", "all", or a size N), written once."""
@@ -82,7 +86,7 @@ def populations(cache: Path, sizes: list[str]) -> dict[str, Path]:
 
 
 def rungs(data: Path, seed: int, epsilons: list[float], eval_users: int,
-          rounds: int | None = None, select: int | None = None
+          rounds: int | None = None, select: int | None = None, variant: str | None = None
           ) -> list[tuple[str, dict[str, Any]]]:
     """(name, config) of every run on population ``data`` at ``seed``; ``rounds`` or
     ``select`` (rows selected, 0: none) other than :data:`SETTINGS`' give FedMF rungs tagged
@@ -106,12 +110,16 @@ def rungs(data: Path, seed: int, epsilons: list[float], eval_users: int,
     k = SETTINGS["privacy"]["select_rows"] if select is None else select
     tag = "" if t == SETTINGS["train"]["rounds"] else f"-r{t}"
     ktag = "" if k == SETTINGS["privacy"]["select_rows"] else f"-k{k}"
-    train = {**SETTINGS["train"], **common, "rounds": t, "eval_every": t}
+    over = VARIANTS[variant] if variant else {}
+    tag += f"-v{variant}" if variant else ""
+    fed = {**SETTINGS["federation"], **over.get("federation", {})}
+    train = {**SETTINGS["train"], **over.get("train", {}), **common, "rounds": t,
+             "eval_every": t}
     out.append((f"fedmf-none{tag}-seed{seed}", {"data": d, "train": train,
-                                               "federation": SETTINGS["federation"]}))
+                                               "federation": fed}))
     for eps in epsilons:
         out.append((f"fedmf-cdp{tag}{ktag}-eps{eps:g}-seed{seed}", {
-            "data": d, "train": train, "federation": SETTINGS["federation"],
+            "data": d, "train": train, "federation": fed,
             "privacy": {"mode": "cdp-gaussian", "epsilon": eps, "delta": 1e-5,
                         **SETTINGS["privacy"], "select_rows": k}}))
     return out
@@ -195,8 +203,8 @@ def report(root: Path, out: Path) -> str:
     for pop, g in frame.groupby("population"):
         for rung in sorted(r for r in g.rung.unique() if r.startswith("fedmf-cdp")):
             tag, _, eps = rung[len("fedmf-cdp"):].rpartition("-eps")
-            parts = dict((p[0], int(p[1:])) for p in tag.split("-")[1:])
-            none = "fedmf-none" + (f"-r{parts['r']}" if "r" in parts else "")
+            parts = dict((p[0], p[1:]) for p in tag.split("-")[1:])
+            none = "fedmf-none" + "".join(f"-{x}{parts[x]}" for x in ("r", "v") if x in parts)
             seeds = sorted(g[g.rung == rung].seed)
             floors = g[g.rung.str.startswith("dp-mostpop-k") & g.rung.str.endswith(f"-eps{eps}")]
             if floors.empty:
@@ -220,24 +228,27 @@ def report(root: Path, out: Path) -> str:
                           "seeds": len(seeds), "chance": 10 / int(g["items"].iloc[0]),
                           "mostpop": mean("mostpop"),
                           "dp_mostpop": f"{mean(best_k)} (k {best_k.split('-k')[1].split('-')[0]})",
-                          "rounds": parts.get("r", SETTINGS["train"]["rounds"]),
-                          "rows": parts.get("k", SETTINGS["privacy"]["select_rows"]),
+                          "rounds": int(parts.get("r", SETTINGS["train"]["rounds"])),
+                          "rows": int(parts.get("k", SETTINGS["privacy"]["select_rows"])),
+                          "variant": parts.get("v", ""),
                           "fedmf_cdp": mean(rung), "fedmf_none": mean(none),
                           "als": mean("als"), "central_mf": mean("centralised"),
                           "paired_diff": diff, "se": se, "users": n,
                           "p": p})
     rejected = holm([c["p"] for c in cells])
-    lines = ["| N | eps | rounds | rows K | seeds | chance | MostPop | "
+    lines = ["| N | eps | settings | rounds | rows K | seeds | chance | MostPop | "
              "DP-MostPop (k by validation) | "
              "FedMF DP-FedAvg + row selection | FedMF no noise | MF central (same loss) | "
              "ALS (central) | "
              "paired diff ± SE (users) | one-sided p | verdict (Holm, 0.05) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c, rej in sorted(zip(cells, rejected, strict=True),
-                         key=lambda x: (x[0]["N"], x[0]["eps"], x[0]["rounds"], x[0]["rows"])):
+                         key=lambda x: (x[0]["N"], x[0]["eps"], x[0]["variant"], x[0]["rounds"],
+                                        x[0]["rows"])):
         verdict = "beats" if rej else ("below" if c["paired_diff"] + 2 * c["se"] < 0
                                        else "not shown")
-        lines.append(f"| {c['N']:,} | {c['eps']:g} | {c['rounds']} | {c['rows'] or 'all'} | "
+        lines.append(f"| {c['N']:,} | {c['eps']:g} | {c['variant'] or 'study'} | {c['rounds']} | "
+                     f"{c['rows'] or 'all'} | "
                      f"{c['seeds']} | "
                      f"{c['chance']:.5f} | "
                      f"{c['mostpop']} | {c['dp_mostpop']} | {c['fedmf_cdp']} | "
@@ -258,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-users", type=int, default=2000)
     ap.add_argument("--rounds", type=int, help="FedMF's rounds (default SETTINGS')")
     ap.add_argument("--select", type=int, help="rows selected (0: none; default SETTINGS')")
+    ap.add_argument("--variant", choices=sorted(VARIANTS), help="other FedMF settings")
     ap.add_argument("--only", nargs="+", help="run only rungs whose name starts so")
     ap.add_argument("--runs", type=Path, default=Path("runs/gowalla-study"))
     ap.add_argument("--cache", type=Path, default=Path("runs/gowalla-study/data"))
@@ -273,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in a.users:
             for seed in a.seeds:
                 for rung, cfg in rungs(paths[name], seed, a.epsilons, a.eval_users, a.rounds,
-                                       a.select):
+                                       a.select, a.variant):
                     if a.only and not any(rung.startswith(o) for o in a.only):
                         continue
                     ensure(a.runs / f"N{name}" / rung, cfg)
