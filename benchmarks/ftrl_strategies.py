@@ -2,7 +2,7 @@
 "dp-ftrl strategies").
 
     python -m benchmarks.ftrl_strategies --users 10000 --seeds 0 1 2 --epsilon 4 \\
-        --out benchmarks/results/ftrl_strategies
+        --out benchmarks/results/privacy/ftrl_strategies
 
 FedMF on a population calibrated to ML-100K (``--dataset synthetic --calibrate-to ml-100k
 --users N``), the same settings for every arm (fixed before any run: the population
@@ -65,7 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--eval-users", type=int, default=1000)
     parser.add_argument("--data-dir", default="../shared/datasets/ml-100k")
     parser.add_argument("--runs", default="runs/ftrl-strategies")
-    parser.add_argument("--out", default="benchmarks/results/ftrl_strategies")
+    parser.add_argument("--out", default="benchmarks/results/privacy/ftrl_strategies")
     return parser.parse_args(argv)
 
 
