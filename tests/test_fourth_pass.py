@@ -422,12 +422,24 @@ def test_the_plans_time_counts_the_catalogue_the_cohort_and_the_local_work():
         return ladder.resolved(base)
 
     users, positives = 610, 160.0
+    evaluation = users * ladder.S_EVAL_ITEM_DIM * (9724 - 1682) * 16
+    # a local mechanism noises each participant's whole table: the catalogue, participant by
+    # participant
+    local = cfg(privacy={"mode": "ldp-laplace", "sample_rate": None, "delta": None,
+                         "clip": 0.1})
+    small, large = (ladder.estimate(local, users, m, {}, positives)[0] for m in (1682, 9724))
+    assert large - small == pytest.approx(
+        40 * users * ladder.S_PER_ITEM_DIM * (9724 - 1682) * 16 + evaluation)
+    # cdp-gaussian's secure sum takes each FedMF client's trained rows only (design 18);
+    # with a merge (FedEM) every row of the delta moves, so the catalogue counts again
     private = cfg()
     small, large = (ladder.estimate(private, users, m, {}, positives)[0] for m in (1682, 9724))
+    assert large - small == pytest.approx(evaluation)
+    merged = cfg(federation={"method": "fedem", "aggregation": "fedavg"})
+    a, b = (ladder.estimate(merged, users, m, {}, positives)[0] for m in (1682, 9724))
     per_client_rounds = 40 * users * 0.2
-    extra = per_client_rounds * ladder.S_PER_ITEM_DIM * (9724 - 1682) * 16 \
-        + users * ladder.S_EVAL_ITEM_DIM * (9724 - 1682) * 16
-    assert large - small == pytest.approx(extra)  # the catalogue, participant by participant
+    assert b - a == pytest.approx(
+        per_client_rounds * ladder.S_PER_ITEM_DIM * (9724 - 1682) * 16 + evaluation)
     more_epochs = ladder.estimate(cfg(train={"local_epochs": 20}), users, 9724, {},
                                   positives)[0]
     assert more_epochs - large == pytest.approx(

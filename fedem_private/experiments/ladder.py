@@ -509,20 +509,35 @@ def federated_seconds(cfg: Any, users: int, items: int, positives: float) -> flo
     """Seconds a federated run of ``cfg`` takes by the time model: each round, every
     participant (:func:`_clients_per_round`) costs :data:`S_PER_CLIENT`, trains
     ``local_epochs`` x ``positives`` x (1 + ``num_negatives``) examples
-    (:data:`S_PER_EXAMPLE`) and, under a mechanism that adds noise, uploads its whole
-    ``items`` x ``dim`` table (:data:`S_PER_ITEM_DIM`); each evaluation scores the
+    (:data:`S_PER_EXAMPLE`) and, under a mechanism that adds noise, clips its whole
+    ``items`` x ``dim`` table (:data:`S_PER_ITEM_DIM`) unless the secure sum takes only
+    its trained rows (:func:`_clips_whole_table`); each evaluation scores the
     evaluated users against every item (:data:`S_EVAL_ITEM_DIM`). ``positives``: the mean
     training items of a user."""
     tr = cfg.train
     examples = float(tr.local_epochs) * positives * (1.0 + float(tr.num_negatives))
     table = float(items) * float(tr.dim)
-    dense = table if cfg.privacy.mechanism.perturbs else 0.0
+    dense = table if _clips_whole_table(cfg) else 0.0
     per_client = S_PER_CLIENT + S_PER_EXAMPLE * examples + S_PER_ITEM_DIM * dense
     rounds = float(tr.rounds)
     evaluations = math.ceil(rounds / max(int(tr.eval_every or rounds), 1))
     evaluated = min(int(tr.eval_users or users), users)
     return (rounds * _clients_per_round(cfg, users) * per_client
             + evaluations * evaluated * S_EVAL_ITEM_DIM * table)
+
+
+def _clips_whole_table(cfg: Any) -> bool:
+    """Whether each participant's noised or clipped upload costs its whole items x dim
+    table: under a mechanism that adds noise, unless the secure sum is formed from the
+    rows it trained (a central mechanism summed by ``SecureSum`` with the full codec and
+    static replacement, docs/design.md section 18)."""
+    mech = cfg.privacy.mechanism
+    if not mech.perturbs:
+        return False
+    trained_rows = (mech.central and mech.name != "ddp-skellam"
+                    and cfg.federation.codec == "full"
+                    and cfg.federation.resolved_merge == "sr")
+    return not trained_rows
 
 
 def work_units(cfg: Any, users: int, items: int, positives: float = 0.0) -> float:
