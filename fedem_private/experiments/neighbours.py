@@ -267,11 +267,12 @@ def _hook(sim: Simulation, record: _Record, replay: _Record | None, findings: Fi
     if zeroes:  # the target takes part with its contribution replaced by zero (ddp-skellam)
         contribute = layer.contribute
 
-        def _contribute(sent: torch.Tensor, local: torch.Tensor, clients: np.ndarray) -> None:
+        def _contribute(sent: torch.Tensor, local: torch.Tensor, clients: np.ndarray,
+                        *rest: Any) -> None:
             local = local.clone()
             rows = np.flatnonzero(np.asarray(clients) == TARGET)
             local[rows] = sent[rows].to(local.dtype)
-            contribute(sent, local, clients)
+            contribute(sent, local, clients, *rest)
 
         layer.contribute = _contribute  # type: ignore[method-assign]
 
