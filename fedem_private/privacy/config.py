@@ -233,22 +233,25 @@ class PrivacyConfig:
     def _validate_ftrl_fields(self) -> None:
         """dp-ftrl's strategy options: refused at a non-default value under another mode
         (their ranges are DpFtrl.validate's)."""
-        defaults = PrivacyConfig.__dataclass_fields__
-        changed = [n for n in FTRL_FIELDS if not self.mechanism.accepts(n)
-                   and getattr(self, n) != defaults[n].default]
+        changed = self._set_elsewhere(FTRL_FIELDS)
         if changed:
-            flag = "--" + changed[0].replace("_", "-")
-            raise UserError(f"{flag} (privacy.{changed[0]}) is for --privacy dp-ftrl, not "
+            flag = "--" + changed.replace("_", "-")
+            raise UserError(f"{flag} (privacy.{changed}) is for --privacy dp-ftrl, not "
                             f"privacy {self.mode!r}")
+
+    def _set_elsewhere(self, fields: tuple[str, ...] | list[str]) -> str | None:
+        """The first of ``fields`` this mode's mechanism does not accept but which is set
+        away from its default (it would silently do nothing), or None."""
+        defaults = PrivacyConfig.__dataclass_fields__
+        return next((n for n in fields if not self.mechanism.accepts(n)
+                     and getattr(self, n) != defaults[n].default), None)
 
     def _validate_ddp_fields(self) -> None:
         """ddp-skellam's options set under another mode: refused in one line (they would
         silently do nothing; the command line also refuses them given at their default)."""
-        defaults = PrivacyConfig.__dataclass_fields__
-        changed = [n for n in DDP_FIELDS if not self.mechanism.accepts(n)
-                   and getattr(self, n) != defaults[n].default]
+        changed = self._set_elsewhere(DDP_FIELDS)
         if changed:
-            raise UserError(ddp_option_refused(changed[0], self.mode))
+            raise UserError(ddp_option_refused(changed, self.mode))
 
     def _validate_dpsgd(self) -> None:
         _number("dpsgd_rate", self.dpsgd_rate)
@@ -257,14 +260,11 @@ class PrivacyConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise UserError(f"privacy.{name} must be an integer, got {value!r}")
-        defaults = PrivacyConfig.__dataclass_fields__
-        if not self.mechanism.in_training:
-            changed = [n for n in DPSGD_FIELDS if not self.mechanism.accepts(n)
-                       and getattr(self, n) != defaults[n].default]
-            if changed:
-                flag = "--" + changed[0].replace("_", "-")
-                raise UserError(f"{flag} (privacy.{changed[0]}) is for ldp-dpsgd, not privacy "
-                                f"{self.mode!r}")
+        changed = None if self.mechanism.in_training else self._set_elsewhere(DPSGD_FIELDS)
+        if changed:
+            flag = "--" + changed.replace("_", "-")
+            raise UserError(f"{flag} (privacy.{changed}) is for ldp-dpsgd, not privacy "
+                            f"{self.mode!r}")
         # ldp-dpsgd's own ranges and budget: LdpDpsgd.validate, run last by validate()
 
     def validate_sampled_gaussian_budget(self, budget: str) -> None:

@@ -453,11 +453,15 @@ class SecureSumUploads(ReleasedUploads):
         sim = self.sim
         if not sim.privacy.selects_rows:
             return None
-        ptr, items = sim.split.train_indptr, sim.split.train_items
-        rows = [np.unique(items[ptr[u]:ptr[u + 1]]) for u in np.asarray(chunk).tolist()]
-        indptr = np.concatenate(([0], np.cumsum([r.shape[0] for r in rows]))).astype(np.int64)
-        flat = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
-        return indptr, flat, int(sim.split.n_items)
+        ptr, m = sim.split.train_indptr, int(sim.split.n_items)
+        chunk = np.asarray(chunk, dtype=np.int64)
+        lo, hi = ptr[chunk].astype(np.int64), ptr[chunk + 1].astype(np.int64)
+        owner = np.repeat(np.arange(chunk.shape[0], dtype=np.int64), hi - lo)
+        pos = np.arange(owner.shape[0]) - np.repeat(np.cumsum(hi - lo) - (hi - lo), hi - lo) \
+            + np.repeat(lo, hi - lo)
+        key = np.unique(owner * m + sim.split.train_items[pos].astype(np.int64))
+        indptr = np.searchsorted(key // m, np.arange(chunk.shape[0] + 1)).astype(np.int64)
+        return indptr, key % m, m
 
     #: whether the secure sum is formed from the trained rows where that is exact (off:
     #: the dense reference over every row, for tests)
