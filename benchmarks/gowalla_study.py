@@ -27,21 +27,23 @@ seed) and writes ``ranks.csv``; verdicts are paired on those users
 (:func:`paired`): per user the difference of the two test hits, its mean and standard
 error, pooled over seeds with each seed's mean weighted equally. The seeds' spread (a
 run's training randomness and its users) enters as the larger of the pooled paired
-standard error and the seeds' standard error of the mean difference. A cell's one-sided
-p-value is that of the mean over its standard error (normal); the verdict "beats" needs
-it below 0.05 after Holm's rule over every (N, eps) cell of the table.
+standard error and the seeds' standard error of the mean difference. A cell's two-sided
+p-value is that of the mean over its standard error (normal); its verdict, "beats" or
+"below" by the sign, needs that p-value rejected at 0.05 by Holm's rule over every cell
+of the table, else it reads "not shown" (``benchmarks/paired.py``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from benchmarks.paired import hits, paired, verdicts
 
 SOURCE = Path("../shared/datasets/gowalla/interactions.csv")
 ORDER_SEED = 20261202
@@ -140,45 +142,6 @@ def ensure(path: Path, cfg: dict[str, Any]) -> None:
         fp.run(cfg, out=path, force=True, checkpoint_every=20)
 
 
-def hits(run: Path) -> dict[int, int]:
-    """Each evaluated user's full-ranking hit@10 (source id -> 0/1) from ``ranks.csv``."""
-    import pandas as pd
-
-    r = pd.read_csv(run / "ranks.csv")
-    return dict(zip(r["user"].tolist(), (r["full_rank"] < 10).astype(int).tolist(), strict=True))
-
-
-def paired(a: list[dict[int, int]], b: list[dict[int, int]]) -> tuple[float, float, int]:
-    """(mean of a - b, its standard error, users) over seeds: per seed, the users both runs
-    ranked, each user's hit difference; the seeds' means averaged with equal weight. The
-    standard error is the larger of the pooled paired one (root-sum-square of each seed's
-    sd / sqrt(users), over the number of seeds) and, with two seeds or more, the seeds'
-    standard deviation of their mean differences over sqrt(seeds)."""
-    means, ses, n = [], [], 0
-    for x, y in zip(a, b, strict=True):
-        users = sorted(set(x) & set(y))
-        d = np.array([x[u] - y[u] for u in users], dtype=np.float64)
-        means.append(float(d.mean()))
-        ses.append(float(d.std(ddof=1)) / math.sqrt(len(d)) if len(d) > 1 else math.inf)
-        n += len(d)
-    k = len(means)
-    se = math.sqrt(sum(s * s for s in ses)) / k
-    if k > 1:
-        se = max(se, float(np.std(means, ddof=1)) / math.sqrt(k))
-    return float(np.mean(means)), se, n
-
-
-def holm(pvalues: list[float], alpha: float = 0.05) -> list[bool]:
-    """Holm's step-down rule: which hypotheses are rejected at family-wise level alpha."""
-    order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
-    rejected = [False] * len(pvalues)
-    for rank, i in enumerate(order):
-        if pvalues[i] > alpha / (len(pvalues) - rank):
-            break
-        rejected[i] = True
-    return rejected
-
-
 def summary_of(run: Path) -> dict[str, Any]:
     return json.loads((run / "summary.json").read_text())
 
@@ -221,9 +184,7 @@ def report(root: Path, out: Path) -> str:
                     for r in (rung, best_k, "mostpop", "als", "centralised", none)}
             fed = [hits(runs[rung][s]) for s in seeds]
             dpm = [hits(runs[best_k][s]) for s in seeds]
-            diff, se, n = paired(fed, dpm)
-            z = diff / se if se > 0 else math.inf
-            p = 0.5 * math.erfc(z / math.sqrt(2))
+            test = paired(fed, dpm)
 
             def mean(r: str, seeds: list[int] = seeds, runs: dict = runs) -> str:
                 vals = [summary_of(runs[r][s])["metrics"]["full"]["hr@10"]
@@ -239,20 +200,19 @@ def report(root: Path, out: Path) -> str:
                           "variant": parts.get("v", ""),
                           "fedmf_cdp": mean(rung), "fedmf_none": mean(none),
                           "als": mean("als"), "central_mf": mean("centralised"),
-                          "paired_diff": diff, "se": se, "users": n,
-                          "p": p})
-    rejected = holm([c["p"] for c in cells])
+                          "test": test, "paired_diff": test.diff, "se": test.se,
+                          "users": test.users,
+                          "p": min(1.0, 2 * min(test.p_greater, test.p_less))})
+    called = verdicts([c["test"] for c in cells])
     lines = ["| N | eps | settings | rounds | rows K | seeds | chance | MostPop | "
              "DP-MostPop (k by validation) | "
              "FedMF DP-FedAvg + row selection | FedMF no noise | MF central (same loss) | "
              "ALS (central) | "
-             "paired diff ± SE (users) | one-sided p | verdict (Holm, 0.05) |",
+             "paired diff ± SE (users) | two-sided p | verdict (Holm, 0.05) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for c, rej in sorted(zip(cells, rejected, strict=True),
+    for c, verdict in sorted(zip(cells, called, strict=True),
                          key=lambda x: (x[0]["N"], x[0]["eps"], x[0]["variant"], x[0]["rounds"],
                                         x[0]["rows"])):
-        verdict = "beats" if rej else ("below" if c["paired_diff"] + 2 * c["se"] < 0
-                                       else "not shown")
         lines.append(f"| {c['N']:,} | {c['eps']:g} | {c['variant'] or 'study'} | {c['rounds']} | "
                      f"{c['rows'] or 'all'} | "
                      f"{c['seeds']} | "

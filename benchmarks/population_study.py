@@ -9,7 +9,8 @@ For each population size N, a population calibrated to ML-100K (``--dataset synt
 ``runs/population/N<N>/<rung>-seed<s>`` written through the public API (a finished one is
 not run again, a killed one resumes from its checkpoint):
 
-- ``mostpop`` and ``dp-mostpop`` central (k = 50) at every eps: the floor;
+- ``mostpop`` and ``dp-mostpop`` central at every eps and every k of ``--k-grid``: the
+  floor is the k with the best validation full HR@10 (:func:`floor_rungs`);
 - each federated method (``--methods``: ``fedmf``, ``pfedrec``) without noise, and under
   each mechanism (``--mechanisms``: ``cdp-gaussian``, DP-FedAvg with Poisson sampling at
   q = K / N; ``dp-ftrl``, tree aggregation over cyclic cohorts of K) at every eps.
@@ -21,9 +22,9 @@ cohort ``--cohort`` K in place of its sampling rate, clients that keep no item t
 (``--client-tables global``), each evaluated user fine-tuning ``--finetune`` local epochs
 from the server's table before it is ranked, and ``--eval-users`` users evaluated (full
 HR@10 with its standard error). Writes ``<out>/study.csv`` (one row per run), ``study.md``
-(the table, with each private point's verdict against DP-MostPop at its eps: beats / below
-beyond two standard errors of the difference, else within noise) and ``study.png`` (full
-HR@10 against N on a log axis, one panel per eps).
+(the table, with each private point's verdict against DP-MostPop at its eps: a paired
+test on the same evaluated users, Holm's rule over the table's cells; :func:`table`) and
+``study.png`` (full HR@10 against N on a log axis, one panel per eps).
 """
 
 from __future__ import annotations
@@ -36,6 +37,12 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from benchmarks.paired import Paired, hits, paired, verdicts
+
+#: DP-MostPop's k (items a user contributes): the reported k at (N, eps) is the one with
+#: the best validation full HR@10 over the seeds (``--k-grid``; a non-private choice on the
+#: validation item, which can only raise the floor a private model must beat)
+K_GRID = (10, 25, 50, 100, 200, 400)
 TUNED = "benchmarks/results/ladder/tuning/{method}-cdp4-ml-100k-best.toml"
 # the tuned file's keys the study keeps (everything else: the study's own or the defaults)
 KEPT = {"train": ("rounds", "local_epochs", "lr", "batch_size", "dim", "num_negatives"),
@@ -43,9 +50,14 @@ KEPT = {"train": ("rounds", "local_epochs", "lr", "batch_size", "dim", "num_nega
 #: one colour per (method, mechanism) in every panel; "none" is the run without noise
 COLOURS = {("fedmf", "cdp-gaussian"): "tab:blue", ("fedmf", "dp-ftrl"): "tab:orange",
            ("fedmf", "none"): "tab:green", ("pfedrec", "cdp-gaussian"): "tab:red",
-           ("pfedrec", "dp-ftrl"): "tab:purple", ("pfedrec", "none"): "tab:brown"}
+           ("pfedrec", "dp-ftrl"): "tab:purple", ("pfedrec", "none"): "tab:brown",
+           ("fedmf", "dp-ftrl-banded"): "tab:olive", ("pfedrec", "dp-ftrl-banded"): "tab:pink"}
 NAMES = {"fedmf": "FedMF", "pfedrec": "PFedRec", "cdp-gaussian": "DP-FedAvg",
-         "dp-ftrl": "DP-FTRL"}
+         "dp-ftrl": "DP-FTRL", "dp-ftrl-banded": "DP-FTRL banded"}
+#: a mechanism's name in the study -> its privacy keys (``dp-ftrl``: the tree; ``-banded``:
+#: the banded Toeplitz strategy with b = G bands, docs/privacy.md)
+MECHANISMS = {"cdp-gaussian": {"mode": "cdp-gaussian"}, "dp-ftrl": {"mode": "dp-ftrl"},
+              "dp-ftrl-banded": {"mode": "dp-ftrl", "ftrl_strategy": "banded"}}
 
 
 def tuned(method: str, path: str | None = None) -> dict[str, Any]:
@@ -68,10 +80,12 @@ def rungs(n: int, seed: int, args: argparse.Namespace) -> list[tuple[str, dict[s
     out: list[tuple[str, dict[str, Any]]] = [
         (f"mostpop-seed{seed}", {"data": data, "train": common,
                                  "federation": {"method": "mostpop"}})]
+    val = {**common, "select_round": "best-val-full"}  # its validation HR@10 picks k
     for eps in args.epsilons:
-        out.append((f"dp-mostpop-central-eps{eps:g}-seed{seed}", {
-            "data": data, "train": common, "federation": {"method": "dp-mostpop"},
-            "baseline": {"architecture": "central", "epsilon": eps, "k": 50}}))
+        for k in args.k_grid:
+            out.append((f"dp-mostpop-k{k}-eps{eps:g}-seed{seed}", {
+                "data": data, "train": val, "federation": {"method": "dp-mostpop"},
+                "baseline": {"architecture": "central", "epsilon": eps, "k": k}}))
     for method in args.methods:
         base = tuned(method, args.settings.get(method))
         train = {"cohort_size": args.cohort, "eval_finetune": args.finetune, **base["train"],
@@ -83,7 +97,7 @@ def rungs(n: int, seed: int, args: argparse.Namespace) -> list[tuple[str, dict[s
                                                        "federation": fed}))
         for mech in args.mechanisms:
             for eps in args.epsilons:
-                privacy = {"mode": mech, "epsilon": eps, "delta": 1e-5, **base["privacy"],
+                privacy = {**MECHANISMS[mech], "epsilon": eps, "delta": 1e-5, **base["privacy"],
                            **({"clip": args.clip} if args.clip else {})}
                 out.append((f"{method}-{mech}-eps{eps:g}-seed{seed}", {
                     "data": data, "train": train, "federation": fed, "privacy": privacy}))
@@ -114,7 +128,8 @@ def row(n: int, name: str, summary: dict[str, Any]) -> dict[str, Any]:
             "hr10_full_se": se, "eval_users": users,
             "eps_reported": privacy.get("epsilon_reported", privacy.get("epsilon")),
             "seconds_total": summary.get("seconds_total"),
-            "seconds_per_round": summary.get("seconds_per_round")}
+            "seconds_per_round": summary.get("seconds_per_round"),
+            "val_hr10_full": (summary["metrics"].get("val_full") or {}).get("hr@10")}
 
 
 def verdict(point: tuple[float, float], floor: tuple[float, float]) -> str:
@@ -147,33 +162,91 @@ def seed_means(frame: Any) -> Any:
         one).reset_index()
 
 
-def table(frame: Any, epsilons: list[float]) -> str:
-    """study.md's table: one row per (N, eps), the floor and every method's point."""
+def floor_rungs(frame: Any) -> dict[tuple[int, float], str]:
+    """(N, eps) -> the DP-MostPop rung that is the floor: of the ``dp-mostpop-k<k>-eps<e>``
+    rungs, the one with the best mean validation full HR@10 over its seeds (:data:`K_GRID`);
+    a study.csv from before the grid keeps its one ``dp-mostpop-central-eps<e>`` (k = 50)."""
+    out: dict[tuple[int, float], tuple[float, str]] = {}
+    for (n, rung), d in frame.groupby(["users", "rung"]):
+        if rung.startswith("dp-mostpop-central-eps"):
+            score = -math.inf
+        elif rung.startswith("dp-mostpop-k") and "val_hr10_full" in d:
+            score = float(d.val_hr10_full.mean())
+        else:
+            continue
+        key = (int(n), float(rung.rpartition("-eps")[2]))
+        if key not in out or score > out[key][0]:
+            out[key] = (score, rung)
+    return {key: rung for key, (_, rung) in out.items()}
+
+
+def paired_test(runs: Path | None, n: int, rung: str, floor: str, seeds: list[int]
+                ) -> Paired | None:
+    """``rung`` against ``floor`` at N = ``n``, paired on the users both ranked at each seed
+    of ``seeds`` where both runs wrote ``ranks.csv`` (None where no seed has both)."""
+    if runs is None:
+        return None
+    pairs = [(runs / f"N{n}" / f"{rung}-seed{s}", runs / f"N{n}" / f"{floor}-seed{s}")
+             for s in seeds]
+    pairs = [(a, b) for a, b in pairs if (a / "ranks.csv").is_file()
+             and (b / "ranks.csv").is_file()]
+    if not pairs:
+        return None
+    return paired([hits(a) for a, _ in pairs], [hits(b) for _, b in pairs])
+
+
+def table(frame: Any, epsilons: list[float], runs: Path | None = None) -> str:
+    """study.md's table: one row per (N, eps, private rung), its floor and verdict.
+
+    The floor is DP-MostPop central at the rung's eps with k chosen on validation
+    (:func:`floor_rungs`). Where both runs of a seed wrote ``ranks.csv`` under ``runs``, the
+    verdict is the paired test on the same users (``benchmarks/paired.py``: pooled over
+    seeds, two-sided, Holm's rule at 0.05 over every paired cell of the table: "beats",
+    "below" or "not shown"); otherwise the older unpaired rule (two standard errors of the
+    difference of the means: "beats", "below" or "within noise"), marked "(unpaired)"."""
     g = seed_means(frame)
     cell = {(r.users, r.rung): (r.hr, r.se) for r in g.itertuples()}
     seeds = {(r.users, r.rung): int(r.seeds) for r in g.itertuples()}
+    seed_list = {key: sorted(d.seed) for key, d in frame.groupby(["users", "rung"])}
+    floors = floor_rungs(frame)
     federated = sorted({r for r in g.rung if r.split("-")[0] in NAMES and "-eps" in r}
                        - {r for r in g.rung if r.startswith("dp-mostpop")})
-    lines = ["| N | eps | MostPop | DP-MostPop central | rung | seeds | full HR@10 | verdict |",
-             "|---|---|---|---|---|---|---|---|"]
+    rows: list[dict[str, Any]] = []
     for n in sorted(g.users.unique()):
         for eps in epsilons:
-            floor = cell.get((n, f"dp-mostpop-central-eps{eps:g}"))
-            pop = cell.get((n, "mostpop"))
+            floor = floors.get((int(n), float(eps)))
             for rung in [r for r in federated if r.endswith(f"-eps{eps:g}")]:
                 point = cell.get((n, rung))
                 if point is None or floor is None:
                     continue
-                lines.append(f"| {n:,} | {eps:g} | {pop[0]:.4f} ± {pop[1]:.4f} | "
-                             f"{floor[0]:.4f} ± {floor[1]:.4f} | {rung} | "
-                             f"{seeds[(n, rung)]} | {point[0]:.4f} ± "
-                             f"{point[1]:.4f} | {verdict(point, floor)} |")
+                test = paired_test(runs, int(n), rung, floor, seed_list[(n, rung)])
+                rows.append({"n": n, "eps": eps, "rung": rung, "floor": floor, "test": test,
+                             "point": point})
+    called = iter(verdicts([r["test"] for r in rows if r["test"] is not None]))
+    lines = ["| N | eps | MostPop | DP-MostPop central (k by validation) | rung | seeds | "
+             "full HR@10 | paired diff ± SE (users) | two-sided p | verdict |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        n, floor, point, test = r["n"], r["floor"], r["point"], r["test"]
+        pop, low = cell.get((n, "mostpop"), (math.nan, math.nan)), cell[(n, floor)]
+        k = floor.split("-k")[1].split("-")[0] if "-k" in floor else "50"
+        if test is None:
+            diff, p, word = "-", "-", verdict(point, low) + " (unpaired)"
+        else:
+            two = min(1.0, 2 * min(test.p_greater, test.p_less))
+            diff = f"{test.diff:+.4f} ± {test.se:.4f} ({test.users:,})"
+            p, word = f"{two:.3g}", next(called)
+        lines.append(f"| {n:,} | {r['eps']:g} | {pop[0]:.4f} ± {pop[1]:.4f} | "
+                     f"{low[0]:.4f} ± {low[1]:.4f} (k {k}) | {r['rung']} | "
+                     f"{seeds[(n, r['rung'])]} | {point[0]:.4f} ± {point[1]:.4f} | "
+                     f"{diff} | {p} | {word} |")
+    for n in sorted(g.users.unique()):
         for rung in sorted({r for r in g.rung if r.endswith("-none")}):
             if (n, rung) not in cell:
                 continue
             point = cell[(n, rung)]
             lines.append(f"| {n:,} | none | | | {rung} | {seeds[(n, rung)]} | "
-                         f"{point[0]:.4f} ± {point[1]:.4f} | |")
+                         f"{point[0]:.4f} ± {point[1]:.4f} | | | |")
     return "\n".join(lines) + "\n"
 
 
@@ -187,15 +260,17 @@ def plot(frame: Any, epsilons: list[float], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     g = seed_means(frame)
+    floors = floor_rungs(frame)
     fig, axes = plt.subplots(1, len(epsilons), figsize=(4.2 * len(epsilons), 4.2),
                              sharey=True, squeeze=False)
     for ax, eps in zip(axes[0], epsilons, strict=True):
-        floor = g[g.rung == f"dp-mostpop-central-eps{eps:g}"].sort_values("users")
+        at = [floors.get((int(r.users), float(eps))) == r.rung for r in g.itertuples()]
+        floor = g[at].sort_values("users")  # each N's floor: its k chosen on validation
         ax.fill_between(floor.users, floor.hr - 2 * floor.se, floor.hr + 2 * floor.se,
                         color="0.8", label="DP-MostPop (±2 SE)")
         ax.plot(floor.users, floor.hr, color="0.4", lw=1)
         for rung in sorted(r for r in g.rung.unique() if r.endswith(f"-eps{eps:g}")
-                           and not r.startswith("dp-mostpop")):
+                           and not r.startswith("dp-mostpop")):  # the private rungs
             d = g[g.rung == rung].sort_values("users")
             method, mech = rung.split("-")[0], rung.split("-", 1)[1].rsplit("-eps", 1)[0]
             ax.errorbar(d.users, d.hr, yerr=2 * d.se, marker="o", capsize=2,
@@ -243,7 +318,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 4.0, 8.0])
     parser.add_argument("--methods", nargs="+", default=["fedmf"], choices=("fedmf", "pfedrec"))
     parser.add_argument("--mechanisms", nargs="+", default=["cdp-gaussian"],
-                        choices=("cdp-gaussian", "dp-ftrl"))
+                        choices=tuple(MECHANISMS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--cohort", type=int, default=200)
     parser.add_argument("--finetune", type=int, default=1)
@@ -263,6 +338,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="rounds between a federated run's checkpoints (a checkpoint holds "
                         "the model and each client's state, not the data: 24 MB for PFedRec "
                         "at 10^5 users)")
+    parser.add_argument("--k-grid", type=int, nargs="+", default=list(K_GRID),
+                        help="DP-MostPop's k values; the best on validation is the floor")
+    parser.add_argument("--only", nargs="+", metavar="PREFIX",
+                        help="run only the rungs whose name starts with one of these")
     parser.add_argument("--only-table", action="store_true",
                         help="write study.csv, .md and .png from the finished runs")
     args = parser.parse_args(argv)
@@ -279,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
         for seed in args.seeds:
             for name, cfg in rungs(n, seed, args):
                 path = Path(args.runs) / f"N{n}" / name
+                if args.only and not any(name.startswith(o) for o in args.only):
+                    continue
                 if args.only_table and not (path / "summary.json").is_file():
                     continue
                 rows.append(row(n, name, ensure(path, cfg, args.checkpoint_every)))
@@ -290,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     frame = merged(pd.DataFrame(rows), out / "study.csv")
     frame.to_csv(out / "study.csv", index=False)
-    (out / "study.md").write_text(table(frame, args.epsilons))
+    (out / "study.md").write_text(table(frame, args.epsilons, Path(args.runs)))
     plot(frame, args.epsilons, out / "study.png")
     print((out / "study.md").read_text())
     return 0
