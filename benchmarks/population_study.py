@@ -52,12 +52,31 @@ COLOURS = {("fedmf", "cdp-gaussian"): "tab:blue", ("fedmf", "dp-ftrl"): "tab:ora
            ("fedmf", "none"): "tab:green", ("pfedrec", "cdp-gaussian"): "tab:red",
            ("pfedrec", "dp-ftrl"): "tab:purple", ("pfedrec", "none"): "tab:brown",
            ("fedmf", "dp-ftrl-banded"): "tab:olive", ("pfedrec", "dp-ftrl-banded"): "tab:pink"}
-NAMES = {"fedmf": "FedMF", "pfedrec": "PFedRec", "cdp-gaussian": "DP-FedAvg",
-         "dp-ftrl": "DP-FTRL", "dp-ftrl-banded": "DP-FTRL banded"}
+NAMES = {"fedmf": "FedMF", "pfedrec": "PFedRec", "fedem": "FedEM",
+         "fedem-rho05": "FedEM rho 0.5", "pfedrec-em": "PFedRec+EM",
+         "cdp-gaussian": "DP-FedAvg", "dp-ftrl": "DP-FTRL", "dp-ftrl-banded": "DP-FTRL banded",
+         "ldp-laplace": "LDP Laplace"}
+#: a study method -> (the method whose settings it takes, its federation and train keys
+#: beyond those): FedEM's elastic merge (learned rho, or rho frozen at 0.5) and PFedRec's
+#: with it, over the secure sum's mean (DP-FedAvg needs it), each client keeping only the
+#: rows it trained (``--client-tables sparse``, docs/design.md section 17)
+MERGING = {"fedem": ("fedmf", {"method": "fedem", "aggregation": "fedavg"}),
+           "fedem-rho05": ("fedmf", {"method": "fedem", "aggregation": "fedavg",
+                                     "merge": "sm", "rho": 0.5}),
+           "pfedrec-em": ("pfedrec", {"method": "pfedrec", "merge": "em"})}
 #: a mechanism's name in the study -> its privacy keys (``dp-ftrl``: the tree; ``-banded``:
 #: the banded Toeplitz strategy with b = G bands, docs/privacy.md)
 MECHANISMS = {"cdp-gaussian": {"mode": "cdp-gaussian"}, "dp-ftrl": {"mode": "dp-ftrl"},
-              "dp-ftrl-banded": {"mode": "dp-ftrl", "ftrl_strategy": "banded"}}
+              "dp-ftrl-banded": {"mode": "dp-ftrl", "ftrl_strategy": "banded"},
+              "ldp-laplace": {"mode": "ldp-laplace"}}
+
+
+def parse(rung: str) -> tuple[str, str]:
+    """(method, mechanism or "none") of a federated rung's name, e.g.
+    ``pfedrec-em-cdp-gaussian-eps4`` -> (``pfedrec-em``, ``cdp-gaussian``)."""
+    methods = sorted(("fedmf", "pfedrec", *MERGING), key=len, reverse=True)
+    method = next(m for m in methods if rung.startswith(m + "-"))
+    return method, rung[len(method) + 1:].rsplit("-eps", 1)[0]
 
 
 def tuned(method: str, path: str | None = None) -> dict[str, Any]:
@@ -87,11 +106,13 @@ def rungs(n: int, seed: int, args: argparse.Namespace) -> list[tuple[str, dict[s
                 "data": data, "train": val, "federation": {"method": "dp-mostpop"},
                 "baseline": {"architecture": "central", "epsilon": eps, "k": k}}))
     for method in args.methods:
-        base = tuned(method, args.settings.get(method))
+        source, merging = MERGING.get(method, (method, None))
+        base = tuned(source, args.settings.get(method, args.settings.get(source)))
+        tables = "global" if merging is None else "sparse"  # a merge needs the client's own
         train = {"cohort_size": args.cohort, "eval_finetune": args.finetune, **base["train"],
-                 **common, "eval_every": base["train"]["rounds"], "client_tables": "global"}
+                 **common, "eval_every": base["train"]["rounds"], "client_tables": tables}
         train["cohort_size"] = min(train["cohort_size"], n)
-        fed = base["federation"]
+        fed = {**base["federation"], **(merging or {})}
         if not args.no_reference:
             out.append((f"{method}-none-seed{seed}", {"data": data, "train": train,
                                                        "federation": fed}))
@@ -272,13 +293,13 @@ def plot(frame: Any, epsilons: list[float], path: Path) -> None:
         for rung in sorted(r for r in g.rung.unique() if r.endswith(f"-eps{eps:g}")
                            and not r.startswith("dp-mostpop")):  # the private rungs
             d = g[g.rung == rung].sort_values("users")
-            method, mech = rung.split("-")[0], rung.split("-", 1)[1].rsplit("-eps", 1)[0]
+            method, mech = parse(rung)
             ax.errorbar(d.users, d.hr, yerr=2 * d.se, marker="o", capsize=2,
                         color=COLOURS.get((method, mech)),
                         label=f"{NAMES[method]}, {NAMES.get(mech, mech)}")
         for rung in sorted(r for r in g.rung.unique() if r.endswith("-none")):
             d = g[g.rung == rung].sort_values("users")
-            method = rung.split("-")[0]
+            method = parse(rung)[0]
             ax.plot(d.users, d.hr, ls="--", marker="x", color=COLOURS.get((method, "none")),
                     label=f"{NAMES[method]}, no noise")  # the marker shows a one-N rung
         ax.set_xscale("log")
@@ -316,7 +337,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--users", type=int, nargs="+", default=[1000, 10_000, 100_000])
     parser.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 4.0, 8.0])
-    parser.add_argument("--methods", nargs="+", default=["fedmf"], choices=("fedmf", "pfedrec"))
+    parser.add_argument("--methods", nargs="+", default=["fedmf"],
+                        choices=("fedmf", "pfedrec", *MERGING))
     parser.add_argument("--mechanisms", nargs="+", default=["cdp-gaussian"],
                         choices=tuple(MECHANISMS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])

@@ -182,8 +182,9 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--eval-users", "train.eval_users", _integer,
      "evaluate a fixed keyed sample of M users (0: all), each metric with its standard error"),
     ("--eval-finetune", "train.eval_finetune", _integer,
-     "--client-tables global: each evaluated user first trains E local epochs from the "
-     "server's table on its own data (nothing uploaded) and is evaluated with that"),
+     "each evaluated user first trains E local epochs on its own data from what its next "
+     "round would start from (the server's table; under a merge, equation 10's merge of "
+     "its own table with it), uploading nothing, and is evaluated with that"),
     ("--client-tables", "train.client_tables", str,
      "kept (each client keeps its trained item table and is evaluated with it), global (no "
      "client keeps one: memory grows with the cohort, not the population; merge sr, one "

@@ -119,8 +119,6 @@ def test_finetuned_evaluation_trains_from_the_servers_table_and_changes_no_state
     plain.run()
     assert torch.equal(plain.aggregator.table, table)  # training is the same either way
     assert plain.evaluate() != first  # only the evaluated models differ
-    with pytest.raises(UserError, match="--client-tables global"):
-        _cfg(eval_finetune=1).validate()
 
 
 def test_a_baseline_ranks_the_same_sample_of_users(split):

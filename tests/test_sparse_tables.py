@@ -223,13 +223,45 @@ def test_sparse_tables_refusals_exit_2(split, tmp_path, capsys):
     assert "--client-tables sparse" in err and len(err.splitlines()) == 1
     with pytest.raises(UserError, match="--client-tables sparse: backbone 'fedrap' keeps"):
         Simulation(_cfg("sparse", {"method": "fedrap"}), split)
-    with pytest.raises(UserError, match="--client-tables global"):
-        _cfg("sparse", METHODS["fedem"], eval_finetune=1).validate()
     from fedem_private.simulation.shards import InProcessShards
 
     sim = Simulation(_cfg("sparse", METHODS["fedmf"], MECHANISMS["cdp-gaussian"]), split)
     with pytest.raises(UserError, match="--client-tables sparse keeps an item table"):
         sim.shard(InProcessShards(sim, 2))
+
+
+@pytest.mark.parametrize("name", ["fedem", "fedem-frozen"])
+def test_a_finetuned_evaluation_of_a_merge_is_the_same_sparse_or_kept(split, name):
+    """--eval-finetune under a merge starts from equation 10's merge of the user's own
+    table with the one sent (issue 79: FedEM in the population study): sparse reads what
+    kept reads, and the evaluation leaves the state as it was."""
+    kept, sparse = _both(split, METHODS[name], eval_finetune=1, eval_users=20)
+    before = kept.state.items(torch.arange(SYN.n_users)).clone()
+    a, b = kept.evaluate(), sparse.evaluate()
+    assert a["full"]["hr@10"] == pytest.approx(b["full"]["hr@10"])
+    assert torch.equal(kept.state.items(torch.arange(SYN.n_users)), before)
+
+
+def test_a_finetuned_merge_with_rho_zero_starts_from_the_users_own_table(split):
+    """With rho frozen at 0 equation 10 gives the user's own table: the fine-tune's start
+    is Q_l, so the evaluation equals one whose start is swapped for Q_l by hand."""
+    fed = {**METHODS["fedem-frozen"], "rho": 0.0}
+    sim = Simulation(_cfg("kept", fed, eval_finetune=1, eval_users=20), split)
+    sim.run()
+    merged = sim.evaluate()
+    own = sim._sent_params  # noqa: SLF001  (the start the fine-tune would take without a merge)
+
+    def own_start(idx):
+        params = own(idx)
+        params.items = sim.state.items(idx)
+        return params
+
+    sent = sim._sent_params  # noqa: SLF001
+    sim._sent_params = own_start  # noqa: SLF001
+    assert sim.evaluate() == merged  # Q_l merged with itself is Q_l
+    sim._sent_params = sent  # noqa: SLF001
+    sim._remerge = lambda users, q_prev, table, used: table  # noqa: SLF001  (no merge)
+    assert sim.evaluate() != merged  # from the server's table alone: another start
 
 
 def test_a_sparse_run_resumes_from_a_pickled_state(split):

@@ -501,6 +501,93 @@ def _device_batches(samples: object, order: Tensor, nb: np.ndarray, per_epoch: n
         yield StepBatch(torch.from_numpy(rows).to(torch.long), its, labs, valid)
 
 
+class AdapterStore:
+    """The adapters of n clients, each drawn when it is first used, so memory grows with
+    the clients that took part, not with n (a population of 10^6 users; issue 79).
+
+    Client c's adapter is drawn from rng.generator(seed, ADAPTER_INIT, 0, c) alone
+    (:func:`init_merge_state`), so drawing it late gives the values an eager draw of all n
+    gives. Rows live in one table per layer tensor, in the order clients were first used
+    (``slot[c]``); the tables grow by a quarter (or what a chunk needs) when full.
+    """
+
+    def __init__(self, cfg: MergeConfig, n_clients: int, dim: int, seed: int,
+                 dtype: torch.dtype, device: torch.device) -> None:
+        self.cfg, self.dim, self.seed, self.dtype, self.device = cfg, dim, seed, dtype, device
+        self.slot = np.full(n_clients, -1, dtype=np.int64)
+        self.used = 0
+        self.table: MergeState | None = None
+
+    @classmethod
+    def holding(cls, full: MergeState, device: torch.device) -> AdapterStore:
+        """A store that already holds ``full`` (every client's adapter, in client order)."""
+        store = cls.__new__(cls)
+        n = full.n_clients
+        store.cfg = store.dim = store.seed = None  # every client is drawn: never drawn again
+        store.dtype, store.device = full.weights[0].dtype, device
+        store.slot, store.used, store.table = np.arange(n, dtype=np.int64), n, full
+        return store
+
+    @property
+    def n_clients(self) -> int:
+        return int(self.slot.shape[0])
+
+    def _capacity(self) -> int:
+        return 0 if self.table is None else self.table.n_clients
+
+    def _draw(self, ids: np.ndarray) -> None:
+        """Give every client of ``ids`` not yet drawn a slot and its keyed adapter."""
+        new = np.unique(ids[self.slot[ids] < 0])
+        if new.size == 0:
+            return
+        fresh = init_merge_state(self.cfg, new, self.dim, self.seed, self.dtype)
+        assert fresh is not None
+        need = self.used + new.size
+        if need > self._capacity():
+            cap = min(self.n_clients, max(need, self._capacity() + self._capacity() // 4))
+            base = fresh if self.table is None else self.table
+            self.table = MergeState(tuple(self._grown(t, cap) for t in base.weights),
+                                    tuple(self._grown(t, cap) for t in base.biases))
+        assert self.table is not None
+        at = torch.arange(self.used, need, device=self.device)
+        for dst, src in zip((*self.table.weights, *self.table.biases),
+                            (*fresh.weights, *fresh.biases), strict=True):
+            dst.index_copy_(0, at, src.to(self.device))
+        self.slot[new] = np.arange(self.used, need)
+        self.used = need
+
+    def _grown(self, old: Tensor, cap: int) -> Tensor:
+        """A (cap, ...) table holding the first :attr:`used` rows of ``old`` (the rest
+        unset)."""
+        out = torch.empty((cap, *old.shape[1:]), dtype=self.dtype, device=self.device)
+        if self.used:  # the first table is shaped on the fresh draw, on the CPU: no copy
+            out[:self.used] = old[:self.used]
+        return out
+
+    def _rows(self, idx: Tensor) -> Tensor:
+        ids = idx.detach().cpu().numpy().astype(np.int64, copy=False)
+        self._draw(ids)
+        return torch.from_numpy(self.slot[ids]).to(self.device)
+
+    def take(self, idx: Tensor) -> MergeState:
+        """A copy of the adapters of clients ``idx`` (drawn first where new)."""
+        rows = self._rows(idx)
+        assert self.table is not None
+        return take_clients(self.table, rows)
+
+    def put(self, idx: Tensor, part: MergeState) -> None:
+        """Write ``part``'s adapters as those of clients ``idx`` (in place)."""
+        rows = self._rows(idx)
+        assert self.table is not None
+        for dst, src in zip((*self.table.weights, *self.table.biases),
+                            (*part.weights, *part.biases), strict=True):
+            dst.index_copy_(0, rows, src.to(device=dst.device, dtype=dst.dtype))
+
+    def full(self) -> MergeState:
+        """Every client's adapter in client order (all n drawn)."""
+        return self.take(torch.arange(self.n_clients))
+
+
 class Merger:
     """A run's merge step on the client side (SR / SM / DM / EM) and the adapters it keeps.
 
@@ -518,10 +605,26 @@ class Merger:
         self.cfg = cfg
         self.seed = seed
         self.device = torch.device("cpu") if device is None else torch.device(device)
-        state = init_merge_state(cfg, np.arange(n_clients), dim, seed, dtype)
-        self.state = None if state is None else MergeState(
-            tuple(w.to(self.device) for w in state.weights),
-            tuple(b.to(self.device) for b in state.biases))
+        self.store = (AdapterStore(cfg, n_clients, dim, seed, dtype, self.device)
+                      if cfg.rule.learned else None)
+
+    @property
+    def state(self) -> MergeState | None:
+        """Every client's adapter, in client order (None for SR / SM): each one not yet
+        used is drawn now, so this holds all n; the round loop reads only its chunk's
+        (:meth:`take`)."""
+        return None if self.store is None else self.store.full()
+
+    def take(self, idx: Tensor) -> MergeState | None:
+        """A copy of the adapters of clients ``idx`` (None for SR / SM)."""
+        return None if self.store is None else self.store.take(idx)
+
+    def __setstate__(self, d: dict[str, Any]) -> None:
+        """A checkpoint from before the store (its ``state`` held all n adapters) resumes."""
+        if "store" not in d:
+            full = d.pop("state", None)
+            d["store"] = None if full is None else AdapterStore.holding(full, d["device"])
+        self.__dict__.update(d)
 
     @property
     def merges(self) -> bool:
@@ -544,16 +647,15 @@ class Merger:
         """The item rows clients ``idx`` train through when merging on every batch: their
         received tables ``sent`` (k, m, d) and their adapters (``merging`` (k,) bool: who
         received one; None: all). Hand the factory back to :meth:`keep_trained` after."""
-        assert self.state is not None
-        return BatchMergeFactory(sent, take_clients(self.state, idx), self.cfg.adapter_lr,
-                                 merging)
+        assert self.store is not None
+        return BatchMergeFactory(sent, self.store.take(idx), self.cfg.adapter_lr, merging)
 
     def keep_trained(self, idx: Tensor, rows: BatchMergeFactory) -> None:
         """Keep the adapters clients ``idx`` trained in local training (:meth:`batch_rows`)."""
         if rows.made is None:  # no local training ran (an empty chunk)
             return
-        assert self.state is not None
-        self.state = put_clients(self.state, idx, rows.made.adapters())
+        assert self.store is not None
+        self.store.put(idx, rows.made.adapters())
 
     def evaluated(self, idx: Tensor, q_local: Tensor, sent: Tensor | None,
                   receives: Tensor | None) -> Tensor:
@@ -562,8 +664,8 @@ class Merger:
         (``sent``; only where ``receives``, None: all), as the FedEM code evaluates."""
         if not self.every_batch or sent is None:
             return q_local
-        assert self.state is not None
-        merged = merge(self.cfg, take_clients(self.state, idx), q_local, sent)
+        assert self.store is not None
+        merged = merge(self.cfg, self.store.take(idx), q_local, sent)
         if receives is not None:
             merged = torch.where(receives.view(-1, 1, 1), merged, q_local)
         return merged
@@ -629,14 +731,17 @@ class Merger:
         elif self.learned and trainer is not None:
             if merging is not None:
                 raise ValueError("a replacement adapter trainer takes every client")
-            assert self.state is not None
-            chunk = take_clients(self.state, idx)
+            assert self.store is not None
+            chunk = self.store.take(idx)
             w, b = trainer(chunk.weights, chunk.biases, q_prev, sent)
-            self.state = put_clients(self.state, idx, MergeState(tuple(w), tuple(b)))
+            self.store.put(idx, MergeState(tuple(w), tuple(b)))
         elif self.learned:
-            self.state = train_adapter(self.cfg, self.state, idx, q_prev, sent, user_vecs,
-                                       steps if steps is not None else (), score)
-        chunk_state = take_clients(self.state, idx) if self.state is not None else None
+            assert self.store is not None
+            trained = train_adapter(self.cfg, self.store.take(idx), None, q_prev, sent,
+                                    user_vecs, steps if steps is not None else (), score)
+            assert trained is not None
+            self.store.put(idx, trained)
+        chunk_state = self.take(idx)
         start, rho = merge_with_rho(self.cfg, chunk_state, q_prev, sent)
         if merging is not None:
             start = torch.where(merging.view(-1, 1, 1), start, q_prev)

@@ -244,8 +244,8 @@ def simulation_round(sim) -> dict[str, Any]:
         if strategy != "sr" and t > 1 and receives:
             net = None
             if strategy in ("dm", "em"):
-                ms = sim.merger.state
-                net = adapter_net([w[u] for w in ms.weights], [b[u] for b in ms.biases])
+                ms = sim.merger.take(torch.tensor([u]))
+                net = adapter_net([w[0] for w in ms.weights], [b[0] for b in ms.biases])
                 extra = sim.merge_cfg.adapter_epochs
                 if sim.merge_cfg.adapter_objective == "holdout":
                     items, labels, fit_items, fit_labels = holdout_client(

@@ -74,7 +74,6 @@ from fedem_private.client.merging import (
     MergeState,
     merge_tables,
     merge_with_rho,
-    take_clients,
 )
 from fedem_private.client.variant_options import (
     MergeEveryOptions,
@@ -954,8 +953,7 @@ class Simulation:
         work.merged = True
         if self.state.sparse is not None:  # as equation 10 used them
             work.merge_used = (rho if self.merge_cfg.rule.pooled else
-                               None if self.merger.state is None else
-                               take_clients(self.merger.state, work.idx))
+                               self.merger.take(work.idx))
         if self.merger.every_batch:  # the FedEM code: merge on every batch
             work.rows = work.batch_rows = self.merger.batch_rows(work.idx, work.sent,
                                                                  work.recv)
@@ -1172,15 +1170,21 @@ class Simulation:
         what the server would send it now (its table, its own private groups) and trains
         E local epochs on its own training data, as in a round but keyed by round
         :data:`FINETUNE_ROUND` + t and uploading nothing; the state is left as it was.
+        A merging method (FedEM) starts from equation 10's merge of the user's own table
+        with the one sent, as its next round would, with its adapter as it stands (not
+        trained again): the personal table is what it evaluates.
         Under any mechanism this is client-local computation: nothing leaves the client."""
         local = replace(self.local_cfg, epochs=self.cfg.train.eval_finetune)
+        start = self._sent_params(idx)
+        if self.merger.merges and self.state.round > 1:
+            start.items = self._remerge(users, self.state.items(idx), start.items,
+                                        self.merger.take(idx))
         key = FINETUNE_ROUND + self.state.round
         samples = draw_samples(self.seed, key, users, self.split.train_indptr,
                                self.split.train_items, *self.excl, self.split.n_items,
                                local.num_negatives, device=self.device)
         with torch.enable_grad():
-            new, _ = self.backbone.train_chunk(self._sent_params(idx), users, samples, local,
-                                               key)
+            new, _ = self.backbone.train_chunk(start, users, samples, local, key)
         return new
 
     def eval_sample(self) -> np.ndarray:

@@ -163,10 +163,6 @@ class RunConfig:
             if self.privacy.sample_rate != 1 and "sample_rate" in self.privacy.mechanism.options:
                 raise UserError("--cohort-size K sets the sampling rate K / n; drop "
                                 "--sample-rate")
-        if tr.eval_finetune and tr.client_tables != "global":
-            raise UserError("--eval-finetune trains evaluated users from the server's table; "
-                            "it goes with --client-tables global (under kept each client is "
-                            "evaluated with its own trained table)")
         if tr.client_tables == "global":
             agg = aggregator_class(fed.resolved_aggregation)
             if (merge_class(fed.resolved_merge).merges or not agg.one_table
