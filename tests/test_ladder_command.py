@@ -212,3 +212,28 @@ def test_a_private_search_here_must_be_accounted(tiny, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "[tune.private]" in err[0]
     assert not (tiny / "lad" / "runs").exists()
+
+
+def test_a_best_val_ladder_shows_the_round_chosen_and_the_last_beside_it(tiny, capsys):
+    """Issue 79, item 3: under ``--round best-val`` each federated rung reports the round
+    chosen on validation, with the last round's full HR@10 beside it, and says that a
+    private rung's choice is not private."""
+    args = [a for a in ARGS if a not in ("--rounds", "2")] + ["--rounds", "4", "--round",
+                                                              "best-val"]
+    args[args.index("--epsilons") + 1:args.index("--epsilons") + 3] = ["4"]
+    assert main(args) == 0
+    capsys.readouterr()
+    root = tiny / "lad"
+    table = (root / "ladder.md").read_text()
+    assert "full HR@10 (val-selected round)" in table
+    assert "| round chosen | full HR@10 (last round) |" in table
+    assert "that choice is not private" in table
+    summary = json.loads((root / "runs" / "fedmf-tuned-seed0" / "summary.json").read_text())
+    line = next(x for x in table.splitlines() if x.startswith("| FedMF, tuned |"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert float(cells[3]) == pytest.approx(summary["selected"]["metrics"]["full"]["hr@10"],
+                                            abs=5e-5)
+    assert cells[7] == str(summary["selected"]["round"])
+    assert float(cells[8]) == pytest.approx(summary["metrics"]["full"]["hr@10"], abs=5e-5)
+    mostpop = next(x for x in table.splitlines() if x.startswith("| MostPop |"))
+    assert len(mostpop.split("|")) == len(line.split("|"))  # every row has every column

@@ -736,11 +736,15 @@ def run_figures(path: Path, rule: str) -> dict[str, float] | None:
     if not (path / "summary.json").is_file():
         return None
     s = json.loads((path / "summary.json").read_text())
-    metrics = s.get("metrics") or {}
+    last = metrics = s.get("metrics") or {}
+    chosen = float(s.get("rounds") or math.nan)
     if rule != "last" and s.get("selected"):
         metrics = s["selected"]["metrics"]
+        chosen = float(s["selected"].get("round") or math.nan)
     out = {m: float(metrics[m.split("_")[1]][m.split("_")[0].replace("10", "@10")])
            for m in METRICS}
+    out["hr10_full_last"] = float(last["full"]["hr@10"]) if "full" in last else math.nan
+    out["round"] = chosen
     eps = ((s.get("privacy") or {}).get("epsilon") or {}).get("reported")
     out["eps"] = math.nan if eps is None else float(eps)
     out["training_s"] = float(s.get("seconds_total") or math.nan)
@@ -838,7 +842,8 @@ def rows(rungs: Sequence[Rung], runs_dir: Path, rule: str,
             reported = [f["eps"] for _, f in done if math.isfinite(f["eps"])]
             wall = [walls[r.name] for r, _ in done if r.name in walls]
             out.append(Row(rung, eps, len(done),
-                           {m: _mean_sd([f[m] for _, f in done]) for m in METRICS},
+                           {m: _mean_sd([f[m] for _, f in done])
+                            for m in (*METRICS, "hr10_full_last", "round")},
                            max(reported) if reported else None,
                            _mean_sd([f["training_s"] for _, f in done])[0],
                            _mean_sd(wall)[0] if wall else math.nan))
@@ -878,10 +883,22 @@ def markdown(rows_: Sequence[Row], title: str, rule: str, missing: Sequence[str]
              "directory written (data, evaluation and writing included).", "",
              f"| rung | eps (reported) | seeds | {head} | full NDCG@10 | sampled HR@10 | "
              "sampled NDCG@10 | training s | wall s |", "|---|---|---|---|---|---|---|---|---|"]
+    if rule != "last":  # the round a user would deploy, and the last one beside it
+        lines[-2] = lines[-2].replace(" | training s", " | round chosen | full HR@10 (last "
+                                      "round) | training s")
+        lines[-1] += "---|---|"
+        lines[2] += (" A private rung's round is chosen on its users' validation item "
+                     "outside the accounting: that choice is not private.")
     for r in rows_:
+        extra = ""
+        if rule != "last":
+            rnd = r.values.get("round", (math.nan, 0.0))[0]
+            last = r.values.get("hr10_full_last", (math.nan, 0.0))
+            extra = (f" | {'-' if not math.isfinite(rnd) else f'{rnd:.0f}'} | "
+                     f"{'-' if not math.isfinite(last[0]) else _cell(last, r.seeds)}")
         lines.append(f"| {r.label} | {_eps_cell(r)} | {r.seeds} | "
                      + " | ".join(_cell(r.values[m], r.seeds) for m in METRICS)
-                     + f" | {_seconds(r.training_s)} | {_seconds(r.wall_s)} |")
+                     + f"{extra} | {_seconds(r.training_s)} | {_seconds(r.wall_s)} |")
     lines += not_in_table(missing, unfinished, stale)
     seen = dict.fromkeys((r.rung.label, r.rung.settings) for r in rows_)
     lines += ["", "![headline](headline.png)", "",
