@@ -345,7 +345,7 @@ RUN_COMMON = frozenset({
     "--dataset", "--data-dir", "--protocol",
     "--method", "--backbone", "--aggregation", "--merge", "--codec",
     "--rounds", "--local-epochs", "--lr", "--dim", "--seed", "--eval-every", "--device",
-    "--privacy", "--epsilon", "--delta", "--clip", "--sample-rate",
+    "--privacy", "--epsilon", "--delta", "--clip", "--sample-rate", "--ftrl-strategy",
     "--out", "--force", "--dry-run", "--record-rounds", "--record-clients",
     "--checkpoint-every",
 })
