@@ -3,6 +3,11 @@
 Same release as the banded strategy (:mod:`fedem_private.privacy.mf`): the prefix sums
 A x of the rounds' clipped sums are released as B (C x + z), A = B C, z i.i.d.
 N(0, sigma^2), which is post-processing of the Gaussian mechanism C x + z. Only C differs.
+Neighbouring relation, trust model and accounting are dp-ftrl's
+(:mod:`fedem_private.privacy.ftrl`): user-level add/remove of one client's whole data; the
+clipped deltas summed under secure aggregation or by a trusted server, which adds the
+data-free noise; the whole release ONE Gaussian mechanism of L2 sensitivity C sqrt(S_T),
+no amplification by sampling claimed.
 
 **The strategy** (McMahan, Choquette-Choo et al., "Efficient and near-optimal noise
 generation for streaming differential privacy", 2024). C is lower-triangular Toeplitz
@@ -22,9 +27,9 @@ w_{t-k}, so
 (buf_j = 0 before round 1): d vectors of the model's size, whatever T (:class:`BLTNoise`).
 
 **The constraint.** Here omega_j >= 0 and sum_j omega_j < 1 (with theta_j in (0, 1)): the
-coefficients are then positive and non-increasing, c_0 = 1 > c_1 >= c_2 >= ... > 0. The
+coefficients are then non-negative and non-increasing, c_0 = 1 > c_1 >= c_2 >= ... >= 0. The
 optimiser keeps them so by its parametrisation, and :func:`cyclic_squared_curve` refuses
-any other, since the sensitivity rule below is exact only under it.
+any other, since the sensitivity rule below is proved only under it.
 
 **Sensitivity.** A client taking part in rounds S with clipped deltas g_s (||g_s|| <= C)
 moves C x by sum_{s in S} C[:, s] g_s^T, of squared norm sum_{s, s'} (C^T C)_{s s'}
@@ -33,9 +38,11 @@ maximum is at all g_s one vector of norm C: C^2 ||C 1_S||^2 (exact). For s <= s'
 (C^T C)_{s s'} = sum_{i=0}^{T-1-s'} c_i c_{i+s'-s} grows when s' moves earlier (more
 terms, all >= 0) and when s' - s shrinks (c non-increasing). So among all patterns of at
 most k participations at least ``sep`` apart, the earliest packing 0, sep, ..., (k-1) sep
-(0-based) maximises every entry at once, and the squared sensitivity is exactly
-||sum_{i<k} C[:, i sep]||^2 (:func:`minsep_squared_sensitivity`; the rule used for
-BLTs by McMahan et al. 2024 and for Toeplitz strategies by Choquette-Choo et al. 2023).
+(0-based) maximises every entry at once (its i-th round is no later than any pattern's
+i-th, and its gaps are no wider; a pattern of fewer rounds drops terms that are >= 0), and
+the squared sensitivity is exactly
+||sum_{i<k} C[:, i sep]||^2 (:func:`minsep_squared_sensitivity`; argued here, and checked
+by brute force over every pattern for T <= 9 in tests/test_ftrl_blt.py).
 DP-FTRL's cyclic cohorts: cohort 0 takes part in rounds 0, G, 2G, ... (0-based); cohort g's
 vector C 1_g is cohort 0's shifted down by g (Toeplitz), so cohort 0 is the worst at every
 prefix, and its value is the (ceil(T/G), G)-min-separation bound: the guarantee holds for
