@@ -505,6 +505,7 @@ class BLTSecureSum(BandedSecureSum):
 
     def __init__(self, clip: float, sigma: float, expected_count: float, seed: int,
                  rounds: int, omega: tuple[float, ...], theta: tuple[float, ...]) -> None:
+        # coefs (1.0,) is unused: the streams are BLTNoise (:meth:`_new_stream`)
         super().__init__(clip, sigma, expected_count, seed, rounds, coefs=(1.0,))
         self.omega = tuple(float(x) for x in omega)
         self.theta = tuple(float(x) for x in theta)
