@@ -49,7 +49,9 @@ Each of ``n_clients`` canary clients gets a fair coin b and a tiny table
   the auditor recovers C x + z = C y from the released increments y_t = P~_t -
   P~_{t-1}, and scores sum_t v_t (C y)_t with v = C 1_{g*}, 1_{g*} the indicator
   of the worst cohort's rounds (||v||^2 = S_T): again mean C S_T against sd
-  sigma sqrt(S_T), mu = 1 / z.
+  sigma sqrt(S_T), mu = 1 / z. ``--ftrl-strategy blt`` is scored the same way with
+  its own C (:class:`fedem_private.privacy.ftrl.BLTSecureSum`); there C^T C >= 0, so
+  all-equal deltas on the worst cohort again meet S_T = ||v||^2.
 
 - ``ldp-dpsgd`` (interaction-level: one positive added or removed): gradient
   canaries through the accounted mechanism of one round. The canary client
@@ -243,10 +245,11 @@ def _ftrl_scores(params: MechanismParams, coins: np.ndarray, seed: int,
     plan = params.ftrl
     assert plan is not None and params.clip is not None
     rounds, groups = int(plan.rounds), int(plan.groups)
-    if plan.strategy == "banded":
+    toeplitz = plan.strategy != "tree"
+    if toeplitz:  # banded or BLT
         from fedem_private.privacy.mf import toeplitz_matrix
 
-        cmat = toeplitz_matrix(np.asarray(plan.coefs), rounds)
+        cmat = toeplitz_matrix(plan.toeplitz_coefs(rounds), rounds)
         member = np.arange(rounds)[None, :] % groups == np.arange(groups)[:, None]  # (G, T)
         shifts = member.astype(np.float64) @ cmat.T  # row g: C 1_g
         worst = int(np.argmax((shifts ** 2).sum(axis=1)))  # ||C 1_g*||^2 = S_T
@@ -267,7 +270,7 @@ def _ftrl_scores(params: MechanismParams, coins: np.ndarray, seed: int,
             tree.add_part(leaf)
         released = tree.release(released)  # theta_0 = 0, m = 1: theta_t = P~_t
         prefix[t] = released.numpy()[0]
-    if plan.strategy == "banded":  # C y = C x + z from the increments y
+    if toeplitz:  # C y = C x + z from the increments y
         return shifts[worst] @ (cmat @ np.diff(prefix, axis=0))
     score = np.zeros(n, dtype=np.float64)
     for e in range(1, rounds + 1):

@@ -9,11 +9,12 @@ FedMF on a population calibrated to ML-100K (``--dataset synthetic --calibrate-t
 study's FedMF settings, benchmarks/results/population/participation/fedmf-settings.toml,
 with fewer rounds and a smaller cohort so that the whole grid fits in ~20 minutes on one
 core): ``cdp-gaussian`` (DP-FedAvg, Poisson rate K / N), ``dp-ftrl`` with the tree, and
-``dp-ftrl --ftrl-strategy banded`` (b = G = N / K bands), all at one eps, plus one run
-without noise per seed. Each run is a directory ``<runs>/<arm>-seed<s>`` written through
-the public API (a finished one is not run again). Writes ``<out>/ftrl_strategies.csv``
-(one row per run) and ``<out>/ftrl_strategies.md`` (full HR@10 per arm: the mean over
-seeds, its standard error, and each seed's figure).
+``dp-ftrl --ftrl-strategy banded`` (b = G = N / K bands) and ``blt`` (d = 3 buffers), all
+at one eps, plus one run without noise per seed. Each run is a directory
+``<runs>/<arm>-seed<s>`` written through the public API (a finished one is not run again).
+Writes ``<out>/<name>.csv`` (one row per run) and ``<out>/<name>.md`` (full HR@10 per arm:
+the mean over seeds, its standard error, and each seed's figure), ``--name`` defaulting to
+ftrl_strategies.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ ARMS: dict[str, dict[str, Any]] = {
     "cdp-gaussian": {"mode": "cdp-gaussian"},
     "dp-ftrl-tree": {"mode": "dp-ftrl", "ftrl_strategy": "tree"},
     "dp-ftrl-banded": {"mode": "dp-ftrl", "ftrl_strategy": "banded"},
+    "dp-ftrl-blt": {"mode": "dp-ftrl", "ftrl_strategy": "blt"},
 }
 
 
@@ -66,6 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--data-dir", default="../shared/datasets/ml-100k")
     parser.add_argument("--runs", default="runs/ftrl-strategies")
     parser.add_argument("--out", default="benchmarks/results/privacy/ftrl_strategies")
+    parser.add_argument("--name", default="ftrl_strategies",
+                        help="the output files' stem: <out>/<name>.csv and .md")
     return parser.parse_args(argv)
 
 
@@ -94,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
                          "seconds_total": summary.get("seconds_total")})
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    with (out / "ftrl_strategies.csv").open("w", newline="") as fh:
+    with (out / f"{args.name}.csv").open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
@@ -116,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {arm} | {mean:.4f} ± {se:.4f} | "
                      f"{', '.join(f'{h:.3f}' for h in hr)} | "
                      f"{'-' if eps is None else f'{eps:.3f}'} |")
-    (out / "ftrl_strategies.md").write_text("\n".join(lines) + "\n")
+    (out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 

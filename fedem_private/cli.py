@@ -210,6 +210,9 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--ftrl-bands", "privacy.ftrl_bands", _integer,
      "dp-ftrl --ftrl-strategy banded: the number b of bands, 1 <= b <= G = ceil(1/q) "
      "(0: min(G, rounds), the most whose guarantee needs only the cohorts' separation)"),
+    ("--ftrl-buffers", "privacy.ftrl_buffers", _integer,
+     "dp-ftrl --ftrl-strategy blt: the number d of buffers, 1 <= d <= 8 (0: 3); the noise "
+     "keeps d vectors of the model's size whatever G and the rounds"),
     ("--clip-quantile", "privacy.clip_quantile", _number,
      "cdp-gaussian: adaptive clipping to this quantile of the delta norms (Andrew et al. "
      "2021); --clip is then the first round's clip"),
@@ -343,7 +346,7 @@ RUN_COMMON = frozenset({
     "--dataset", "--data-dir", "--protocol",
     "--method", "--backbone", "--aggregation", "--merge", "--codec",
     "--rounds", "--local-epochs", "--lr", "--dim", "--seed", "--eval-every", "--device",
-    "--privacy", "--epsilon", "--delta", "--clip", "--sample-rate",
+    "--privacy", "--epsilon", "--delta", "--clip", "--sample-rate", "--ftrl-strategy",
     "--out", "--force", "--dry-run", "--record-rounds", "--record-clients",
     "--checkpoint-every",
 })

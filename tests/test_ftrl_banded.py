@@ -329,8 +329,8 @@ def test_the_logged_plan_is_read_back_exactly():
 
 # ----------------------------------------------------------- (5) options and a run
 def test_options_it_refuses():
-    with pytest.raises(UserError, match="unknown --ftrl-strategy 'blt'"):
-        PrivacyConfig(mode="dp-ftrl", epsilon=1.0, ftrl_strategy="blt")
+    with pytest.raises(UserError, match="unknown --ftrl-strategy 'toeplitz'"):
+        PrivacyConfig(mode="dp-ftrl", epsilon=1.0, ftrl_strategy="toeplitz")
     with pytest.raises(UserError, match="--ftrl-bands is for --ftrl-strategy banded"):
         PrivacyConfig(mode="dp-ftrl", epsilon=1.0, sample_rate=0.25, ftrl_bands=2)
     with pytest.raises(UserError, match="integer >= 0"):
@@ -348,7 +348,7 @@ def test_list_and_help_name_the_strategies(capsys):
 
     assert main(["list"]) == 0
     rows = [line.split()[:2] for line in capsys.readouterr().out.splitlines()]
-    assert [n for k, n in rows if k == "ftrl-strategy"] == ["tree", "banded"]
+    assert [n for k, n in rows if k == "ftrl-strategy"] == ["tree", "banded", "blt"]
     with pytest.raises(SystemExit):
         main(["run", "--help-all"])
     text = " ".join(capsys.readouterr().out.split())

@@ -164,9 +164,11 @@ class PrivacyConfig:
     # which the add/remove guarantee then takes as public
     public_population: int | None = None
     # dp-ftrl (fedem_private/privacy/ftrl.py, mf.py): the factorisation of the prefix sums,
-    # "tree" or "banded" (ftrl.STRATEGIES), and a banded one's b (0: min(G, T))
+    # "tree", "banded" or "blt" (dp_ftrl.STRATEGIES), a banded one's b (0: min(G, T)) and a
+    # BLT's d buffers (0: blt.DEFAULT_BUFFERS)
     ftrl_strategy: str = "tree"
     ftrl_bands: int = 0
+    ftrl_buffers: int = 0
 
     def __post_init__(self) -> None:
         self.validate()

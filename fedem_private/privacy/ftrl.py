@@ -73,9 +73,13 @@ shuffling is claimed.
 prefix sums; ``banded`` is another, a b-banded lower-triangular Toeplitz C with b <= G
 (:mod:`fedem_private.privacy.mf`: the noise w = C^{-1} z streamed in O(b) memory, every
 z_t N(0, sigma^2) keyed like node t, and the exact sensitivity, which for b <= G is also
-that of any (k, G)-min-separated participation). Everything else above (participation,
-the release as ONE Gaussian of multiplier sigma / (C sqrt(S_t)), calibration at T, the
-ledger's r) is the same, S_t and r being the strategy's (:class:`FtrlPlan`).
+that of any (k, G)-min-separated participation); ``blt`` a buffered-linear-Toeplitz C
+(:mod:`fedem_private.privacy.blt`: c_k = sum_j omega_j theta_j^{k-1}, the noise streamed
+through d buffers whatever G, and the exact sensitivity for non-negative, non-increasing
+coefficients, again that of any (k, G)-min-separated participation). Everything else
+above (participation, the release as ONE Gaussian of multiplier sigma / (C sqrt(S_t)),
+calibration at T, the ledger's r) is the same, S_t and r being the strategy's
+(:class:`FtrlPlan`).
 """
 
 from __future__ import annotations
@@ -83,7 +87,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -252,17 +256,26 @@ def default_bands(rounds: int, groups: int) -> int:
     return max(1, min(int(groups), int(rounds)))
 
 
+@functools.lru_cache(maxsize=16)
+def _blt_curves(rounds: int, groups: int, omega: tuple[float, ...], theta: tuple[float, ...]
+                ) -> tuple[np.ndarray, float, int]:
+    from fedem_private.privacy import blt
+
+    return blt.cyclic_squared_curve(omega, theta, rounds, groups)
+
+
 @dataclass(frozen=True)
 class FtrlPlan:
     """The strategy and participation pattern a run is accounted for (module docstring).
 
-    ``strategy`` is "tree" or "banded" (``coefs``: the banded C's c_0..c_{b-1}, empty for
-    the tree). ``tree_sq`` = S_T = max_g s2_T(g) is the whole release's squared
-    sensitivity and ``participation_sq`` = r the ledger's per participation, both in units
-    of C^2, whichever the strategy; ``max_participations`` = ceil(T/G). The whole
-    release's L2 sensitivity is C sqrt(tree_sq) (what is reported); the per-client
-    ledger's bound at T is that of C sqrt(r k_max) >= it (conservative, valid at every
-    round).
+    ``strategy`` is "tree", "banded" (``coefs``: the banded C's c_0..c_{b-1}) or "blt"
+    (``omega``, ``theta``: its d weights and decays, :mod:`fedem_private.privacy.blt`);
+    the fields of the other strategies stay empty. ``tree_sq`` = S_T = max_g s2_T(g) is
+    the whole release's squared sensitivity and ``participation_sq`` = r the ledger's per
+    participation, both in units of C^2, whichever the strategy; ``max_participations`` =
+    ceil(T/G). The whole release's L2 sensitivity is C sqrt(tree_sq) (what is reported);
+    the per-client ledger's bound at T is that of C sqrt(r k_max) >= it (conservative,
+    valid at every round).
     """
 
     rounds: int
@@ -272,16 +285,24 @@ class FtrlPlan:
     max_participations: int
     strategy: str = "tree"
     coefs: tuple[float, ...] = ()
+    omega: tuple[float, ...] = ()
+    theta: tuple[float, ...] = ()
 
     @classmethod
     def for_run(cls, rounds: int, groups: int, strategy: str = "tree",
-                bands: int | None = None, coefs: tuple[float, ...] | None = None) -> FtrlPlan:
+                bands: int | None = None, coefs: tuple[float, ...] | None = None,
+                buffers: int | None = None,
+                blt: tuple[tuple[float, ...], tuple[float, ...]] | None = None) -> FtrlPlan:
         """The plan of ``strategy`` for T = ``rounds`` and G = ``groups``; a banded one
         optimised for (T, b, G) (b = ``bands``, default :func:`default_bands`) unless its
-        ``coefs`` are given (a logged plan read back)."""
+        ``coefs`` are given, a BLT one for (T, d, G) (d = ``buffers``, default
+        ``blt.DEFAULT_BUFFERS``) unless its ``blt`` = (omega, theta) are given (a logged
+        plan read back)."""
         if strategy == "tree":
             tree_sq, ratio, k_max = tree_squared_sensitivity(rounds, groups)
             return cls(int(rounds), int(groups), tree_sq, ratio, k_max)
+        if strategy == "blt":
+            return cls._blt(int(rounds), int(groups), buffers, blt)
         if strategy != "banded":
             raise ValueError(f"unknown dp-ftrl strategy {strategy!r}")
         if coefs is None:
@@ -293,10 +314,40 @@ class FtrlPlan:
         curve, ratio, k_max = _banded_curves(int(rounds), int(groups), coefs)
         return cls(int(rounds), int(groups), float(curve[-1]), ratio, k_max, "banded", coefs)
 
+    @classmethod
+    def _blt(cls, rounds: int, groups: int, buffers: int | None,
+             params: tuple[tuple[float, ...], tuple[float, ...]] | None) -> FtrlPlan:
+        from fedem_private.privacy import blt
+
+        if params is None:
+            d = blt.DEFAULT_BUFFERS if not buffers else int(buffers)
+            params = blt.optimise_blt(rounds, d, groups)
+        omega, theta = (tuple(float(x) for x in part) for part in params)
+        curve, ratio, k_max = _blt_curves(rounds, groups, omega, theta)
+        return cls(rounds, groups, float(curve[-1]), ratio, k_max, "blt", omega=omega,
+                   theta=theta)
+
     @property
     def bands(self) -> int | None:
-        """b of a banded plan; None for the tree."""
+        """b of a banded plan; None for the others."""
         return len(self.coefs) if self.strategy == "banded" else None
+
+    @property
+    def buffers(self) -> int | None:
+        """d of a BLT plan; None for the others."""
+        return len(self.omega) if self.strategy == "blt" else None
+
+    def toeplitz_coefs(self, n: int) -> np.ndarray:
+        """c_0..c_{n-1} of a banded or BLT plan's C (zeros past a banded one's b)."""
+        if self.strategy == "blt":
+            from fedem_private.privacy import blt
+
+            return blt.blt_coefs(self.omega, self.theta, n)
+        if self.strategy != "banded":
+            raise ValueError("the tree is not a Toeplitz factorisation")
+        out = np.zeros(int(n), dtype=np.float64)
+        out[: min(len(self.coefs), int(n))] = self.coefs[: int(n)]
+        return out
 
     def squared_at(self, round_: int) -> float:
         """S_t = max_g s2_t(g): the squared sensitivity (units of C^2) of the release up to
@@ -305,6 +356,8 @@ class FtrlPlan:
             raise ValueError(f"round {round_} outside the planned 1..{self.rounds}")
         if self.strategy == "banded":
             curve = _banded_curves(self.rounds, self.groups, self.coefs)[0]
+        elif self.strategy == "blt":
+            curve = _blt_curves(self.rounds, self.groups, self.omega, self.theta)[0]
         else:
             curve = _curves(self.rounds, self.groups)[0]
         return float(curve[int(round_) - 1])
@@ -313,9 +366,12 @@ class FtrlPlan:
         out = {"rounds": self.rounds, "groups": self.groups, "tree_sq": self.tree_sq,
                "participation_sq": self.participation_sq,
                "max_participations": self.max_participations}
-        if self.strategy != "tree":  # a tree plan logs as before issue 81
+        if self.strategy == "banded":  # a tree plan logs as before issue 81
             out.update({"strategy": self.strategy, "bands": len(self.coefs),
                         "coefs": list(self.coefs)})
+        elif self.strategy == "blt":
+            out.update({"strategy": self.strategy, "buffers": len(self.omega),
+                        "omega": list(self.omega), "theta": list(self.theta)})
         return out
 
 
@@ -379,6 +435,17 @@ class TreeSecureSum(SecureSum):
         return (base.detach().to(torch.float64) + increment).to(base.dtype)
 
 
+class NoiseStream(Protocol):
+    """w = C^{-1} z streamed round by round (:class:`~fedem_private.privacy.mf.BandedNoise`,
+    :class:`~fedem_private.privacy.blt.BLTNoise`): ``round`` steps taken so far."""
+
+    round: int
+
+    def step(self, z: torch.Tensor) -> torch.Tensor:
+        """w_t from z_t, t = ``round`` + 1."""
+        ...
+
+
 class BandedSecureSum(TreeSecureSum):
     """One run's banded DP-FTRL aggregation (``--ftrl-strategy banded``): each round's
     clipped sum plus w_t = (C^{-1} z)_t, released as theta_{t-1} + (x_t + w_t) / m, so
@@ -399,23 +466,55 @@ class BandedSecureSum(TreeSecureSum):
                  rounds: int, coefs: tuple[float, ...]) -> None:
         super().__init__(clip, sigma, expected_count, seed, rounds)
         self.coefs = tuple(float(x) for x in coefs)
-        self._streams: dict[int, object] = {}  # phase -> its BandedNoise
+        self._streams: dict[int, NoiseStream] = {}  # phase -> its noise stream
 
     def _noise_increment(self, shape: tuple[int, ...], phase: int, last: int,
                          t: int) -> torch.Tensor:
         """w_{last+1} + ... + w_t of the phase (rounds it did not release count as leaves
         of zero, their noise still summed): the prefix noise (B z)_t - (B z)_last."""
-        from fedem_private.privacy.mf import BandedNoise
-
         stream = self._streams.get(phase)
         if stream is None:
-            stream = self._streams[phase] = BandedNoise(self.coefs)
-        assert isinstance(stream, BandedNoise) and stream.round == last
+            stream = self._streams[phase] = self._new_stream()
+        assert stream.round == last
         out = torch.zeros(shape, dtype=torch.float64)
         for r in range(last + 1, t + 1):
             out += stream.step(node_noise(shape, self.sigma, seed=self.seed, node=r,
                                           phase=phase))
         return out
+
+    def _new_stream(self) -> NoiseStream:
+        """A fresh noise stream for a new phase: :class:`~fedem_private.privacy.mf.BandedNoise`."""
+        from fedem_private.privacy.mf import BandedNoise
+
+        return BandedNoise(self.coefs)
+
+
+class BLTSecureSum(BandedSecureSum):
+    """One run's BLT DP-FTRL aggregation (``--ftrl-strategy blt``): as
+    :class:`BandedSecureSum`, with w = C^{-1} z streamed through d buffers
+    (:class:`fedem_private.privacy.blt.BLTNoise`, eq. (2) there).
+
+    Mechanism dp-ftrl, strategy blt. Neighbouring relation: user-level add/remove of one
+    client's whole data. Trust model: as :class:`TreeSecureSum` (secure aggregation or a
+    trusted server sums the clipped deltas; the aggregator adds the data-free noise, whose
+    z stays secret). Sensitivity: one round's sum moves by at most C (the neighbour-world
+    harness); the whole release C x + z by C sqrt(S_T) (the plan's,
+    :func:`fedem_private.privacy.blt.cyclic_squared_curve`, exact since the BLT's
+    coefficients are non-negative and non-increasing). ``sigma`` is every z_t's std. State:
+    per released shape, the d buffers (O(d) memory; pickled with the run)."""
+
+    def __init__(self, clip: float, sigma: float, expected_count: float, seed: int,
+                 rounds: int, omega: tuple[float, ...], theta: tuple[float, ...]) -> None:
+        # coefs (1.0,) is unused: the streams are BLTNoise (:meth:`_new_stream`)
+        super().__init__(clip, sigma, expected_count, seed, rounds, coefs=(1.0,))
+        self.omega = tuple(float(x) for x in omega)
+        self.theta = tuple(float(x) for x in theta)
+
+    def _new_stream(self) -> NoiseStream:
+        """A fresh :class:`~fedem_private.privacy.blt.BLTNoise` (zero buffers)."""
+        from fedem_private.privacy.blt import BLTNoise
+
+        return BLTNoise(self.omega, self.theta)
 
 
 def secure_sum_for(plan: FtrlPlan, clip: float, sigma: float, expected_count: float,
@@ -423,6 +522,9 @@ def secure_sum_for(plan: FtrlPlan, clip: float, sigma: float, expected_count: fl
     """The secure sum of ``plan``'s strategy."""
     if plan.strategy == "banded":
         return BandedSecureSum(clip, sigma, expected_count, seed, plan.rounds, plan.coefs)
+    if plan.strategy == "blt":
+        return BLTSecureSum(clip, sigma, expected_count, seed, plan.rounds, plan.omega,
+                            plan.theta)
     return TreeSecureSum(clip, sigma, expected_count, seed, plan.rounds)
 
 
@@ -448,7 +550,13 @@ def ftrl_params(cfg: PrivacyConfig, rounds: int) -> MechanismParams:
         from fedem_private.errors import UserError
 
         raise UserError(f"--ftrl-bands {cfg.ftrl_bands}: at most the {rounds} planned rounds")
-    plan = FtrlPlan.for_run(rounds, groups, cfg.ftrl_strategy, cfg.ftrl_bands or None)
+    if cfg.ftrl_buffers > rounds:
+        from fedem_private.errors import UserError
+
+        raise UserError(f"--ftrl-buffers {cfg.ftrl_buffers}: at most the {rounds} planned "
+                        f"rounds")
+    plan = FtrlPlan.for_run(rounds, groups, cfg.ftrl_strategy, cfg.ftrl_bands or None,
+                            buffers=cfg.ftrl_buffers or None)
     clip = float(cfg.clip)
     if cfg.noise_multiplier is not None:
         z = float(cfg.noise_multiplier)

@@ -55,6 +55,7 @@ LATER_FIELDS: dict[tuple[str, ...], Any] = {
     ("privacy", "public_population"): None,
     ("privacy", "ftrl_strategy"): "tree",
     ("privacy", "ftrl_bands"): 0,
+    ("privacy", "ftrl_buffers"): 0,
     ("federation", "backbone"): "mf",
     ("federation", "codec"): "full",
     ("federation", "graph_threshold"): 1.0,

@@ -19,6 +19,13 @@ participation and accounting; the sensitivity C sqrt(S_T) is the banded C's, exa
 cyclic cohorts and equal to the bound for any participation at least G rounds apart and at
 most ceil(T/G) times (its columns never overlap), so the guarantee also holds for a
 deployment that enforces only that separation and cap.
+
+``--ftrl-strategy blt`` replaces it by a buffered-linear-Toeplitz factorisation with d
+buffers (:mod:`fedem_private.privacy.blt`, McMahan, Choquette-Choo et al. 2024): the same
+relation, trust model, participation and accounting; its coefficients are non-negative and
+non-increasing, so the sensitivity C sqrt(S_T) = C ||C 1_0|| (cohort 0's rounds) is exact
+for the cyclic cohorts and equal to the bound for any participation at least G rounds
+apart and at most ceil(T/G) times, for every G.
 """
 
 from __future__ import annotations
@@ -60,12 +67,29 @@ STRATEGIES: dict[str, str] = {
                "the run's T, b <= G (--ftrl-bands, default min(G, T)): less error than the "
                "tree at every G; its guarantee holds for any participation at least G "
                "rounds apart, at most ceil(T/G) times"),
+    "blt": ("a buffered-linear-Toeplitz factorisation (McMahan et al. 2024) with d buffers "
+            "(--ftrl-buffers, default 3), optimised for T and G: noise memory d model-sized "
+            "vectors whatever G (banded keeps b - 1 <= G - 1); error between the tree's and "
+            "banded's, close to banded's once G >= T; any G; its guarantee holds for any "
+            "participation at least G rounds apart, at most ceil(T/G) times"),
 }
 # printed under privacy.participation beside PARTICIPATION for a banded plan
 MINSEP = ("min-separation: the banded strategy's b <= G columns never overlap, so the "
           "accounted sensitivity is also the bound for every participation at least G rounds "
           "apart and at most ceil(T/G) times (Choquette-Choo et al. 2023, Theorem 2): the "
           "guarantee holds for any schedule a deployment enforces by that separation and cap")
+# the same, for a BLT plan: its coefficients are non-negative and non-increasing
+BLT_MINSEP = ("min-separation: the BLT's coefficients are non-negative and non-increasing, so "
+              "the earliest rounds 1, 1 + G, ... are the worst pattern and the accounted "
+              "sensitivity is also the bound for every participation at least G rounds apart "
+              "and at most ceil(T/G) times: the guarantee holds for any schedule a deployment "
+              "enforces by that separation and cap")
+BLT_VARIANT = ("buffered-linear-Toeplitz matrix factorisation A = B C (C lower-triangular "
+               "Toeplitz, c_0 = 1, c_k = sum_j omega_j theta_j^(k-1), d buffers, omega_j >= 0 "
+               "summing below 1, theta_j in (0, 1), optimised for T and G by L-BFGS-B on "
+               "||B||_F^2 x sens^2); each round adds w_t = (C^{-1} z)_t through d buffers "
+               "(O(d) memory); model = initial + noisy prefix sum / (N / G), server learning "
+               "rate 1")
 BANDED_VARIANT = ("banded Toeplitz matrix factorisation A = B C (C lower-triangular Toeplitz, "
                   "b bands, c_0 = 1, optimised for T and G by L-BFGS on ||B||_F^2 x sens^2); "
                   "each round adds w_t = (C^{-1} z)_t by the recurrence C w = z (O(b) memory); "
@@ -103,6 +127,25 @@ BANDED_ACCOUNTING = ("the release up to round t is one Gaussian mechanism C x + 
                      "by sampling or shuffling")
 
 
+BLT_ACCOUNTING = ("the release up to round t is one Gaussian mechanism C x + z (each z_t "
+                  "N(0, sigma^2)) of L2 sensitivity C ||(C 1_0)_{1..t}||, 1_0 the first "
+                  "cohort's rounds: exact for the cyclic pattern since C^T C >= 0 entrywise "
+                  "(all of a client's deltas one vector is the worst) and the first cohort's "
+                  "columns are the earliest; converted with dp-accounting (PLD, RDP) and the "
+                  "exact Gaussian curve, reported = min (zCDP's closed form beside it); "
+                  "calibrated at the planned last round. The per-client ledger "
+                  "(epsilon_ledger) charges each participation a Gaussian of multiplier "
+                  "sigma / (C sqrt(r)), r the largest squared sensitivity per participation "
+                  "over every prefix: valid at every round. No amplification by sampling or "
+                  "shuffling")
+# per strategy: (variant, accounting, also_valid_for) in the run's summary
+_SUMMARY_TEXTS: dict[str, tuple[str, str, str | None]] = {
+    "tree": (VARIANT, ACCOUNTING, None),
+    "banded": (BANDED_VARIANT, BANDED_ACCOUNTING, MINSEP),
+    "blt": (BLT_VARIANT, BLT_ACCOUNTING, BLT_MINSEP),
+}
+
+
 _GROUPS: dict[tuple[int, int, int, bytes], np.ndarray] = {}
 
 
@@ -133,7 +176,8 @@ class DpFtrl(Mechanism):
         "user-level central DP-FTRL (Kairouz et al. 2021, add/remove one client's data): fixed "
         "cyclic cohorts (G = ceil(1/q) groups, each client every G rounds), L2-clip each delta "
         "to C, noisy prefix sums of the cohorts' sums by a binary tree (N(0, sigma^2) per "
-        "node) or a banded matrix factorisation (--ftrl-strategy) under secure aggregation; "
+        "node) or a banded or BLT matrix factorisation (--ftrl-strategy) under secure "
+        "aggregation; "
         "no sampling amplification"
     )
     neighbouring = "user-level: add/remove one client's whole data"
@@ -144,7 +188,7 @@ class DpFtrl(Mechanism):
                      "the guarantee is for observers of the released models (the aggregator "
                      "adds the noise itself and is trusted)")
     relation = ADD_REMOVE_CLIENT
-    cli_clause = (" (user-level central DP-FTRL, tree or banded factorisation "
+    cli_clause = (" (user-level central DP-FTRL, tree, banded or BLT factorisation "
                   "(--ftrl-strategy), cyclic cohorts; no amplification claimed)")
     floor = "central"
     central = True
@@ -163,8 +207,8 @@ class DpFtrl(Mechanism):
     audit_canaries = 50_000
     audit_gdp = True
     audit_at_delta = True
-    audit_claim_kind = ("accounted eps of the whole tree release (or banded, --ftrl-strategy; "
-                        "one Gaussian, every round)")
+    audit_claim_kind = ("accounted eps of the whole tree release (or banded or BLT, "
+                        "--ftrl-strategy; one Gaussian, every round)")
 
     server_knows = (
         "the run seed, which keys the tree's node noise, and each round's clipped sum before "
@@ -187,7 +231,8 @@ class DpFtrl(Mechanism):
     def validate(cls, cfg: PrivacyConfig) -> None:
         """--ftrl-strategy one of :data:`STRATEGIES`; --ftrl-bands an integer, only with
         banded, in 0..G (0: min(G, T)): more bands than cohorts would overlap one
-        client's columns, which the sensitivity here does not cover."""
+        client's columns, which the sensitivity here does not cover; --ftrl-buffers an
+        integer, only with blt, in 0..blt.MAX_BUFFERS (0: blt.DEFAULT_BUFFERS)."""
         from fedem_private.errors import UserError
         from fedem_private.privacy.ftrl import groups_for
 
@@ -201,11 +246,25 @@ class DpFtrl(Mechanism):
         if b and cfg.ftrl_strategy != "banded":
             raise UserError(f"--ftrl-bands is for --ftrl-strategy banded, not "
                             f"{cfg.ftrl_strategy!r}")
+        cls._validate_buffers(cfg)
         groups = groups_for(cfg.sample_rate)
         if b > groups:
             raise UserError(f"--ftrl-bands {b}: at most G = ceil(1/q) = {groups} bands under "
                             f"--sample-rate {cfg.sample_rate:g} (a client returns every G "
                             f"rounds; more bands would overlap its columns)")
+
+    @staticmethod
+    def _validate_buffers(cfg: PrivacyConfig) -> None:
+        from fedem_private.errors import UserError
+        from fedem_private.privacy.blt import MAX_BUFFERS
+
+        d = cfg.ftrl_buffers
+        if isinstance(d, bool) or not isinstance(d, int) or not 0 <= d <= MAX_BUFFERS:
+            raise UserError(f"--ftrl-buffers (privacy.ftrl_buffers) must be an integer in "
+                            f"0..{MAX_BUFFERS}, got {d!r}")
+        if d and cfg.ftrl_strategy != "blt":
+            raise UserError(f"--ftrl-buffers is for --ftrl-strategy blt, not "
+                            f"{cfg.ftrl_strategy!r}")
 
     @classmethod
     def listed(cls) -> list[tuple[str, str, str]]:
@@ -289,9 +348,13 @@ class DpFtrl(Mechanism):
         plan = values.get("ftrl")
         if isinstance(plan, dict):
             coefs = plan.get("coefs")
+            blt = None
+            if plan.get("omega") is not None:
+                blt = (tuple(float(x) for x in plan["omega"]),
+                       tuple(float(x) for x in plan["theta"]))
             values = {**values, "ftrl": FtrlPlan.for_run(
                 int(plan["rounds"]), int(plan["groups"]), str(plan.get("strategy", "tree")),
-                coefs=None if coefs is None else tuple(float(x) for x in coefs))}
+                coefs=None if coefs is None else tuple(float(x) for x in coefs), blt=blt)}
         return values
 
     # -- the layer's hooks for a central mechanism with its own participation -----------------
@@ -336,11 +399,12 @@ class DpFtrl(Mechanism):
         plan, clip, sigma = p.ftrl, p.clip, p.noise_scale
         assert plan is not None and clip is not None and p.noise_multiplier is not None
         banded = plan.strategy == "banded"
+        variant, accounting, minsep = _SUMMARY_TEXTS[plan.strategy]
         participation = {"pattern": PARTICIPATION, "groups": plan.groups,
                          "max_participations": plan.max_participations,
                          "min_separation": plan.groups}
-        if banded:
-            participation["also_valid_for"] = MINSEP
+        if minsep is not None:
+            participation["also_valid_for"] = minsep
         out.update({
             "epsilon": cls.release_epsilon(p, layer.round),
             "epsilon_ledger": out["epsilon"],
@@ -356,7 +420,9 @@ class DpFtrl(Mechanism):
                 "strategy": plan.strategy,
                 "bands": plan.bands,
                 "coefficients": list(plan.coefs) if banded else None,
-                "variant": BANDED_VARIANT if banded else VARIANT,
+                **({"buffers": plan.buffers, "omega": list(plan.omega),
+                    "theta": list(plan.theta)} if plan.strategy == "blt" else {}),
+                "variant": variant,
                 "rounds_planned": plan.rounds,
                 "rounds_released": layer.round,
                 "noise_std_per_node": sigma,  # per row of C x + z for banded
@@ -365,7 +431,7 @@ class DpFtrl(Mechanism):
                 "participation_noise_multiplier": (
                     p.noise_multiplier * math.sqrt(plan.tree_sq / plan.participation_sq)),
                 "epsilon_planned": cls.release_epsilon(p, plan.rounds),
-                "accounting": BANDED_ACCOUNTING if banded else ACCOUNTING,
+                "accounting": accounting,
             },
         })
         return out
