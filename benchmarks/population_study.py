@@ -55,6 +55,7 @@ COLOURS = {("fedmf", "cdp-gaussian"): "tab:blue", ("fedmf", "dp-ftrl"): "tab:ora
 NAMES = {"fedmf": "FedMF", "pfedrec": "PFedRec", "fedem": "FedEM",
          "fedem-rho05": "FedEM rho 0.5", "pfedrec-em": "PFedRec+EM",
          "cdp-gaussian": "DP-FedAvg", "dp-ftrl": "DP-FTRL", "dp-ftrl-banded": "DP-FTRL banded",
+         "dp-ftrl-blt": "DP-FTRL BLT",
          "ldp-laplace": "LDP Laplace"}
 #: a study method -> (the method whose settings it takes, its federation and train keys
 #: beyond those): FedEM's elastic merge (learned rho, or rho frozen at 0.5) and PFedRec's
@@ -65,9 +66,11 @@ MERGING = {"fedem": ("fedmf", {"method": "fedem", "aggregation": "fedavg"}),
                                      "merge": "sm", "rho": 0.5}),
            "pfedrec-em": ("pfedrec", {"method": "pfedrec", "merge": "em"})}
 #: a mechanism's name in the study -> its privacy keys (``dp-ftrl``: the tree; ``-banded``:
-#: the banded Toeplitz strategy with b = G bands, docs/privacy.md)
+#: the banded Toeplitz strategy with b = G bands; ``-blt``: buffered linear Toeplitz,
+#: docs/privacy.md)
 MECHANISMS = {"cdp-gaussian": {"mode": "cdp-gaussian"}, "dp-ftrl": {"mode": "dp-ftrl"},
               "dp-ftrl-banded": {"mode": "dp-ftrl", "ftrl_strategy": "banded"},
+              "dp-ftrl-blt": {"mode": "dp-ftrl", "ftrl_strategy": "blt"},
               "ldp-laplace": {"mode": "ldp-laplace"}}
 
 
