@@ -376,7 +376,19 @@ def test_a_resumed_run_continues_the_same_blt_noise():
 
 
 # ------------------------------------------------------ (7) jax-privacy, where installed
+@pytest.fixture()
+def jax_x64():
+    """jax in float64 for the comparison (its default float32 differs from ours at 1e-6),
+    as it was after."""
+    jax = pytest.importorskip("jax")
+    before = jax.config.read("jax_enable_x64")
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", before)
+
+
 @pytest.mark.filterwarnings("ignore:Explicitly requested dtype")
+@pytest.mark.usefixtures("jax_x64")
 def test_jax_privacy_computes_the_same_blt_quantities():
     """jax-privacy's BLT coefficients and min-sep sensitivity of the optimised BLT equal ours
     (optional extra [ftrl]; skipped without it)."""
