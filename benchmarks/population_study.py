@@ -115,15 +115,18 @@ def rungs(n: int, seed: int, args: argparse.Namespace) -> list[tuple[str, dict[s
         train = {"cohort_size": args.cohort, "eval_finetune": args.finetune, **base["train"],
                  **common, "eval_every": base["train"]["rounds"], "client_tables": tables}
         train["cohort_size"] = min(train["cohort_size"], n)
+        nonce = f"-nonce{args.nonce}" if args.nonce else ""  # training's own randomness
+        if args.nonce:
+            train["nonce"] = args.nonce
         fed = {**base["federation"], **(merging or {})}
         if not args.no_reference:
-            out.append((f"{method}-none-seed{seed}", {"data": data, "train": train,
+            out.append((f"{method}-none{nonce}-seed{seed}", {"data": data, "train": train,
                                                        "federation": fed}))
         for mech in args.mechanisms:
             for eps in args.epsilons:
                 privacy = {**MECHANISMS[mech], "epsilon": eps, "delta": 1e-5, **base["privacy"],
                            **({"clip": args.clip} if args.clip else {})}
-                out.append((f"{method}-{mech}-eps{eps:g}-seed{seed}", {
+                out.append((f"{method}-{mech}-eps{eps:g}{nonce}-seed{seed}", {
                     "data": data, "train": train, "federation": fed, "privacy": privacy}))
     return out
 
@@ -367,6 +370,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="DP-MostPop's k values; the best on validation is the floor")
     parser.add_argument("--only", nargs="+", metavar="PREFIX",
                         help="run only the rungs whose name starts with one of these")
+    parser.add_argument("--nonce", type=int, default=0,
+                        help="the federated runs' training nonce (same population, users and "
+                        "evaluation; other training randomness): rungs tagged -nonce<N>, "
+                        "measuring training's own noise by a paired test")
     parser.add_argument("--only-table", action="store_true",
                         help="write study.csv, .md and .png from the finished runs")
     args = parser.parse_args(argv)

@@ -102,3 +102,13 @@ def test_the_study_runs_every_k_of_the_grid_with_validation():
     for k in (25, 200):
         cfg = names[f"dp-mostpop-k{k}-eps4-seed0"]
         assert cfg["baseline"]["k"] == k and cfg["train"]["select_round"] == "best-val-full"
+
+
+def test_a_second_nonce_tags_the_federated_rungs_and_keeps_the_users():
+    args = study.parse_args(["--epsilons", "4", "--k-grid", "50", "--data-dir", "d",
+                             "--nonce", "1"])
+    names = dict(study.rungs(10_000, 0, args))
+    cfg = names["fedmf-cdp-gaussian-eps4-nonce1-seed0"]
+    assert cfg["train"]["nonce"] == 1 and cfg["train"]["seed"] == 0
+    assert "fedmf-none-nonce1-seed0" in names
+    assert "nonce" not in names["dp-mostpop-k50-eps4-seed0"]["train"]  # baselines: one each
