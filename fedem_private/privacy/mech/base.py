@@ -89,7 +89,8 @@ CENTRAL_OPTIONS: tuple[str, ...] = ("sample_rate", "clip_quantile", "clip_lr",
                                     "clip_count_noise", "canaries")
 DPSGD_OPTIONS: tuple[str, ...] = ("dpsgd_rate", "dpsgd_steps", "dpsgd_negatives", "dpsgd_lr",
                                   "dpsgd_adapter_steps")
-FTRL_OPTIONS: tuple[str, ...] = ("ftrl_strategy", "ftrl_bands", "ftrl_buffers")
+FTRL_OPTIONS: tuple[str, ...] = ("ftrl_strategy", "ftrl_bands", "ftrl_buffers",
+                                  "ftrl_sampling")
 DDP_OPTIONS: tuple[str, ...] = ("ddp_bits", "ddp_scale", "ddp_tolerance", "dropout",
                                  "client_secret_seed")
 
