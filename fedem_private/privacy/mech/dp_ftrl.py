@@ -312,11 +312,13 @@ class DpFtrl(Mechanism):
             eps = summary.get("epsilon") or {}
             return adversary_views(
                 ("observers of the released models, not told who took part",
-                 eps.get("reported"), "amplified banded MF: Poisson within b-min-sep groups"),
-                ("observers told who took part", eps.get("unamplified"),
-                 "the release as one Gaussian mechanism at G = b, no amplification"),
-                ("the aggregator, which adds the noise", None,
-                 "no guarantee: it reads each round's clipped sum before adding the noise"))
+                 eps.get("reported"),
+                 f"amplified banded MF: Poisson within b-min-sep groups (an observer told who "
+                 f"took part: {eps.get('unamplified')}, the release as one Gaussian at G = b, "
+                 f"no amplification)"),
+                ("the aggregator, which adds the noise and sees who took part", None,
+                 "no guarantee: it reads each round's clipped sum before adding the noise (a "
+                 "trusted aggregator; run ddp-skellam for noise the clients add)"))
         return adversary_views(
             ("observers of the released models (every one, told who took part or not)",
              (summary.get("epsilon") or {}).get("reported"),
