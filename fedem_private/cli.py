@@ -657,7 +657,8 @@ def privacy_text(privacy: dict[str, Any] | None) -> str:
                 + (f"; clip {clip:.4g}" if clip is not None else ""))
     if mech is not None and mech.central and not mech.cli_clause:  # cdp-gaussian's two views
         return _central_text(privacy, eps)
-    clause, warning = (mech.cli_clause, mech.cli_warning) if mech is not None else ("", "")
+    clause, warning = ((mech.run_clause(privacy), mech.cli_warning) if mech is not None
+                       else ("", ""))
     text = f"privacy: {mode}{clause}  eps spent (worst client) {eps:.4g}"
     if privacy.get("delta"):
         text += f" at delta {privacy['delta']:g}"

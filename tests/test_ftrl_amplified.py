@@ -228,7 +228,9 @@ def test_a_run_states_the_sampling_and_its_amplification(tmp_path, capsys):
                  "--noise-multiplier", "1", "--sample-rate", "0.25", "--clip", "0.5",
                  "--rounds", "4", "--local-epochs", "1", "--dim", "4", "--no-progress",
                  "--out", str(out)]) == 0
-    capsys.readouterr()
+    line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("privacy:")]
+    assert line and "amplification: Poisson within b-min-sep groups" in line[0]
+    assert "no amplification" not in line[0]
     privacy = json.loads((out / "summary.json").read_text())["privacy"]
     assert privacy["sampling"] == "poisson"
     assert privacy["amplification"] == "Poisson within b-min-sep groups"

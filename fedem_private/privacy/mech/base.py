@@ -191,6 +191,12 @@ class Mechanism:
         return {"neighbouring": neighbouring, "trust_model": cls.trust_model,
                 "amplification": cls.amplification}
 
+    @classmethod
+    def run_clause(cls, privacy: dict[str, Any]) -> str:
+        """The CLI's clause after the name for a finished run's privacy block (``privacy``:
+        its ``summary.json`` entry); :attr:`cli_clause` unless a run's settings change it."""
+        return cls.cli_clause
+
     # -- configuration -----------------------------------------------------------------------
     @classmethod
     def validate(cls, cfg: PrivacySettings) -> None:

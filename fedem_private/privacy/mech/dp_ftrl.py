@@ -279,6 +279,10 @@ class DpFtrl(Mechanism):
     relation = ADD_REMOVE_CLIENT
     cli_clause = (" (user-level central DP-FTRL, tree, banded or BLT factorisation "
                   "(--ftrl-strategy), cyclic cohorts; no amplification claimed)")
+    # a run under --ftrl-sampling poisson (:meth:`run_clause`)
+    poisson_clause = (" (user-level central DP-FTRL, banded factorisation, b-min-sep Poisson "
+                      "sampling; amplification: Poisson within b-min-sep groups, for observers "
+                      "not told who took part)")
     floor = "central"
     central = True
     claims_guarantee = True
@@ -303,6 +307,12 @@ class DpFtrl(Mechanism):
         "the run seed, which keys the tree's node noise, and each round's clipped sum before "
         "it adds the noise (trust model: the aggregator adds the noise): it is trusted, and "
         "no guarantee holds against it; who took part (the public cohort schedule)")
+
+    @classmethod
+    def run_clause(cls, privacy: dict[str, Any]) -> str:
+        """The cyclic clause, or :attr:`poisson_clause` for a run under ``--ftrl-sampling
+        poisson`` (its summary's ``sampling``)."""
+        return cls.poisson_clause if privacy.get("sampling") == "poisson" else cls.cli_clause
 
     @classmethod
     def adversaries(cls, summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
