@@ -80,6 +80,12 @@ coefficients, again that of any (k, G)-min-separated participation). Everything 
 above (participation, the release as ONE Gaussian of multiplier sigma / (C sqrt(S_t)),
 calibration at T, the ledger's r) is the same, S_t and r being the strategy's
 (:class:`FtrlPlan`).
+
+**Amplified banded** (``--ftrl-sampling poisson``, issue 81): the banded strategy with b
+groups instead of G cohorts, each member of round t's group in with probability p = q b,
+accounted as DP-SGD with Poisson sampling at p over ceil(T/b) steps (Choquette-Choo et al.,
+NeurIPS 2023; :func:`amplified_params`, :meth:`FtrlPlan.amplified`). Its plan keeps the
+cyclic S_t and r at G = b: the unamplified bound and the ledger's charge.
 """
 
 from __future__ import annotations
