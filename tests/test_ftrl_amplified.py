@@ -184,7 +184,7 @@ def test_the_logged_plan_is_read_back_and_a_cyclic_plan_logs_as_before():
     ({"ftrl_strategy": "blt", "ftrl_bands": 0}, "is for --ftrl-strategy banded, not 'blt'"),
     ({"ftrl_bands": 0}, "needs --ftrl-bands b"),
     ({"ftrl_sampling": "shuffle"}, "unknown --ftrl-sampling 'shuffle'"),
-    ({"accountant": "basic"}, "--accountant pld or rdp, not 'basic'"),
+    ({"accountant": "basic"}, "with rdp or pld, not 'basic'"),  # the central modes' rule
 ])
 def test_settings_it_refuses(over, said):
     with pytest.raises(UserError, match=said):

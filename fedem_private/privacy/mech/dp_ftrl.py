@@ -384,9 +384,6 @@ class DpFtrl(Mechanism):
         if not cfg.ftrl_bands:
             raise UserError("--ftrl-sampling poisson needs --ftrl-bands b: b groups and b "
                             "bands, each group member in with probability p = q b <= 1")
-        if cfg.accountant not in ("pld", "rdp"):
-            raise UserError(f"--ftrl-sampling poisson is accounted as the Poisson-subsampled "
-                            f"Gaussian: --accountant pld or rdp, not {cfg.accountant!r}")
         return True
 
     @staticmethod
