@@ -118,6 +118,11 @@ POISSON_ACCOUNTING = (
     "sqrt(S_t) at G = b). The per-client ledger (epsilon_ledger) charges each participation "
     "a Gaussian of multiplier sigma / (C sqrt(r)), unamplified")
 POISSON_AMPLIFICATION = "Poisson within b-min-sep groups"
+POISSON_VARIANT = ("banded Toeplitz matrix factorisation A = B C (C lower-triangular Toeplitz, "
+                   "b bands, c_0 = 1, optimised for T and G = b by L-BFGS on ||B||_F^2 x "
+                   "sens^2); each round adds w_t = (C^{-1} z)_t by the recurrence C w = z (O(b) "
+                   "memory); model = initial + noisy prefix sum / (q N), q N = p N / b the "
+                   "expected cohort, server learning rate 1")
 # printed under privacy.participation beside PARTICIPATION for a banded plan
 MINSEP = ("min-separation: the banded strategy's b <= G columns never overlap, so the "
           "accounted sensitivity is also the bound for every participation at least G rounds "
@@ -564,7 +569,7 @@ class DpFtrl(Mechanism):
                          "max_participations": plan.max_participations,
                          "min_separation": plan.groups}
         if poisson:
-            accounting = POISSON_ACCOUNTING
+            variant, accounting = POISSON_VARIANT, POISSON_ACCOUNTING
             participation["poisson_rate"] = plan.rate
         elif minsep is not None:
             participation["also_valid_for"] = minsep
@@ -582,8 +587,9 @@ class DpFtrl(Mechanism):
             "sample_rate": layer.cfg.sample_rate,
             "expected_participants": layer.expected_count,
             "aggregation_weights": ("uniform: sum of clipped deltas over the expected cohort "
-                                    "N / G (FedAvg's data-size weights are not used: they "
-                                    "would raise the sensitivity)"),
+                                    f"{'q N' if poisson else 'N / G'} (FedAvg's data-size "
+                                    "weights are not used: they would raise the "
+                                    "sensitivity)"),
             "participation": participation,
             "dp_ftrl": {
                 "strategy": plan.strategy,
