@@ -235,6 +235,7 @@ def test_a_run_states_the_sampling_and_its_amplification(tmp_path, capsys):
     privacy = json.loads((out / "summary.json").read_text())["privacy"]
     assert privacy["sampling"] == "poisson"
     assert privacy["amplification"] == "Poisson within b-min-sep groups"
+    assert "no sampling amplification" not in privacy["description"]
     assert "add/remove" in privacy["neighbouring"] and privacy["trust_model"]
     assert privacy["participation"]["poisson_rate"] == pytest.approx(0.5)
     assert privacy["participation"]["pattern"].startswith("b-min-sep Poisson sampling")

@@ -192,6 +192,12 @@ class Mechanism:
                 "amplification": cls.amplification}
 
     @classmethod
+    def description_for(cls, params: RoundParams) -> str:
+        """The one-line description of a run with ``params``: :attr:`description` unless
+        its settings change what the mechanism is (dp-ftrl's Poisson sampling)."""
+        return cls.description
+
+    @classmethod
     def run_clause(cls, privacy: dict[str, Any]) -> str:
         """The CLI's clause after the name for a finished run's privacy block (``privacy``:
         its ``summary.json`` entry); :attr:`cli_clause` unless a run's settings change it."""

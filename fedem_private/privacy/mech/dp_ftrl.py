@@ -118,6 +118,12 @@ POISSON_ACCOUNTING = (
     "sqrt(S_t) at G = b). The per-client ledger (epsilon_ledger) charges each participation "
     "a Gaussian of multiplier sigma / (C sqrt(r)), unamplified")
 POISSON_AMPLIFICATION = "Poisson within b-min-sep groups"
+POISSON_DESCRIPTION = (
+    "user-level central DP-FTRL, amplified banded MF (Choquette-Choo et al. 2023, add/remove "
+    "one client's data): b groups by a keyed hash of identity, round t's group sampled "
+    "Poisson at p, L2-clip each delta to C, noisy prefix sums of the sums by a b-banded "
+    "matrix factorisation under secure aggregation; amplification: Poisson within b-min-sep "
+    "groups, for observers not told who took part")
 POISSON_VARIANT = ("banded Toeplitz matrix factorisation A = B C (C lower-triangular Toeplitz, "
                    "b bands, c_0 = 1, optimised for T and G = b by L-BFGS on ||B||_F^2 x "
                    "sens^2); each round adds w_t = (C^{-1} z)_t by the recurrence C w = z (O(b) "
@@ -312,6 +318,12 @@ class DpFtrl(Mechanism):
         "the run seed, which keys the tree's node noise, and each round's clipped sum before "
         "it adds the noise (trust model: the aggregator adds the noise): it is trusted, and "
         "no guarantee holds against it; who took part (the public cohort schedule)")
+
+    @classmethod
+    def description_for(cls, params: MechanismParams) -> str:
+        """:attr:`description`, or the amplified one under ``--ftrl-sampling poisson``."""
+        poisson = params.ftrl is not None and params.ftrl.sampling == "poisson"
+        return POISSON_DESCRIPTION if poisson else cls.description
 
     @classmethod
     def run_clause(cls, privacy: dict[str, Any]) -> str:
