@@ -51,7 +51,11 @@ Each of ``n_clients`` canary clients gets a fair coin b and a tiny table
   of the worst cohort's rounds (||v||^2 = S_T): again mean C S_T against sd
   sigma sqrt(S_T), mu = 1 / z. ``--ftrl-strategy blt`` is scored the same way with
   its own C (:class:`fedem_private.privacy.ftrl.BLTSecureSum`); there C^T C >= 0, so
-  all-equal deltas on the worst cohort again meet S_T = ||v||^2.
+  all-equal deltas on the worst cohort again meet S_T = ||v||^2. Under
+  ``--ftrl-sampling poisson`` the canary takes part in every round of its group
+  (G = b, none sampled out): the audit checks the unamplified release (one Gaussian,
+  mu = C sqrt(S_T) / sigma) against its unamplified eps; the amplification by Poisson
+  sampling is not audited.
 
 - ``ldp-dpsgd`` (interaction-level: one positive added or removed): gradient
   canaries through the accounted mechanism of one round. The canary client
@@ -342,6 +346,10 @@ def canary_audit(params: MechanismParams, *, n_clients: int | None = None, seed:
         g = gdp_audit(s, y, select, evaluate, confidence=level)
         eps_gdp = gdp_eps_lower_bound(g.mu_lb, delta)
         z = params.sum_noise_multiplier if params.adaptive_clip else params.noise_multiplier
+        if params.ftrl is not None and params.ftrl.sampling == "poisson":
+            from fedem_private.privacy.ftrl import release_multiplier
+
+            z = release_multiplier(params, params.ftrl.rounds)  # the unamplified release's
         out.update({"eps_lb_gdp": eps_gdp, "mu_lb_gdp": g.mu_lb,
                     "mu_claimed": (1.0 / z) if z else None,
                     "gdp_detail": {"threshold": g.threshold, "tp": g.tp, "n_pos": g.n_pos,

@@ -9,7 +9,9 @@ FedMF on a population calibrated to ML-100K (``--dataset synthetic --calibrate-t
 study's FedMF settings, benchmarks/results/population/participation/fedmf-settings.toml,
 with fewer rounds and a smaller cohort so that the whole grid fits in ~20 minutes on one
 core): ``cdp-gaussian`` (DP-FedAvg, Poisson rate K / N), ``dp-ftrl`` with the tree, and
-``dp-ftrl --ftrl-strategy banded`` (b = G = N / K bands) and ``blt`` (d = 3 buffers), all
+``dp-ftrl --ftrl-strategy banded`` (b = G = N / K bands) and ``blt`` (d = 3 buffers), and
+amplified banded MF (``dp-ftrl-banded-poisson``: ``--ftrl-sampling poisson --ftrl-bands 5``,
+p = 5 K / N; its noise_multiplier column is the DP-SGD-equivalent sigma / (C ||c||)), all
 at one eps, plus one run without noise per seed. Each run is a directory
 ``<runs>/<arm>-seed<s>`` written through the public API (a finished one is not run again).
 Writes ``<out>/<name>.csv`` (one row per run) and ``<out>/<name>.md`` (full HR@10 per arm:
@@ -36,6 +38,13 @@ ARMS: dict[str, dict[str, Any]] = {
     "dp-ftrl-tree": {"mode": "dp-ftrl", "ftrl_strategy": "tree"},
     "dp-ftrl-banded": {"mode": "dp-ftrl", "ftrl_strategy": "banded"},
     "dp-ftrl-blt": {"mode": "dp-ftrl", "ftrl_strategy": "blt"},
+    # amplified banded MF (--ftrl-sampling poisson): b = 5 groups and bands, p = q b = 0.25
+    # at the default cohort 500 of 10,000; b fixed before any run as the b in {1, 2, 4, 5,
+    # 10, 20} with the least total squared error of the prefix sums at eps 4 (sigma^2
+    # ||B||_F^2 / C^2 at T = 100: 4457, 3517, 3180, 3174, 3419, 3847; 20 is the cyclic
+    # banded arm's)
+    "dp-ftrl-banded-poisson": {"mode": "dp-ftrl", "ftrl_strategy": "banded",
+                               "ftrl_sampling": "poisson", "ftrl_bands": 5},
 }
 
 

@@ -213,6 +213,7 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--ftrl-buffers", "privacy.ftrl_buffers", _integer,
      "dp-ftrl --ftrl-strategy blt: the number d of buffers, 1 <= d <= 8 (0: 3); the noise "
      "keeps d vectors of the model's size whatever G and the rounds"),
+    ("--ftrl-sampling", "privacy.ftrl_sampling", str, "{ftrl_samplings}"),
     ("--clip-quantile", "privacy.clip_quantile", _number,
      "cdp-gaussian: adaptive clipping to this quantile of the delta norms (Andrew et al. "
      "2021); --clip is then the first round's clip"),
@@ -305,14 +306,14 @@ def _registered() -> dict[str, str]:
     """The help of the flags whose values are registries, from the registries themselves
     (a dataset or mechanism added, a plugin's included, is listed without editing this)."""
     from fedem_private.data import DATASETS
-    from fedem_private.privacy.mech.dp_ftrl import strategy_help
+    from fedem_private.privacy.mech.dp_ftrl import sampling_help, strategy_help
     from fedem_private.privacy.registry import capability, names
 
     mechanisms = ", ".join(n + " (INSECURE)" * capability(n, "nominal_only") for n in names())
     return {"{datasets}": f"{', '.join(DATASETS)} (`{PROG} datasets list`: where each is "
                           f"found)",
             "{mechanisms}": f"{mechanisms} (`{PROG} list` says what each is)",
-            "{ftrl_strategies}": strategy_help()}
+            "{ftrl_strategies}": strategy_help(), "{ftrl_samplings}": sampling_help()}
 
 
 def _add_run_flags(p: argparse.ArgumentParser) -> None:
@@ -656,7 +657,8 @@ def privacy_text(privacy: dict[str, Any] | None) -> str:
                 + (f"; clip {clip:.4g}" if clip is not None else ""))
     if mech is not None and mech.central and not mech.cli_clause:  # cdp-gaussian's two views
         return _central_text(privacy, eps)
-    clause, warning = (mech.cli_clause, mech.cli_warning) if mech is not None else ("", "")
+    clause, warning = ((mech.run_clause(privacy), mech.cli_warning) if mech is not None
+                       else ("", ""))
     text = f"privacy: {mode}{clause}  eps spent (worst client) {eps:.4g}"
     if privacy.get("delta"):
         text += f" at delta {privacy['delta']:g}"

@@ -165,10 +165,13 @@ class PrivacyConfig:
     public_population: int | None = None
     # dp-ftrl (fedem_private/privacy/ftrl.py, mf.py): the factorisation of the prefix sums,
     # "tree", "banded" or "blt" (dp_ftrl.STRATEGIES), a banded one's b (0: min(G, T)) and a
-    # BLT's d buffers (0: blt.DEFAULT_BUFFERS)
+    # BLT's d buffers (0: blt.DEFAULT_BUFFERS); the participation, "cyclic" cohorts or
+    # "poisson" (banded only: Poisson sampling within b-min-sep groups, amplified,
+    # dp_ftrl.SAMPLINGS)
     ftrl_strategy: str = "tree"
     ftrl_bands: int = 0
     ftrl_buffers: int = 0
+    ftrl_sampling: str = "cyclic"
 
     def __post_init__(self) -> None:
         self.validate()

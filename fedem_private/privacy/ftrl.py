@@ -80,6 +80,12 @@ coefficients, again that of any (k, G)-min-separated participation). Everything 
 above (participation, the release as ONE Gaussian of multiplier sigma / (C sqrt(S_t)),
 calibration at T, the ledger's r) is the same, S_t and r being the strategy's
 (:class:`FtrlPlan`).
+
+**Amplified banded** (``--ftrl-sampling poisson``, issue 81): the banded strategy with b
+groups instead of G cohorts, each member of round t's group in with probability p = q b,
+accounted as DP-SGD with Poisson sampling at p over ceil(T/b) steps (Choquette-Choo et al.,
+NeurIPS 2023; :func:`amplified_params`, :meth:`FtrlPlan.amplified`). Its plan keeps the
+cyclic S_t and r at G = b: the unamplified bound and the ledger's charge.
 """
 
 from __future__ import annotations
@@ -287,6 +293,36 @@ class FtrlPlan:
     coefs: tuple[float, ...] = ()
     omega: tuple[float, ...] = ()
     theta: tuple[float, ...] = ()
+    sampling: str = "cyclic"
+    rate: float = 1.0
+
+    @classmethod
+    def amplified(cls, rounds: int, bands: int, rate: float,
+                  coefs: tuple[float, ...] | None = None) -> FtrlPlan:
+        """A banded plan under ``--ftrl-sampling poisson`` (:func:`amplified_params`): b =
+        ``bands`` groups of b-min-sep sampling, each member of round t's group in with
+        probability p = ``rate``; the b-banded C optimised by ``mf.optimise_banded(T, b,
+        b)`` unless ``coefs`` are given. ``tree_sq`` and ``participation_sq`` are the
+        cyclic ones at G = b: the unamplified bound of a client present in every round of
+        its group (the per-client ledger's)."""
+        T, b = int(rounds), int(bands)
+        if coefs is None:
+            from fedem_private.privacy import mf
+
+            coefs = mf.optimise_banded(T, b, b)
+        coefs = tuple(float(x) for x in coefs)
+        if len(coefs) != b:
+            raise ValueError(f"an amplified plan has b = {b} bands, got {len(coefs)} coefs")
+        curve, ratio, k_max = _banded_curves(T, b, coefs)
+        return cls(T, b, float(curve[-1]), ratio, k_max, "banded", coefs,
+                   sampling="poisson", rate=float(rate))
+
+    @property
+    def column_sq(self) -> float:
+        """||c||^2: the largest squared column norm of a banded C (its first column, whole
+        since b <= T), in units of C^2; the amplified accounting's per-participation
+        sensitivity."""
+        return float(sum(x * x for x in self.coefs))
 
     @classmethod
     def for_run(cls, rounds: int, groups: int, strategy: str = "tree",
@@ -369,6 +405,8 @@ class FtrlPlan:
         if self.strategy == "banded":  # a tree plan logs as before issue 81
             out.update({"strategy": self.strategy, "bands": len(self.coefs),
                         "coefs": list(self.coefs)})
+            if self.sampling == "poisson":  # a cyclic plan logs as before
+                out.update({"sampling": self.sampling, "rate": self.rate})
         elif self.strategy == "blt":
             out.update({"strategy": self.strategy, "buffers": len(self.omega),
                         "omega": list(self.omega), "theta": list(self.theta)})
@@ -545,6 +583,8 @@ def ftrl_params(cfg: PrivacyConfig, rounds: int) -> MechanismParams:
     from fedem_private.privacy.calibration import gaussian_noise_multiplier
     from fedem_private.privacy.params import MechanismParams
 
+    if cfg.ftrl_sampling == "poisson":
+        return amplified_params(cfg, rounds)
     groups = groups_for(cfg.sample_rate)
     if cfg.ftrl_bands > rounds:
         from fedem_private.errors import UserError
@@ -573,11 +613,79 @@ def ftrl_params(cfg: PrivacyConfig, rounds: int) -> MechanismParams:
     )
 
 
+def amplified_rate(cfg: PrivacyConfig, rounds: int) -> tuple[int, float]:
+    """(b, p) of ``--ftrl-sampling poisson``: b = ``--ftrl-bands`` groups and bands, p = q b
+    (q = ``cfg.sample_rate``, the expected fraction of clients a round, K / n under
+    ``--cohort-size`` K), so that the expected cohort n p / b is q n. UserError unless
+    1 <= b <= T and p <= 1."""
+    from fedem_private.errors import UserError
+
+    b, q = int(cfg.ftrl_bands), float(cfg.sample_rate)
+    if not 1 <= b <= rounds:
+        raise UserError(f"--ftrl-sampling poisson needs --ftrl-bands b in 1..{rounds} (the "
+                        f"planned rounds), got {b}")
+    p = q * b
+    if p > 1 + 1e-9:
+        raise UserError(f"--ftrl-sampling poisson: --ftrl-bands {b} groups at a rate of "
+                        f"{q:g} a round need p = q b = {p:g} <= 1: give at most "
+                        f"{max(1, math.floor(1 / q + 1e-9))} bands")
+    return b, min(p, 1.0)
+
+
+def amplified_params(cfg: PrivacyConfig, rounds: int) -> MechanismParams:
+    """dp-ftrl's parameters under ``--ftrl-sampling poisson`` (amplified banded MF).
+
+    Choquette-Choo, McMahan, Rush, Thakurta et al., "(Amplified) Banded Matrix
+    Factorization: A unified approach to private training" (NeurIPS 2023), Theorem 4:
+    for a b-banded lower-triangular C whose columns have L2 norm at most 1 and b-min-sep
+    sampling (a fixed partition into b groups; in step t only group t mod b may take part,
+    each member independently with probability p), the matrix mechanism with noise
+    N(0, sigma^2) per entry of C x + z is as private as DP-SGD with Poisson sampling at p
+    and noise multiplier sigma run for ceil(T/b) steps: one client's columns are >= b
+    apart, so their rows never overlap and each participation is an independent
+    sampled Gaussian (also for adaptively chosen x). Here the columns are normalised by
+    the largest, ||c|| (the first: c_0 = 1, the others no longer): z = sigma / (C ||c||)
+    is the DP-SGD multiplier, C the clip. Neighbouring relation: add/remove of one
+    client's whole data (the Poisson accounting's; replace-one is not claimed). Trust
+    model: central, as the cyclic cohorts (the aggregator adds the noise and sees who
+    took part; the amplified eps is for observers of the released models who are not
+    told who took part). z is ``cfg.noise_multiplier``, or the smallest z for which
+    ceil(T/b) compositions of the Poisson-subsampled Gaussian at p are (eps, delta)-DP by
+    ``cfg.accountant`` (pld or rdp; :func:`~fedem_private.privacy.calibration.
+    dpfedavg_noise_multiplier`, the path cdp-gaussian calibrates on). sigma = z C ||c||;
+    ``sample_rate`` becomes p / b, so that the layer's divisor q N is the expected cohort.
+    """
+    from fedem_private.privacy.accounting import gaussian_epsilon
+    from fedem_private.privacy.calibration import dpfedavg_noise_multiplier
+    from fedem_private.privacy.params import MechanismParams
+
+    b, p = amplified_rate(cfg, rounds)
+    plan = FtrlPlan.amplified(rounds, b, p)
+    clip = float(cfg.clip)
+    if cfg.noise_multiplier is not None:
+        z = float(cfg.noise_multiplier)
+    else:
+        assert cfg.epsilon is not None
+        z = dpfedavg_noise_multiplier(cfg.epsilon, cfg.delta, p,
+                                      plan.max_participations, cfg.accountant)
+    sensitivity = clip * math.sqrt(plan.column_sq)
+    eps_round = math.inf if z == 0 else gaussian_epsilon(
+        math.sqrt(plan.participation_sq / plan.column_sq) / z, cfg.delta)
+    return MechanismParams(
+        mode=cfg.mode, delta=cfg.delta, norm="l2", clip=clip, sensitivity=sensitivity,
+        noise_kind="gaussian", noise_scale=z * sensitivity, noise_multiplier=z,
+        epsilon_round=eps_round, sample_rate=p / b, ftrl=plan,
+    )
+
+
 def participation_multiplier(params: MechanismParams) -> float:
     """z_p = sigma / (C sqrt(r)): what the per-client ledger charges one participation (k
-    of them compose to z_p / sqrt(k), a valid bound at every round, module docstring)."""
+    of them compose to z_p / sqrt(k), a valid bound at every round, module docstring;
+    unamplified, also under ``--ftrl-sampling poisson``)."""
     assert params.ftrl is not None and params.noise_multiplier is not None
     plan = params.ftrl
+    if plan.sampling == "poisson":  # noise_multiplier is sigma / (C ||c||) there
+        return params.noise_multiplier * math.sqrt(plan.column_sq / plan.participation_sq)
     return params.noise_multiplier * math.sqrt(plan.tree_sq / plan.participation_sq)
 
 

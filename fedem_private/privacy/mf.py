@@ -45,7 +45,10 @@ coefficients of B and v the indicator of group 0's rounds (||C v||^2 is exactly 
 group's squared sensitivity for b <= G), by L-BFGS from the coefficients of (1 - x)^{-1/2}
 (the square-root factorisation, Fichtenberger et al. 2023), with exact gradients: de /
 dc_j = -x^j e(x) d(x), d/dc_j ||C v||^2 = 2 sum_i (C v)_i v_{i-j}. Deterministic, cached per
-(T, b, G).
+(T, b, G). Amplified banded MF (``--ftrl-sampling poisson``) calls it with G = b: then
+||C v||^2 = k ||c||^2 when b divides T (every one of group 0's k columns whole), so the
+objective is the amplified one, ||B||_F^2 times the largest squared column norm, up to the
+constant k (and the last column's truncation when b does not divide T).
 """
 
 from __future__ import annotations

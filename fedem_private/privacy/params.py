@@ -124,8 +124,9 @@ class MechanismParams:
 
     @property
     def description(self) -> str:
-        """One-line description of the mode (INSECURE / heuristic stated where it applies)."""
-        return self.mechanism.description
+        """One-line description of the mode (INSECURE / heuristic stated where it applies),
+        as these parameters use it (:meth:`Mechanism.description_for`)."""
+        return self.mechanism.description_for(self)
 
     def round_mechanism(self) -> RoundMechanism | None:
         """The accounting view of one round; None when the mode gives no guarantee."""

@@ -56,6 +56,7 @@ LATER_FIELDS: dict[tuple[str, ...], Any] = {
     ("privacy", "ftrl_strategy"): "tree",
     ("privacy", "ftrl_bands"): 0,
     ("privacy", "ftrl_buffers"): 0,
+    ("privacy", "ftrl_sampling"): "cyclic",
     ("federation", "backbone"): "mf",
     ("federation", "codec"): "full",
     ("federation", "graph_threshold"): 1.0,

@@ -89,7 +89,8 @@ CENTRAL_OPTIONS: tuple[str, ...] = ("sample_rate", "clip_quantile", "clip_lr",
                                     "clip_count_noise", "canaries")
 DPSGD_OPTIONS: tuple[str, ...] = ("dpsgd_rate", "dpsgd_steps", "dpsgd_negatives", "dpsgd_lr",
                                   "dpsgd_adapter_steps")
-FTRL_OPTIONS: tuple[str, ...] = ("ftrl_strategy", "ftrl_bands", "ftrl_buffers")
+FTRL_OPTIONS: tuple[str, ...] = ("ftrl_strategy", "ftrl_bands", "ftrl_buffers",
+                                  "ftrl_sampling")
 DDP_OPTIONS: tuple[str, ...] = ("ddp_bits", "ddp_scale", "ddp_tolerance", "dropout",
                                  "client_secret_seed")
 
@@ -189,6 +190,18 @@ class Mechanism:
                                        sizes_public=cls.perturbs and sizes_public)
         return {"neighbouring": neighbouring, "trust_model": cls.trust_model,
                 "amplification": cls.amplification}
+
+    @classmethod
+    def description_for(cls, params: RoundParams) -> str:
+        """The one-line description of a run with ``params``: :attr:`description` unless
+        its settings change what the mechanism is (dp-ftrl's Poisson sampling)."""
+        return cls.description
+
+    @classmethod
+    def run_clause(cls, privacy: dict[str, Any]) -> str:
+        """The CLI's clause after the name for a finished run's privacy block (``privacy``:
+        its ``summary.json`` entry); :attr:`cli_clause` unless a run's settings change it."""
+        return cls.cli_clause
 
     # -- configuration -----------------------------------------------------------------------
     @classmethod

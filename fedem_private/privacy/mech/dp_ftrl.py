@@ -26,6 +26,25 @@ relation, trust model, participation and accounting; its coefficients are non-ne
 non-increasing, so the sensitivity C sqrt(S_T) = C ||C 1_0|| (cohort 0's rounds) is exact
 for the cyclic cohorts and equal to the bound for any participation at least G rounds
 apart and at most ceil(T/G) times, for every G.
+
+``--ftrl-sampling poisson`` (issue 81, banded only) is amplified banded MF (Choquette-Choo,
+McMahan, Rush, Thakurta et al., "(Amplified) Banded Matrix Factorization", NeurIPS 2023, the
+amplification theorem for b-banded C under b-min-sep sampling): b-min-sep sampling with b =
+``--ftrl-bands`` groups by the same keyed hash of identity (G = b); in round t only group
+(t - 1) mod b may take part, each member independently with probability p = q b (a keyed
+uniform of (seed, round, identity): removing a user moves no other client). Conditions, as
+the theorem states them: C lower-triangular and b-banded (C[t, s] = 0 for t - s >= b),
+every column of L2 norm at most 1 (here normalised by the largest, ||c||: c_0 = 1 and the
+first column is whole), a fixed partition into b groups (the theorem needs no equal sizes;
+ours are Binomial), independent Poisson draws within the group. Then the release C x + z
+(z_t ~ N(0, sigma^2)) is as private as DP-SGD with Poisson sampling at p and noise multiplier
+z = sigma / (C ||c||) over ceil(T/b) steps: the same relation (add/remove of one client's
+whole data, the Poisson accountant's; replace-one is not claimed), the same trust model;
+accounted by dp-accounting's PLD and RDP of the Poisson-subsampled Gaussian (as
+cdp-gaussian), for observers of the released models who are not told who took part. The
+aggregator, which sees who took part, gets no amplification: the per-client ledger and the
+unamplified release bound (one Gaussian of sensitivity C sqrt(S_T) at G = b, valid for every
+participation pattern the schedule allows) stay beside it.
 """
 
 from __future__ import annotations
@@ -73,6 +92,43 @@ STRATEGIES: dict[str, str] = {
             "banded's, close to banded's once G >= T; any G; its guarantee holds for any "
             "participation at least G rounds apart, at most ceil(T/G) times"),
 }
+# --ftrl-sampling: name -> when it applies (``fedem-private list``, ``run --help``)
+SAMPLINGS: dict[str, str] = {
+    "cyclic": ("the default: G = ceil(1/q) fixed cohorts by a keyed hash of identity, cohort "
+               "(t - 1) mod G wholly in round t; every strategy; no amplification claimed"),
+    "poisson": ("--ftrl-strategy banded only, with --ftrl-bands b (1 <= b <= 1/q): b-min-sep "
+                "sampling, b groups by a keyed hash of identity, each member of round t's "
+                "group (t - 1) mod b in with probability p = q b; accounted as DP-SGD with "
+                "Poisson sampling at p over ceil(T/b) steps (amplified banded MF, "
+                "Choquette-Choo et al. 2023); helps most where p is small (few bands)"),
+}
+POISSON_PARTICIPATION = (
+    "b-min-sep Poisson sampling: each client's group is a keyed hash of its identity into b "
+    "groups (b the bands), so no other user's presence moves it; in round t only group "
+    "(t - 1) mod b may take part, each member independently with probability p (a keyed "
+    "uniform of the seed, the round and its identity); each client at most ceil(T/b) times, "
+    "at least b rounds apart")
+POISSON_ACCOUNTING = (
+    "amplified banded MF (Choquette-Choo et al. 2023): the b-banded C's columns normalised "
+    "by the largest, ||c||, a client's columns never overlap (b-min-sep), so the release is "
+    "as private as DP-SGD with Poisson sampling at p and noise multiplier z = sigma / (C "
+    "||c||) over ceil(t/b) steps: dp-accounting PLD (pessimistic) and RDP of the "
+    "Poisson-subsampled Gaussian, calibrated at the planned last round; reported = min of "
+    "those and the unamplified bound (the release as one Gaussian of sensitivity C "
+    "sqrt(S_t) at G = b). The per-client ledger (epsilon_ledger) charges each participation "
+    "a Gaussian of multiplier sigma / (C sqrt(r)), unamplified")
+POISSON_AMPLIFICATION = "Poisson within b-min-sep groups"
+POISSON_DESCRIPTION = (
+    "user-level central DP-FTRL, amplified banded MF (Choquette-Choo et al. 2023, add/remove "
+    "one client's data): b groups by a keyed hash of identity, round t's group sampled "
+    "Poisson at p, L2-clip each delta to C, noisy prefix sums of the sums by a b-banded "
+    "matrix factorisation under secure aggregation; amplification: Poisson within b-min-sep "
+    "groups, for observers not told who took part")
+POISSON_VARIANT = ("banded Toeplitz matrix factorisation A = B C (C lower-triangular Toeplitz, "
+                   "b bands, c_0 = 1, optimised for T and G = b by L-BFGS on ||B||_F^2 x "
+                   "sens^2); each round adds w_t = (C^{-1} z)_t by the recurrence C w = z (O(b) "
+                   "memory); model = initial + noisy prefix sum / (q N), q N = p N / b the "
+                   "expected cohort, server learning rate 1")
 # printed under privacy.participation beside PARTICIPATION for a banded plan
 MINSEP = ("min-separation: the banded strategy's b <= G columns never overlap, so the "
           "accounted sensitivity is also the bound for every participation at least G rounds "
@@ -100,6 +156,12 @@ def strategy_help() -> str:
     """``--ftrl-strategy``'s help: each strategy and when it applies."""
     return "dp-ftrl's factorisation of the prefix sums: " + "; ".join(
         f"{name}: {text}" for name, text in STRATEGIES.items())
+
+
+def sampling_help() -> str:
+    """``--ftrl-sampling``'s help: each participation and when it applies."""
+    return "dp-ftrl's participation: " + "; ".join(
+        f"{name}: {text}" for name, text in SAMPLINGS.items())
 
 
 VARIANT = ("online binary tree (Fenwick: node e covers rounds e - lowbit(e) + 1 .. e), "
@@ -149,6 +211,44 @@ _SUMMARY_TEXTS: dict[str, tuple[str, str, str | None]] = {
 _GROUPS: dict[tuple[int, int, int, bytes], np.ndarray] = {}
 
 
+def poisson_members(seed: int, round_: int, keys: np.ndarray, rate: float) -> np.ndarray:
+    """Which of round ``round_``'s group members take part under ``--ftrl-sampling
+    poisson``: each independently with probability ``rate`` = p, by the keyed uniform of
+    (seed, POISSON, round, identity) (:func:`fedem_private.privacy.central.
+    poisson_participants`, cdp-gaussian's sampler): a function of the member's identity
+    and the round alone, so removing a user moves no other client, and independent of
+    the group hash (another stream) and across rounds. Sorted indices into ``keys``."""
+    from fedem_private.privacy.central import poisson_participants
+
+    return poisson_participants(int(seed), int(round_), np.asarray(keys, dtype=np.int64),
+                                float(rate))
+
+
+def amplified_epsilon(params: MechanismParams, round_: int) -> dict[str, float | None]:
+    """The eps of the release up to ``round_`` >= 1 under ``--ftrl-sampling poisson``,
+    JSON-ready: ``rdp`` and ``pld`` are dp-accounting's bounds on ceil(t/b) compositions of
+    the Poisson-subsampled Gaussian at p with multiplier z = sigma / (C ||c||)
+    (:func:`~fedem_private.privacy.accounting.dpfedavg_bounds`; amplified banded MF,
+    module docstring); ``unamplified`` the release as one Gaussian of multiplier
+    sigma / (C sqrt(S_t)) at G = b (valid for every pattern the schedule allows, told who
+    took part); ``reported`` the minimum of the three."""
+    from fedem_private.privacy.accounting import dpfedavg_bounds, gaussian_release_bounds
+    from fedem_private.privacy.ftrl import release_multiplier
+
+    plan = params.ftrl
+    assert plan is not None and params.noise_multiplier is not None
+    z = float(params.noise_multiplier)
+    if z == 0:
+        return dict.fromkeys(("rdp", "pld", "unamplified", "reported"), None)
+    steps = math.ceil(int(round_) / plan.groups)
+    amp = dpfedavg_bounds(plan.rate, z, steps, params.delta).as_dict()
+    plain = gaussian_release_bounds(release_multiplier(params, round_), params.delta)
+    out = {"rdp": amp["rdp"], "pld": amp["pld"], "unamplified": plain["reported"]}
+    finite = [v for v in out.values() if v is not None]
+    out["reported"] = min(finite) if finite else None
+    return out
+
+
 def _cohorts(keys: np.ndarray, groups: int, seed: int) -> np.ndarray:
     """Each client's group (kept for the run's keys: drawn once, not every round)."""
     from fedem_private.privacy.ftrl import CyclicCohorts
@@ -190,6 +290,10 @@ class DpFtrl(Mechanism):
     relation = ADD_REMOVE_CLIENT
     cli_clause = (" (user-level central DP-FTRL, tree, banded or BLT factorisation "
                   "(--ftrl-strategy), cyclic cohorts; no amplification claimed)")
+    # a run under --ftrl-sampling poisson (:meth:`run_clause`)
+    poisson_clause = (" (user-level central DP-FTRL, banded factorisation, b-min-sep Poisson "
+                      "sampling; amplification: Poisson within b-min-sep groups, for observers "
+                      "not told who took part)")
     floor = "central"
     central = True
     claims_guarantee = True
@@ -216,9 +320,32 @@ class DpFtrl(Mechanism):
         "no guarantee holds against it; who took part (the public cohort schedule)")
 
     @classmethod
+    def description_for(cls, params: MechanismParams) -> str:
+        """:attr:`description`, or the amplified one under ``--ftrl-sampling poisson``."""
+        poisson = params.ftrl is not None and params.ftrl.sampling == "poisson"
+        return POISSON_DESCRIPTION if poisson else cls.description
+
+    @classmethod
+    def run_clause(cls, privacy: dict[str, Any]) -> str:
+        """The cyclic clause, or :attr:`poisson_clause` for a run under ``--ftrl-sampling
+        poisson`` (its summary's ``sampling``)."""
+        return cls.poisson_clause if privacy.get("sampling") == "poisson" else cls.cli_clause
+
+    @classmethod
     def adversaries(cls, summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
         """Observer: the tree release's eps (one Gaussian, no amplification); aggregator:
         none, since it adds the noise to sums it reads first."""
+        if summary.get("sampling") == "poisson":
+            eps = summary.get("epsilon") or {}
+            return adversary_views(
+                ("observers of the released models, not told who took part",
+                 eps.get("reported"),
+                 f"amplified banded MF: Poisson within b-min-sep groups (an observer told who "
+                 f"took part: {eps.get('unamplified')}, the release as one Gaussian at G = b, "
+                 f"no amplification)"),
+                ("the aggregator, which adds the noise and sees who took part", None,
+                 "no guarantee: it reads each round's clipped sum before adding the noise (a "
+                 "trusted aggregator; run ddp-skellam for noise the clients add)"))
         return adversary_views(
             ("observers of the released models (every one, told who took part or not)",
              (summary.get("epsilon") or {}).get("reported"),
@@ -247,11 +374,34 @@ class DpFtrl(Mechanism):
             raise UserError(f"--ftrl-bands is for --ftrl-strategy banded, not "
                             f"{cfg.ftrl_strategy!r}")
         cls._validate_buffers(cfg)
+        if cls._validate_sampling(cfg):
+            return  # b <= 1/q is checked at calibration, where q is final (--cohort-size)
         groups = groups_for(cfg.sample_rate)
         if b > groups:
             raise UserError(f"--ftrl-bands {b}: at most G = ceil(1/q) = {groups} bands under "
                             f"--sample-rate {cfg.sample_rate:g} (a client returns every G "
                             f"rounds; more bands would overlap its columns)")
+
+    @staticmethod
+    def _validate_sampling(cfg: PrivacyConfig) -> bool:
+        """--ftrl-sampling one of :data:`SAMPLINGS`; poisson only with banded and an
+        explicit --ftrl-bands b (the groups and the bands, whose choice trades the
+        amplification of p = q b against the noise's correlation). True for poisson."""
+        from fedem_private.errors import UserError
+
+        sampling = cfg.ftrl_sampling
+        if sampling not in SAMPLINGS:
+            raise UserError(f"unknown --ftrl-sampling {sampling!r} (choose one of "
+                            f"{', '.join(SAMPLINGS)})")
+        if sampling == "cyclic":
+            return False
+        if cfg.ftrl_strategy != "banded":
+            raise UserError(f"--ftrl-sampling poisson is for --ftrl-strategy banded, not "
+                            f"{cfg.ftrl_strategy!r} (its amplification needs a b-banded C)")
+        if not cfg.ftrl_bands:
+            raise UserError("--ftrl-sampling poisson needs --ftrl-bands b: b groups and b "
+                            "bands, each group member in with probability p = q b <= 1")
+        return True
 
     @staticmethod
     def _validate_buffers(cfg: PrivacyConfig) -> None:
@@ -269,8 +419,10 @@ class DpFtrl(Mechanism):
     @classmethod
     def listed(cls) -> list[tuple[str, str, str]]:
         """``fedem-private list``'s rows for its strategies: (kind, name, note)."""
-        return [("ftrl-strategy", name, f"--privacy dp-ftrl --ftrl-strategy {name}: {text}")
-                for name, text in STRATEGIES.items()]
+        return ([("ftrl-strategy", name, f"--privacy dp-ftrl --ftrl-strategy {name}: {text}")
+                 for name, text in STRATEGIES.items()]
+                + [("ftrl-sampling", name, f"--privacy dp-ftrl --ftrl-sampling {name}: {text}")
+                   for name, text in SAMPLINGS.items()])
 
     @classmethod
     def notes(cls, cfg: PrivacyConfig, rounds: int) -> list[tuple[str, str]]:
@@ -279,6 +431,8 @@ class DpFtrl(Mechanism):
         from fedem_private.privacy.ftrl import groups_for
 
         q = float(cfg.sample_rate)
+        if cfg.ftrl_sampling == "poisson":
+            return []  # p = q b: the expected cohort is q n whatever b
         groups = groups_for(q)
         out = []
         if abs(1.0 / groups - q) > 1e-9:
@@ -335,9 +489,13 @@ class DpFtrl(Mechanism):
     @classmethod
     def audit_claim(cls, params: MechanismParams) -> float | None:
         """The whole release's reported eps at the planned last round (:meth:`release_epsilon`):
-        what the tree guarantees, to every observer (None: no guarantee)."""
+        what the tree guarantees, to every observer (None: no guarantee). Under
+        ``--ftrl-sampling poisson`` the canaries take part in every round of their group
+        (none is sampled out), so what they audit is the unamplified bound, the release as
+        one Gaussian at G = b; the amplification by sampling is not audited."""
         assert params.ftrl is not None
-        return cls.release_epsilon(params, params.ftrl.rounds)["reported"]
+        eps = cls.release_epsilon(params, params.ftrl.rounds)
+        return eps["unamplified"] if params.ftrl.sampling == "poisson" else eps["reported"]
 
     @classmethod
     def restore_params(cls, values: dict[str, Any]) -> dict[str, Any]:
@@ -352,6 +510,12 @@ class DpFtrl(Mechanism):
             if plan.get("omega") is not None:
                 blt = (tuple(float(x) for x in plan["omega"]),
                        tuple(float(x) for x in plan["theta"]))
+            if plan.get("sampling") == "poisson":
+                assert coefs is not None
+                values = {**values, "ftrl": FtrlPlan.amplified(
+                    int(plan["rounds"]), int(plan["groups"]), float(plan["rate"]),
+                    coefs=tuple(float(x) for x in coefs))}
+                return values
             values = {**values, "ftrl": FtrlPlan.for_run(
                 int(plan["rounds"]), int(plan["groups"]), str(plan.get("strategy", "tree")),
                 coefs=None if coefs is None else tuple(float(x) for x in coefs), blt=blt)}
@@ -362,16 +526,22 @@ class DpFtrl(Mechanism):
     def participants(cls, params: MechanismParams, seed: int, round_: int,
                      clients: int | np.ndarray) -> np.ndarray:
         """Round ``round_``'s cohort: group (round - 1) mod G of the cyclic cohorts
-        (:class:`~fedem_private.privacy.ftrl.CyclicCohorts`), sorted indices.
-        ``clients``: each client's identity key (a count n: the keys 0..n-1)."""
+        (:class:`~fedem_private.privacy.ftrl.CyclicCohorts`), sorted indices; under
+        ``--ftrl-sampling poisson`` (G = b) each of its members independently with
+        probability p (:func:`poisson_members`). ``clients``: each client's identity key
+        (a count n: the keys 0..n-1)."""
         assert params.ftrl is not None
         if round_ < 1:
             raise ValueError(f"rounds are numbered from 1, got {round_}")
         from fedem_private import rng
 
         groups = params.ftrl.groups
-        return np.flatnonzero(_cohorts(rng.identities(clients), groups, int(seed))
-                              == (int(round_) - 1) % groups)
+        keys = rng.identities(clients)
+        members = np.flatnonzero(_cohorts(keys, groups, int(seed))
+                                 == (int(round_) - 1) % groups)
+        if params.ftrl.sampling != "poisson":
+            return members
+        return members[poisson_members(seed, round_, keys[members], params.ftrl.rate)]
 
     @classmethod
     def release_epsilon(cls, params: MechanismParams, round_: int) -> dict[str, float | None]:
@@ -381,6 +551,9 @@ class DpFtrl(Mechanism):
         from fedem_private.privacy.accounting import gaussian_release_bounds
         from fedem_private.privacy.ftrl import release_multiplier
 
+        assert params.ftrl is not None
+        if params.ftrl.sampling == "poisson" and round_ >= 1 and params.guarantee:
+            return amplified_epsilon(params, round_)
         z = release_multiplier(params, round_)
         if math.isinf(z):  # nothing released yet
             return dict.fromkeys(("basic", "advanced", "rdp", "pld", "gaussian_exact",
@@ -395,26 +568,40 @@ class DpFtrl(Mechanism):
         """The run's guarantee (one, for every observer: the tree release up to the last
         round, :meth:`release_epsilon`) and what it assumes; the per-client ledger's more
         conservative figure is kept as ``epsilon_ledger``."""
+        from fedem_private.privacy.ftrl import participation_multiplier
+
         p = layer.params
         plan, clip, sigma = p.ftrl, p.clip, p.noise_scale
         assert plan is not None and clip is not None and p.noise_multiplier is not None
         banded = plan.strategy == "banded"
+        poisson = plan.sampling == "poisson"
         variant, accounting, minsep = _SUMMARY_TEXTS[plan.strategy]
-        participation = {"pattern": PARTICIPATION, "groups": plan.groups,
+        participation = {"pattern": POISSON_PARTICIPATION if poisson else PARTICIPATION,
+                         "groups": plan.groups,
                          "max_participations": plan.max_participations,
                          "min_separation": plan.groups}
-        if minsep is not None:
+        if poisson:
+            variant, accounting = POISSON_VARIANT, POISSON_ACCOUNTING
+            participation["poisson_rate"] = plan.rate
+        elif minsep is not None:
             participation["also_valid_for"] = minsep
         out.update({
             "epsilon": cls.release_epsilon(p, layer.round),
             "epsilon_ledger": out["epsilon"],
-            "epsilon_view": ("observers of the released models (no amplification); none "
-                             "against the aggregator, which adds the noise"),
+            "epsilon_view": (("observers of the released models, not told who took part "
+                              "(amplification: Poisson within b-min-sep groups); none "
+                              "against the aggregator, which adds the noise and sees who "
+                              "took part") if poisson else
+                             ("observers of the released models (no amplification); none "
+                              "against the aggregator, which adds the noise")),
+            **({"sampling": plan.sampling, "amplification": POISSON_AMPLIFICATION}
+               if poisson else {}),
             "sample_rate": layer.cfg.sample_rate,
             "expected_participants": layer.expected_count,
             "aggregation_weights": ("uniform: sum of clipped deltas over the expected cohort "
-                                    "N / G (FedAvg's data-size weights are not used: they "
-                                    "would raise the sensitivity)"),
+                                    f"{'q N' if poisson else 'N / G'} (FedAvg's data-size "
+                                    "weights are not used: they would raise the "
+                                    "sensitivity)"),
             "participation": participation,
             "dp_ftrl": {
                 "strategy": plan.strategy,
@@ -428,8 +615,12 @@ class DpFtrl(Mechanism):
                 "noise_std_per_node": sigma,  # per row of C x + z for banded
                 "sensitivity": p.sensitivity,
                 "noise_multiplier": p.noise_multiplier,
-                "participation_noise_multiplier": (
-                    p.noise_multiplier * math.sqrt(plan.tree_sq / plan.participation_sq)),
+                "participation_noise_multiplier": participation_multiplier(p),
+                **({"dpsgd_equivalent": {
+                    "sample_rate": plan.rate, "noise_multiplier": p.noise_multiplier,
+                    "steps_planned": plan.max_participations,
+                    "steps_released": math.ceil(layer.round / plan.groups)}}
+                   if poisson else {}),
                 "epsilon_planned": cls.release_epsilon(p, plan.rounds),
                 "accounting": accounting,
             },
