@@ -476,3 +476,19 @@ def test_a_tree_runs_identity_is_unchanged_and_banded_enters_it():
     banded = identity_dict(with_overrides(RunConfig(), {
         **base, "privacy.ftrl_strategy": "banded"}).validate().resolved())["privacy"]
     assert banded["ftrl_strategy"] == "banded"
+
+
+def test_bands_with_a_cohort_size_are_checked_against_the_cohorts_rate(tmp_path, capsys):
+    """--ftrl-bands b with --cohort-size K: G = ceil(n / K) is known only once n is, so b is
+    checked then (it was refused against q = 1 before); b > G is still refused, in one
+    line."""
+    from fedem_private.cli import main
+
+    base = ["run", "--dataset", "synthetic", "--rounds", "3", "--privacy", "dp-ftrl",
+            "--epsilon", "4", "--ftrl-strategy", "banded", "--cohort-size", "100",
+            "--client-tables", "global", "--local-epochs", "1"]
+    assert main([*base, "--ftrl-bands", "3", "--out", str(tmp_path / "ok")]) == 0
+    capsys.readouterr()
+    assert main([*base, "--ftrl-bands", "7", "--out", str(tmp_path / "no")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "at most G = ceil(1/q) = 6 bands" in err and len(err.splitlines()) == 1

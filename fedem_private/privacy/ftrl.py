@@ -586,6 +586,7 @@ def ftrl_params(cfg: PrivacyConfig, rounds: int) -> MechanismParams:
     if cfg.ftrl_sampling == "poisson":
         return amplified_params(cfg, rounds)
     groups = groups_for(cfg.sample_rate)
+    check_bands(cfg.ftrl_bands, cfg.sample_rate)  # q final here (--cohort-size K: K / n)
     if cfg.ftrl_bands > rounds:
         from fedem_private.errors import UserError
 
@@ -611,6 +612,20 @@ def ftrl_params(cfg: PrivacyConfig, rounds: int) -> MechanismParams:
         noise_kind="gaussian", noise_scale=z * sensitivity, noise_multiplier=z,
         epsilon_round=eps_round, sample_rate=1.0 / plan.groups, ftrl=plan,
     )
+
+
+def check_bands(bands: int, rate: float) -> None:
+    """UserError unless the cyclic cohorts' bands b are at most G = ceil(1/q): a client
+    returns every G rounds, and more bands would overlap its columns (the banded
+    sensitivity is exact only for b <= G)."""
+    groups = groups_for(rate)
+    if bands > groups:
+        from fedem_private.errors import UserError
+
+        raise UserError(f"--ftrl-bands {bands}: at most G = ceil(1/q) = {groups} bands under "
+                        f"a rate q = {rate:g} a round (--sample-rate, or --cohort-size K / n; "
+                        f"a client returns every G rounds; more bands would overlap its "
+                        f"columns)")
 
 
 def amplified_rate(cfg: PrivacyConfig, rounds: int) -> tuple[int, float]:

@@ -361,7 +361,7 @@ class DpFtrl(Mechanism):
         client's columns, which the sensitivity here does not cover; --ftrl-buffers an
         integer, only with blt, in 0..blt.MAX_BUFFERS (0: blt.DEFAULT_BUFFERS)."""
         from fedem_private.errors import UserError
-        from fedem_private.privacy.ftrl import groups_for
+        from fedem_private.privacy.ftrl import check_bands
 
         if cfg.ftrl_strategy not in STRATEGIES:
             raise UserError(f"unknown --ftrl-strategy {cfg.ftrl_strategy!r} (choose one of "
@@ -376,11 +376,8 @@ class DpFtrl(Mechanism):
         cls._validate_buffers(cfg)
         if cls._validate_sampling(cfg):
             return  # b <= 1/q is checked at calibration, where q is final (--cohort-size)
-        groups = groups_for(cfg.sample_rate)
-        if b > groups:
-            raise UserError(f"--ftrl-bands {b}: at most G = ceil(1/q) = {groups} bands under "
-                            f"--sample-rate {cfg.sample_rate:g} (a client returns every G "
-                            f"rounds; more bands would overlap its columns)")
+        if cfg.sample_rate < 1:  # at 1 a --cohort-size may set q later: checked at calibration
+            check_bands(b, cfg.sample_rate)
 
     @staticmethod
     def _validate_sampling(cfg: PrivacyConfig) -> bool:
