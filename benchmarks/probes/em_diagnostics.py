@@ -11,13 +11,22 @@ and its test item (full ranking, the run's own candidates):
   (equation 10) with its adapter as it is now (for SR this is Q_g).
 
 and the drift of Q_l from Q_g is measured per client, relative to Q_g's norm, over all items
-and over the client's own training items (the rows its local training moves). One CSV row
-per (seed, round, view)::
+and over the client's own training items (the rows its local training moves). The adapter's
+rho is logged by item class (issue 79, :func:`rho_by_class`): the mean over clients of the
+mean rho on the client's own training items, on its validation item, on its test item, on
+the other full-ranking candidates in each popularity tercile (training counts), and the
+share of its candidate rows with rho < 0.25. One CSV row per (seed, round, view)::
 
     python -m benchmarks.probes.em_diagnostics \\
         --config benchmarks/results/ladder/tuning/fedem-filmtrust-best.toml \\
         --data-dir ../shared/datasets/filmtrust --seeds 0 1 2 --every 10 \\
         --set train.local_epochs=4 --label epochs4 --out runs/em-diag/filmtrust.csv
+
+With ``--runs-out RUNS.csv`` the run also evaluates as a run does every ``--eval-every``
+rounds and writes one row per (label, seed) there: full HR@10 at the round
+``train.select_round = "best-val"`` picks (:data:`~fedem_private.experiments.runner.
+SELECTION_KEYS`) and at the last round, with the probe's command (``--runs-table`` prints
+them, with each label's paired difference from ``--reference``).
 
 The probe looks inside the simulation on purpose (a probe, benchmarks/README.md): the
 views are not released values and nothing here is private.
@@ -38,11 +47,20 @@ import torch
 
 from fedem_private.api import resolve_config
 from fedem_private.client.merging import merge_with_rho, take_clients
+from fedem_private.client.variants import merge_seen_rows
 from fedem_private.errors import UserError
 from fedem_private.evaluation.metrics import RankAccumulator
-from fedem_private.experiments.runner import prepare
+from fedem_private.experiments.runner import prepare, selected_round
 
 VIEWS = ("own", "global", "start")
+#: the item classes rho is averaged over (:func:`rho_by_class`), CSV columns
+RHO_CLASSES = ("rho_own", "rho_val", "rho_test", "rho_pop_low", "rho_pop_mid", "rho_pop_high",
+               "rho_cand_lt25")
+FIELDS = ["label", "seed", "round", "view", "val_full_hr10", "test_full_hr10", "drift_all",
+          "drift_own", "rho_now", *RHO_CLASSES, "rho_mean_round", "seconds"]
+RUN_FIELDS = ["label", "seed", "rounds", "eval_every", "selected_round", "hr10_full_selected",
+              "ndcg10_full_selected", "val_hr10_selected", "hr10_full_last", "rho_mean_last",
+              "seconds", "command"]
 
 
 def _value(text: str) -> Any:
@@ -81,7 +99,75 @@ def view_params(sim: Any, view: str, idx: torch.Tensor) -> Any:
     merger = sim.merger
     chunk = take_clients(merger.state, idx) if merger.state is not None else None
     params.items = merge_with_rho(merger.cfg, chunk, params.items, sent)[0]
+    if getattr(sim, "merge_seen", False):  # --merge-rows seen: rho' = 1 off the own rows
+        params.items = merge_seen_rows(params.items, sent, sim._merged_rows(idx.cpu().numpy()))
     return params
+
+
+def popularity_terciles(train_items: np.ndarray, n_items: int) -> np.ndarray:
+    """(n_items,) 0, 1 or 2: each item's popularity tercile by its training count (the
+    least popular third of the items 0, the most popular 2; ties by item id)."""
+    counts = np.bincount(np.asarray(train_items, dtype=np.int64), minlength=n_items)
+    order = np.argsort(counts, kind="stable")
+    tercile = np.empty(n_items, dtype=np.int64)
+    tercile[order] = np.arange(n_items) * 3 // max(n_items, 1)
+    return tercile
+
+
+def rho_by_class(rho: np.ndarray, own: np.ndarray, excluded: np.ndarray, val: int | None,
+                 test: int, tercile: np.ndarray) -> dict[str, float]:
+    """One client's mean rho (``rho`` (m,), per item) over each class of :data:`RHO_CLASSES`.
+
+    ``own``: its training items; ``excluded``: the items full ranking leaves out (training
+    and validation); ``val`` (None: no validation item) and ``test``: its held-out items.
+    The candidates are every item not excluded (the test item among them); the popularity
+    classes are the candidates but the test item, by ``tercile``
+    (:func:`popularity_terciles`). An empty class is nan."""
+    cand = np.ones(rho.shape[0], dtype=bool)
+    cand[excluded] = False
+    cand[test] = True
+    others = cand.copy()
+    others[test] = False
+
+    def mean(mask: np.ndarray | slice) -> float:
+        vals = rho[mask]
+        return float(vals.mean()) if vals.size else float("nan")
+
+    out = {"rho_own": mean(np.asarray(own, dtype=np.int64)),
+           "rho_val": float(rho[val]) if val is not None and val >= 0 else float("nan"),
+           "rho_test": float(rho[test])}
+    for t, name in enumerate(("rho_pop_low", "rho_pop_mid", "rho_pop_high")):
+        out[name] = mean(others & (tercile == t))
+    out["rho_cand_lt25"] = float((rho[cand] < 0.25).mean())
+    return out
+
+
+def item_rho(sim: Any, idx: torch.Tensor) -> torch.Tensor:
+    """(k, m) the rho the merge's rule gives clients ``idx`` now, per item (their own table
+    after training against the server's next one; a scalar or per-client rho broadcast;
+    under ``--merge-rows seen`` the adapter's rho, before rho' = 1 off the own rows)."""
+    own = sim.state.params(idx).items
+    sent = sim.aggregator.sent(idx)
+    if sent is None:
+        return own.new_zeros(own.shape[:2])
+    merger = sim.merger
+    chunk = take_clients(merger.state, idx) if merger.state is not None else None
+    rho = merger.cfg.rule.weights(chunk, own, sent.to(own.dtype))
+    return rho.to(own.dtype).expand(own.shape[0], own.shape[1])
+
+
+def rho_classes(sim: Any, users: np.ndarray, idx: torch.Tensor,
+                tercile: np.ndarray) -> list[dict[str, float]]:
+    """:func:`rho_by_class` of each of ``users`` (one dict a user)."""
+    rho = item_rho(sim, idx).double().cpu().numpy()
+    split, sets = sim.split, sim.eval_sets
+    out = []
+    for row, u in enumerate(users):
+        own = split.train_items[split.train_indptr[u]:split.train_indptr[u + 1]]
+        val = None if sets.val_items is None else int(sets.val_items[u])
+        out.append(rho_by_class(rho[row], own, sets.exclusions(int(u)), val,
+                                int(sets.test_items[u]), tercile))
+    return out
 
 
 def drift(sim: Any, users: np.ndarray, idx: torch.Tensor) -> tuple[float, float, float]:
@@ -108,10 +194,12 @@ def drift(sim: Any, users: np.ndarray, idx: torch.Tensor) -> tuple[float, float,
 
 def diagnose(sim: Any) -> list[dict[str, float | str]]:
     """One row per view: validation and test full HR@10 of every evaluated client, and the
-    drift figures (the same on every row)."""
+    drift and rho-by-class figures (means over the clients, the same on every row)."""
     chosen = sim.eval_sample()
     accs = {v: RankAccumulator(sim.split.n_users) for v in VIEWS}
     sums = np.zeros(3)
+    tercile = popularity_terciles(sim.split.train_items, sim.split.n_items)
+    per_user: list[dict[str, float]] = []
     size = max(1, sim._chunk_size())
     with torch.no_grad():
         for start in range(0, chosen.shape[0], size):
@@ -121,26 +209,54 @@ def diagnose(sim: Any) -> list[dict[str, float | str]]:
                 accs[view].add_scores(users, sim.backbone.scores(view_params(sim, view, idx)),
                                       sim.eval_sets)
             sums += np.asarray(drift(sim, users, idx)) * users.shape[0]
+            per_user += rho_classes(sim, users, idx, tercile)
     d_all, d_own, rho = sums / chosen.shape[0]
+    classes = {c: _nanmean([r[c] for r in per_user]) for c in RHO_CLASSES}
     rows = []
     for view, acc in accs.items():
         res = acc.result()
         rows.append({"view": view, "val_full_hr10": res.get("val_full", {}).get("hr@10"),
                      "test_full_hr10": res["full"]["hr@10"], "drift_all": d_all,
-                     "drift_own": d_own, "rho_now": rho})
+                     "drift_own": d_own, "rho_now": rho, **classes})
     return rows
 
 
-def run_one(args: argparse.Namespace, seed: int) -> list[dict[str, Any]]:
-    """The rows of one seed (written together, so a killed seed is run again whole)."""
+def _nanmean(xs: list[float]) -> float:
+    """The mean of the finite values of ``xs`` (nan when none)."""
+    a = np.asarray(xs, dtype=float)
+    a = a[np.isfinite(a)]
+    return float(a.mean()) if a.size else float("nan")
+
+
+def run_summary(history: list[Any], rule: str) -> dict[str, Any]:
+    """Full HR@10 (and NDCG@10, sampled validation HR@10) at the evaluated round ``rule``
+    selects (:func:`~fedem_private.experiments.runner.selected_round`) and full HR@10 and
+    the mean rho at the last round of ``history`` (the run's RoundStats)."""
+    sel = selected_round(history, rule)
+    last = history[-1]
+    metrics = sel["metrics"] if sel is not None else {}
+    return {"selected_round": sel["round"] if sel is not None else None,
+            "hr10_full_selected": metrics.get("full", {}).get("hr@10"),
+            "ndcg10_full_selected": metrics.get("full", {}).get("ndcg@10"),
+            "val_hr10_selected": metrics.get("val", {}).get("hr@10"),
+            "hr10_full_last": (last.metrics or {}).get("full", {}).get("hr@10"),
+            "rho_mean_last": last.merge.get("rho_mean")}
+
+
+def run_one(args: argparse.Namespace, seed: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The rows of one seed (written together, so a killed seed is run again whole) and its
+    run row (:data:`RUN_FIELDS`)."""
+    eval_every = args.eval_every or args.every
     cfg = resolve_config(args.config, cli_overrides(
-        args, {"train.seed": seed, "train.select_round": "best-val-full",
-               "train.eval_every": args.every}))
+        args, {"train.seed": seed, "train.select_round": "best-val",
+               "train.eval_every": eval_every}))
     sim = prepare(cfg)
     t0 = time.perf_counter()
-    rows = []
+    rows: list[dict[str, Any]] = []
+    history = []
     while sim.state.round < cfg.train.rounds:
         stats = sim.step()
+        history.append(stats)
         if stats.round % args.every == 0 or stats.round == 1:
             rows += [{"label": args.label, "seed": seed, "round": stats.round, **r,
                       "rho_mean_round": stats.merge.get("rho_mean"),
@@ -148,8 +264,13 @@ def run_one(args: argparse.Namespace, seed: int) -> list[dict[str, Any]]:
             own = next(r for r in rows[-len(VIEWS):] if r["view"] == "own")
             print(f"em_diagnostics: {args.label} seed {seed} round {stats.round}: own val "
                   f"{own['val_full_hr10']:.4f} test {own['test_full_hr10']:.4f}, drift "
-                  f"{own['drift_all']:.3f}", file=sys.stderr, flush=True)
-    return rows
+                  f"{own['drift_all']:.3f}, rho own {own['rho_own']:.3f} test "
+                  f"{own['rho_test']:.3f}", file=sys.stderr, flush=True)
+    run = {"label": args.label, "seed": seed, "rounds": cfg.train.rounds,
+           "eval_every": eval_every, **run_summary(history, cfg.train.select_round),
+           "seconds": round(time.perf_counter() - t0, 1),
+           "command": "python -m benchmarks.probes.em_diagnostics " + " ".join(args.argv)}
+    return rows, run
 
 
 def plot(csv_path: Path, png: Path) -> Path:
@@ -182,16 +303,75 @@ def plot(csv_path: Path, png: Path) -> Path:
     return png
 
 
-def ablation_table(path: Path) -> str:
+def _cell(values: Any) -> str:
+    """``mean ± standard error`` of a pandas Series over seeds (the mean alone for one)."""
+    n = int(values.count())
+    if n == 0:
+        return "-"
+    se = values.std(ddof=1) / np.sqrt(n) if n > 1 else float("nan")
+    return f"{values.mean():.3f}" + (f" ± {se:.3f}" if np.isfinite(se) else "")
+
+
+def class_table(path: Path) -> str:
+    """The Markdown table of rho by item class (:data:`RHO_CLASSES`) in a probe CSV: per
+    (label, round), mean ± standard error over seeds of the clients' mean rho on each class
+    (the own view's rows; the figures are the same on every view)."""
+    import pandas as pd
+
+    frame = pd.read_csv(path)
+    frame = frame[(frame["view"] == "own") & (frame["round"] > 1)]
+    lines = ["| label | round | seeds | own training items | validation item | test item | "
+             "candidates, least popular third | middle third | most popular third | "
+             "candidate rows with rho < 0.25 | mean rho, all rows |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for (label, rnd), g in frame.groupby(["label", "round"], sort=False):
+        cells = " | ".join(_cell(g[c]) for c in (*RHO_CLASSES, "rho_now"))
+        lines.append(f"| {label} | {rnd} | {g['seed'].nunique()} | {cells} |")
+    return "\n".join(lines) + "\n"
+
+
+def runs_table(path: Path, reference: str | None) -> str:
+    """The Markdown table of a ``--runs-out`` CSV: per label, full HR@10 at the
+    best-validation round and at the last round (mean ± standard error over seeds), and
+    each label's paired difference from ``reference`` (same seeds): mean ± standard error of
+    the per-seed differences, marked * where |mean| exceeds twice its standard error."""
+    import pandas as pd
+
+    frame = pd.read_csv(path)
+    ref = frame[frame["label"] == reference].set_index("seed") if reference else None
+    lines = ["| label | seeds | selected rounds | full HR@10, best-val round | full HR@10, "
+             f"last round | paired diff. from {reference or '-'}, best-val | paired diff., "
+             "last | mean rho, last |", "|---|---|---|---|---|---|---|---|"]
+    for label, g in frame.groupby("label", sort=False):
+        g = g.set_index("seed").sort_index()
+        diffs = ["-", "-"]
+        if ref is not None and label != reference:
+            both = g.index.intersection(ref.index)
+            for j, col in enumerate(("hr10_full_selected", "hr10_full_last")):
+                d = g.loc[both, col] - ref.loc[both, col]
+                se = d.std(ddof=1) / np.sqrt(len(d)) if len(d) > 1 else float("nan")
+                mark = "*" if np.isfinite(se) and abs(d.mean()) > 2 * se else ""
+                diffs[j] = _cell(d) + mark + (f" ({len(d)})" if len(d) != len(g) else "")
+        rounds = ",".join(str(int(r)) for r in g["selected_round"])
+        lines.append(f"| {label} | {','.join(map(str, g.index))} | {rounds} | "
+                     f"{_cell(g['hr10_full_selected'])} | {_cell(g['hr10_full_last'])} | "
+                     f"{diffs[0]} | {diffs[1]} | {_cell(g['rho_mean_last'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def ablation_table(path: Path, labels: list[str] | None = None) -> str:
     """The Markdown table of one-change ablations in a probe CSV (issue 69): per label, over
     seeds (mean ± standard error), the own table's test full HR@10 at its best-validation
     evaluation, at the last round and their difference (the fall), the server's table's at
     the last round and its lead over the own table there (the gap), and the drift over the
     client's own items at the last round; then the Pearson correlation, over every (label,
-    seed), of that drift with the fall and with the gap."""
+    seed), of that drift with the fall and with the gap. ``labels``: only these labels'
+    runs (all: None)."""
     import pandas as pd
 
     frame = pd.read_csv(path)
+    if labels:
+        frame = frame[frame["label"].isin(labels)]
     runs = []
     for (label, seed), g in frame.groupby(["label", "seed"], sort=False):
         own = g[g["view"] == "own"].sort_values("round")
@@ -228,6 +408,30 @@ def ablation_table(path: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _writer(path: Path, fields: list[str]) -> tuple[Any, Any]:
+    """``path`` opened for appending and its CSV writer (the header written when new);
+    UserError where the file's header is not ``fields``."""
+    new = not path.is_file()
+    if not new:
+        with path.open() as f:
+            header = next(csv.reader(f), [])
+        if header != fields:
+            raise UserError(f"{path} has other columns than this probe writes; use a new file")
+    f = path.open("a", newline="")
+    writer = csv.DictWriter(f, fieldnames=fields)
+    if new:
+        writer.writeheader()
+    return f, writer
+
+
+def _done(path: Path) -> set[tuple[str, int]]:
+    """The (label, seed) pairs already in ``path``."""
+    if not path.is_file():
+        return set()
+    with path.open() as f:
+        return {(r["label"], int(r["seed"])) for r in csv.DictReader(f)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=None, help="a merging run's TOML (e.g. tuned FedEM)")
@@ -235,42 +439,58 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--every", type=int, default=10)
+    ap.add_argument("--eval-every", type=int, default=None,
+                    help="the run's own evaluation (for --runs-out); default --every")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="one change to the config (repeatable), e.g. train.local_epochs=4")
     ap.add_argument("--label", default="base", help="the ablation's name in the CSV")
     ap.add_argument("--out", type=Path, required=True, help="CSV, appended to")
+    ap.add_argument("--runs-out", type=Path, default=None,
+                    help="CSV of one row a run (best-val and last round), appended to")
     ap.add_argument("--plot", type=Path, default=None, metavar="PNG",
                     help="draw --out's rows into PNG and stop (no run)")
     ap.add_argument("--ablation-table", action="store_true",
                     help="print the Markdown table of --out's ablations and stop (no run)")
+    ap.add_argument("--labels", nargs="+", default=None,
+                    help="--ablation-table: only these labels")
+    ap.add_argument("--class-table", action="store_true",
+                    help="print the Markdown table of --out's rho by item class and stop")
+    ap.add_argument("--runs-table", action="store_true",
+                    help="print the Markdown table of --out (a --runs-out CSV) and stop")
+    ap.add_argument("--reference", default=None,
+                    help="--runs-table: the label the paired differences are taken from")
     args = ap.parse_args(argv)
-    if args.ablation_table:
-        print(ablation_table(args.out), end="")
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    if args.ablation_table or args.class_table or args.runs_table:
+        print(ablation_table(args.out, args.labels) if args.ablation_table else
+              class_table(args.out) if args.class_table else
+              runs_table(args.out, args.reference), end="")
         return 0
     if args.plot is not None:
         print(f"wrote {plot(args.out, args.plot)}")
         return 0
     if args.config is None:
-        ap.error("--config is required (unless --plot or --ablation-table)")
-    fields = ["label", "seed", "round", "view", "val_full_hr10", "test_full_hr10",
-              "drift_all", "drift_own", "rho_now", "rho_mean_round", "seconds"]
+        ap.error("--config is required (unless --plot or a table)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    done = set()
-    if args.out.is_file():
-        with args.out.open() as f:
-            done = {(r["label"], int(r["seed"])) for r in csv.DictReader(f)}
-    new = not args.out.is_file()
+    done = _done(args.out)
     try:
-        with args.out.open("a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=fields)
-            if new:
-                writer.writeheader()
+        f, writer = _writer(args.out, FIELDS)
+        runs = _writer(args.runs_out, RUN_FIELDS) if args.runs_out else None
+        try:
             for seed in args.seeds:
                 if (args.label, seed) in done:
                     print(f"em_diagnostics: {args.label} seed {seed} done", file=sys.stderr)
                     continue
-                writer.writerows(run_one(args, seed))
+                rows, run = run_one(args, seed)
+                writer.writerows(rows)
                 f.flush()
+                if runs is not None:
+                    runs[1].writerow(run)
+                    runs[0].flush()
+        finally:
+            f.close()
+            if runs is not None:
+                runs[0].close()
     except UserError as exc:
         print(f"em_diagnostics: error: {exc}", file=sys.stderr)
         return 2
