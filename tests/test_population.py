@@ -160,6 +160,45 @@ def test_ease_dual_form_is_the_primal() -> None:
     assert np.allclose(cal.ease_scores(tall, 5.0), tall @ ease_weights(tall, 5.0))
 
 
+def test_sparse_ease_dual_is_the_primal_block_by_block() -> None:
+    """(C.1)-(C.2) from a sparse X, a few users and items at a time, equal Steck's closed
+    form to 1e-8 (an item nobody trained on included)."""
+    from scipy import sparse
+
+    from fedem_private.baselines.models import ease_weights
+
+    x = (np.random.default_rng(3).random((25, 70)) < 0.15).astype(np.float64)
+    x[:, 7] = 0.0
+    primal = x @ ease_weights(x, 3.0)
+    csr = sparse.csr_matrix(x)
+    k, diag_p = cal.ease_dual(csr, 3.0, block=60)  # 2 items a block
+    rows = np.vstack([cal.ease_rows(csr, k, diag_p, lo, min(25, lo + 4))
+                      for lo in range(0, 25, 4)])
+    assert np.abs(rows - primal).max() < 1e-8
+    assert np.abs(primal).max() > 0.1  # not a comparison of zeros
+
+
+def test_calibration_ranks_ease_in_the_dual_when_users_are_fewer(planted, monkeypatch
+                                                                 ) -> None:
+    """ease_hit_rate takes the sparse dual when n < m and gives the primal's HR@10."""
+    from fedem_private.baselines.models import ease_weights
+
+    wide = generate(SyntheticConfig(n_users=60, n_items=150, n_clusters=3, mean_activity=25,
+                                    taste_strength=4.0), seed=5)
+    for source in (wide, planted):  # 60 users x 150 items (dual), 300 x 100 (primal)
+        split = leave_one_out(source, 0)
+        x = cal.training_matrix(split)
+        want = cal.hit_rate(split, x @ ease_weights(x, 50.0))
+        assert cal.ease_hit_rate(split, 50.0, block=500) == pytest.approx(want, abs=1e-12)
+        assert want > 0
+    calls = []
+    real_dual = cal.ease_dual
+    monkeypatch.setattr(cal, "ease_dual", lambda *a, **k: calls.append(1) or real_dual(*a, **k))
+    cal.rungs(leave_one_out(wide, 0), 0, 50.0)
+    cal.rungs(leave_one_out(planted, 0), 0, 50.0)
+    assert calls == [1]  # the wide split only
+
+
 def test_hit_rate_is_the_projects_full_hr10(planted) -> None:
     """The calibration's numpy HR@10 equals the evaluation room's (ties count against)."""
     from fedem_private import baselines
