@@ -27,7 +27,9 @@ from fedem_private.data.population import (
     fit_population,
     load_population,
     mean_activity,
+    options_record,
     save_population,
+    taste_scores,
 )
 from fedem_private.data.synthetic import generate
 from fedem_private.errors import UserError
@@ -264,6 +266,9 @@ def test_run_and_baselines_name_the_model(csv_source, tmp_path, capsys) -> None:
     (["--calibrate-to", "ml-100k", "--data-dir", "/no/such/folder"], "not found"),
     (["--users", "100"], "--calibrate-to too"),
     (["--calibrate-to", "csv", "--data-dir", "SOURCE", "--users", "5"], ">= 10"),
+    (["--calibrate-to", "csv", "--data-dir", "SOURCE", "--population-taste", "cubic"],
+     "bilinear, max"),
+    (["--population-taste", "max"], "--calibrate-to too"),
 ])
 def test_bad_population_flags_are_one_line_exit_2(csv_source, tmp_path, capsys, argv,
                                                   needle) -> None:
@@ -380,3 +385,47 @@ def test_a_population_too_large_for_memory_is_refused_before_drawing(
     # and a population that fits is not refused
     monkeypatch.setattr(hostmem, "available_bytes", lambda: 8 * 2**30)
     population.check_draw_fits(model, 1000)
+
+
+def test_the_max_taste_is_each_users_best_facet() -> None:
+    """(P.2'): max_f z_uf . v_i, the same in numpy and torch; one facet is Z V' (P.2)."""
+    import torch
+
+    g = np.random.default_rng(4)
+    z, v = g.normal(size=(5, 3 * 4)), g.normal(size=(7, 4))
+    want = np.array([[max(z[u, 4 * f:4 * f + 4] @ v[i] for f in range(3)) for i in range(7)]
+                     for u in range(5)])
+    assert np.allclose(taste_scores(z, v, 3), want)
+    assert np.allclose(taste_scores(torch.from_numpy(z), torch.from_numpy(v), 3).numpy(), want)
+    assert not np.allclose(want, z[:, :4] @ v.T)  # the max is not the first facet alone
+    assert np.allclose(taste_scores(z[:, :4], v, 1), z[:, :4] @ v.T)
+
+
+def test_a_max_taste_population_fits_draws_and_calibrates(planted) -> None:
+    """taste "max": F d-wide tastes per user, drawn users in bounds, (P.4) still met."""
+    from dataclasses import replace
+
+    m = fit_population(planted, replace(QUICK, taste="max", facets=3))
+    assert m.facets == 3 and m.mix_means.shape[1] == 3 * m.dim
+    data = draw_population(m, 2, 50)
+    counts = np.bincount(data.users, minlength=50)
+    assert counts.min() >= 3 and data.n_items == planted.n_items
+    assert np.all(np.abs(m.achieved / m.targets - 1) < 0.25)
+    again = FitOptions(**options_record(m.options))  # what the model file keeps
+    assert again.taste == "max" and again.facets == 3
+
+
+def test_the_bilinear_models_hash_and_cache_key_ignore_the_taste_option(planted, tmp_path
+                                                                        ) -> None:
+    """A bilinear fit's options record has no taste fields (its hash and cache key are
+    those fitted before the option existed); a max fit's has, so its key differs."""
+    from dataclasses import asdict
+
+    record = options_record(FitOptions())
+    assert "taste" not in record and "facets" not in record
+    assert set(record) == set(asdict(FitOptions())) - {"taste", "facets"}
+    assert options_record(FitOptions(taste="max"))["taste"] == "max"
+    keys = {cache_path(planted, FitOptions(taste=t), tmp_path) for t in ("bilinear", "max")}
+    assert len(keys) == 2
+    with pytest.raises(UserError, match="taste must be one of"):
+        FitOptions(taste="cubic").validate()
