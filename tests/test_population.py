@@ -429,3 +429,26 @@ def test_the_bilinear_models_hash_and_cache_key_ignore_the_taste_option(planted,
     assert len(keys) == 2
     with pytest.raises(UserError, match="taste must be one of"):
         FitOptions(taste="cubic").validate()
+
+
+def test_the_fidelity_probes_gini_and_dp_mostpop_choice() -> None:
+    """benchmarks/probes/fidelity.py: Gini 0 for equal counts, (m - 1) / m for one item
+    holding all; DP-MostPop's k the best validation (the first name on a tie)."""
+    from benchmarks.probes.fidelity import best_dp_mostpop, gini
+
+    assert gini(np.full(10, 3)) == pytest.approx(0.0)
+    assert gini(np.array([0] * 9 + [5])) == pytest.approx(0.9)
+    rows = {"dp-mostpop-k10-eps4": {"val": 0.02}, "dp-mostpop-k25-eps4": {"val": 0.03},
+            "dp-mostpop-k50-eps4": {"val": 0.03}, "dp-mostpop-k25-eps1": {"val": 0.09},
+            "mostpop": {"val": None}}
+    assert best_dp_mostpop(rows) == "dp-mostpop-k25-eps4"
+
+
+def test_the_population_study_names_the_taste_only_when_not_bilinear() -> None:
+    from benchmarks import population_study as study
+
+    common = ["--users", "1000", "--epsilons", "4", "--methods", "fedmf"]
+    plain = study.rungs(1000, 0, study.parse_args(common))
+    maxed = study.rungs(1000, 0, study.parse_args([*common, "--taste", "max"]))
+    assert all("population_taste" not in cfg["data"] for _, cfg in plain)
+    assert all(cfg["data"]["population_taste"] == "max" for _, cfg in maxed)
