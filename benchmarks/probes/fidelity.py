@@ -213,9 +213,9 @@ def report(a: argparse.Namespace, model: Any, fit_s: float, paths: dict[str, Pat
         rows += [{"table": "calibration", "name": name, "world": w, "value": v}
                  for w, v in (("target", model.targets[j]), ("achieved", model.achieved[j]),
                               ("real 3000", real3[j]), ("calibrated 3000", cal3[j]))]
-    lines += ["", f"Fit and calibration: {fit_s:.0f} s in this process (0 when cached; the "
-              f"model {model.sha256[:16]}, s = {model.taste_strength:.4g}, "
-              f"w = {model.order_strength:.4g}).", ""]
+    lines += ["", f"The model {model.sha256[:16]} (s = {model.taste_strength:.4g}, "
+              f"w = {model.order_strength:.4g}; loaded or fitted in {fit_s:.0f} s by this "
+              f"command, a fit being cached under {a.runs / 'populations'}).", ""]
     lines += ["## The study's rungs (full HR@10, eps 4, seed "
               f"{a.seed}, {a.eval_users:,} evaluation users)\n",
               "| rung | real | calibrated | calibrated / real |", "|---|---|---|---|"]
