@@ -25,11 +25,10 @@ match counts:
 
 (Weston, Weiss and Yee, RecSys 2013, "MaxMF": a user's several interests; the score matrix
 is then no rank-d product, so a dimension-d factor model such as FedMF's is misspecified
-for it). Either way the draw
-takes the n_u items without replacement with probability proportional to exp(l_ui)
-in sequence (the Gumbel-top-k trick: Vieira 2014; Kool, van Hoof and Welling, ICML 2019).
-The user consumes its items in the order of a second, independent race, weighted by
-popularity alone:
+for it). Either way the draw takes the n_u items without replacement with probability
+proportional to exp(l_ui) in sequence (the Gumbel-top-k trick: Vieira 2014; Kool, van
+Hoof and Welling, ICML 2019). The user consumes its items in the order of a second,
+independent race, weighted by popularity alone:
 
     time_ui = -(w b_i + G'_ui),  G'_ui ~ Gumbel(0, 1)                               (P.5)
 
