@@ -11,6 +11,8 @@ not run again, a killed one resumes from its checkpoint):
 
 - ``mostpop`` and ``dp-mostpop`` central at every eps and every k of ``--k-grid``: the
   floor is the k with the best validation full HR@10 (:func:`floor_rungs`);
+- ``--taste max`` draws the users from the misspecified population of (P.2') instead of
+  MF's own bilinear model (docs/population.md, "Fidelity");
 - each federated method (``--methods``: ``fedmf``, ``pfedrec``) without noise, and under
   each mechanism (``--mechanisms``: ``cdp-gaussian``, DP-FedAvg with Poisson sampling at
   q = K / N; ``dp-ftrl``, tree aggregation over cyclic cohorts of K) at every eps.
@@ -97,7 +99,8 @@ def tuned(method: str, path: str | None = None) -> dict[str, Any]:
 def rungs(n: int, seed: int, args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
     """(name, config) of every run at population size ``n`` and ``seed``."""
     data = {"dataset": "synthetic", "calibrate_to": "ml-100k", "data_dir": args.data_dir,
-            "users": n, "protocol": "strict"}
+            "users": n, "protocol": "strict",
+            **({"population_taste": args.taste} if args.taste != "bilinear" else {})}
     common = {"seed": seed, "eval_users": min(args.eval_users, n)}
     out: list[tuple[str, dict[str, Any]]] = [
         (f"mostpop-seed{seed}", {"data": data, "train": common,
@@ -357,6 +360,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--settings", nargs="+", default=[], metavar="METHOD=FILE",
                         help="a method's settings from FILE (a tune's best.toml) instead of "
                         "its eps-4 ML-100K ones; its cohort and fine-tune epochs too")
+    parser.add_argument("--taste", default="bilinear", choices=("bilinear", "max"),
+                        help="the population's user-item score (data.population_taste): "
+                        "bilinear, MF's own model, or max, a user's best of 4 taste vectors")
     parser.add_argument("--clip", type=float, default=None,
                         help="every private rung's clip (default: the settings file's)")
     parser.add_argument("--no-reference", action="store_true",

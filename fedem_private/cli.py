@@ -56,6 +56,9 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
      "(docs/design.md section 17)"),
     ("--users", "data.users", _integer,
      "--calibrate-to: how many users to draw (default: as many as the source has)"),
+    ("--population-taste", "data.population_taste", str,
+     "--calibrate-to: the population's user-item score: bilinear (MF's own model, the "
+     "default) or max (a user's best of 4 taste vectors; docs/design.md section 17)"),
     ("--protocol", "data.protocol", str,
      "strict, paper, or paper-code (paper with every option of the authors' code below that "
      "applies to the dataset and method; docs/design.md section 2a)"),
@@ -517,7 +520,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # keys of a settings file that only the synthetic population reads (docs/design.md section
 # 17): dropped, with a note, when the command line picks another dataset
-POPULATION_KEYS = {"data": ("calibrate_to", "users")}
+POPULATION_KEYS = {"data": ("calibrate_to", "users", "population_taste")}
 # keys of a settings file that only federated training reads: dropped, with a note, when the
 # command line picks a non-federated baseline (docs/design.md section 14); None: every key
 # of the table but the method

@@ -27,7 +27,9 @@ from fedem_private.data.population import (
     fit_population,
     load_population,
     mean_activity,
+    options_record,
     save_population,
+    taste_scores,
 )
 from fedem_private.data.synthetic import generate
 from fedem_private.errors import UserError
@@ -160,6 +162,45 @@ def test_ease_dual_form_is_the_primal() -> None:
     assert np.allclose(cal.ease_scores(tall, 5.0), tall @ ease_weights(tall, 5.0))
 
 
+def test_sparse_ease_dual_is_the_primal_block_by_block() -> None:
+    """(C.1)-(C.2) from a sparse X, a few users and items at a time, equal Steck's closed
+    form to 1e-8 (an item nobody trained on included)."""
+    from scipy import sparse
+
+    from fedem_private.baselines.models import ease_weights
+
+    x = (np.random.default_rng(3).random((25, 70)) < 0.15).astype(np.float64)
+    x[:, 7] = 0.0
+    primal = x @ ease_weights(x, 3.0)
+    csr = sparse.csr_matrix(x)
+    k, diag_p = cal.ease_dual(csr, 3.0, block=60)  # 2 items a block
+    rows = np.vstack([cal.ease_rows(csr, k, diag_p, lo, min(25, lo + 4))
+                      for lo in range(0, 25, 4)])
+    assert np.abs(rows - primal).max() < 1e-8
+    assert np.abs(primal).max() > 0.1  # not a comparison of zeros
+
+
+def test_calibration_ranks_ease_in_the_dual_when_users_are_fewer(planted, monkeypatch
+                                                                 ) -> None:
+    """ease_hit_rate takes the sparse dual when n < m and gives the primal's HR@10."""
+    from fedem_private.baselines.models import ease_weights
+
+    wide = generate(SyntheticConfig(n_users=60, n_items=150, n_clusters=3, mean_activity=25,
+                                    taste_strength=4.0), seed=5)
+    for source in (wide, planted):  # 60 users x 150 items (dual), 300 x 100 (primal)
+        split = leave_one_out(source, 0)
+        x = cal.training_matrix(split)
+        want = cal.hit_rate(split, x @ ease_weights(x, 50.0))
+        assert cal.ease_hit_rate(split, 50.0, block=500) == pytest.approx(want, abs=1e-12)
+        assert want > 0
+    calls = []
+    real_dual = cal.ease_dual
+    monkeypatch.setattr(cal, "ease_dual", lambda *a, **k: calls.append(1) or real_dual(*a, **k))
+    cal.rungs(leave_one_out(wide, 0), 0, 50.0)
+    cal.rungs(leave_one_out(planted, 0), 0, 50.0)
+    assert calls == [1]  # the wide split only
+
+
 def test_hit_rate_is_the_projects_full_hr10(planted) -> None:
     """The calibration's numpy HR@10 equals the evaluation room's (ties count against)."""
     from fedem_private import baselines
@@ -225,6 +266,9 @@ def test_run_and_baselines_name_the_model(csv_source, tmp_path, capsys) -> None:
     (["--calibrate-to", "ml-100k", "--data-dir", "/no/such/folder"], "not found"),
     (["--users", "100"], "--calibrate-to too"),
     (["--calibrate-to", "csv", "--data-dir", "SOURCE", "--users", "5"], ">= 10"),
+    (["--calibrate-to", "csv", "--data-dir", "SOURCE", "--population-taste", "cubic"],
+     "bilinear, max"),
+    (["--population-taste", "max"], "--calibrate-to too"),
 ])
 def test_bad_population_flags_are_one_line_exit_2(csv_source, tmp_path, capsys, argv,
                                                   needle) -> None:
@@ -341,3 +385,70 @@ def test_a_population_too_large_for_memory_is_refused_before_drawing(
     # and a population that fits is not refused
     monkeypatch.setattr(hostmem, "available_bytes", lambda: 8 * 2**30)
     population.check_draw_fits(model, 1000)
+
+
+def test_the_max_taste_is_each_users_best_facet() -> None:
+    """(P.2'): max_f z_uf . v_i, the same in numpy and torch; one facet is Z V' (P.2)."""
+    import torch
+
+    g = np.random.default_rng(4)
+    z, v = g.normal(size=(5, 3 * 4)), g.normal(size=(7, 4))
+    want = np.array([[max(z[u, 4 * f:4 * f + 4] @ v[i] for f in range(3)) for i in range(7)]
+                     for u in range(5)])
+    assert np.allclose(taste_scores(z, v, 3), want)
+    assert np.allclose(taste_scores(torch.from_numpy(z), torch.from_numpy(v), 3).numpy(), want)
+    assert not np.allclose(want, z[:, :4] @ v.T)  # the max is not the first facet alone
+    assert np.allclose(taste_scores(z[:, :4], v, 1), z[:, :4] @ v.T)
+
+
+def test_a_max_taste_population_fits_draws_and_calibrates(planted) -> None:
+    """taste "max": F d-wide tastes per user, drawn users in bounds, (P.4) still met."""
+    from dataclasses import replace
+
+    m = fit_population(planted, replace(QUICK, taste="max", facets=3))
+    assert m.facets == 3 and m.mix_means.shape[1] == 3 * m.dim
+    data = draw_population(m, 2, 50)
+    counts = np.bincount(data.users, minlength=50)
+    assert counts.min() >= 3 and data.n_items == planted.n_items
+    assert np.all(np.abs(m.achieved / m.targets - 1) < 0.25)
+    again = FitOptions(**options_record(m.options))  # what the model file keeps
+    assert again.taste == "max" and again.facets == 3
+
+
+def test_the_bilinear_models_hash_and_cache_key_ignore_the_taste_option(planted, tmp_path
+                                                                        ) -> None:
+    """A bilinear fit's options record has no taste fields (its hash and cache key are
+    those fitted before the option existed); a max fit's has, so its key differs."""
+    from dataclasses import asdict
+
+    record = options_record(FitOptions())
+    assert "taste" not in record and "facets" not in record
+    assert set(record) == set(asdict(FitOptions())) - {"taste", "facets"}
+    assert options_record(FitOptions(taste="max"))["taste"] == "max"
+    keys = {cache_path(planted, FitOptions(taste=t), tmp_path) for t in ("bilinear", "max")}
+    assert len(keys) == 2
+    with pytest.raises(UserError, match="taste must be one of"):
+        FitOptions(taste="cubic").validate()
+
+
+def test_the_fidelity_probes_gini_and_dp_mostpop_choice() -> None:
+    """benchmarks/probes/fidelity.py: Gini 0 for equal counts, (m - 1) / m for one item
+    holding all; DP-MostPop's k the best validation (the first name on a tie)."""
+    from benchmarks.probes.fidelity import best_dp_mostpop, gini
+
+    assert gini(np.full(10, 3)) == pytest.approx(0.0)
+    assert gini(np.array([0] * 9 + [5])) == pytest.approx(0.9)
+    rows = {"dp-mostpop-k10-eps4": {"val": 0.02}, "dp-mostpop-k25-eps4": {"val": 0.03},
+            "dp-mostpop-k50-eps4": {"val": 0.03}, "dp-mostpop-k25-eps1": {"val": 0.09},
+            "mostpop": {"val": None}}
+    assert best_dp_mostpop(rows) == "dp-mostpop-k25-eps4"
+
+
+def test_the_population_study_names_the_taste_only_when_not_bilinear() -> None:
+    from benchmarks import population_study as study
+
+    common = ["--users", "1000", "--epsilons", "4", "--methods", "fedmf"]
+    plain = study.rungs(1000, 0, study.parse_args(common))
+    maxed = study.rungs(1000, 0, study.parse_args([*common, "--taste", "max"]))
+    assert all("population_taste" not in cfg["data"] for _, cfg in plain)
+    assert all(cfg["data"]["population_taste"] == "max" for _, cfg in maxed)

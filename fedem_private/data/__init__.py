@@ -64,35 +64,38 @@ def source_problem(source: str, data_dir: str | Path | None = None,
 
 
 def calibrated_population(source: str, data_dir: str | Path | None = None,
-                          cache_dir: Path | None = None) -> PopulationModel:
+                          cache_dir: Path | None = None, taste: str = "bilinear"
+                          ) -> PopulationModel:
     """The population model fitted to dataset ``source`` read from ``data_dir`` or the
-    download cache (docs/design.md section 17); fitted once and kept under
+    download cache (docs/design.md section 17), with the user-item score ``taste``
+    (:data:`~fedem_private.data.population.TASTES`); fitted once and kept under
     ``<cache>/populations``, keyed by the source's content hash and the fit options."""
     from .download import default_cache_dir
-    from .population import cached_fit
+    from .population import FitOptions, cached_fit
 
     problem = source_problem(source, data_dir, cache_dir)
     if problem is not None:
         raise UserError(problem)
     real = load_dataset(source, data_dir, cache_dir=cache_dir)
-    return cached_fit(real, (cache_dir or default_cache_dir()) / "populations")
+    return cached_fit(real, (cache_dir or default_cache_dir()) / "populations",
+                      FitOptions(taste=taste))
 
 
 def population_record(source: str, data_dir: str | Path | None = None,
-                      users: int | None = None, cache_dir: Path | None = None
-                      ) -> dict[str, Any]:
+                      users: int | None = None, cache_dir: Path | None = None,
+                      taste: str = "bilinear") -> dict[str, Any]:
     """What a run's summary.json says of its calibrated population (docs/design.md
     section 17): the model's SHA-256, source and calibration, and the users drawn. The model
     comes from the cache the run's data were drawn from (this process's or the disk's)."""
-    model = calibrated_population(source, data_dir, cache_dir)
+    model = calibrated_population(source, data_dir, cache_dir, taste)
     return {**model.summary(), "users": model.source_users if users is None else users}
 
 
 def load_dataset(name: str, data_dir: str | Path | None = None, *, seed: int = 0,
                  synthetic: SyntheticConfig | None = None,
                  cache_dir: Path | None = None, min_rating: float | None = None,
-                 calibrate_to: str | None = None, users: int | None = None
-                 ) -> Interactions:
+                 calibrate_to: str | None = None, users: int | None = None,
+                 taste: str = "bilinear") -> Interactions:
     """Load a dataset by name from ``data_dir``, the download cache, or the generator.
 
     Every observed (user, item) pair is an implicit positive; with ``min_rating``
@@ -101,8 +104,9 @@ def load_dataset(name: str, data_dir: str | Path | None = None, *, seed: int = 0
     cache is a :class:`UserError` telling the user how to get it.
 
     ``synthetic`` with ``calibrate_to``: ``users`` users (default: as many as the source
-    has) drawn with ``seed`` from the population fitted to that real dataset, whose files
-    ``data_dir`` then names (:func:`calibrated_population`, docs/design.md section 17).
+    has) drawn with ``seed`` from the population fitted to that real dataset with the
+    score ``taste``, whose files ``data_dir`` then names (:func:`calibrated_population`,
+    docs/design.md section 17).
     """
     if min_rating is not None and name not in RATED_DATASETS:
         raise UserError(f"--min-rating: dataset {name} has no ratings")
@@ -110,7 +114,7 @@ def load_dataset(name: str, data_dir: str | Path | None = None, *, seed: int = 0
     if name == "synthetic" and calibrate_to is not None:
         from .population import draw_population
 
-        model = calibrated_population(calibrate_to, data_dir, cache_dir)
+        model = calibrated_population(calibrate_to, data_dir, cache_dir, taste)
         return draw_population(model, seed, model.source_users if users is None else users)
     if name == "synthetic":
         return generate(synthetic or SyntheticConfig(), seed)

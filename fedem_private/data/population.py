@@ -17,10 +17,18 @@ n_u largest of the Gumbel-perturbed logits
 
     l_ui = b_i + s z_u . v_i,   key_ui = l_ui + G_ui,  G_ui ~ Gumbel(0, 1)         (P.2)
 
-which draws n_u items without replacement with probability proportional to exp(l_ui)
-in sequence (the Gumbel-top-k trick: Vieira 2014; Kool, van Hoof and Welling, ICML 2019).
-The user consumes its items in the order of a second, independent race, weighted by
-popularity alone:
+(``FitOptions.taste = "bilinear"``, MF's own model, the default) or, with ``taste = "max"``,
+F taste vectors a user (z_u = (z_u1, ..., z_uF), F = ``facets``) of which the item's best
+match counts:
+
+    l_ui = b_i + s max_f z_uf . v_i                                                 (P.2')
+
+(Weston, Weiss and Yee, RecSys 2013, "MaxMF": a user's several interests; the score matrix
+is then no rank-d product, so a dimension-d factor model such as FedMF's is misspecified
+for it). Either way the draw takes the n_u items without replacement with probability
+proportional to exp(l_ui) in sequence (the Gumbel-top-k trick: Vieira 2014; Kool, van
+Hoof and Welling, ICML 2019). The user consumes its items in the order of a second,
+independent race, weighted by popularity alone:
 
     time_ui = -(w b_i + G'_ui),  G'_ui ~ Gumbel(0, 1)                               (P.5)
 
@@ -52,6 +60,8 @@ from .interactions import Interactions
 from .split import leave_one_out
 
 FIT_VERSION = 2  # bump when the fit changes: it keys the cache
+#: the user-item score of (P.2) / (P.2'): FitOptions.taste
+TASTES = ("bilinear", "max")
 # the "round" field of the keyed draws (stream SYNTHETIC_POP, client = the user)
 _PICK, _TASTE, _GUMBEL, _ORDER, _INIT = 0, 1, 2, 3, 4
 # the calibration's draws use seeds no run is likely to, so seeds 0, 1, 2 stay out of sample
@@ -82,10 +92,15 @@ class FitOptions:
     evals: int = 10  # most evaluations of (P.4)'s search per round
     tolerance: float = 0.02  # stop when both rungs are within this relative error
     seed: int = 0  # the fit's initialisation and the mixture's
+    taste: str = "bilinear"  # (P.2) "bilinear" or (P.2') "max" (:data:`TASTES`)
+    facets: int = 4  # F of (P.2'): taste vectors a user under taste "max"
 
     def validate(self) -> None:
         """Refuse values the fit cannot use, with one line."""
-        for name in ("dim", "steps", "components", "draws", "rounds", "evals"):
+        if self.taste not in TASTES:
+            raise UserError(f"population fit: taste must be one of {', '.join(TASTES)}, got "
+                            f"{self.taste!r}")
+        for name in ("dim", "steps", "components", "draws", "rounds", "evals", "facets"):
             if getattr(self, name) < 1:
                 raise UserError(f"population fit: {name} must be a positive integer")
         if self.popularity_steps < 0:
@@ -132,6 +147,11 @@ class PopulationModel:
     @property
     def dim(self) -> int:
         return int(self.item_factors.shape[1])
+
+    @property
+    def facets(self) -> int:
+        """F of (P.2'): 1 under the bilinear taste (P.2)."""
+        return self.options.facets if self.options.taste == "max" else 1
 
     @cached_property
     def sha256(self) -> str:
@@ -196,30 +216,42 @@ def fit_factors(source: Interactions, options: FitOptions
     ML-100K (n x m = 1.6M logits), about a minute for LastFM-2K (33M); the torch threads
     the caller set are used (float32 sums may differ in the last bits between thread
     counts, so the model's hash names the fit that was made). b starts at centred
-    log(1 + c_i), Z and V at N(0, 0.01^2) from the keyed generator.
+    log(1 + c_i), Z and V at N(0, 0.01^2) from the keyed generator. Under taste "max"
+    Z_u V' is (P.2')'s max_f z_uf . v_i and Z is (n, F d) (:func:`taste_scores`).
     """
     import torch
 
     from .. import rng
 
     n, m, d = source.n_users, source.n_items, options.dim
+    f = options.facets if options.taste == "max" else 1
     x = torch.zeros(n, m)
     x[torch.from_numpy(source.users), torch.from_numpy(source.items)] = 1.0
     gen = rng.generator(options.seed, rng.Stream.SYNTHETIC_POP, _INIT, 0)
     b = torch.log1p(x.sum(0))
     b = (b - b.mean()).requires_grad_(True)
-    z = (0.01 * torch.randn(n, d, generator=gen)).requires_grad_(True)
+    z = (0.01 * torch.randn(n, f * d, generator=gen)).requires_grad_(True)
     v = (0.01 * torch.randn(m, d, generator=gen)).requires_grad_(True)
     opt = torch.optim.Adam([b, z, v], lr=options.lr)
     nnz = float(x.sum())
     for _ in range(options.steps):
         opt.zero_grad(set_to_none=True)
-        nll = -(x * torch.log_softmax(b + z @ v.T, dim=1)).sum()
+        nll = -(x * torch.log_softmax(b + taste_scores(z, v, f), dim=1)).sum()
         penalty = (z * z).sum() + (v * v).sum() + ((b - b.mean()) ** 2).sum()
         ((nll + options.reg * penalty) / nnz).backward()
         opt.step()
     with torch.no_grad():
         return ((b - b.mean()).double().numpy(), v.double().numpy(), z.double().numpy())
+
+
+def taste_scores(z: Any, v: Any, facets: int) -> Any:
+    """Z V' of (P.2) (``facets`` 1) or max_f z_uf . v_i of (P.2') for each user and item:
+    z (n, F d), v (m, d), numpy or torch alike; (n, m)."""
+    if facets == 1:
+        return z @ v.T
+    n, d = z.shape[0], v.shape[1]
+    best = z.reshape(n, facets, d) @ v.T
+    return best.max(axis=1) if isinstance(best, np.ndarray) else best.max(dim=1).values
 
 
 def fit_mixture(users: np.ndarray, options: FitOptions
@@ -403,10 +435,10 @@ def draw_users(model: PopulationModel, seed: int, users: np.ndarray
     stream = rng.Stream.SYNTHETIC_POP
     pick = rng.uniform_t(seed, stream, _PICK, users, 2).numpy()
     comp, n_u = _component_activity(model, pick)
-    eps = rng.normal_t(seed, stream, _TASTE, users, model.dim).numpy()
+    eps = rng.normal_t(seed, stream, _TASTE, users, model.mix_means.shape[1]).numpy()
     taste = model.mix_means[comp] + np.einsum("nij,nj->ni", model.mix_chol[comp], eps)
-    logits = torch.from_numpy(model.item_bias[None, :]
-                              + model.taste_strength * (taste @ model.item_factors.T))
+    logits = torch.from_numpy(model.item_bias[None, :] + model.taste_strength
+                              * taste_scores(taste, model.item_factors, model.facets))
     gumbel = rng.uniform_t(seed, stream, _GUMBEL, users, model.n_items)
     logits -= gumbel.log_().neg_().log_()  # + Gumbel(0, 1) = - log(- log u)
     top = torch.topk(logits, int(n_u.max()), dim=1, sorted=True).indices
@@ -452,7 +484,7 @@ def source_sha256(source: Interactions) -> str:
 def _arrays(model: PopulationModel) -> dict[str, np.ndarray]:
     """The model as named arrays; the scalars and strings in one JSON string ``meta``."""
     meta = {"source": model.source, "source_sha256": model.source_sha256,
-            "options": asdict(model.options), "taste_strength": model.taste_strength,
+            "options": options_record(model.options), "taste_strength": model.taste_strength,
             "order_strength": model.order_strength, "source_users": model.source_users,
             "fit_version": FIT_VERSION}
     return {"item_bias": model.item_bias, "item_factors": model.item_factors,
@@ -460,6 +492,17 @@ def _arrays(model: PopulationModel) -> dict[str, np.ndarray]:
             "mix_chol": model.mix_chol, "activity": model.activity,
             "targets": model.targets, "achieved": model.achieved,
             "meta": np.array(json.dumps(meta, sort_keys=True))}
+
+
+def options_record(options: FitOptions) -> dict[str, Any]:
+    """The options as a dict for hashes and files; the taste's fields only where the taste
+    is not the bilinear default, so a bilinear model's hash and cache key are those it had
+    before the taste was an option."""
+    out = asdict(options)
+    if options.taste == "bilinear":
+        out.pop("taste")
+        out.pop("facets")
+    return out
 
 
 def _digest(arrays: dict[str, np.ndarray]) -> str:
@@ -515,7 +558,8 @@ _FITTED: dict[Path, PopulationModel] = {}  # this process's models, by cache fil
 def cache_path(source: Interactions, options: FitOptions, folder: Path) -> Path:
     """Where the fit of ``source`` with ``options`` is cached: keyed by the source's content
     hash, the options and :data:`FIT_VERSION`."""
-    key = hashlib.sha256(json.dumps([source_sha256(source), asdict(options), FIT_VERSION],
+    key = hashlib.sha256(json.dumps([source_sha256(source), options_record(options),
+                                     FIT_VERSION],
                                     sort_keys=True).encode()).hexdigest()[:16]
     return folder / f"{source.name}-{key}.npz"
 

@@ -42,7 +42,8 @@ def load_split(cfg: RunConfig) -> tuple[str, Split]:
         return _LAST_POPULATION[key]
     data = load_dataset(cfg.data.dataset, cfg.data.data_dir, seed=cfg.train.seed,
                         synthetic=cfg.data.synthetic, min_rating=cfg.data.min_rating,
-                        calibrate_to=cfg.data.calibrate_to, users=cfg.data.users)
+                        calibrate_to=cfg.data.calibrate_to, users=cfg.data.users,
+                        taste=cfg.data.population_taste)
     out = data.name, leave_one_out(data, cfg.train.seed, cfg.data.min_user_ratings,
                                    first_seen=cfg.data.first_seen_order)
     if key is not None:  # nothing writes into a split (its arrays are only read)
@@ -56,7 +57,8 @@ def _population_key(cfg: RunConfig) -> tuple[Any, ...] | None:
     d = cfg.data
     if d.dataset != "synthetic" or d.calibrate_to is None:
         return None
-    model = calibrated_population(d.calibrate_to, d.data_dir)  # this process's cache
+    model = calibrated_population(d.calibrate_to, d.data_dir,  # this process's cache
+                                  taste=d.population_taste)
     return (model.sha256, d.users, cfg.train.seed, d.min_user_ratings, d.first_seen_order,
             d.min_rating)
 
@@ -119,7 +121,8 @@ def execute_baseline(cfg: RunConfig, out: str | Path, force: bool = False) -> di
                                    fitted.privacy, fitted.info, wall, fitted.clipping)
         if cfg.data.calibrate_to is not None:  # docs/design.md section 17
             summary["population"] = population_record(cfg.data.calibrate_to,
-                                                      cfg.data.data_dir, cfg.data.users)
+                                                      cfg.data.data_dir, cfg.data.users,
+                                                      taste=cfg.data.population_taste)
         writer.write_json("summary.json", summary)
         moved = writer.commit_or_moved()
     if moved is not None:  # finished and kept, beside the folder another run took

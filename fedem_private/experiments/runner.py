@@ -44,7 +44,8 @@ def load_data(cfg: RunConfig) -> tuple[str, Split, dict[str, np.ndarray],
         return name, split, {}, None
     data = load_dataset(cfg.data.dataset, cfg.data.data_dir, seed=cfg.train.seed,
                         synthetic=cfg.data.synthetic, min_rating=cfg.data.min_rating,
-                        calibrate_to=cfg.data.calibrate_to, users=cfg.data.users)
+                        calibrate_to=cfg.data.calibrate_to, users=cfg.data.users,
+                        taste=cfg.data.population_taste)
     split = leave_one_out(data, cfg.train.seed, cfg.data.min_user_ratings,
                           first_seen=cfg.data.first_seen_order)
     demographics = {k: v[split.users] for k, v in data.demographics.items()}
@@ -213,7 +214,8 @@ def summarise(view: RunView, history: list[RoundStats], wall: float) -> dict[str
                                        _evaluated(cfg, view.split))
     if cfg.data.calibrate_to is not None:
         out["population"] = population_record(cfg.data.calibrate_to, cfg.data.data_dir,
-                                              cfg.data.users)
+                                              cfg.data.users,
+                                              taste=cfg.data.population_taste)
     options = protocol_options(cfg)
     if options:  # docs/design.md 2a: the authors' code's options this run used
         out["protocol_label"] = protocol_label(cfg)

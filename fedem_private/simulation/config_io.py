@@ -102,6 +102,7 @@ LATER_FIELDS: dict[tuple[str, ...], Any] = {
     ("train", "state_dtype"): "float32",
     ("data", "calibrate_to"): None,
     ("data", "users"): None,
+    ("data", "population_taste"): "bilinear",
     **{("baseline", f.name): f.default for f in fields(BaselineConfig)},
 }
 

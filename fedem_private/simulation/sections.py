@@ -142,6 +142,9 @@ class DataConfig:
     # many as the source has)
     calibrate_to: str | None = None
     users: int | None = None
+    # the population's user-item score (data/population.py TASTES): "bilinear", MF's own
+    # model (P.2), or "max", a user's best of several taste vectors (P.2')
+    population_taste: str = "bilinear"
 
     def validate(self) -> None:
         if self.dataset not in DATASETS:
@@ -170,7 +173,15 @@ class DataConfig:
     def _check_population(self) -> None:
         """``calibrate_to`` names a real dataset whose files can be found, with dataset
         synthetic; ``users`` is at least :data:`MIN_POPULATION` and needs ``calibrate_to``."""
+        from fedem_private.data.population import TASTES
+
+        if self.population_taste not in TASTES:
+            raise UserError(f"--population-taste (data.population_taste) must be one of "
+                            f"{', '.join(TASTES)}, got {self.population_taste!r}")
         if self.calibrate_to is None:
+            if self.population_taste != "bilinear":
+                raise UserError("--population-taste (data.population_taste) shapes a "
+                                "calibrated population; give --calibrate-to too")
             if self.users is not None:
                 raise UserError("--users (data.users) sizes a calibrated population; give "
                                 "--calibrate-to too (the default generator's size is "
