@@ -213,11 +213,17 @@ def floor_rungs(frame: Any) -> dict[tuple[int, float], str]:
 def paired_test(runs: Path | None, n: int, rung: str, floor: str, seeds: list[int]
                 ) -> Paired | None:
     """``rung`` against ``floor`` at N = ``n``, paired on the users both ranked at each seed
-    of ``seeds`` where both runs wrote ``ranks.csv`` (None where no seed has both)."""
+    of ``seeds`` where both runs wrote ``ranks.csv`` (None where no seed has both). A run of
+    the rung with another training nonce (``<rung>-nonce<k>-seed<s>``) is one more
+    replicate against its seed's floor, so the replicates' spread holds training's own
+    randomness as well as the population's and the users'."""
     if runs is None:
         return None
     pairs = [(runs / f"N{n}" / f"{rung}-seed{s}", runs / f"N{n}" / f"{floor}-seed{s}")
              for s in seeds]
+    # another training nonce of a seed (--nonce): one more replicate on the same users
+    pairs += [(again, runs / f"N{n}" / f"{floor}-seed{s}") for s in seeds
+              for again in sorted((runs / f"N{n}").glob(f"{rung}-nonce*-seed{s}"))]
     pairs = [(a, b) for a, b in pairs if (a / "ranks.csv").is_file()
              and (b / "ranks.csv").is_file()]
     if not pairs:
@@ -254,7 +260,7 @@ def table(frame: Any, epsilons: list[float], runs: Path | None = None) -> str:
                              "point": point})
     called = iter(verdicts([r["test"] for r in rows if r["test"] is not None]))
     lines = ["| N | eps | MostPop | DP-MostPop central (k by validation) | rung | seeds | "
-             "full HR@10 | paired diff ± SE (users) | two-sided p | verdict |",
+             "full HR@10 | paired diff ± SE (users; runs) | two-sided p | verdict |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         n, floor, point, test = r["n"], r["floor"], r["point"], r["test"]
@@ -264,7 +270,7 @@ def table(frame: Any, epsilons: list[float], runs: Path | None = None) -> str:
             diff, p, word = "-", "-", verdict(point, low) + " (unpaired)"
         else:
             two = min(1.0, 2 * min(test.p_greater, test.p_less))
-            diff = f"{test.diff:+.4f} ± {test.se:.4f} ({test.users:,})"
+            diff = f"{test.diff:+.4f} ± {test.se:.4f} ({test.users:,}; {test.seeds})"
             p, word = f"{two:.3g}", next(called)
         lines.append(f"| {n:,} | {r['eps']:g} | {pop[0]:.4f} ± {pop[1]:.4f} | "
                      f"{low[0]:.4f} ± {low[1]:.4f} (k {k}) | {r['rung']} | "

@@ -81,6 +81,12 @@ def test_the_study_table_chooses_k_on_validation_and_pairs_on_ranks(tmp_path):
     text = study.table(frame, [4.0], runs)
     line = next(x for x in text.splitlines() if "fedmf-cdp-gaussian-eps4" in x)
     assert "(k 200)" in line and "+0.2100" in line and line.endswith("| beats |")
+    assert "(200; 1)" in line  # 200 users, one run
+    # a second training nonce of seed 0 is one more replicate against seed 0's floor
+    _write_ranks(runs / f"N{n}" / "fedmf-cdp-gaussian-eps4-nonce1-seed0", set(range(18)))
+    again = next(x for x in study.table(frame, [4.0], runs).splitlines()
+                 if "fedmf-cdp-gaussian-eps4" in x)
+    assert "+0.1050" in again and "(400; 2)" in again  # (0.21 + 0.0) / 2 over 2 runs
     # without the ranks the older, unpaired rule is used and says so
     unpaired = study.table(frame, [4.0], tmp_path / "none")
     assert "beats (unpaired)" in unpaired
