@@ -210,3 +210,14 @@ def kill_after(monkeypatch):
         monkeypatch.setattr(Simulation, "step", real_step if round_ is None else step_then_die)
 
     return arm
+
+
+@pytest.fixture()
+def jax_x64():
+    """jax in float64 for a comparison with jax-privacy (its default float32 differs from
+    our float64 at 1e-6), as it was after; skips where jax is not installed."""
+    jax = pytest.importorskip("jax")
+    before = jax.config.read("jax_enable_x64")
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", before)

@@ -299,21 +299,27 @@ def test_the_eps_is_recomputed_independently(z):
                                                                     rel=0.01)
 
 
-def test_a_target_eps_is_met_at_the_last_round_and_the_ledger_is_conservative():
+def assert_ledger_conservative(p, rounds: int, clients: int = 12, groups: int = 4) -> None:
+    """Over ``rounds`` of cyclic cohorts, the release's eps never falls and the per-client
+    ledger (the clients' actual rounds) never reads below it."""
     from fedem_private.privacy.ledger import PrivacyLedger
 
-    p = resolve_params(PrivacyConfig(mode="dp-ftrl", epsilon=4.0, sample_rate=0.25,
-                                     ftrl_strategy="banded"), 40)
-    assert MECH.release_epsilon(p, 40)["reported"] == pytest.approx(4.0, abs=1e-6)
     ledger = PrivacyLedger(p)
-    groups = np.arange(12) % 4
+    group = np.arange(clients) % groups
     last = 0.0
-    for t in range(1, 41):
-        entry = ledger.record_round(t, np.flatnonzero(groups == (t - 1) % 4))
+    for t in range(1, rounds + 1):
+        entry = ledger.record_round(t, np.flatnonzero(group == (t - 1) % groups))
         ours = MECH.release_epsilon(p, t)["reported"]
         assert ours >= last - 1e-12
         last = ours
         assert entry["epsilon"]["reported"] >= ours * (1 - 1e-9)
+
+
+def test_a_target_eps_is_met_at_the_last_round_and_the_ledger_is_conservative():
+    p = resolve_params(PrivacyConfig(mode="dp-ftrl", epsilon=4.0, sample_rate=0.25,
+                                     ftrl_strategy="banded"), 40)
+    assert MECH.release_epsilon(p, 40)["reported"] == pytest.approx(4.0, abs=1e-6)
+    assert_ledger_conservative(p, 40)
 
 
 def test_the_logged_plan_is_read_back_exactly():
@@ -375,27 +381,32 @@ def test_a_run_end_to_end_states_its_strategy(tmp_path, capsys):
 
 
 # ------------------------------------------------------- (6) the neighbour worlds
-BANDED = {"clip": 0.05, "noise_multiplier": 1.0, "sample_rate": 0.5, "ftrl_strategy": "banded"}
+#: a small dp-ftrl run for the neighbour worlds, per Toeplitz strategy (BLT's tests use it too)
+TOEPLITZ = {name: {"clip": 0.05, "noise_multiplier": 1.0, "sample_rate": 0.5,
+                   "ftrl_strategy": name} for name in ("banded", "blt")}
 
 
-def test_the_neighbour_harness_meets_banded_and_would_catch_a_halved_claim(monkeypatch):
+@pytest.mark.parametrize("strategy", sorted(TOEPLITZ))
+def test_the_neighbour_harness_meets_the_strategy_and_would_catch_a_halved_claim(
+        monkeypatch, strategy):
     """Each round's released increment moves by at most C when TARGET is removed (the
     streamed noise is shared by the worlds); a claim of C / 2 fails."""
     from fedem_private.experiments import neighbours as nb
 
-    cfg = nb.make_config("dp-ftrl", method="fedmf", settings=BANDED)
-    assert cfg.privacy.ftrl_strategy == "banded"
+    cfg = nb.make_config("dp-ftrl", method="fedmf", settings=TOEPLITZ[strategy])
+    assert cfg.privacy.ftrl_strategy == strategy
     found = nb.run_pair(cfg)
     assert found.sound and found.target_gap > 0.5, found.violations
     monkeypatch.setattr(MECH, "claimed_gap", classmethod(lambda cls, c: (2, c.clip / 2)))
     assert not nb.run_pair(cfg).sound
 
 
-def test_a_resumed_run_continues_the_same_banded_noise():
+@pytest.mark.parametrize("strategy", sorted(TOEPLITZ))
+def test_a_resumed_run_continues_the_same_streamed_noise(strategy):
     from fedem_private.experiments import neighbours as nb
     from fedem_private.simulation.loop import Simulation
 
-    cfg = nb.make_config("dp-ftrl", method="fedmf", settings=BANDED)
+    cfg = nb.make_config("dp-ftrl", method="fedmf", settings=TOEPLITZ[strategy])
     split = nb.base_split()
     whole = Simulation(cfg, split)
     for _ in range(3):
@@ -410,17 +421,6 @@ def test_a_resumed_run_continues_the_same_banded_noise():
 
 
 # ------------------------------------------------------ (7) jax-privacy, where installed
-@pytest.fixture()
-def jax_x64():
-    """jax in float64 for the comparison (its default float32 differs from ours at 1e-6),
-    as it was after."""
-    jax = pytest.importorskip("jax")
-    before = jax.config.read("jax_enable_x64")
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", before)
-
-
 @pytest.mark.filterwarnings("ignore:Explicitly requested dtype")
 @pytest.mark.usefixtures("jax_x64")
 def test_jax_privacy_computes_the_same_toeplitz_quantities():

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 from test_ftrl_banded import (
+    assert_ledger_conservative,
     brute_squared,
     cyclic_patterns,
     minsep_patterns,
@@ -263,21 +264,11 @@ def test_the_eps_is_recomputed_independently(z):
 
 
 def test_a_target_eps_is_met_at_the_last_round_and_the_ledger_is_conservative():
-    from fedem_private.privacy.ledger import PrivacyLedger
-
     p = resolve_params(PrivacyConfig(mode="dp-ftrl", epsilon=4.0, sample_rate=0.25,
                                      ftrl_strategy="blt", ftrl_buffers=2), 40)
     assert p.ftrl is not None and p.ftrl.buffers == 2
     assert MECH.release_epsilon(p, 40)["reported"] == pytest.approx(4.0, abs=1e-6)
-    ledger = PrivacyLedger(p)
-    groups = np.arange(12) % 4
-    last = 0.0
-    for t in range(1, 41):
-        entry = ledger.record_round(t, np.flatnonzero(groups == (t - 1) % 4))
-        ours = MECH.release_epsilon(p, t)["reported"]
-        assert ours >= last - 1e-12
-        last = ours
-        assert entry["epsilon"]["reported"] >= ours * (1 - 1e-9)
+    assert_ledger_conservative(p, 40)
 
 
 def test_the_logged_plan_is_read_back_exactly():
@@ -341,52 +332,11 @@ def test_a_run_end_to_end_states_its_strategy(tmp_path, capsys):
 
 
 # ------------------------------------------------------- (6) the neighbour worlds
-BLT = {"clip": 0.05, "noise_multiplier": 1.0, "sample_rate": 0.5, "ftrl_strategy": "blt"}
-
-
-def test_the_neighbour_harness_meets_blt_and_would_catch_a_halved_claim(monkeypatch):
-    """Each round's released increment moves by at most C when TARGET is removed (the
-    streamed noise is shared by the worlds); a claim of C / 2 fails."""
-    from fedem_private.experiments import neighbours as nb
-
-    cfg = nb.make_config("dp-ftrl", method="fedmf", settings=BLT)
-    assert cfg.privacy.ftrl_strategy == "blt"
-    found = nb.run_pair(cfg)
-    assert found.sound and found.target_gap > 0.5, found.violations
-    monkeypatch.setattr(MECH, "claimed_gap", classmethod(lambda cls, c: (2, c.clip / 2)))
-    assert not nb.run_pair(cfg).sound
-
-
-def test_a_resumed_run_continues_the_same_blt_noise():
-    from fedem_private.experiments import neighbours as nb
-    from fedem_private.simulation.loop import Simulation
-
-    cfg = nb.make_config("dp-ftrl", method="fedmf", settings=BLT)
-    split = nb.base_split()
-    whole = Simulation(cfg, split)
-    for _ in range(3):
-        whole.step()
-    part = Simulation(cfg, split)
-    for _ in range(2):
-        part.step()
-    resumed = pickle.loads(pickle.dumps(part))
-    resumed.attach_split(split)
-    resumed.step()
-    assert torch.equal(whole.state.q_global, resumed.state.q_global)
+# the harness and the resumed noise: tests/test_ftrl_banded.py, parametrised over banded
+# and blt
 
 
 # ------------------------------------------------------ (7) jax-privacy, where installed
-@pytest.fixture()
-def jax_x64():
-    """jax in float64 for the comparison (its default float32 differs from ours at 1e-6),
-    as it was after."""
-    jax = pytest.importorskip("jax")
-    before = jax.config.read("jax_enable_x64")
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", before)
-
-
 @pytest.mark.filterwarnings("ignore:Explicitly requested dtype")
 @pytest.mark.usefixtures("jax_x64")
 def test_jax_privacy_computes_the_same_blt_quantities():
