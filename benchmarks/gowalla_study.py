@@ -60,13 +60,19 @@ SETTINGS: dict[str, dict[str, Any]] = {
 }
 
 #: other FedMF settings, by name (``--variant NAME``; rungs tagged ``-v<NAME>``): overrides
-#: of :data:`SETTINGS`' train and federation keys, each chosen on the proxy population
+#: of :data:`SETTINGS`' train, federation and (private rungs') privacy keys, each chosen on
+#: the proxy population
 VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     # 32 sampled negatives a positive: on the proxy (3,000 users, cohort 100 so that each
     # takes part about as often as in the study, 80 rounds, no noise, seed 0) FedMF read
     # 0.0235 against 0.0105 with 4 (MostPop 0.0225), the best of 12 settings (negatives 4
     # or 32, client lr 0.01, 0.05 or 0.23, server lr 1.0 or 2.6)
     "n32": {"train": {"num_negatives": 32}},
+    # ... and the two-stage recommender's popularity blend (--select-blend 64): among the
+    # selected rows a score plus 64 log(1 + noisy count). On the proxy at eps 4 (seed 0,
+    # benchmarks/probes/select_blend.py) validation HR@10 rose with beta over 0 ... 64,
+    # 0.0110 to 0.0230, and 64 was chosen (the grid's top; blend.md there)
+    "n32blend": {"train": {"num_negatives": 32}, "privacy": {"select_blend": 64.0}},
 }
 
 
@@ -129,7 +135,8 @@ def rungs(data: Path, seed: int, epsilons: list[float], eval_users: int,
         out.append((f"fedmf-cdp{tag}{ktag}-eps{eps:g}-seed{seed}", {
             "data": d, "train": train, "federation": fed,
             "privacy": {"mode": "cdp-gaussian", "epsilon": eps, "delta": 1e-5,
-                        **SETTINGS["privacy"], "select_rows": k}}))
+                        **SETTINGS["privacy"], "select_rows": k,
+                        **over.get("privacy", {})}}))
     return out
 
 

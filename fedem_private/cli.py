@@ -232,6 +232,10 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
      "counts ride in the secure sum, accounted in the same budget); 0: every row"),
     ("--select-share", "privacy.select_share", _number,
      "cdp-gaussian --select-rows: the noisy counts' share of each round's budget (default 0.1)"),
+    ("--select-blend", "privacy.select_blend", _number,
+     "cdp-gaussian --select-rows: at ranking, each selected item's score plus this times "
+     "log(1 + its noisy count), private popularity blended into the model (post-processing; "
+     "default 0, the model alone)"),
     ("--dpsgd-rate", "privacy.dpsgd_rate", _number,
      "ldp-dpsgd: Poisson rate of a client's positives in each local step"),
     ("--dpsgd-steps", "privacy.dpsgd_steps", _integer, "ldp-dpsgd: local steps per round"),

@@ -218,6 +218,58 @@ def test_items_never_selected_rank_below_the_selected_by_their_noisy_counts(spli
     assert bool((counts[order][:-1] >= counts[order][1:]).all())  # then by noisy count
 
 
+def test_the_blend_adds_beta_log_counts_to_the_selected_items_scores(split):
+    """The slow reference: item by item, s_ui + beta log(1 + max(c_i, 0)) for a selected
+    item; every never-selected item still below every selected one, by its count."""
+    import math
+
+    beta = 0.7
+    sim = _selecting(split, rows=5, select_blend=beta)
+    sim.step()
+    sim.step()
+    selection = sim.privacy.secure.selection
+    scores = torch.randn(2, split.n_items, dtype=torch.float64)
+    ranked = sim.privacy.selection_prior(scores)
+    counts = selection.counts.tolist()
+    for u in range(2):
+        for i in range(split.n_items):
+            if bool(selection.ever[i]):
+                want = float(scores[u, i]) + beta * math.log1p(max(counts[i], 0.0))
+                assert float(ranked[u, i]) == pytest.approx(want, rel=1e-12, abs=1e-12)
+    chosen = selection.ever
+    assert bool((ranked[:, ~chosen].amax(dim=1) < ranked[:, chosen].amin(dim=1)).all())
+    plain = _selecting(split, rows=5)
+    plain.step()
+    plain.step()
+    assert torch.equal(plain.privacy.selection_prior(scores)[:, chosen], scores[:, chosen])
+
+
+def test_a_large_blend_ranks_the_selected_by_their_noisy_counts(split):
+    sim = _selecting(split, rows=5, select_blend=1e6)
+    sim.step()
+    sim.step()
+    selection = sim.privacy.secure.selection
+    ranked = sim.privacy.selection_prior(torch.randn(1, split.n_items, dtype=torch.float64))
+    chosen = torch.nonzero(selection.ever).flatten()
+    by_score = chosen[torch.argsort(ranked[0, chosen], descending=True)]
+    counts = selection.counts[by_score].clamp(min=0)
+    assert bool((counts[:-1] >= counts[1:]).all())  # popularity decides among the selected
+
+
+@pytest.mark.parametrize("privacy, words", [
+    ({"mode": "cdp-gaussian", "epsilon": 4.0, "select_blend": 1.0}, "needs --select-rows"),
+    ({"mode": "cdp-gaussian", "epsilon": 4.0, "select_rows": 5, "select_blend": -1.0},
+     ">= 0"),
+    ({"mode": "cdp-gaussian", "epsilon": 4.0, "select_rows": 5, "select_blend": 1.0,
+      "select_prior": False}, "needs --select-rows"),
+])
+def test_the_blend_is_refused_without_a_selection(privacy, words):
+    from fedem_private.errors import UserError
+
+    with pytest.raises(UserError, match=words):
+        PrivacyConfig(**privacy).validate()
+
+
 @pytest.mark.parametrize("method", ["fedmf", "mostpop"])
 def test_a_sampled_evaluation_writes_each_users_ranks_for_paired_tests(tmp_path, method):
     import csv

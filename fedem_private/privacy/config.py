@@ -131,6 +131,10 @@ class PrivacyConfig:
     # ... and at ranking: items never selected rank below the selected, by their noisy counts
     # (the two-stage recommender); False ranks every item by the model alone
     select_prior: bool = True
+    # ... and within the selected rows, each item's score plus select_blend * log(1 + c_i)
+    # for its running noisy count c_i (clamped at 0): private popularity blended into the
+    # personalised re-ranker (0: the model alone among the selected)
+    select_blend: float = 0.0
     # cdp-gaussian: canary clients of the one-shot audit (Andrew et al. 2024), this many
     # inserted and as many held out (0: no audit; see fedem_private.privacy.canaries)
     canaries: int = 0
@@ -316,6 +320,13 @@ class PrivacyConfig:
         if not 0 < share < 1:
             raise UserError(f"--select-share (privacy.select_share) must be in (0, 1), "
                             f"got {share}")
+        blend = _number("select_blend", self.select_blend)
+        if not 0 <= blend < math.inf:
+            raise UserError(f"--select-blend (privacy.select_blend) must be finite and >= 0, "
+                            f"got {blend}")
+        if blend and not (k and self.select_prior):
+            raise UserError("--select-blend blends the row selection's noisy counts into the "
+                            "ranking: it needs --select-rows K > 0 (and privacy.select_prior)")
         if k == 0:
             return
         if not self.mechanism.accepts("select_rows"):

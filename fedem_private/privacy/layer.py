@@ -273,13 +273,19 @@ class PrivacyLayer:
         section 19. Items whose rows were never selected (never trained by the server) rank
         below every selected item, among themselves by their running noisy counts (private
         popularity as the candidate generator, the personalised model re-ranking its top K).
-        ``scores`` (k, m); unchanged before the first counts. Post-processing of released
-        values only (the counts and the selection)."""
+        With ``privacy.select_blend`` beta > 0 a selected item i scores
+        s_ui + beta log(1 + max(c_i, 0)) for its running noisy count c_i, popularity blended
+        into the re-ranker. ``scores`` (k, m); unchanged before the first counts.
+        Post-processing of released values only (the counts and the selection), so it
+        spends no privacy."""
         selection = self.secure.selection if self.secure is not None else None  # type: ignore[attr-defined]
         if selection is None or selection.counts is None:
             return scores
         counts = selection.counts.to(scores.device)
         chosen = selection.ever.to(scores.device)
+        if self.cfg.select_blend:
+            scores = scores + self.cfg.select_blend * torch.log1p(
+                counts.clamp(min=0.0)).to(scores.dtype)
         m = counts.shape[0]
         order = torch.argsort(torch.argsort(-counts, stable=True), stable=True)
         prior = 1.0 - order.to(scores.dtype) / m  # in (0, 1], larger for larger counts
@@ -458,8 +464,10 @@ class PrivacyLayer:
                                        if self.secure is not None
                                        and self.secure.selection.ever is not None  # type: ignore[union-attr]
                                        else 0),
-                "ranking": ("items never selected rank below the selected, by noisy count"
-                            if self.cfg.select_prior else "by the model alone"),
+                "ranking": ("by the model alone" if not self.cfg.select_prior
+                            else "items never selected rank below the selected, by noisy count"
+                            + (f"; the selected by score + {self.cfg.select_blend:g} "
+                               "log(1 + noisy count)" if self.cfg.select_blend else "")),
                 "accounting": ("the table (sensitivity C, noise z_s C) and the counts "
                                "(sensitivity 1, noise z_c) form one Gaussian mechanism of "
                                "multiplier z, z^-2 = z_s^-2 + z_c^-2; the guarantees below are "

@@ -41,6 +41,7 @@ LATER_FIELDS: dict[tuple[str, ...], Any] = {
     ("privacy", "select_rows"): 0,
     ("privacy", "select_share"): 0.1,
     ("privacy", "select_prior"): True,
+    ("privacy", "select_blend"): 0.0,
     ("privacy", "canaries"): 0,
     ("privacy", "dpsgd_rate"): 0.1,
     ("privacy", "dpsgd_steps"): 20,

@@ -56,7 +56,8 @@ class CdpGaussian(Mechanism):
     noise_kind = "gaussian"
     norm = "l2"
     options = (SHARED_OPTIONS + SAMPLED_BUDGET + ("clip",) + CENTRAL_OPTIONS
-               + ("public_population", "select_rows", "select_share", "select_prior"))
+               + ("public_population", "select_rows", "select_share", "select_prior",
+                  "select_blend"))
 
     server_knows = (
         "the run seed, which also keys the central noise: the aggregator figure holds only "
