@@ -247,6 +247,23 @@ def test_dpfedavg_accounting_matches_dp_accounting_and_opacus(q, z, t):
         assert exact <= pld <= exact + 0.01 * t * 1e-3 + 0.02
 
 
+@pytest.mark.parametrize("q,z", [(0.0373, 0.9), (0.1, 1.1), (0.001, 3.0), (0.5, 0.6)])
+def test_the_per_round_fast_path_is_the_composed_accountant(q, z):
+    """dpfedavg_*_epsilon reuse one round's RDP curve / PLD per (q, z) for the per-round
+    log; the slow, obvious reference composes the whole T-round event in a fresh
+    accountant: RDP identical, PLD within 1e-9, at the rounds a run's log goes through."""
+    from fedem_private.privacy.bounds import (
+        dpfedavg_pld_epsilon_composed,
+        dpfedavg_rdp_epsilon_composed,
+    )
+
+    for t in (1, 2, 3, 17, 80, 400):
+        assert dpfedavg_rdp_epsilon(q, z, t, DELTA) == dpfedavg_rdp_epsilon_composed(
+            q, z, t, DELTA)
+        assert dpfedavg_pld_epsilon(q, z, t, DELTA) == pytest.approx(
+            dpfedavg_pld_epsilon_composed(q, z, t, DELTA), rel=1e-9, abs=1e-12)
+
+
 # (q, z, T) -> eps at delta 1e-5: ours (PLD, RDP), opacus 1.6.0 RDPAccountant and
 # PRVAccountant (eps_error 0.01), recorded once with dp-accounting 0.6.0
 PINNED = [
