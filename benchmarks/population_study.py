@@ -53,11 +53,12 @@ KEPT = {"train": ("rounds", "local_epochs", "lr", "batch_size", "dim", "num_nega
 COLOURS = {("fedmf", "cdp-gaussian"): "tab:blue", ("fedmf", "dp-ftrl"): "tab:orange",
            ("fedmf", "none"): "tab:green", ("pfedrec", "cdp-gaussian"): "tab:red",
            ("pfedrec", "dp-ftrl"): "tab:purple", ("pfedrec", "none"): "tab:brown",
-           ("fedmf", "dp-ftrl-banded"): "tab:olive", ("pfedrec", "dp-ftrl-banded"): "tab:pink"}
+           ("fedmf", "dp-ftrl-banded"): "tab:olive", ("pfedrec", "dp-ftrl-banded"): "tab:pink",
+           ("fedmf", "dp-ftrl-blt"): "tab:cyan", ("fedmf", "dp-ftrl-banded-poisson"): "tab:gray"}
 NAMES = {"fedmf": "FedMF", "pfedrec": "PFedRec", "fedem": "FedEM",
          "fedem-rho05": "FedEM rho 0.5", "pfedrec-em": "PFedRec+EM",
          "cdp-gaussian": "DP-FedAvg", "dp-ftrl": "DP-FTRL", "dp-ftrl-banded": "DP-FTRL banded",
-         "dp-ftrl-blt": "DP-FTRL BLT",
+         "dp-ftrl-blt": "DP-FTRL BLT", "dp-ftrl-banded-poisson": "DP-FTRL amplified banded",
          "ldp-laplace": "LDP Laplace"}
 #: a study method -> (the method whose settings it takes, its federation and train keys
 #: beyond those): FedEM's elastic merge (learned rho, or rho frozen at 0.5) and PFedRec's
@@ -73,7 +74,12 @@ MERGING = {"fedem": ("fedmf", {"method": "fedem", "aggregation": "fedavg"}),
 MECHANISMS = {"cdp-gaussian": {"mode": "cdp-gaussian"}, "dp-ftrl": {"mode": "dp-ftrl"},
               "dp-ftrl-banded": {"mode": "dp-ftrl", "ftrl_strategy": "banded"},
               "dp-ftrl-blt": {"mode": "dp-ftrl", "ftrl_strategy": "blt"},
+              "dp-ftrl-banded-poisson": {"mode": "dp-ftrl", "ftrl_strategy": "banded",
+                                         "ftrl_sampling": "poisson"},
               "ldp-laplace": {"mode": "ldp-laplace"}}
+#: amplified banded (``dp-ftrl-banded-poisson``): b = min(this, G) bands, each member of
+#: round t's group in with probability p = q b (Choquette-Choo et al. 2023; docs/privacy.md)
+AMPLIFIED_BANDS = 5
 
 
 def parse(rung: str) -> tuple[str, str]:
@@ -129,6 +135,9 @@ def rungs(n: int, seed: int, args: argparse.Namespace) -> list[tuple[str, dict[s
             for eps in args.epsilons:
                 privacy = {**MECHANISMS[mech], "epsilon": eps, "delta": 1e-5, **base["privacy"],
                            **({"clip": args.clip} if args.clip else {})}
+                if privacy.get("ftrl_sampling") == "poisson":  # b <= G = N / K groups
+                    privacy["ftrl_bands"] = max(1, min(AMPLIFIED_BANDS,
+                                                       n // train["cohort_size"]))
                 out.append((f"{method}-{mech}-eps{eps:g}{nonce}-seed{seed}", {
                     "data": data, "train": train, "federation": fed, "privacy": privacy}))
     return out

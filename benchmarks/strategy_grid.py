@@ -38,7 +38,7 @@ from benchmarks.population_study import paired_test, plot, seed_means
 
 #: the table's columns: the study's mechanism name -> its heading
 COLUMNS = {"cdp-gaussian": "DP-FedAvg", "dp-ftrl": "tree", "dp-ftrl-banded": "banded",
-           "dp-ftrl-blt": "BLT"}
+           "dp-ftrl-blt": "BLT", "dp-ftrl-banded-poisson": "amplified banded"}
 
 
 def frame_of(study: Path, also: list[Path]) -> Any:
@@ -129,7 +129,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--runs", default=None, help="the study's runs (for ranks.csv)")
     parser.add_argument("--method", default="fedmf")
     parser.add_argument("--strategy", default="dp-ftrl-banded",
-                        choices=("dp-ftrl-banded", "dp-ftrl-blt"),
+                        choices=("dp-ftrl-banded", "dp-ftrl-blt", "dp-ftrl-banded-poisson"),
                         help="the pre-declared matrix-factorisation strategy the checks read")
     parser.add_argument("--out", required=True)
     return parser.parse_args(argv)
