@@ -118,3 +118,43 @@ def test_a_second_nonce_tags_the_federated_rungs_and_keeps_the_users():
     assert cfg["train"]["nonce"] == 1 and cfg["train"]["seed"] == 0
     assert "fedmf-none-nonce1-seed0" in names
     assert "nonce" not in names["dp-mostpop-k50-eps4-seed0"]["train"]  # baselines: one each
+
+
+def _strategy_frame() -> pd.DataFrame:
+    """A study.csv: DP-FedAvg at three seeds, banded and the tree at seed 0 (N = 10^4, eps 4),
+    and one cell where the tree is not below DP-FedAvg (eps 8)."""
+    rows = [(10_000, "fedmf-cdp-gaussian-eps4", s, hr) for s, hr in
+            ((0, 0.0975), (1, 0.0815), (2, 0.0810))]
+    rows += [(10_000, "fedmf-dp-ftrl-banded-eps4", 0, 0.0920),
+             (10_000, "fedmf-dp-ftrl-eps4", 0, 0.0510),
+             (10_000, "fedmf-cdp-gaussian-eps8", 0, 0.0700),
+             (10_000, "fedmf-dp-ftrl-eps8", 0, 0.0710),
+             (10_000, "fedmf-dp-ftrl-banded-eps8", 0, 0.0600)]
+    return pd.DataFrame([{"users": n, "rung": r, "seed": s, "hr10_full": hr,
+                          "hr10_full_se": 0.0063} for n, r, s, hr in rows])
+
+
+def test_the_strategy_table_reads_every_arm_at_the_strategys_seeds():
+    from benchmarks import strategy_grid as grid
+
+    text = grid.table(_strategy_frame(), "fedmf", "dp-ftrl-banded", None)
+    eps4 = next(line for line in text.splitlines() if line.startswith("| 10,000 | 4 |"))
+    # DP-FedAvg at seed 0 only (0.0975), not its three-seed mean (0.0867): banded's 0.0920 is
+    # within one SE (0.0063) of it, and above the tree
+    assert "| 0 | 0.0975 ± 0.0063 | 0.0510 ± 0.0063 | 0.0920 ± 0.0063 | - | - | yes | yes |" \
+        in eps4
+    eps8 = next(line for line in text.splitlines() if line.startswith("| 10,000 | 8 |"))
+    assert "| no | n/a |" in eps8  # 0.0600 < 0.0700 - 0.0063; the tree is not below DP-FedAvg
+
+
+@pytest.mark.parametrize("strategy, fedavg, tree, want", [
+    ((0.09, 0.006), (0.095, 0.006), (0.05, 0.005), ("yes", "yes")),
+    ((0.08, 0.006), (0.095, 0.006), (0.05, 0.005), ("no", "yes")),
+    ((0.04, 0.006), (0.095, 0.006), (0.05, 0.005), ("no", "no")),
+    ((0.09, 0.006), (0.095, 0.006), None, ("yes", "n/a")),
+    (None, (0.095, 0.006), (0.05, 0.005), ("-", "-")),
+])
+def test_the_issues_two_checks(strategy, fedavg, tree, want):
+    from benchmarks import strategy_grid as grid
+
+    assert grid.checks(strategy, fedavg, tree) == want
