@@ -22,8 +22,8 @@ strategy (``--strategy``, banded by default; chosen before the grid, not the bes
 and, where both runs of a seed wrote ``ranks.csv`` under ``--runs``, the paired difference
 strategy - DP-FedAvg on the same users with its two-sided p (``benchmarks/paired.py``;
 Holm's rule over the table's paired cells: "beats", "below" or "not shown").
-Writes ``strategies.md`` and ``strategies.png`` (HR@10 against N per eps, the study's plot
-restricted to the method's rungs) under ``--out``.
+Writes ``<name>.md`` and ``<name>.png`` (``--name``, default strategies; HR@10 against N
+per eps, the study's plot restricted to the method's rungs) under ``--out``.
 """
 
 from __future__ import annotations
@@ -132,6 +132,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         choices=("dp-ftrl-banded", "dp-ftrl-blt", "dp-ftrl-banded-poisson"),
                         help="the pre-declared matrix-factorisation strategy the checks read")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--name", default="strategies",
+                        help="the files written: <out>/<name>.md and <out>/<name>.png")
     return parser.parse_args(argv)
 
 
@@ -151,13 +153,13 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     text = table(frame, args.method, args.strategy,
                  Path(args.runs) if args.runs else None)
-    (out / "strategies.md").write_text(text)
+    (out / f"{args.name}.md").write_text(text)
     epsilons = sorted({float(r.rpartition("-eps")[2]) for r in frame.rung
                        if r.startswith(f"{args.method}-cdp-gaussian-eps")})
     # the plot: the floor, the method without noise, and its four mechanisms (one nonce)
     keep = frame.rung.map(lambda r: not r.startswith(f"{args.method}-")
                           or r.endswith("-none") or any(f"-{m}-eps" in r for m in COLUMNS))
-    plot(frame[keep], epsilons, out / "strategies.png")
+    plot(frame[keep], epsilons, out / f"{args.name}.png")
     print(text)
     return 0
 
