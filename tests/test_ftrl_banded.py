@@ -70,6 +70,22 @@ def minsep_patterns(rounds: int, sep: int, k: int):
     return out
 
 
+def assert_random_directions_within(c: np.ndarray, groups: int, bound: float) -> None:
+    """300 draws of contributions in 4 dimensions, norm <= 1, alternately on the worst
+    cohort (every 4th round) and on a random pattern of at most 5 rounds ``groups`` apart:
+    ||C G||_F^2 never exceeds ``bound`` (the strategy's S_T)."""
+    gen = np.random.default_rng(1)
+    rounds = c.shape[1]
+    patterns = minsep_patterns(rounds, groups, 5)
+    for i in range(300):
+        pattern = patterns[gen.integers(len(patterns))] if i % 2 else range(0, rounds, 4)
+        g = np.zeros((rounds, 4))
+        for s in pattern:
+            v = gen.normal(size=4)
+            g[s] = v / max(np.linalg.norm(v), 1.0)
+        assert float(np.sum((c @ g) ** 2)) <= bound + 1e-9
+
+
 def tree_error(rounds: int, groups: int) -> float:
     """The tree's ||B||_F^2 x S_T: each prefix sums popcount(t) i.i.d. nodes."""
     nodes = sum(bin(t).count("1") for t in range(1, rounds + 1))
@@ -193,18 +209,9 @@ def test_the_cyclic_sensitivity_matches_enumeration_at_every_prefix(rounds):
 def test_random_directions_never_exceed_the_sensitivity():
     """Contributions in 4 dimensions, norm <= 1, on the worst cohort and on random
     min-separated patterns: ||C G||_F^2 never exceeds S_T."""
-    gen = np.random.default_rng(1)
     rounds, groups, coefs = 20, 4, (1.0, 0.7, -0.4, 0.2)
     plan = ftrl.FtrlPlan.for_run(rounds, groups, "banded", coefs=coefs)
-    c = dense_c(coefs, rounds)
-    patterns = minsep_patterns(rounds, groups, 5)
-    for i in range(300):
-        pattern = patterns[gen.integers(len(patterns))] if i % 2 else range(0, rounds, 4)
-        g = np.zeros((rounds, 4))
-        for s in pattern:
-            v = gen.normal(size=4)
-            g[s] = v / max(np.linalg.norm(v), 1.0)
-        assert float(np.sum((c @ g) ** 2)) <= plan.tree_sq + 1e-9
+    assert_random_directions_within(dense_c(coefs, rounds), groups, plan.tree_sq)
 
 
 def test_overlapping_columns_break_the_column_norm_bound():

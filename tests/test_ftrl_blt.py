@@ -20,6 +20,7 @@ import pytest
 import torch
 from test_ftrl_banded import (
     assert_ledger_conservative,
+    assert_random_directions_within,
     brute_squared,
     cyclic_patterns,
     minsep_patterns,
@@ -149,18 +150,9 @@ def test_random_directions_never_exceed_the_sensitivity():
     """Contributions in 4 dimensions, norm <= 1, on the worst cohort and on random
     min-separated patterns: ||C G||_F^2 never exceeds S_T (C^T C >= 0: equal unit vectors
     are the worst)."""
-    gen = np.random.default_rng(1)
     rounds, groups = 20, 4
     plan = ftrl.FtrlPlan.for_run(rounds, groups, "blt", blt=PARAMS)
-    c = dense_c(*PARAMS, rounds)
-    patterns = minsep_patterns(rounds, groups, 5)
-    for i in range(300):
-        pattern = patterns[gen.integers(len(patterns))] if i % 2 else range(0, rounds, 4)
-        g = np.zeros((rounds, 4))
-        for s in pattern:
-            v = gen.normal(size=4)
-            g[s] = v / max(np.linalg.norm(v), 1.0)
-        assert float(np.sum((c @ g) ** 2)) <= plan.tree_sq + 1e-9
+    assert_random_directions_within(dense_c(*PARAMS, rounds), groups, plan.tree_sq)
 
 
 def test_outside_the_constraint_the_rule_would_understate():
