@@ -54,11 +54,13 @@ COLOURS = {("fedmf", "cdp-gaussian"): "tab:blue", ("fedmf", "dp-ftrl"): "tab:ora
            ("fedmf", "none"): "tab:green", ("pfedrec", "cdp-gaussian"): "tab:red",
            ("pfedrec", "dp-ftrl"): "tab:purple", ("pfedrec", "none"): "tab:brown",
            ("fedmf", "dp-ftrl-banded"): "tab:olive", ("pfedrec", "dp-ftrl-banded"): "tab:pink",
-           ("fedmf", "dp-ftrl-blt"): "tab:cyan", ("fedmf", "dp-ftrl-banded-poisson"): "tab:gray"}
+           ("fedmf", "dp-ftrl-blt"): "tab:cyan", ("fedmf", "dp-ftrl-banded-poisson"): "tab:gray",
+           ("fedmf", "dp-ftrl-amplified"): "black"}
 NAMES = {"fedmf": "FedMF", "pfedrec": "PFedRec", "fedem": "FedEM",
          "fedem-rho05": "FedEM rho 0.5", "pfedrec-em": "PFedRec+EM",
          "cdp-gaussian": "DP-FedAvg", "dp-ftrl": "DP-FTRL", "dp-ftrl-banded": "DP-FTRL banded",
          "dp-ftrl-blt": "DP-FTRL BLT", "dp-ftrl-banded-poisson": "DP-FTRL amplified banded",
+         "dp-ftrl-amplified": "DP-FTRL amplified banded, b by error",
          "ldp-laplace": "LDP Laplace"}
 #: a study method -> (the method whose settings it takes, its federation and train keys
 #: beyond those): FedEM's elastic merge (learned rho, or rho frozen at 0.5) and PFedRec's
@@ -76,9 +78,13 @@ MECHANISMS = {"cdp-gaussian": {"mode": "cdp-gaussian"}, "dp-ftrl": {"mode": "dp-
               "dp-ftrl-blt": {"mode": "dp-ftrl", "ftrl_strategy": "blt"},
               "dp-ftrl-banded-poisson": {"mode": "dp-ftrl", "ftrl_strategy": "banded",
                                          "ftrl_sampling": "poisson"},
+              "dp-ftrl-amplified": {"mode": "dp-ftrl", "ftrl_strategy": "banded",
+                                    "ftrl_sampling": "poisson", "ftrl_bands": 0},
               "ldp-laplace": {"mode": "ldp-laplace"}}
 #: amplified banded (``dp-ftrl-banded-poisson``): b = min(this, G) bands, each member of
-#: round t's group in with probability p = q b (Choquette-Choo et al. 2023; docs/privacy.md)
+#: round t's group in with probability p = q b (Choquette-Choo et al. 2023; docs/privacy.md);
+#: ``dp-ftrl-amplified`` instead takes the b of least expected error (``--ftrl-bands 0``,
+#: ``privacy.ftrl.auto_bands``: a function of T, q and eps, chosen before the run)
 AMPLIFIED_BANDS = 5
 
 
@@ -135,7 +141,7 @@ def rungs(n: int, seed: int, args: argparse.Namespace) -> list[tuple[str, dict[s
             for eps in args.epsilons:
                 privacy = {**MECHANISMS[mech], "epsilon": eps, "delta": 1e-5, **base["privacy"],
                            **({"clip": args.clip} if args.clip else {})}
-                if privacy.get("ftrl_sampling") == "poisson":  # b <= G = N / K groups
+                if privacy.get("ftrl_sampling") == "poisson" and "ftrl_bands" not in privacy:
                     privacy["ftrl_bands"] = max(1, min(AMPLIFIED_BANDS,
                                                        n // train["cohort_size"]))
                 out.append((f"{method}-{mech}-eps{eps:g}{nonce}-seed{seed}", {

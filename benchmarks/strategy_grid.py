@@ -10,9 +10,10 @@ Reads the population study's finished rows (``study.csv``, written by
 ``benchmarks/population_study.py``) and, with ``--also``, rows of another study.csv made by
 the same command and settings for rungs the first lacks (e.g. the tree, measured in an
 earlier slice; a run is a function of its settings and seed). For each (N, eps) cell of a
-method it writes one row: DP-FedAvg (``cdp-gaussian``), the tree, banded and BLT (full
-HR@10 ± SE, mean over seeds), and two checks of the issue's bar for the **pre-declared**
-strategy (``--strategy``, banded by default; chosen before the grid, not the best by test):
+method it writes one row: DP-FedAvg (``cdp-gaussian``), the tree, banded, BLT and the
+amplified ones (full HR@10 ± SE, mean over seeds; a strategy no row ran is left out), and
+two checks of the issue's bar for the **pre-declared** strategy (``--strategy``, banded by
+default; chosen before the grid, not the best by test):
 
 - ``>= DP-FedAvg - SE``: the strategy's HR@10 is at least DP-FedAvg's minus DP-FedAvg's
   standard error;
@@ -38,7 +39,8 @@ from benchmarks.population_study import paired_test, plot, seed_means
 
 #: the table's columns: the study's mechanism name -> its heading
 COLUMNS = {"cdp-gaussian": "DP-FedAvg", "dp-ftrl": "tree", "dp-ftrl-banded": "banded",
-           "dp-ftrl-blt": "BLT", "dp-ftrl-banded-poisson": "amplified banded"}
+           "dp-ftrl-blt": "BLT", "dp-ftrl-banded-poisson": "amplified banded",
+           "dp-ftrl-amplified": "amplified, b by error"}
 
 
 def frame_of(study: Path, also: list[Path]) -> Any:
@@ -97,16 +99,18 @@ def table(frame: Any, method: str, strategy: str, runs: Path | None) -> str:
             rows.append({"n": n, "eps": eps, "name": name, "test": test, "seeds": seeds,
                          "points": {m: point(frame, n, name[m], seeds) for m in COLUMNS}})
     called = iter(verdicts([r["test"] for r in rows if r["test"] is not None]))
-    heads = " | ".join(COLUMNS.values())
+    shown = [m for m in COLUMNS if m in ("cdp-gaussian", "dp-ftrl", strategy)
+             or any(str(r).startswith(f"{method}-{m}-eps") for r in frame.rung)]
+    heads = " | ".join(COLUMNS[m] for m in shown)
     lines = [f"| N | eps | seeds | {heads} | {COLUMNS[strategy]} >= DP-FedAvg - SE | "
              f"{COLUMNS[strategy]} > tree where tree < DP-FedAvg | "
              f"paired {COLUMNS[strategy]} - DP-FedAvg ± SE (users; seeds) | two-sided p | "
-             "verdict (Holm) |", "|---|---|---|" + "---|" * (len(COLUMNS) + 5)]
+             "verdict (Holm) |", "|---|---|---|" + "---|" * (len(shown) + 5)]
     for r in rows:
         pts, test = r["points"], r["test"]
         cols = " | ".join("-" if pts[m] is None else f"{pts[m][0]:.4f} ± {pts[m][1]:.4f}"
                           + ("" if pts[m][2] == len(r["seeds"]) else f" ({pts[m][2]} seeds)")
-                          for m in COLUMNS)
+                          for m in shown)
         level, above = checks(*(None if pts[m] is None else pts[m][:2]
                                 for m in (strategy, "cdp-gaussian", "dp-ftrl")))
         if test is None:
@@ -129,7 +133,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--runs", default=None, help="the study's runs (for ranks.csv)")
     parser.add_argument("--method", default="fedmf")
     parser.add_argument("--strategy", default="dp-ftrl-banded",
-                        choices=("dp-ftrl-banded", "dp-ftrl-blt", "dp-ftrl-banded-poisson"),
+                        choices=("dp-ftrl-banded", "dp-ftrl-blt", "dp-ftrl-banded-poisson",
+                                 "dp-ftrl-amplified"),
                         help="the pre-declared matrix-factorisation strategy the checks read")
     parser.add_argument("--out", required=True)
     parser.add_argument("--name", default="strategies",

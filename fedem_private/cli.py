@@ -212,7 +212,8 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--ftrl-strategy", "privacy.ftrl_strategy", str, "{ftrl_strategies}"),
     ("--ftrl-bands", "privacy.ftrl_bands", _integer,
      "dp-ftrl --ftrl-strategy banded: the number b of bands, 1 <= b <= G = ceil(1/q) "
-     "(0: min(G, rounds), the most whose guarantee needs only the cohorts' separation)"),
+     "(0: min(G, rounds), the most whose guarantee needs only the cohorts' separation; "
+     "under --ftrl-sampling poisson 0 picks the b of least expected error, 1 <= b <= 1/q)"),
     ("--ftrl-buffers", "privacy.ftrl_buffers", _integer,
      "dp-ftrl --ftrl-strategy blt: the number d of buffers, 1 <= d <= 8 (0: 3); the noise "
      "keeps d vectors of the model's size whatever G and the rounds"),

@@ -35,12 +35,12 @@ def poisson_cfg(**over) -> PrivacyConfig:
     return PrivacyConfig(**{**base, **over})
 
 
-def direct_pld_eps(p: float, z: float, steps: int) -> float:
+def direct_pld_eps(p: float, z: float, steps: int, interval: float = 1e-4) -> float:
     """dp-accounting's PLD of ``steps`` Poisson-subsampled Gaussians, built directly."""
     from dp_accounting.pld import privacy_loss_distribution as pld
 
     one = pld.from_gaussian_mechanism(standard_deviation=z, sampling_prob=p,
-                                      value_discretization_interval=1e-4,
+                                      value_discretization_interval=interval,
                                       pessimistic_estimate=True)
     return float(one.self_compose(steps).get_epsilon_for_delta(DELTA))
 
@@ -182,13 +182,45 @@ def test_the_logged_plan_is_read_back_and_a_cyclic_plan_logs_as_before():
 @pytest.mark.parametrize(("over", "said"), [
     ({"ftrl_strategy": "tree", "ftrl_bands": 0}, "is for --ftrl-strategy banded, not 'tree'"),
     ({"ftrl_strategy": "blt", "ftrl_bands": 0}, "is for --ftrl-strategy banded, not 'blt'"),
-    ({"ftrl_bands": 0}, "needs --ftrl-bands b"),
     ({"ftrl_sampling": "shuffle"}, "unknown --ftrl-sampling 'shuffle'"),
     ({"accountant": "basic"}, "with rdp or pld, not 'basic'"),  # the central modes' rule
 ])
 def test_settings_it_refuses(over, said):
     with pytest.raises(UserError, match=said):
         poisson_cfg(**over)
+
+
+def brute_error(rounds: int, bands: int, rate: float, eps: float) -> float:
+    """The amplified error built the slow way: z from dp-accounting's PLD of the DP-SGD
+    event solved by bisection here, B = A C^{-1} as dense matrices, ||B||_F^2 ||c||^2 z^2."""
+    lo, hi = 0.2, 20.0
+    steps = -(-rounds // bands)
+    for _ in range(12):
+        mid = (lo * hi) ** 0.5
+        lo, hi = (mid, hi) if direct_pld_eps(rate * bands, mid, steps, 1e-3) > eps else (lo, mid)
+    coefs = mf.optimise_banded(rounds, bands, bands)
+    b_mat = np.tril(np.ones((rounds, rounds))) @ np.linalg.inv(dense_c(coefs, rounds))
+    return hi * hi * float(np.sum(np.square(coefs))) * float(np.sum(b_mat * b_mat))
+
+
+def test_bands_zero_picks_the_b_of_least_expected_error_computed_the_slow_way():
+    from fedem_private.privacy import ftrl
+
+    rounds, rate, eps = 12, 0.25, 2.0
+    slow = {b: brute_error(rounds, b, rate, eps) for b in (1, 2, 3, 4)}
+    for b, value in slow.items():  # the fast path is the dense one, within calibration
+        assert ftrl.amplified_error(rounds, b, rate, eps, DELTA) == pytest.approx(value,
+                                                                                   rel=2e-2)
+    params = resolve_params(poisson_cfg(epsilon=eps, noise_multiplier=None, sample_rate=rate,
+                                        ftrl_bands=0), rounds)
+    assert params.ftrl.groups == min(slow, key=slow.get)
+    assert params.ftrl.rate == pytest.approx(rate * params.ftrl.groups)
+    assert params.ftrl.groups <= 1 / rate  # q b <= 1: 6, 8, ... are never offered here
+
+
+def test_bands_zero_needs_an_epsilon_to_compare_at():
+    with pytest.raises(UserError, match="--ftrl-bands 0 .* needs --epsilon"):
+        resolve_params(poisson_cfg(ftrl_bands=0), 20)
 
 
 def test_too_many_bands_for_the_rate_is_refused_at_calibration():

@@ -26,11 +26,13 @@ from benchmarks import population_study as study
 
 
 def config(method: str, settings: str, users: int, seed: int, mechanism: str,
-           noise_multiplier: float, data_dir: str) -> tuple[str, dict]:
-    """(run name, config): the study's rung at eps 4 with eps swapped for the multiplier."""
+           noise_multiplier: float, data_dir: str, clip: float | None = None
+           ) -> tuple[str, dict]:
+    """(run name, config): the study's rung at eps 4 with eps swapped for the multiplier
+    (``clip``: the study's ``--clip``, else the settings file's)."""
     args = study.parse_args(["--epsilons", "4", "--methods", method, "--mechanisms", mechanism,
                              "--settings", f"{method}={settings}", "--data-dir", data_dir,
-                             "--no-reference"])
+                             "--no-reference", *(["--clip", str(clip)] if clip else [])])
     name, cfg = next(r for r in study.rungs(users, seed, args)
                      if r[0].startswith(f"{method}-{mechanism}-"))
     cfg = copy.deepcopy(cfg)
@@ -45,13 +47,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settings", required=True, help="the method's settings file")
     parser.add_argument("--users", type=int, default=100_000)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--mechanism", default="dp-ftrl", choices=("cdp-gaussian", "dp-ftrl"))
+    parser.add_argument("--mechanism", default="dp-ftrl",
+                        choices=("cdp-gaussian", "dp-ftrl", "dp-ftrl-banded",
+                                 "dp-ftrl-banded-poisson"))
+    parser.add_argument("--clip", type=float, default=None,
+                        help="the study's --clip (FedMF's population study: 80)")
     parser.add_argument("--noise-multiplier", type=float, default=0.01)
     parser.add_argument("--data-dir", default="../shared/datasets/ml-100k")
     parser.add_argument("--runs", default="runs/population-diag")
     args = parser.parse_args(argv)
     name, cfg = config(args.method, args.settings, args.users, args.seed, args.mechanism,
-                       args.noise_multiplier, args.data_dir)
+                       args.noise_multiplier, args.data_dir, args.clip)
     summary = study.ensure(Path(args.runs) / f"N{args.users}" / name, cfg)
     full = summary["metrics"]["full"]
     print(json.dumps({"run": name, "users": args.users, "hr10_full": full["hr@10"],

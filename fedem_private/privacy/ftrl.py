@@ -628,14 +628,59 @@ def check_bands(bands: int, rate: float) -> None:
                         f"columns)")
 
 
+#: the band counts ``--ftrl-bands 0`` compares under ``--ftrl-sampling poisson`` (those
+#: allowed: b <= T and q b <= 1); a coarse grid, since each costs one calibration of z
+AUTO_BANDS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
+def amplified_error(rounds: int, bands: int, rate: float, epsilon: float, delta: float,
+                    accountant: str = "pld") -> float:
+    """The total squared error of the T noisy prefix sums of amplified banded MF with b =
+    ``bands``, per coordinate and in units of C^2: z_b^2 ||c_b||^2 ||B_b||_F^2, where z_b
+    calibrates ceil(T/b) Poisson-subsampled Gaussians at p = q b (q = ``rate``) to
+    (``epsilon``, ``delta``) (:func:`amplified_params`), c_b are ``mf.optimise_banded(T, b,
+    b)`` and ||B||_F^2 = sum_i (T - i) e_i^2 (:func:`~fedem_private.privacy.mf.
+    decoder_squared_norm`; the objective of Choquette-Choo et al. 2023, section 4). A
+    function of public quantities only (T, q, eps, delta): choosing b by it spends no
+    privacy. b = 1 is DP-FedAvg's own error, z_1^2 T (T + 1) / 2."""
+    from fedem_private.privacy import mf
+    from fedem_private.privacy.calibration import dpfedavg_noise_multiplier
+
+    T, b = int(rounds), int(bands)
+    z = dpfedavg_noise_multiplier(epsilon, delta, float(rate) * b, math.ceil(T / b),
+                                  accountant)
+    coefs = mf.optimise_banded(T, b, b)
+    return z * z * float(sum(x * x for x in coefs)) * mf.decoder_squared_norm(coefs, T)
+
+
+@functools.lru_cache(maxsize=64)
+def auto_bands(rounds: int, rate: float, epsilon: float, delta: float,
+               accountant: str = "pld") -> int:
+    """``--ftrl-bands 0`` under ``--ftrl-sampling poisson``: the b of :data:`AUTO_BANDS`
+    (1 <= b <= T, q b <= 1) of least :func:`amplified_error`, the smallest on a tie.
+    Deterministic and privacy-free (public T, q, eps, delta only). b = 1 is DP-FedAvg
+    (Poisson at q, C = I), so the choice is never worse than DP-FedAvg by this measure."""
+    T, q = int(rounds), float(rate)
+    allowed = [b for b in AUTO_BANDS if b <= T and q * b <= 1 + 1e-9]
+    errors = {b: amplified_error(T, b, q, epsilon, delta, accountant) for b in allowed}
+    return min(allowed, key=lambda b: (errors[b], b))
+
+
 def amplified_rate(cfg: PrivacyConfig, rounds: int) -> tuple[int, float]:
-    """(b, p) of ``--ftrl-sampling poisson``: b = ``--ftrl-bands`` groups and bands, p = q b
-    (q = ``cfg.sample_rate``, the expected fraction of clients a round, K / n under
+    """(b, p) of ``--ftrl-sampling poisson``: b = ``--ftrl-bands`` groups and bands (0: the b
+    of least expected error, :func:`auto_bands`, which needs ``--epsilon``), p = q b (q =
+    ``cfg.sample_rate``, the expected fraction of clients a round, K / n under
     ``--cohort-size`` K), so that the expected cohort n p / b is q n. UserError unless
     1 <= b <= T and p <= 1."""
     from fedem_private.errors import UserError
 
     b, q = int(cfg.ftrl_bands), float(cfg.sample_rate)
+    if b == 0:
+        if cfg.epsilon is None or cfg.noise_multiplier is not None:
+            raise UserError("--ftrl-sampling poisson with --ftrl-bands 0 (b by expected "
+                            "error) needs --epsilon, not --noise-multiplier: the error is "
+                            "compared at the same eps; give --ftrl-bands b otherwise")
+        b = auto_bands(int(rounds), q, float(cfg.epsilon), float(cfg.delta), cfg.accountant)
     if not 1 <= b <= rounds:
         raise UserError(f"--ftrl-sampling poisson needs --ftrl-bands b in 1..{rounds} (the "
                         f"planned rounds), got {b}")

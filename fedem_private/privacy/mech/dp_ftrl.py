@@ -96,7 +96,8 @@ STRATEGIES: dict[str, str] = {
 SAMPLINGS: dict[str, str] = {
     "cyclic": ("the default: G = ceil(1/q) fixed cohorts by a keyed hash of identity, cohort "
                "(t - 1) mod G wholly in round t; every strategy; no amplification claimed"),
-    "poisson": ("--ftrl-strategy banded only, with --ftrl-bands b (1 <= b <= 1/q): b-min-sep "
+    "poisson": ("--ftrl-strategy banded only, with --ftrl-bands b (1 <= b <= 1/q; 0: the b "
+                "of least expected error of the prefix sums at the run's T, q and eps): b-min-sep "
                 "sampling, b groups by a keyed hash of identity, each member of round t's "
                 "group (t - 1) mod b in with probability p = q b; accounted as DP-SGD with "
                 "Poisson sampling at p over ceil(T/b) steps (amplified banded MF, "
@@ -381,9 +382,10 @@ class DpFtrl(Mechanism):
 
     @staticmethod
     def _validate_sampling(cfg: PrivacyConfig) -> bool:
-        """--ftrl-sampling one of :data:`SAMPLINGS`; poisson only with banded and an
-        explicit --ftrl-bands b (the groups and the bands, whose choice trades the
-        amplification of p = q b against the noise's correlation). True for poisson."""
+        """--ftrl-sampling one of :data:`SAMPLINGS`; poisson only with banded (--ftrl-bands
+        b, the groups and the bands, whose choice trades the amplification of p = q b
+        against the noise's correlation; 0: the b of least expected error,
+        :func:`~fedem_private.privacy.ftrl.auto_bands`). True for poisson."""
         from fedem_private.errors import UserError
 
         sampling = cfg.ftrl_sampling
@@ -395,9 +397,6 @@ class DpFtrl(Mechanism):
         if cfg.ftrl_strategy != "banded":
             raise UserError(f"--ftrl-sampling poisson is for --ftrl-strategy banded, not "
                             f"{cfg.ftrl_strategy!r} (its amplification needs a b-banded C)")
-        if not cfg.ftrl_bands:
-            raise UserError("--ftrl-sampling poisson needs --ftrl-bands b: b groups and b "
-                            "bands, each group member in with probability p = q b <= 1")
         return True
 
     @staticmethod
