@@ -61,7 +61,8 @@ NAMES = {"fedmf": "FedMF", "pfedrec": "PFedRec", "fedem": "FedEM",
          "cdp-gaussian": "DP-FedAvg", "dp-ftrl": "DP-FTRL", "dp-ftrl-banded": "DP-FTRL banded",
          "dp-ftrl-blt": "DP-FTRL BLT", "dp-ftrl-banded-poisson": "DP-FTRL amplified banded",
          "dp-ftrl-amplified": "DP-FTRL amplified banded, b by error",
-         "ldp-laplace": "LDP Laplace"}
+         "ldp-laplace": "LDP Laplace",
+         "ldp-laplace-capped": "LDP Laplace, k uploads a client"}
 #: a study method -> (the method whose settings it takes, its federation and train keys
 #: beyond those): FedEM's elastic merge (learned rho, or rho frozen at 0.5) and PFedRec's
 #: with it, over the secure sum's mean (DP-FedAvg needs it), each client keeping only the
@@ -80,7 +81,11 @@ MECHANISMS = {"cdp-gaussian": {"mode": "cdp-gaussian"}, "dp-ftrl": {"mode": "dp-
                                          "ftrl_sampling": "poisson"},
               "dp-ftrl-amplified": {"mode": "dp-ftrl", "ftrl_strategy": "banded",
                                     "ftrl_sampling": "poisson", "ftrl_bands": 0},
-              "ldp-laplace": {"mode": "ldp-laplace"}}
+              "ldp-laplace": {"mode": "ldp-laplace"},
+              "ldp-laplace-capped": {"mode": "ldp-laplace", "max_uploads": 0}}
+#: ``ldp-laplace-capped``: the paper's clipped LDP Laplace with each client uploading at
+#: most k = max(1, round(K T / N)) times (its expected uploads; ``--max-uploads``), so the
+#: budget spans k releases instead of T
 #: amplified banded (``dp-ftrl-banded-poisson``): b = min(this, G) bands, each member of
 #: round t's group in with probability p = q b (Choquette-Choo et al. 2023; docs/privacy.md);
 #: ``dp-ftrl-amplified`` instead takes the b of least expected error (``--ftrl-bands 0``,
@@ -141,6 +146,9 @@ def rungs(n: int, seed: int, args: argparse.Namespace) -> list[tuple[str, dict[s
             for eps in args.epsilons:
                 privacy = {**MECHANISMS[mech], "epsilon": eps, "delta": 1e-5, **base["privacy"],
                            **({"clip": args.clip} if args.clip else {})}
+                if privacy.get("max_uploads") == 0:  # a client's expected uploads, >= 1
+                    privacy["max_uploads"] = max(1, round(
+                        train["cohort_size"] * base["train"]["rounds"] / n))
                 if privacy.get("ftrl_sampling") == "poisson" and "ftrl_bands" not in privacy:
                     privacy["ftrl_bands"] = max(1, min(AMPLIFIED_BANDS,
                                                        n // train["cohort_size"]))

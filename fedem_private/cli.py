@@ -218,6 +218,10 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
      "dp-ftrl --ftrl-strategy blt: the number d of buffers, 1 <= d <= 8 (0: 3); the noise "
      "keeps d vectors of the model's size whatever G and the rounds"),
     ("--ftrl-sampling", "privacy.ftrl_sampling", str, "{ftrl_samplings}"),
+    ("--max-uploads", "privacy.max_uploads", _integer,
+     "local mechanisms (ldp-laplace, ldp-gaussian, ldp-touched-rows): each client uploads "
+     "at most k times and declines later rounds, so --epsilon is spread over k releases, "
+     "not the rounds (0: no cap)"),
     ("--clip-quantile", "privacy.clip_quantile", _number,
      "cdp-gaussian: adaptive clipping to this quantile of the delta norms (Andrew et al. "
      "2021); --clip is then the first round's clip"),

@@ -176,6 +176,11 @@ class PrivacyConfig:
     ftrl_bands: int = 0
     ftrl_buffers: int = 0
     ftrl_sampling: str = "cyclic"
+    # local mechanisms (ldp-laplace, ldp-gaussian, ldp-touched-rows): each client uploads at
+    # most this many times and declines later rounds (it enforces its own budget: the count
+    # is public, a function of the keyed schedule, not of its data), so a total eps is
+    # calibrated over min(T, k) releases, not T (0: no cap, every round)
+    max_uploads: int = 0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -225,7 +230,17 @@ class PrivacyConfig:
         self._validate_ddp_fields()
         self._validate_population()
         self._validate_ftrl_fields()
+        self._validate_max_uploads()
         mech.validate(self)
+
+    def _validate_max_uploads(self) -> None:
+        k = self.max_uploads
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise UserError(f"--max-uploads (privacy.max_uploads) must be an integer >= 0, "
+                            f"got {k!r}")
+        if k and not self.mechanism.accepts("max_uploads"):
+            raise UserError(f"--max-uploads is for the local mechanisms (a client enforcing "
+                            f"its own budget), not privacy {self.mode!r}")
 
     def _validate_population(self) -> None:
         """``public_population``: a positive integer, for the mechanisms with a public

@@ -235,6 +235,20 @@ class PrivacyLayer:
         return poisson_participants(self.seed, round_, self.client_keys,
                                     self.params.sample_rate)
 
+    def admit(self, clients: np.ndarray) -> np.ndarray:
+        """The round's cohort less the clients that already uploaded ``--max-uploads`` k
+        times (a local mechanism whose clients enforce their own budget; each declines
+        once its k releases are spent). Whether a client declines depends only on its
+        past participation, a function of the keyed public schedule, not of its data, so
+        under replace-one a neighbour declines in the same rounds, and each client's eps
+        composes over at most k releases (the ledger's count). ``clients`` unchanged
+        without a cap."""
+        k = int(self.cfg.max_uploads)
+        if not k:
+            return clients
+        clients = np.asarray(clients)
+        return clients[self.ledger.uploads(clients) < k]
+
     def contribute(self, sent: torch.Tensor, local: torch.Tensor, clients: np.ndarray,
                    rows: torch.Tensor | None = None,
                    items: tuple[np.ndarray, np.ndarray, int] | None = None) -> None:
@@ -523,6 +537,12 @@ class PrivacyLayer:
                 if self.cfg.sizes_visible else
                 "uniform over the aggregated uploads: data sizes are private (the server "
                 "uses only released values)")
+        if self.cfg.max_uploads:
+            out["upload_cap"] = {
+                "max_uploads": int(self.cfg.max_uploads),
+                "note": ("each client uploads at most this many times and declines later "
+                         "rounds; the budget is calibrated over min(rounds, cap) releases and "
+                         "the cap reads only the client's past participation, not its data")}
         if self.central:
             # a central mechanism may state its own guarantees (dp-ftrl: one, no amplification)
             own = getattr(self.mechanism, "central_summary", None)

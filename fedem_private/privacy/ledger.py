@@ -161,6 +161,15 @@ class PrivacyLedger:
             return 0
         return int(self._counts[client].sum())
 
+    def uploads(self, clients: np.ndarray) -> np.ndarray:
+        """How many rounds each of ``clients`` uploaded in so far (vectorised
+        :meth:`n_rounds`)."""
+        ids = np.asarray(clients, dtype=np.int64).reshape(-1)
+        out = np.zeros(ids.shape, dtype=np.int64)
+        known = ids < self._counts.shape[0]
+        out[known] = self._counts[ids[known]].sum(axis=1)
+        return out
+
     def _account(self, signature: tuple[int, ...]) -> LocalBounds:
         """The ledger's accountant with a client's rounds (its counts per column) composed
         in."""

@@ -199,11 +199,15 @@ def resolve_params(cfg: PrivacyConfig, rounds: int,
     ``n_clients`` sets the default noise of adaptive clipping's count (q n / 20).
 
     A total ``epsilon`` is calibrated for a client that takes part in all
-    ``rounds`` rounds (the worst case). Laplace: b = 2C / eps_round, L1
-    sensitivity 2C. Gaussian: sigma = z * 2C, L2 sensitivity 2C. The mechanism
-    of ``cfg.mode`` does it (:meth:`~fedem_private.privacy.mech.base.Mechanism.calibrate`).
+    ``rounds`` rounds (the worst case), or in ``cfg.max_uploads`` of them where a
+    local mechanism's clients cap their uploads (``PrivacyLayer.admit``). Laplace:
+    b = 2C / eps_round, L1 sensitivity 2C. Gaussian: sigma = z * 2C, L2 sensitivity 2C.
+    The mechanism of ``cfg.mode`` does it
+    (:meth:`~fedem_private.privacy.mech.base.Mechanism.calibrate`).
     """
     cfg.validate()
+    if cfg.max_uploads:  # a local client uploads at most k times: its budget spans k releases
+        rounds = min(int(rounds), int(cfg.max_uploads))
     return cfg.mechanism.calibrate(cfg, rounds, n_clients)
 
 

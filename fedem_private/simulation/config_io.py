@@ -58,6 +58,7 @@ LATER_FIELDS: dict[tuple[str, ...], Any] = {
     ("privacy", "ftrl_bands"): 0,
     ("privacy", "ftrl_buffers"): 0,
     ("privacy", "ftrl_sampling"): "cyclic",
+    ("privacy", "max_uploads"): 0,
     ("federation", "backbone"): "mf",
     ("federation", "codec"): "full",
     ("federation", "graph_threshold"): 1.0,

@@ -817,17 +817,18 @@ class Simulation:
     def participants(self, round_: int) -> np.ndarray:
         """Clients taking part in a round: the privacy layer's Poisson sample (cdp-gaussian),
         else all, or the ceil(q n) with the smallest draws (``client_fraction`` q), each
-        draw keyed by the client's identity (``Split.source_users``), not its index."""
+        draw keyed by the client's identity (``Split.source_users``), not its index; less
+        the clients out of uploads under ``--max-uploads`` (:meth:`PrivacyLayer.admit`)."""
         sampled = self.privacy.participants(round_)
         if sampled is not None:
             return sampled
         n, q = self.split.n_users, self.cfg.train.client_fraction
         if q >= 1.0:
-            return np.arange(n)
+            return self.privacy.admit(np.arange(n))
         k = self.cfg.train.cohort_size or max(1, int(np.ceil(q * n)))
         u = rng.uniform(rng.key(self.seed, rng.Stream.PARTICIPATION, round_,
                                 self.split.source_users), 0)
-        return rng.smallest(u, k)
+        return self.privacy.admit(rng.smallest(u, k))  # less those out of uploads
 
     def _chunk_size(self) -> int:
         m, d = self.split.n_items, self.cfg.train.dim

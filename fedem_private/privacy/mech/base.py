@@ -81,6 +81,7 @@ ADD_REMOVE_INTERACTION = "add-remove-interaction"  # one positive of one client
 # privacy options, grouped by what they set (PrivacyConfig's field names)
 SHARED_OPTIONS: tuple[str, ...] = ("delta", "accountant", "sizes")
 UPLOAD_BUDGET: tuple[str, ...] = ("epsilon", "epsilon_round", "noise_multiplier")
+UPLOAD_CAP: tuple[str, ...] = ("max_uploads",)
 SAMPLED_BUDGET: tuple[str, ...] = ("epsilon", "noise_multiplier")
 CLIP_AUTO_OPTIONS: tuple[str, ...] = ("clip_auto", "clip_auto_epsilon", "clip_auto_min",
                                       "clip_auto_max")

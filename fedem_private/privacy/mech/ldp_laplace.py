@@ -15,6 +15,7 @@ from fedem_private.privacy.mech.base import (
     REPLACE_ONE,
     SHARED_OPTIONS,
     UPLOAD_BUDGET,
+    UPLOAD_CAP,
     Mechanism,
 )
 from fedem_private.privacy.registry import register
@@ -37,7 +38,7 @@ class LocalUploadMechanism(Mechanism):
     ldp_upload = True
     takes_budget = True
     amplification = "none: the server sees who took part"
-    options = SHARED_OPTIONS + UPLOAD_BUDGET + ("clip",)
+    options = SHARED_OPTIONS + UPLOAD_BUDGET + UPLOAD_CAP + ("clip",)
 
     @classmethod
     def claimed_gap(cls, cfg: PrivacyConfig) -> tuple[int, float] | None:
