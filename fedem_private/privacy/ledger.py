@@ -87,6 +87,7 @@ class PrivacyLedger:
         self._heuristic_max = np.zeros(0, dtype=np.float64)
         self._has_heuristic = False
         self.log: list[dict[str, Any]] = []
+        self._bounds_cache: dict[tuple[int, ...], EpsilonBounds] = {}
 
     # -- recording -----------------------------------------------------------------------------
     def _mechanism(self, params: MechanismParams) -> RoundMechanism | None:
@@ -185,10 +186,15 @@ class PrivacyLedger:
         return tuple(int(c) for c in self._counts[client])
 
     def _bounds(self, signature: tuple[int, ...]) -> EpsilonBounds | None:
-        """Bounds of the (real or nominal) mechanisms of a history; None if none apply."""
+        """Bounds of the (real or nominal) mechanisms of a history; None if none apply.
+        Kept per signature: columns are only appended, so a signature (one count per
+        column so far) names one history, and the worst client's recurs round after
+        round (composing it afresh cost about 0.15 s a round at 10^6 users)."""
         if not self.mechanism.takes_budget:  # nothing accounted (none, paper)
             return None
-        return self._account(signature).bounds(self.delta)
+        if signature not in self._bounds_cache:
+            self._bounds_cache[signature] = self._account(signature).bounds(self.delta)
+        return self._bounds_cache[signature]
 
     def spent(self, client: int) -> dict[str, float | None]:
         """Guaranteed eps of ``client`` at the run's delta by every bound (None = inf)."""
