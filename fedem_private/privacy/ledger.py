@@ -189,7 +189,7 @@ class PrivacyLedger:
         """Bounds of the (real or nominal) mechanisms of a history; None if none apply.
         Kept per signature: columns are only appended, so a signature (one count per
         column so far) names one history, and the worst client's recurs round after
-        round (composing it afresh cost about 0.15 s a round at 10^6 users)."""
+        round (``benchmarks/probes/ledger_cost.py``)."""
         if not self.mechanism.takes_budget:  # nothing accounted (none, paper)
             return None
         if signature not in self._bounds_cache:
