@@ -158,9 +158,7 @@ class PrivacyLedger:
 
     def n_rounds(self, client: int) -> int:
         """How many rounds ``client`` uploaded in."""
-        if client >= self._counts.shape[0]:
-            return 0
-        return int(self._counts[client].sum())
+        return int(self.uploads(np.array([client]))[0])
 
     def uploads(self, clients: np.ndarray) -> np.ndarray:
         """How many rounds each of ``clients`` uploaded in so far (vectorised

@@ -822,13 +822,17 @@ class Simulation:
         sampled = self.privacy.participants(round_)
         if sampled is not None:
             return sampled
+        return self.privacy.admit(self._cohort(round_))  # less those out of uploads
+
+    def _cohort(self, round_: int) -> np.ndarray:
+        """All clients, or the ceil(q n) (``--cohort-size``) with the smallest keyed draws."""
         n, q = self.split.n_users, self.cfg.train.client_fraction
         if q >= 1.0:
-            return self.privacy.admit(np.arange(n))
+            return np.arange(n)
         k = self.cfg.train.cohort_size or max(1, int(np.ceil(q * n)))
         u = rng.uniform(rng.key(self.seed, rng.Stream.PARTICIPATION, round_,
                                 self.split.source_users), 0)
-        return self.privacy.admit(rng.smallest(u, k))  # less those out of uploads
+        return rng.smallest(u, k)
 
     def _chunk_size(self) -> int:
         m, d = self.split.n_items, self.cfg.train.dim
